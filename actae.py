@@ -1,0 +1,2797 @@
+"""Actae community server: record agent runs, fork them at an exact step, never fire a side effect twice.
+
+One Starlette module holds the whole server: storage on WAL-mode SQLite, the HTTP API and
+WebSocket that the `actae-client` SDK (1.3.0) speaks, the execution ledger, writer fencing, the
+copy-on-write fork engine, the server-rendered dashboard and the command line.
+
+Run it:  pip install -r requirements.txt && python actae.py
+It prints the dashboard URL and, on first start, a one-time API key for the SDK:
+
+    from actae_client import ActaeClient, AgentSession
+    client = ActaeClient(endpoint="http://127.0.0.1:8002", api_key="sk-...")
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import hashlib
+import hmac
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import socket
+import sqlite3
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import aiosqlite
+import jinja2
+import uvicorn
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+__version__ = "0.1.0"
+
+# =============================================================================
+# Constants and paths
+# =============================================================================
+
+# A frozen executable unpacks its data next to sys._MEIPASS; from source, ui/ sits beside us.
+UI_DIR = Path(getattr(sys, "_MEIPASS", Path(__file__).resolve().parent)) / "ui"
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8002
+DB_FILE = "actae.db"
+
+MAX_BODY_BYTES = 4 * 1024 * 1024       # a whole request
+MAX_DOCUMENT_BYTES = 1024 * 1024       # one payload or state: the SDK caps WebSocket frames at 1 MiB
+REPLAY_LIMIT_MAX = 1000                # clamped, never rejected
+EXECUTIONS_LIMIT_MAX = 100
+LEASE_DEFAULT, LEASE_MIN, LEASE_MAX = 60, 1, 86400
+KEY_NAME_MAX_BYTES = 512
+LINEAGE_MAX_DEPTH = 10
+DIFF_MAX_ENTRIES = 1000
+WRITE_BATCH_MAX = 256
+WS_QUEUE_MAX = 10_000
+SESSION_COOKIE = "actae_session"
+SESSION_MAX_AGE = 7 * 24 * 3600
+
+CHANNEL_ID = re.compile(r"[A-Za-z0-9._:-]{1,256}")  # used with fullmatch: "abc\n" must fail
+TOOL_POLICIES = ("auto", "replay", "block", "live")
+OUTCOMES = ("promoted", "rejected", "inconclusive", "crashed")
+# Keys a fork manifest needs for the strongest reproducibility grade (PRODUCT.md §3).
+CONTEXT_EXACT_KEYS = ("model", "environment", "dependencies", "seed")
+
+log = logging.getLogger("actae")
+
+# =============================================================================
+# Errors: one exception type, mapped to HTTP in one place (_error_response)
+# =============================================================================
+
+
+class ActaeError(Exception):
+    """A failure the client should see as `{"status": code, "error": message}` with `status` HTTP."""
+
+    status = 500
+    code = "internal"
+
+    def __init__(self, message: str, *, code: Optional[str] = None, status: Optional[int] = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code or self.code
+        self.status = status or self.status
+
+
+class BadRequest(ActaeError):
+    status, code = 400, "bad_request"
+
+
+class Unauthorized(ActaeError):
+    status, code = 401, "unauthorized"
+
+
+class NotFound(ActaeError):
+    status, code = 404, "not_found"
+
+
+class Conflict(ActaeError):
+    """409; `code` names the SDK exception (version_conflict, idempotency_conflict, ...)."""
+
+    status = 409
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message, code=code)
+
+
+class TooLarge(ActaeError):
+    status, code = 413, "payload_too_large"
+
+
+def execution_not_found(execution_id: str) -> NotFound:
+    # The Python SDK looks for this word in the message, the Go SDK in the status: send both.
+    return NotFound(f"execution_not_found: execution {execution_id} does not exist", code="execution_not_found")
+
+
+# =============================================================================
+# Small helpers: time, ids, canonical JSON
+# =============================================================================
+
+
+def utc_now() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def iso(moment: datetime) -> str:
+    """RFC 3339 UTC with milliseconds; fixed width, so these strings sort like the instants."""
+    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def parse_iso(text: str) -> datetime:
+    """Parse an RFC 3339 timestamp that names its zone; raises BadRequest otherwise."""
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
+    except (ValueError, AttributeError):
+        raise BadRequest(f"not an RFC 3339 timestamp: {text!r}")
+    if moment.tzinfo is None:
+        raise BadRequest(f"timestamp needs a zone (Z or +00:00): {text!r}")
+    return moment
+
+
+def uuid7() -> str:
+    """A time-ordered UUID (version 7): event ids sort by creation, which keeps indexes compact."""
+    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(secrets.token_bytes(10), "big")
+    value = (value & ~(0xF << 76)) | (0x7 << 76)          # version
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)          # RFC 4122 variant
+    return str(uuid.UUID(int=value))
+
+
+def canonical_json(value: Any) -> str:
+    """Keys sorted, `,`/`:` separators, UTF-8 text (no ASCII escaping): the form we hash and document."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def sha256_hex(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def dump(value: Any) -> Optional[str]:
+    """Serialise a stored JSON column; None stays SQL NULL."""
+    return None if value is None else json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def load(text: Optional[str]) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json(raw: bytes) -> Any:
+    """Strict JSON: NaN and Infinity (which Python's encoder can emit) are refused."""
+    try:
+        return json.loads(raw, parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"invalid JSON body: {exc}")
+
+
+# =============================================================================
+# Schema and migrations: the one place the SQL schema lives
+# =============================================================================
+
+# Forward migrations; PRAGMA user_version records how many ran. Append, never edit.
+# Portable SQL where a portable form exists, so a PostgreSQL backend can follow.
+_MIGRATIONS = [
+    """
+    CREATE TABLE settings (
+        name  TEXT PRIMARY KEY,
+        value TEXT NOT NULL
+    );
+
+    CREATE TABLE api_keys (
+        id          INTEGER PRIMARY KEY,
+        key_hash    TEXT NOT NULL UNIQUE,      -- sha256 of the key; the key itself is never stored
+        prefix      TEXT NOT NULL,             -- first characters, to tell keys apart
+        created_at  TEXT NOT NULL,
+        revoked_at  TEXT                       -- set by `key rotate`
+    );
+
+    -- A run. A fork is a row with a parent pointer and a boundary, never a copy of history.
+    CREATE TABLE channels (
+        id                   TEXT PRIMARY KEY,
+        parent_id            TEXT REFERENCES channels(id),
+        origin_id            TEXT NOT NULL,    -- root of the lineage (itself for roots)
+        created_at           TEXT NOT NULL,
+        updated_at           TEXT NOT NULL,    -- last activity
+        last_cursor          INTEGER NOT NULL DEFAULT 0,  -- per-channel gapless cursor counter
+        state_version        INTEGER NOT NULL DEFAULT 0,  -- per-channel state version counter
+        display_name         TEXT,
+        reason               TEXT,
+        experiment_metadata  TEXT,             -- JSON object owned by the SDK, stored verbatim
+        forked_at            TEXT,
+        requested_cursor     INTEGER NOT NULL DEFAULT 0,
+        resolved_cursor      INTEGER NOT NULL DEFAULT 0,  -- parent snapshot cursor inherited
+        resolved_event_id    TEXT,
+        forked_at_step       INTEGER,          -- steps 1..k are owned by the ancestors
+        source_state_version INTEGER NOT NULL DEFAULT 0,
+        source_state_sha256  TEXT,
+        restorable           INTEGER NOT NULL DEFAULT 0 CHECK (restorable IN (0, 1)),
+        manifest             TEXT,
+        reproducibility      TEXT CHECK (reproducibility IN ('state_exact', 'context_exact', 'execution_replayable', 'best_effort')),
+        tool_policies        TEXT,             -- JSON map tool|"*" -> auto|replay|block|live
+        fork_operation_id    TEXT,
+        fork_request_hash    TEXT,
+        outcome              TEXT CHECK (outcome IN ('promoted', 'rejected', 'inconclusive', 'crashed')),
+        result_score         REAL
+    );
+    CREATE INDEX channels_by_parent ON channels (parent_id);
+    CREATE INDEX channels_by_activity ON channels (updated_at, id);
+    CREATE UNIQUE INDEX channels_fork_operation ON channels (parent_id, fork_operation_id);
+
+    -- The append-only log: per-channel gapless cursors from 1.
+    CREATE TABLE events (
+        channel_id    TEXT NOT NULL REFERENCES channels(id),
+        cursor        INTEGER NOT NULL,
+        id            TEXT NOT NULL UNIQUE,
+        type          TEXT NOT NULL,
+        payload       TEXT,
+        actor         TEXT NOT NULL,
+        agent_id      TEXT,
+        user_id       TEXT,
+        metadata      TEXT,
+        operation_id  TEXT,
+        request_hash  TEXT,
+        step_number   INTEGER CHECK (step_number >= 1),
+        depends_on    TEXT,
+        dependencies  TEXT,
+        created_at    TEXT NOT NULL,
+        PRIMARY KEY (channel_id, cursor)
+    );
+    CREATE UNIQUE INDEX events_operation ON events (channel_id, operation_id);
+    CREATE INDEX events_by_step ON events (channel_id, step_number);
+    CREATE INDEX events_by_type ON events (type, created_at);
+    CREATE INDEX events_by_time ON events (created_at);
+
+    -- Immutable state snapshots, each aligned with an event cursor.
+    CREATE TABLE states (
+        channel_id    TEXT NOT NULL REFERENCES channels(id),
+        version       INTEGER NOT NULL,
+        cursor        INTEGER NOT NULL,
+        state         TEXT,
+        sha256        TEXT NOT NULL,
+        operation_id  TEXT,
+        created_at    TEXT NOT NULL,
+        PRIMARY KEY (channel_id, version)
+    );
+    CREATE INDEX states_by_cursor ON states (channel_id, cursor, version);
+    CREATE UNIQUE INDEX states_operation ON states (channel_id, operation_id);
+
+    -- The execution ledger: one row per (channel, key); the unique index is the idempotency.
+    CREATE TABLE executions (
+        id                  TEXT PRIMARY KEY,
+        channel_id          TEXT NOT NULL REFERENCES channels(id),
+        key_name            TEXT NOT NULL,
+        tool_name           TEXT NOT NULL,
+        request_hash        TEXT NOT NULL,
+        params              TEXT,
+        status              TEXT NOT NULL CHECK (status IN (
+                                'running',      -- claimed; the token holder may complete it
+                                'completed',    -- result stored; claims replay it
+                                'failed',       -- error stored; a claim takes it over
+                                'interrupted',  -- stopped from outside; a claim takes it over
+                                'cancelled',    -- released by its owner; a claim takes it over
+                                'expired')),    -- lease ran out; a claim takes it over
+        claim_token         TEXT,
+        lease_seconds       INTEGER NOT NULL,
+        lease_until         TEXT,
+        attempts            INTEGER NOT NULL DEFAULT 0,
+        result              TEXT,
+        error               TEXT,
+        started_cursor      INTEGER,
+        completed_cursor    INTEGER,
+        started_event_id    TEXT,
+        completed_event_id  TEXT,
+        replay_emitted      INTEGER NOT NULL DEFAULT 0 CHECK (replay_emitted IN (0, 1)),
+        inherited_from      TEXT,             -- ancestor execution replayed onto a fork
+        created_at          TEXT NOT NULL,
+        updated_at          TEXT NOT NULL,
+        completed_at        TEXT,
+        UNIQUE (channel_id, key_name)
+    );
+    CREATE INDEX executions_by_time ON executions (channel_id, created_at);
+
+    CREATE TABLE experiments (
+        id                   TEXT PRIMARY KEY,
+        name                 TEXT NOT NULL,
+        description          TEXT,
+        baseline_channel_id  TEXT,
+        created_at           TEXT NOT NULL
+    );
+    CREATE TABLE experiment_members (
+        experiment_id   TEXT NOT NULL REFERENCES experiments(id),
+        channel_id      TEXT NOT NULL,
+        role            TEXT NOT NULL,
+        declared_delta  TEXT,
+        added_at        TEXT NOT NULL,
+        PRIMARY KEY (experiment_id, channel_id)
+    );
+    """,
+]
+
+
+def _configure(conn: sqlite3.Connection) -> None:
+    # synchronous=FULL: an acknowledged write survives kill -9 and power loss.
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("PRAGMA busy_timeout=10000")
+    conn.row_factory = sqlite3.Row
+
+
+def _migrate(conn: sqlite3.Connection) -> None:
+    current = conn.execute("PRAGMA user_version").fetchone()[0]
+    for number, script in enumerate(_MIGRATIONS[current:], start=current + 1):
+        conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version={number};\nCOMMIT;")
+
+
+# =============================================================================
+# Database: one writer path (group commit), pooled readers
+# =============================================================================
+
+
+@dataclass
+class Tx:
+    """What a write function gets: the connection, one clock reading, the events it appends."""
+
+    conn: sqlite3.Connection
+    now: datetime
+    events: list = field(default_factory=list)
+
+    @property
+    def ts(self) -> str:
+        return iso(self.now)
+
+
+@dataclass
+class _Job:
+    work: Callable
+    args: tuple
+    future: asyncio.Future
+    exclude: Any = None              # a WebSocket connection that must not get its own events back
+
+
+def run_jobs(conn: sqlite3.Connection, jobs: list) -> list:
+    """Run write jobs in ONE transaction (one fsync); each in a savepoint so one failure rolls back alone.
+
+    Returns, per job, `(result, events)` or `(exception, None)`. Raises if the commit itself fails.
+    """
+    outcomes = []
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        now = utc_now()
+        for job in jobs:
+            tx = Tx(conn, now)
+            conn.execute("SAVEPOINT job")
+            try:
+                result = job.work(tx, *job.args)
+                conn.execute("RELEASE job")
+                outcomes.append((result, tx.events))
+            except Exception as exc:  # noqa: BLE001 - handed to the caller, never swallowed
+                conn.execute("ROLLBACK TO job")
+                conn.execute("RELEASE job")
+                outcomes.append((exc, None))
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return outcomes
+
+
+class Database:
+    """The only code that touches SQLite.
+
+    Writes: `await db.write(fn, *args)` queues `fn(tx, *args)`; a single writer task runs every
+    queued job in one transaction and answers each caller after that batch commits (group commit).
+    Reads: `await db.read(fn, *args)` runs `fn(conn, *args)` on a pooled reader connection.
+    Whole functions cross to the SQLite threads, not single statements.
+    """
+
+    def __init__(self, path: Path, *, readers: int = 2):
+        self.path = Path(path)
+        self._reader_count = readers
+        self._writer: Optional[aiosqlite.Connection] = None
+        self._readers: list = []
+        self._next_reader = 0
+        self._queue: Optional[asyncio.Queue] = None
+        self._writer_task: Optional[asyncio.Task] = None
+        self.on_commit: Callable[[list, Any], None] = lambda events, exclude: None
+        self.batches = 0
+        self.batched_jobs = 0
+
+    @staticmethod
+    def connect_sync(path: Path) -> sqlite3.Connection:
+        """A configured, migrated connection for the command line (before or beside the server)."""
+        conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        _configure(conn)
+        _migrate(conn)
+        return conn
+
+    async def open(self) -> "Database":
+        self._writer = await aiosqlite.connect(self.path, isolation_level=None)
+        await self._call(self._writer, lambda conn: (_configure(conn), _migrate(conn)))
+        for _ in range(self._reader_count):
+            reader = await aiosqlite.connect(self.path, isolation_level=None)
+            await self._call(reader, _configure)
+            self._readers.append(reader)
+        self._queue = asyncio.Queue()
+        self._writer_task = asyncio.create_task(self._write_loop())
+        return self
+
+    async def close(self) -> None:
+        if self._writer_task:
+            await self._queue.put(None)          # finish what is queued, then stop
+            await self._writer_task
+        for conn in [*self._readers, self._writer]:
+            if conn is not None:
+                await conn.close()
+
+    @staticmethod
+    async def _call(conn: aiosqlite.Connection, fn: Callable, *args):
+        # aiosqlite runs each call on the connection's own thread; _execute ships a whole function.
+        return await conn._execute(fn, conn._conn, *args)
+
+    async def read(self, fn: Callable, *args):
+        reader = self._readers[self._next_reader % len(self._readers)]
+        self._next_reader += 1
+        return await self._call(reader, fn, *args)
+
+    async def write(self, fn: Callable, *args, exclude: Any = None):
+        future = asyncio.get_running_loop().create_future()
+        await self._queue.put(_Job(fn, args, future, exclude))
+        return await future
+
+    async def _write_loop(self) -> None:
+        stopping = False
+        while not stopping:
+            job = await self._queue.get()
+            if job is None:
+                break
+            jobs = [job]
+            while len(jobs) < WRITE_BATCH_MAX and not self._queue.empty():
+                nxt = self._queue.get_nowait()
+                if nxt is None:
+                    stopping = True
+                    break
+                jobs.append(nxt)
+            await self._commit(jobs)
+
+    async def _commit(self, jobs: list) -> None:
+        try:
+            outcomes = await self._call(self._writer, run_jobs, jobs)
+        except Exception as exc:  # noqa: BLE001 - the commit failed: nobody's write happened
+            log.exception("write batch failed")
+            for job in jobs:
+                if not job.future.done():
+                    job.future.set_exception(exc)
+            return
+        self.batches += 1
+        self.batched_jobs += len(jobs)
+        for job, (result, events) in zip(jobs, outcomes):
+            if events:
+                self.on_commit(events, job.exclude)
+            if job.future.done():
+                continue
+            if events is None:
+                job.future.set_exception(result)
+            else:
+                job.future.set_result(result)
+
+
+# =============================================================================
+# Domain: channels, events, state (plain functions of a connection or a Tx)
+# =============================================================================
+
+
+def channel_row(conn: sqlite3.Connection, channel_id: str) -> Optional[sqlite3.Row]:
+    return conn.execute("SELECT * FROM channels WHERE id = ?", (channel_id,)).fetchone()
+
+
+def require_channel(conn: sqlite3.Connection, channel_id: str) -> sqlite3.Row:
+    row = channel_row(conn, channel_id)
+    if row is None:
+        raise NotFound(f"channel {channel_id} not found")
+    return row
+
+
+def ensure_channel(tx: Tx, channel_id: str) -> None:
+    """Channels are created by their first write; there is no 'create channel' call."""
+    tx.conn.execute(
+        "INSERT INTO channels (id, origin_id, created_at, updated_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (id) DO NOTHING",
+        (channel_id, channel_id, tx.ts, tx.ts),
+    )
+
+
+def request_hash(value: Any) -> str:
+    return sha256_hex(canonical_json(value))
+
+
+def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, actor: str = "system",
+                 metadata: Any = None, agent_id: Optional[str] = None, user_id: Optional[str] = None,
+                 operation_id: Optional[str] = None, hashed: Optional[str] = None,
+                 step_number: Optional[int] = None, depends_on: Optional[str] = None,
+                 dependencies: Optional[list] = None) -> dict:
+    """Append one event at the channel's next cursor and return its JSON form."""
+    ensure_channel(tx, channel_id)
+    cursor = tx.conn.execute(
+        "UPDATE channels SET last_cursor = last_cursor + 1, updated_at = ? WHERE id = ? RETURNING last_cursor",
+        (tx.ts, channel_id),
+    ).fetchone()[0]
+    event_id = uuid7()
+    if depends_on is None and dependencies:
+        depends_on = next((d.get("event_id") for d in dependencies if isinstance(d, dict) and d.get("event_id")), None)
+    tx.conn.execute(
+        "INSERT INTO events (channel_id, cursor, id, type, payload, actor, agent_id, user_id, metadata,"
+        " operation_id, request_hash, step_number, depends_on, dependencies, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (channel_id, cursor, event_id, event_type, dump(payload), actor, agent_id, user_id, dump(metadata),
+         operation_id, hashed, step_number, depends_on, dump(dependencies), tx.ts),
+    )
+    event = {
+        "id": event_id, "channel_id": channel_id, "type": event_type, "payload": payload, "actor": actor,
+        "cursor": cursor, "channel_cursor": cursor, "timestamp": tx.ts, "agent_id": agent_id,
+        "user_id": user_id, "metadata": metadata, "depends_on": depends_on, "step_number": step_number,
+    }
+    tx.events.append(event)
+    return event
+
+
+def event_json(row: sqlite3.Row) -> dict:
+    """The one event shape every parser of the SDK accepts (CONTRACT §5.1)."""
+    return {
+        "id": row["id"], "channel_id": row["channel_id"], "type": row["type"], "payload": load(row["payload"]),
+        "actor": row["actor"], "cursor": row["cursor"], "channel_cursor": row["cursor"],
+        "timestamp": row["created_at"], "agent_id": row["agent_id"], "user_id": row["user_id"],
+        "metadata": load(row["metadata"]), "depends_on": row["depends_on"], "step_number": row["step_number"],
+    }
+
+
+def event_by_operation(conn: sqlite3.Connection, channel_id: str, operation_id: str) -> Optional[sqlite3.Row]:
+    return conn.execute(
+        "SELECT * FROM events WHERE channel_id = ? AND operation_id = ?", (channel_id, operation_id)
+    ).fetchone()
+
+
+def replay_or_conflict(row: sqlite3.Row, hashed: str, what: str) -> dict:
+    """A reused operation id: the same request replays the original, another one is refused."""
+    if row["request_hash"] != hashed:
+        raise Conflict("idempotency_conflict",
+                       f"operation_id {row['operation_id']} was already used for a different {what}")
+    return event_json(row)
+
+
+def record_event(tx: Tx, req: dict) -> dict:
+    """POST /events/record. Returns the new event, or the original one for a replayed operation id."""
+    hashed = request_hash({"type": req["event_type"], "payload": req["payload"]})
+    if req["operation_id"] is not None:
+        existing = event_by_operation(tx.conn, req["channel_id"], req["operation_id"])
+        if existing is not None:
+            return replay_or_conflict(existing, hashed, "event")
+    return append_event(
+        tx, req["channel_id"], req["event_type"], req["payload"], actor=req["actor"], metadata=req["metadata"],
+        agent_id=req["agent_id"], user_id=req["user_id"], operation_id=req["operation_id"], hashed=hashed,
+        step_number=req["step_number"], dependencies=req["dependencies"],
+    )
+
+
+def replay_events(conn: sqlite3.Connection, channel_id: str, after: int, limit: int,
+                  event_type: Optional[str] = None) -> list:
+    sql, args = "SELECT * FROM events WHERE channel_id = ? AND cursor > ?", [channel_id, after]
+    if event_type is not None:
+        sql += " AND type = ?"
+        args.append(event_type)
+    rows = conn.execute(sql + " ORDER BY cursor LIMIT ?", (*args, limit)).fetchall()
+    return [event_json(r) for r in rows]
+
+
+def query_events(conn: sqlite3.Connection, q: dict) -> list:
+    """POST /events/query: newest first; every filter optional."""
+    clauses, args = [], []
+    if q["channel_ids"]:
+        clauses.append(f"channel_id IN ({','.join('?' * len(q['channel_ids']))})")
+        args += q["channel_ids"]
+    for column, key, op in (("type", "event_type", "="), ("actor", "actor", "="),
+                            ("cursor", "cursor_start", ">="), ("cursor", "cursor_end", "<="),
+                            ("created_at", "from", ">="), ("created_at", "to", "<=")):
+        if q[key] is not None:
+            clauses.append(f"{column} {op} ?")
+            args.append(q[key])
+    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+    rows = conn.execute(
+        f"SELECT * FROM events{where} ORDER BY created_at DESC, channel_id, cursor DESC LIMIT ? OFFSET ?",
+        (*args, q["limit"], q["offset"]),
+    ).fetchall()
+    return [event_json(r) for r in rows]
+
+
+def latest_cursor(conn: sqlite3.Connection, channel_id: str) -> Optional[int]:
+    row = channel_row(conn, channel_id)
+    return row["last_cursor"] if row is not None and row["last_cursor"] > 0 else None
+
+
+def causal_graph(conn: sqlite3.Connection, event_id: str, max_nodes: int) -> dict:
+    """Bounded ancestry walk over `depends_on` and the recorded `dependencies` edges."""
+    root = conn.execute("SELECT * FROM events WHERE id = ?", (event_id,)).fetchone()
+    if root is None:
+        raise NotFound(f"event {event_id} not found")
+    seen, order, edges, frontier, truncated = {root["id"]: root}, [root], [], [root], False
+    while frontier:
+        row = frontier.pop(0)
+        parents = [(d.get("event_id"), d.get("dependency_type", "causal"))
+                   for d in (load(row["dependencies"]) or []) if isinstance(d, dict) and d.get("event_id")]
+        if row["depends_on"] and all(p != row["depends_on"] for p, _ in parents):
+            parents.append((row["depends_on"], "causal"))
+        for parent_id, kind in parents:
+            edges.append({"event_id": row["id"], "depends_on_event_id": parent_id, "dependency_type": kind})
+            if parent_id in seen:
+                continue
+            if len(order) >= max_nodes:
+                truncated = True
+                continue
+            parent = conn.execute("SELECT * FROM events WHERE id = ?", (parent_id,)).fetchone()
+            if parent is not None:
+                seen[parent_id] = parent
+                order.append(parent)
+                frontier.append(parent)
+    return {"root_event_id": root["id"], "events": [event_json(r) for r in order],
+            "dependencies": edges, "truncated": truncated}
+
+
+# --- state -------------------------------------------------------------------
+
+
+def state_row_at(conn: sqlite3.Connection, channel_id: str, cursor: Optional[int]) -> Optional[sqlite3.Row]:
+    """The snapshot with the greatest cursor <= `cursor` (ties: highest version); None = the latest."""
+    if cursor is None:
+        return conn.execute(
+            "SELECT * FROM states WHERE channel_id = ? ORDER BY version DESC LIMIT 1", (channel_id,)
+        ).fetchone()
+    return conn.execute(
+        "SELECT * FROM states WHERE channel_id = ? AND cursor <= ? ORDER BY cursor DESC, version DESC LIMIT 1",
+        (channel_id, cursor),
+    ).fetchone()
+
+
+def state_json(row: Optional[sqlite3.Row]) -> dict:
+    if row is None:
+        return {"cursor": None, "state": None}
+    return {"cursor": row["cursor"], "state": load(row["state"]), "version": row["version"]}
+
+
+def check_guards(conn: sqlite3.Connection, channel_id: str, expected_version: Optional[int],
+                 expected_cursor: Optional[int]) -> None:
+    """Optimistic concurrency against the channel's latest snapshot (0 = no snapshot yet)."""
+    if expected_version is None and expected_cursor is None:
+        return
+    latest = state_row_at(conn, channel_id, None)
+    version, cursor = (latest["version"], latest["cursor"]) if latest else (0, 0)
+    if expected_version is not None and expected_version != version:
+        raise Conflict("version_conflict", f"expected state version {expected_version}, latest is {version}")
+    if expected_cursor is not None and expected_cursor != cursor:
+        raise Conflict("version_conflict", f"expected state cursor {expected_cursor}, latest is {cursor}")
+
+
+def insert_state(tx: Tx, channel_id: str, cursor: int, state_text: str, sha: str,
+                 operation_id: Optional[str] = None) -> int:
+    version = tx.conn.execute(
+        "UPDATE channels SET state_version = state_version + 1, updated_at = ? WHERE id = ? RETURNING state_version",
+        (tx.ts, channel_id),
+    ).fetchone()[0]
+    tx.conn.execute(
+        "INSERT INTO states (channel_id, version, cursor, state, sha256, operation_id, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (channel_id, version, cursor, state_text, sha, operation_id, tx.ts),
+    )
+    return version
+
+
+def save_state(tx: Tx, req: dict) -> int:
+    """POST /state/{channel}: a new immutable version; an operation id replays its version."""
+    channel_id = req["channel_id"]
+    ensure_channel(tx, channel_id)
+    if req["operation_id"] is not None:
+        row = tx.conn.execute("SELECT version FROM states WHERE channel_id = ? AND operation_id = ?",
+                              (channel_id, req["operation_id"])).fetchone()
+        if row is not None:
+            return row["version"]
+    check_guards(tx.conn, channel_id, req["expected_version"], req["expected_cursor"])
+    text = canonical_json(req["state"])
+    return insert_state(tx, channel_id, req["cursor"], dump(req["state"]), sha256_hex(text), req["operation_id"])
+
+
+def transition(tx: Tx, req: dict) -> dict:
+    """POST /events/transition: one event and the snapshot at its cursor, atomically."""
+    channel_id = req["channel_id"]
+    hashed = request_hash({"type": req["type"], "payload": req["payload"], "state": req["state"]})
+    if req["operation_id"] is not None:
+        existing = event_by_operation(tx.conn, channel_id, req["operation_id"])
+        if existing is not None:
+            event = replay_or_conflict(existing, hashed, "transition")
+            version = tx.conn.execute("SELECT version FROM states WHERE channel_id = ? AND cursor = ?"
+                                      " ORDER BY version LIMIT 1", (channel_id, event["cursor"])).fetchone()
+            return {"event": event, "state_version": version["version"] if version else 0}
+    ensure_channel(tx, channel_id)
+    check_guards(tx.conn, channel_id, req["expected_version"], req["expected_cursor"])
+    event = append_event(tx, channel_id, req["type"], req["payload"], actor=req["actor"], metadata=req["metadata"],
+                         agent_id=req["agent_id"], user_id=req["user_id"], operation_id=req["operation_id"],
+                         hashed=hashed)
+    version = insert_state(tx, channel_id, event["cursor"], dump(req["state"]), sha256_hex(canonical_json(req["state"])))
+    return {"event": event, "state_version": version}
+
+
+def list_states(conn: sqlite3.Connection, channel_id: str, limit: int, offset: int) -> list:
+    rows = conn.execute(
+        "SELECT version, cursor, created_at FROM states WHERE channel_id = ? ORDER BY version DESC LIMIT ? OFFSET ?",
+        (channel_id, limit, offset),
+    ).fetchall()
+    return [{"version": r["version"], "cursor": r["cursor"], "timestamp": r["created_at"]} for r in rows]
+
+
+def get_state_version(conn: sqlite3.Connection, channel_id: str, version: int) -> dict:
+    row = conn.execute("SELECT * FROM states WHERE channel_id = ? AND version = ?", (channel_id, version)).fetchone()
+    return state_json(row)
+
+
+def delete_state_version(tx: Tx, channel_id: str, version: int) -> dict:
+    deleted = tx.conn.execute("DELETE FROM states WHERE channel_id = ? AND version = ?", (channel_id, version)).rowcount
+    return {"ok": True, "deleted": deleted}
+
+
+# --- channel metadata -----------------------------------------------------------
+
+
+def metadata_json(row: sqlite3.Row) -> dict:
+    """The STRICT ChannelMetadata shape: the SDK passes these keys to a fixed constructor, so no others."""
+    return {
+        "channel_id": row["id"],
+        "parent_channel_id": row["parent_id"],
+        "origin_run_id": row["origin_id"],
+        "forked_at_cursor": row["resolved_cursor"],
+        "forked_at": row["forked_at"] or row["created_at"],
+        "display_name": row["display_name"],
+        "reason": row["reason"],
+        "experiment_metadata": load(row["experiment_metadata"]),
+        "requested_at_cursor": row["requested_cursor"],
+        "resolved_cursor": row["resolved_cursor"],
+        "resolved_state_cursor": row["resolved_cursor"],
+        "resolved_event_id": row["resolved_event_id"],
+        "source_state_version": row["source_state_version"],
+        "source_state_sha256": row["source_state_sha256"],
+        "restorable": bool(row["restorable"]),
+        "manifest": load(row["manifest"]),
+        "reproducibility": row["reproducibility"],
+        "tool_policies": load(row["tool_policies"]),
+        "outcome": row["outcome"],
+        "result_score": row["result_score"],
+        "deleted_at": None,
+    }
+
+
+def get_metadata(conn: sqlite3.Connection, channel_id: str) -> dict:
+    return metadata_json(require_channel(conn, channel_id))
+
+
+def put_metadata(tx: Tx, channel_id: str, changes: dict) -> dict:
+    """PUT /channels/{id}/metadata: upsert; only the keys present change."""
+    ensure_channel(tx, channel_id)
+    for column, value in changes.items():   # columns come from a fixed whitelist in the handler
+        tx.conn.execute(f"UPDATE channels SET {column} = ?, updated_at = ? WHERE id = ?", (value, tx.ts, channel_id))
+    return metadata_json(channel_row(tx.conn, channel_id))
+
+
+def list_channels(conn: sqlite3.Connection) -> list:
+    return [r["id"] for r in conn.execute("SELECT id FROM channels ORDER BY updated_at DESC, id").fetchall()]
+
+
+def list_forks(conn: sqlite3.Connection, channel_id: str) -> list:
+    require_channel(conn, channel_id)
+    rows = conn.execute("SELECT * FROM channels WHERE parent_id = ? ORDER BY created_at, id", (channel_id,)).fetchall()
+    return [metadata_json(r) for r in rows]
+
+
+# --- step index (derived from events, walked across lineage) ---------------------
+
+
+def own_step(conn: sqlite3.Connection, channel_id: str, step_number: int) -> Optional[sqlite3.Row]:
+    # The first event carrying a step number wins if a step number repeats.
+    return conn.execute(
+        "SELECT cursor, id FROM events WHERE channel_id = ? AND step_number = ? ORDER BY cursor LIMIT 1",
+        (channel_id, step_number),
+    ).fetchone()
+
+
+def resolve_step(conn: sqlite3.Connection, channel_id: str, step_number: int) -> dict:
+    """Step n -> (owner channel, cursor). Inherited steps resolve on the ancestor that recorded them."""
+    row = require_channel(conn, channel_id)
+    for _ in range(LINEAGE_MAX_DEPTH + 1):
+        inherited = row["parent_id"] is not None and row["forked_at_step"] is not None \
+            and step_number <= row["forked_at_step"]
+        if not inherited:
+            hit = own_step(conn, row["id"], step_number)
+            if hit is None:
+                break
+            return {"channel_id": row["id"], "cursor": hit["cursor"], "event_id": hit["id"], "step_number": step_number}
+        row = channel_row(conn, row["parent_id"])
+        if row is None:
+            break
+    raise NotFound(f"step {step_number} of {channel_id} is not indexed")
+
+
+def last_step_number(conn: sqlite3.Connection, channel_id: str) -> int:
+    """Highest step on this channel, counting the steps a fork inherited (resume continues at k+1)."""
+    row = require_channel(conn, channel_id)
+    own = conn.execute("SELECT MAX(step_number) FROM events WHERE channel_id = ?", (channel_id,)).fetchone()[0]
+    return max(own or 0, row["forked_at_step"] or 0)
+
+
+def step_list(conn: sqlite3.Connection, channel_id: str) -> list:
+    """Every step visible on a channel, inherited ones resolved to their owners (for the dashboard)."""
+    row = require_channel(conn, channel_id)
+    steps = {}
+    if row["parent_id"] and row["forked_at_step"]:
+        for n in range(1, row["forked_at_step"] + 1):
+            with contextlib.suppress(NotFound):
+                steps[n] = resolve_step(conn, channel_id, n)
+    for r in conn.execute("SELECT step_number, MIN(cursor) AS cursor FROM events WHERE channel_id = ?"
+                          " AND step_number IS NOT NULL GROUP BY step_number", (channel_id,)):
+        steps.setdefault(r["step_number"], {"channel_id": channel_id, "cursor": r["cursor"],
+                                            "step_number": r["step_number"]})
+    return [steps[n] for n in sorted(steps)]
+
+
+# =============================================================================
+# Domain: forks (copy-on-write: a row, a boundary, one copied snapshot)
+# =============================================================================
+
+
+def reproducibility_grade(restorable: bool, manifest: Optional[dict]) -> str:
+    if not restorable:
+        return "best_effort"
+    if isinstance(manifest, dict) and all(manifest.get(k) not in (None, "", {}, []) for k in CONTEXT_EXACT_KEYS):
+        return "context_exact"
+    return "state_exact"
+
+
+def receipt_json(row: sqlite3.Row, *, replayed: bool = False) -> dict:
+    """The immutable fork receipt: what the fork asked for, what it inherited, how faithful it is."""
+    return {
+        "fork_id": row["id"],
+        "channel_id": row["id"],
+        "child_channel_id": row["id"],
+        "source_channel_id": row["parent_id"],
+        "origin_run_id": row["origin_id"],
+        "requested_cursor": row["requested_cursor"],
+        "resolved_cursor": row["resolved_cursor"],
+        "resolved_state_cursor": row["resolved_cursor"],
+        "resolved_event_id": row["resolved_event_id"],
+        "forked_at_step": row["forked_at_step"],
+        "source_state_version": row["source_state_version"],
+        "source_state_sha256": row["source_state_sha256"],
+        "restorable": bool(row["restorable"]),
+        "replayed": replayed,
+        "manifest": load(row["manifest"]),
+        "reproducibility": row["reproducibility"],
+        "tool_policies": load(row["tool_policies"]),
+        "forked_at": row["forked_at"],
+    }
+
+
+def get_receipt(conn: sqlite3.Connection, channel_id: str) -> dict:
+    row = require_channel(conn, channel_id)
+    if row["parent_id"] is None:
+        raise NotFound(f"channel {channel_id} is not a fork")
+    return receipt_json(row)
+
+
+def fork_step_boundary(conn: sqlite3.Connection, source: sqlite3.Row, boundary_cursor: int,
+                       experiment_metadata: Any) -> Optional[int]:
+    """How many steps the child inherits: the SDK's forked_at_step, else the source's last step at the boundary."""
+    if isinstance(experiment_metadata, dict):
+        declared = experiment_metadata.get("forked_at_step")
+        if isinstance(declared, int) and not isinstance(declared, bool) and declared >= 0:
+            return declared
+    own = conn.execute("SELECT MAX(step_number) FROM events WHERE channel_id = ? AND cursor <= ?",
+                       (source["id"], boundary_cursor)).fetchone()[0]
+    return own if own is not None else source["forked_at_step"]
+
+
+def fork_channel(tx: Tx, req: dict) -> dict:
+    """POST /channels/fork. Never writes to the source; cost is independent of the source's history."""
+    conn = tx.conn
+    source_id, child_id, at_cursor = req["source_channel_id"], req["new_channel_id"], req["at_cursor"]
+    hashed = request_hash({k: v for k, v in req.items() if k != "operation_id"})
+    if req["operation_id"] is not None:
+        earlier = conn.execute("SELECT * FROM channels WHERE parent_id = ? AND fork_operation_id = ?",
+                               (source_id, req["operation_id"])).fetchone()
+        if earlier is not None:
+            if earlier["fork_request_hash"] != hashed:
+                raise Conflict("idempotency_conflict",
+                               f"operation_id {req['operation_id']} was already used for a different fork")
+            return receipt_json(earlier, replayed=True)
+    existing = channel_row(conn, child_id)
+    if existing is not None:
+        # AgentSession retries with a fresh operation id, so the child's name is the retry key.
+        if existing["parent_id"] == source_id and existing["requested_cursor"] == at_cursor:
+            return receipt_json(existing, replayed=True)
+        raise Conflict("channel_conflict", f"channel {child_id} already exists with a different definition")
+    if child_id == source_id:
+        raise BadRequest("new_channel_id must differ from source_channel_id")
+    source = require_channel(conn, source_id)
+    check_guards(conn, source_id, req["expected_version"], req["expected_cursor"])
+
+    snapshot = state_row_at(conn, source_id, at_cursor or None)
+    if snapshot is None and at_cursor > 0:
+        raise Conflict("snapshot_boundary_required",
+                       f"no state snapshot of {source_id} at or before cursor {at_cursor}; fork at a "
+                       "snapshotted step or use boundary_mode='approximate'")
+    resolved = snapshot["cursor"] if snapshot else 0
+    boundary_event = conn.execute("SELECT id FROM events WHERE channel_id = ? AND cursor = ?",
+                                  (source_id, resolved)).fetchone()
+    resolved_event_id = boundary_event["id"] if boundary_event else None
+    restorable = snapshot is not None
+    conn.execute(
+        "INSERT INTO channels (id, parent_id, origin_id, created_at, updated_at, display_name, reason,"
+        " experiment_metadata, forked_at, requested_cursor, resolved_cursor, resolved_event_id, forked_at_step,"
+        " source_state_version, source_state_sha256, restorable, manifest, reproducibility, tool_policies,"
+        " fork_operation_id, fork_request_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (child_id, source_id, source["origin_id"], tx.ts, tx.ts, req["display_name"], req["reason"],
+         dump(req["experiment_metadata"]), tx.ts, at_cursor, resolved, resolved_event_id,
+         fork_step_boundary(conn, source, at_cursor or resolved, req["experiment_metadata"]),
+         snapshot["version"] if snapshot else 0, snapshot["sha256"] if snapshot else None, int(restorable),
+         dump(req["manifest"]), reproducibility_grade(restorable, req["manifest"]), dump(req["tool_policies"]),
+         req["operation_id"], hashed),
+    )
+    marker = append_event(tx, child_id, "fork.started", {
+        "source_channel_id": source_id, "requested_cursor": at_cursor, "resolved_cursor": resolved,
+        "source_state_version": snapshot["version"] if snapshot else 0, "restorable": restorable,
+    }, depends_on=resolved_event_id)
+    if snapshot is not None:
+        insert_state(tx, child_id, marker["cursor"], snapshot["state"], snapshot["sha256"])
+    return receipt_json(channel_row(conn, child_id))
+
+
+def lineage(conn: sqlite3.Connection, channel_id: str) -> list:
+    """[(channel row, cursor where the line below left it)], from the channel up to its root."""
+    row = require_channel(conn, channel_id)
+    chain, leave_at = [], None
+    for _ in range(LINEAGE_MAX_DEPTH * 10):
+        chain.append((row, leave_at))
+        if row["parent_id"] is None:
+            break
+        leave_at = row["resolved_cursor"]
+        row = channel_row(conn, row["parent_id"])
+        if row is None:
+            break
+    return chain
+
+
+def fork_tree(conn: sqlite3.Connection, channel_id: str, depth: int = 0) -> dict:
+    """A channel and all its descendants, each with where it forked and how far it got."""
+    row = require_channel(conn, channel_id)
+    meta = load(row["experiment_metadata"]) or {}
+    children = [r["id"] for r in conn.execute("SELECT id FROM channels WHERE parent_id = ? ORDER BY created_at, id",
+                                              (channel_id,))]
+    return {
+        "channel_id": row["id"], "display_name": row["display_name"], "reason": row["reason"],
+        "parent_channel_id": row["parent_id"], "forked_at_cursor": row["resolved_cursor"],
+        "forked_at_step": row["forked_at_step"] if row["parent_id"] else None,
+        "event_count": row["last_cursor"], "latest_cursor": row["last_cursor"] or None,
+        "status": meta.get("status") if isinstance(meta, dict) else None, "outcome": row["outcome"],
+        "children": [fork_tree(conn, c, depth + 1) for c in children] if depth < 50 else [],
+    }
+
+
+# =============================================================================
+# Domain: diff, compare, trail, outcome, promote, delete, experiments
+# =============================================================================
+
+
+def diff_values(left: Any, right: Any, path: tuple = ()) -> list:
+    """Entries {path, kind, left, right}: keys/indexes only on the right are added, only left removed."""
+    if isinstance(left, dict) and isinstance(right, dict):
+        entries = []
+        for key in sorted(set(left) | set(right), key=str):
+            sub = (*path, str(key))
+            if key not in left:
+                entries.append({"path": list(sub), "kind": "added", "left": None, "right": right[key]})
+            elif key not in right:
+                entries.append({"path": list(sub), "kind": "removed", "left": left[key], "right": None})
+            else:
+                entries += diff_values(left[key], right[key], sub)
+        return entries
+    if isinstance(left, list) and isinstance(right, list):
+        entries = []
+        for i in range(max(len(left), len(right))):
+            sub = (*path, str(i))
+            if i >= len(left):
+                entries.append({"path": list(sub), "kind": "added", "left": None, "right": right[i]})
+            elif i >= len(right):
+                entries.append({"path": list(sub), "kind": "removed", "left": left[i], "right": None})
+            else:
+                entries += diff_values(left[i], right[i], sub)
+        return entries
+    if type(left) is type(right) and left == right:
+        return []
+    return [{"path": list(path), "kind": "changed", "left": left, "right": right}]
+
+
+def common_ancestor(conn: sqlite3.Connection, left_id: str, right_id: str) -> dict:
+    """The lowest common ancestor of two channels and the cursor on it where each side left."""
+    left_chain, right_chain = lineage(conn, left_id), lineage(conn, right_id)
+    right_by_id = {row["id"]: leave for row, leave in right_chain}
+    for row, left_leave in left_chain:
+        if row["id"] in right_by_id:
+            right_leave = right_by_id[row["id"]]
+            shared = min(c for c in (left_leave, right_leave) if c is not None) \
+                if left_leave is not None or right_leave is not None else None
+            return {"channel_id": row["id"], "cursor": shared, "left": left_leave, "right": right_leave}
+    return {}
+
+
+def diff_channels(conn: sqlite3.Connection, left_id: str, right_id: str) -> dict:
+    """GET /channels/diff: latest states compared, plus the state both sides share."""
+    left, right = state_json(state_row_at(conn, left_id, None)), state_json(state_row_at(conn, right_id, None))
+    ancestor = common_ancestor(conn, left_id, right_id)
+    common = None
+    if ancestor:
+        at = state_row_at(conn, ancestor["channel_id"], ancestor["cursor"])
+        cursor = ancestor["cursor"] if ancestor["cursor"] is not None else (at["cursor"] if at else 0)
+        common = {"channel_id": ancestor["channel_id"], "cursor": cursor, "state": load(at["state"]) if at else None}
+    entries = diff_values(left["state"], right["state"])
+    return {
+        "left_channel_id": left_id, "right_channel_id": right_id,
+        "left": {"channel_id": left_id, "cursor": left["cursor"], "state": left["state"]},
+        "right": {"channel_id": right_id, "cursor": right["cursor"], "state": right["state"]},
+        "common": common,
+        "left_diverged_at_cursor": ancestor.get("left"), "right_diverged_at_cursor": ancestor.get("right"),
+        "entries": entries[:DIFF_MAX_ENTRIES], "truncated": len(entries) > DIFF_MAX_ENTRIES,
+        "entry_count_total": len(entries), "max_entries": DIFF_MAX_ENTRIES,
+    }
+
+
+def execution_json(row: sqlite3.Row) -> dict:
+    return {
+        "id": row["id"], "channel_id": row["channel_id"], "key_name": row["key_name"], "tool_name": row["tool_name"],
+        "status": row["status"], "attempts": row["attempts"], "lease_until": row["lease_until"],
+        "started_cursor": row["started_cursor"], "completed_cursor": row["completed_cursor"],
+        "started_event_id": row["started_event_id"], "completed_event_id": row["completed_event_id"],
+        "replay_emitted": bool(row["replay_emitted"]), "params": load(row["params"]),
+        "result": load(row["result"]), "error": load(row["error"]), "inherited_from": row["inherited_from"],
+        "created_at": row["created_at"], "updated_at": row["updated_at"], "completed_at": row["completed_at"],
+    }
+
+
+def channel_executions(conn: sqlite3.Connection, channel_id: str) -> list:
+    rows = conn.execute("SELECT * FROM executions WHERE channel_id = ? ORDER BY created_at, id", (channel_id,))
+    return [execution_json(r) for r in rows.fetchall()]
+
+
+def decision_trail(conn: sqlite3.Connection, channel_id: str) -> dict:
+    chain = lineage(conn, channel_id)
+    row = chain[0][0]
+    boundary = None
+    if row["parent_id"] is not None:
+        at = state_row_at(conn, row["parent_id"], row["resolved_cursor"]) if row["restorable"] else None
+        boundary = {"channel_id": row["parent_id"], "cursor": row["resolved_cursor"],
+                    "state": load(at["state"]) if at else None}
+    return {
+        "channel_id": channel_id, "origin_run_id": row["origin_id"],
+        "ancestry": [{"channel_id": r["id"], "parent_channel_id": r["parent_id"], "forked_at_cursor": r["resolved_cursor"],
+                      "display_name": r["display_name"], "reason": r["reason"]} for r, _ in chain],
+        "boundary": boundary,
+        "executions": channel_executions(conn, channel_id),
+    }
+
+
+def run_metrics(conn: sqlite3.Connection, channel_id: str) -> dict:
+    """Counts and duration of a run; tokens and cost summed from step payloads that report them."""
+    row = conn.execute("SELECT COUNT(*) AS n, COUNT(step_number) AS steps, MIN(created_at) AS first,"
+                       " MAX(created_at) AS last FROM events WHERE channel_id = ?", (channel_id,)).fetchone()
+    tokens = cost = 0
+    for (payload,) in conn.execute("SELECT payload FROM events WHERE channel_id = ? AND step_number IS NOT NULL",
+                                   (channel_id,)):
+        usage = (load(payload) or {}).get("output") if isinstance(load(payload), dict) else None
+        if isinstance(usage, dict):
+            tokens += usage.get("tokens", 0) if isinstance(usage.get("tokens"), (int, float)) else 0
+            cost += usage.get("cost", 0) if isinstance(usage.get("cost"), (int, float)) else 0
+    duration = (parse_iso(row["last"]) - parse_iso(row["first"])).total_seconds() if row["first"] else 0.0
+    tools = conn.execute("SELECT COUNT(*) FROM executions WHERE channel_id = ?", (channel_id,)).fetchone()[0]
+    return {"event_count": row["n"], "step_count": row["steps"], "tool_calls": tools,
+            "duration_seconds": duration, "tokens": tokens, "cost": cost}
+
+
+def last_output(conn: sqlite3.Connection, channel_id: str) -> Any:
+    row = conn.execute("SELECT payload FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
+                       " ORDER BY cursor DESC LIMIT 1", (channel_id,)).fetchone()
+    payload = load(row["payload"]) if row else None
+    return payload.get("output") if isinstance(payload, dict) else None
+
+
+def compare_channels(conn: sqlite3.Connection, left_id: str, right_id: str) -> dict:
+    left_meta, right_meta = get_metadata(conn, left_id), get_metadata(conn, right_id)
+    tools = {side: {(e["key_name"]): e for e in channel_executions(conn, cid)}
+             for side, cid in (("left", left_id), ("right", right_id))}
+    summary = lambda e: {"key_name": e["key_name"], "tool_name": e["tool_name"], "status": e["status"]}  # noqa: E731
+    left_metrics, right_metrics = run_metrics(conn, left_id), run_metrics(conn, right_id)
+    return {
+        "left_channel_id": left_id, "right_channel_id": right_id,
+        "state_diff": diff_channels(conn, left_id, right_id),
+        "manifest_diff": diff_values(left_meta["manifest"], right_meta["manifest"]),
+        "tool_diff": {
+            "only_left": [summary(e) for k, e in tools["left"].items() if k not in tools["right"]],
+            "only_right": [summary(e) for k, e in tools["right"].items() if k not in tools["left"]],
+            "changed": [{"key_name": k, "left": summary(e), "right": summary(tools["right"][k])}
+                        for k, e in tools["left"].items()
+                        if k in tools["right"] and summary(e) != summary(tools["right"][k])],
+        },
+        "output_diff": {"left": last_output(conn, left_id), "right": last_output(conn, right_id),
+                        "entries": diff_values(last_output(conn, left_id), last_output(conn, right_id))},
+        "metrics": {"left": left_metrics, "right": right_metrics,
+                    "delta": {k: right_metrics[k] - left_metrics[k] for k in left_metrics}},
+    }
+
+
+def set_outcome(tx: Tx, channel_id: str, outcome: str, score: Optional[float]) -> dict:
+    require_channel(tx.conn, channel_id)
+    tx.conn.execute("UPDATE channels SET outcome = ?, result_score = COALESCE(?, result_score), updated_at = ?"
+                    " WHERE id = ?", (outcome, score, tx.ts, channel_id))
+    row = channel_row(tx.conn, channel_id)
+    return {"ok": True, "channel_id": channel_id, "outcome": row["outcome"], "result_score": row["result_score"]}
+
+
+def promote_channel(tx: Tx, child_id: str) -> dict:
+    """Append-only merge: the parent records the promotion and takes the child's latest state."""
+    child = require_channel(tx.conn, child_id)
+    if child["parent_id"] is None:
+        raise BadRequest(f"channel {child_id} is not a fork; only a fork can be promoted into its parent")
+    latest = state_row_at(tx.conn, child_id, None)
+    event = append_event(tx, child["parent_id"], "channel.promoted", {
+        "child_channel_id": child_id, "child_state_version": latest["version"] if latest else None,
+        "child_latest_cursor": child["last_cursor"],
+    })
+    version = insert_state(tx, child["parent_id"], event["cursor"], latest["state"], latest["sha256"]) if latest else None
+    tx.conn.execute("UPDATE channels SET outcome = 'promoted', updated_at = ? WHERE id = ?", (tx.ts, child_id))
+    return {"ok": True, "parent_channel_id": child["parent_id"], "child_channel_id": child_id,
+            "event": event, "state_version": version}
+
+
+def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> dict:
+    """Delete a run and its rows; forks of it go too with recursive=true, else it is refused."""
+    require_channel(tx.conn, channel_id)
+    children = [r["id"] for r in tx.conn.execute("SELECT id FROM channels WHERE parent_id = ?", (channel_id,))]
+    if children and not recursive:
+        raise Conflict("channel_conflict", f"channel {channel_id} has forks ({', '.join(children)}); "
+                                           "delete with recursive=true")
+    deleted = []
+    for child in children:
+        deleted += delete_channel(tx, child, True)["deleted"]
+    for table in ("events", "states", "executions"):
+        tx.conn.execute(f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,))
+    tx.conn.execute("DELETE FROM experiment_members WHERE channel_id = ?", (channel_id,))
+    tx.conn.execute("DELETE FROM channels WHERE id = ?", (channel_id,))
+    return {"ok": True, "deleted": deleted + [channel_id]}
+
+
+def experiment_json(conn: sqlite3.Connection, row: sqlite3.Row) -> dict:
+    members = conn.execute(
+        "SELECT m.*, c.result_score, c.outcome FROM experiment_members m LEFT JOIN channels c ON c.id = m.channel_id"
+        " WHERE m.experiment_id = ? ORDER BY m.added_at, m.channel_id", (row["id"],)).fetchall()
+    return {
+        "id": row["id"], "group_id": row["id"], "name": row["name"], "description": row["description"],
+        "baseline_channel_id": row["baseline_channel_id"], "created_at": row["created_at"],
+        "members": [{"channel_id": m["channel_id"], "role": m["role"], "declared_delta": load(m["declared_delta"]),
+                     "result_score": m["result_score"], "outcome": m["outcome"], "added_at": m["added_at"]}
+                    for m in members],
+    }
+
+
+def require_experiment(conn: sqlite3.Connection, experiment_id: str) -> sqlite3.Row:
+    row = conn.execute("SELECT * FROM experiments WHERE id = ?", (experiment_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"experiment {experiment_id} not found")
+    return row
+
+
+def add_member(tx: Tx, experiment_id: str, channel_id: str, role: str, declared_delta: Any) -> None:
+    tx.conn.execute(
+        "INSERT INTO experiment_members (experiment_id, channel_id, role, declared_delta, added_at)"
+        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (experiment_id, channel_id) DO UPDATE SET role = excluded.role,"
+        " declared_delta = excluded.declared_delta",
+        (experiment_id, channel_id, role, dump(declared_delta), tx.ts))
+
+
+def create_experiment(tx: Tx, name: str, description: Optional[str], baseline: Optional[str]) -> dict:
+    experiment_id = str(uuid.uuid4())
+    tx.conn.execute("INSERT INTO experiments (id, name, description, baseline_channel_id, created_at)"
+                    " VALUES (?, ?, ?, ?, ?)", (experiment_id, name, description, baseline, tx.ts))
+    if baseline:
+        add_member(tx, experiment_id, baseline, "baseline", None)
+    return experiment_json(tx.conn, require_experiment(tx.conn, experiment_id))
+
+
+def add_experiment_member(tx: Tx, experiment_id: str, channel_id: str, role: str, declared_delta: Any) -> dict:
+    require_experiment(tx.conn, experiment_id)
+    add_member(tx, experiment_id, channel_id, role, declared_delta)
+    return experiment_json(tx.conn, require_experiment(tx.conn, experiment_id))
+
+
+def rank_experiment(conn: sqlite3.Connection, experiment_id: str) -> dict:
+    experiment = experiment_json(conn, require_experiment(conn, experiment_id))
+    ranked = sorted(experiment["members"], key=lambda m: (m["result_score"] is None, -(m["result_score"] or 0)))
+    for rank, member in enumerate(ranked, start=1):
+        member["rank"] = rank
+    return {**experiment, "ranking": ranked}
+
+
+# =============================================================================
+# Domain: the execution ledger and fork tool policies
+# =============================================================================
+
+
+def execution_identity(tool_name: str, params: Any, dedup_fields: Optional[list]) -> str:
+    """Request hash over tool + params, projected on `dedup_fields` so volatile fields don't count."""
+    if dedup_fields is not None and isinstance(params, dict):
+        params = {k: params[k] for k in dedup_fields if k in params}
+    return request_hash({"tool": tool_name, "params": params})
+
+
+def require_execution(conn: sqlite3.Connection, execution_id: str) -> sqlite3.Row:
+    row = conn.execute("SELECT * FROM executions WHERE id = ?", (execution_id,)).fetchone()
+    if row is None:
+        raise execution_not_found(execution_id)
+    return row
+
+
+def lease_expired(row: sqlite3.Row, now: datetime) -> bool:
+    return row["lease_until"] is None or row["lease_until"] <= iso(now)
+
+
+def effective_policy(policies: Optional[dict], tool_name: str) -> str:
+    policies = policies or {}
+    return policies.get(tool_name) or policies.get("*") or "auto"
+
+
+def ancestor_execution(conn: sqlite3.Connection, channel: sqlite3.Row, key_name: str) -> Optional[tuple]:
+    """(row, boundary cursor) of the nearest ancestor that has this key, or None."""
+    for ancestor, boundary in lineage(conn, channel["id"])[1:]:
+        row = conn.execute("SELECT * FROM executions WHERE channel_id = ? AND key_name = ?",
+                           (ancestor["id"], key_name)).fetchone()
+        if row is not None:
+            return row, boundary
+    return None
+
+
+def lifecycle_event(tx: Tx, row_id: str, channel_id: str, event_type: str, payload: dict,
+                    depends_on: Optional[str] = None) -> dict:
+    return append_event(tx, channel_id, event_type, payload, actor="ledger",
+                        metadata={"execution_id": row_id}, depends_on=depends_on)
+
+
+def start_attempt(tx: Tx, req: dict, hashed: str, existing: Optional[sqlite3.Row]) -> dict:
+    """A new owner for (channel, key): a fresh token and lease, `tool.started` on the channel."""
+    token = secrets.token_urlsafe(24)
+    lease_until = iso(tx.now + timedelta(seconds=req["lease_seconds"]))
+    execution_id = existing["id"] if existing else str(uuid.uuid4())
+    attempts = (existing["attempts"] if existing else 0) + 1
+    started = lifecycle_event(tx, execution_id, req["channel_id"], "tool.started", {
+        "execution_id": execution_id, "key_name": req["key_name"], "tool_name": req["tool_name"],
+        "attempt": attempts, "actor": req["actor"],
+    })
+    if existing is None:
+        tx.conn.execute(
+            "INSERT INTO executions (id, channel_id, key_name, tool_name, request_hash, params, status, claim_token,"
+            " lease_seconds, lease_until, attempts, started_cursor, started_event_id, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, 1, ?, ?, ?, ?)",
+            (execution_id, req["channel_id"], req["key_name"], req["tool_name"], hashed, dump(req["params"]), token,
+             req["lease_seconds"], lease_until, started["cursor"], started["id"], tx.ts, tx.ts))
+    else:
+        tx.conn.execute(
+            "UPDATE executions SET status = 'running', claim_token = ?, lease_seconds = ?, lease_until = ?,"
+            " attempts = ?, started_cursor = ?, started_event_id = ?, error = NULL, updated_at = ? WHERE id = ?",
+            (token, req["lease_seconds"], lease_until, attempts, started["cursor"], started["id"], tx.ts, execution_id))
+    row = require_execution(tx.conn, execution_id)
+    return {"status": "reclaimed" if existing else "claimed", "execution": execution_json(row), "claim_token": token}
+
+
+def replay_completed(tx: Tx, row: sqlite3.Row, emit_event: bool) -> dict:
+    if emit_event and not row["replay_emitted"]:
+        lifecycle_event(tx, row["id"], row["channel_id"], "tool.replayed",
+                        {"execution_id": row["id"], "key_name": row["key_name"], "tool_name": row["tool_name"]},
+                        depends_on=row["completed_event_id"])
+        tx.conn.execute("UPDATE executions SET replay_emitted = 1, updated_at = ? WHERE id = ?", (tx.ts, row["id"]))
+        row = require_execution(tx.conn, row["id"])
+    return {"status": "replayed", "execution": execution_json(row), "result": load(row["result"])}
+
+
+def refuse_by_policy(tx: Tx, req: dict, policy: str, reason: str) -> dict:
+    """The refusal is recorded (`tool.blocked` commits) even though the caller gets a 409."""
+    lifecycle = {"policy": policy, "tool_name": req["tool_name"], "key_name": req["key_name"], "reason": reason}
+    append_event(tx, req["channel_id"], "tool.blocked", lifecycle, actor="ledger")
+    return {"status": "blocked", "error": f"fork tool policy '{policy}' refused {req['tool_name']} ({reason})"}
+
+
+def copy_inherited(tx: Tx, req: dict, source: sqlite3.Row) -> dict:
+    """Replay an ancestor's completed effect onto the fork without running it (no tool.started)."""
+    execution_id = str(uuid.uuid4())
+    tx.conn.execute(
+        "INSERT INTO executions (id, channel_id, key_name, tool_name, request_hash, params, status, lease_seconds,"
+        " attempts, result, inherited_from, created_at, updated_at, completed_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, 'completed', ?, 0, ?, ?, ?, ?, ?)",
+        (execution_id, req["channel_id"], req["key_name"], source["tool_name"], source["request_hash"],
+         source["params"], source["lease_seconds"], source["result"], source["id"], tx.ts, tx.ts, tx.ts))
+    return replay_completed(tx, require_execution(tx.conn, execution_id), req["emit_replay_event"])
+
+
+def claim_on_fork(tx: Tx, req: dict, hashed: str, channel: sqlite3.Row) -> Optional[dict]:
+    """Apply the fork's tool policy to a first claim; None means 'run it live as usual'."""
+    policy = effective_policy(load(channel["tool_policies"]), req["tool_name"])
+    if policy == "live":
+        return None
+    if policy == "block":
+        # Even an exact inherited match is refused: a payment must never re-fire on a counterfactual.
+        return refuse_by_policy(tx, req, policy, "blocked")
+    found = ancestor_execution(tx.conn, channel, req["key_name"])
+    row, boundary = found or (None, None)
+    if row is not None and row["request_hash"] == hashed and row["status"] == "completed" \
+            and row["completed_cursor"] is not None and row["completed_cursor"] <= boundary:
+        return copy_inherited(tx, req, row)
+    if policy == "auto":
+        return None
+    return refuse_by_policy(tx, req, policy, "mismatch" if row is not None and row["request_hash"] != hashed else "miss")
+
+
+def claim_execution(tx: Tx, req: dict) -> dict:
+    """POST /executions/claim: claimed | replayed | in_progress | reclaimed (| blocked on a fork)."""
+    ensure_channel(tx, req["channel_id"])
+    hashed = execution_identity(req["tool_name"], req["params"], req["dedup_fields"])
+    row = tx.conn.execute("SELECT * FROM executions WHERE channel_id = ? AND key_name = ?",
+                          (req["channel_id"], req["key_name"])).fetchone()
+    if row is None:
+        channel = channel_row(tx.conn, req["channel_id"])
+        if channel["parent_id"] is not None:
+            decided = claim_on_fork(tx, req, hashed, channel)
+            if decided is not None:
+                return decided
+        return start_attempt(tx, req, hashed, None)
+    if row["request_hash"] != hashed:
+        raise Conflict("idempotency_key_mismatch",
+                       f"key {req['key_name']} on {req['channel_id']} was claimed with a different request "
+                       "(tool or params differ); use a new key or the same request")
+    if row["status"] == "completed":
+        return replay_completed(tx, row, req["emit_replay_event"])
+    if row["status"] == "running" and not lease_expired(row, tx.now):
+        return {"status": "in_progress", "execution": execution_json(row)}
+    return start_attempt(tx, req, hashed, row)
+
+
+def owned_execution(tx: Tx, execution_id: str, token: Optional[str]) -> sqlite3.Row:
+    row = require_execution(tx.conn, execution_id)
+    if token is None or row["claim_token"] is None or not hmac.compare_digest(token, row["claim_token"]):
+        raise Conflict("execution_not_owned", f"execution {execution_id} is not owned by this claim token "
+                                              "(stale, missing, or taken over after its lease expired)")
+    return row
+
+
+def finish_execution(tx: Tx, execution_id: str, token: Optional[str], status: str,
+                     result: Any = None, error: Any = None) -> dict:
+    """Complete or fail a running execution; repeating the same terminal call returns it unchanged."""
+    row = owned_execution(tx, execution_id, token)
+    if row["status"] == status:
+        return execution_json(row)
+    if row["status"] != "running":
+        raise Conflict("execution_not_owned", f"execution {execution_id} is {row['status']}, not running")
+    event_type = "tool.completed" if status == "completed" else "tool.failed"
+    event = lifecycle_event(tx, execution_id, row["channel_id"], event_type, {
+        "execution_id": execution_id, "key_name": row["key_name"], "tool_name": row["tool_name"],
+        **({"result": result} if status == "completed" else {"error": error}),
+    }, depends_on=row["started_event_id"])
+    tx.conn.execute(
+        "UPDATE executions SET status = ?, result = ?, error = ?, completed_cursor = ?, completed_event_id = ?,"
+        " completed_at = ?, lease_until = NULL, updated_at = ? WHERE id = ?",
+        (status, dump(result), dump(error), event["cursor"], event["id"], tx.ts, tx.ts, execution_id))
+    return execution_json(require_execution(tx.conn, execution_id))
+
+
+def heartbeat_execution(tx: Tx, execution_id: str, token: Optional[str], lease_seconds: Optional[int]) -> dict:
+    row = owned_execution(tx, execution_id, token)
+    if row["status"] != "running":
+        raise Conflict("execution_not_owned", f"execution {execution_id} is {row['status']}, not running")
+    seconds = lease_seconds or row["lease_seconds"]
+    tx.conn.execute("UPDATE executions SET lease_until = ?, lease_seconds = ?, updated_at = ? WHERE id = ?",
+                    (iso(tx.now + timedelta(seconds=seconds)), seconds, tx.ts, execution_id))
+    return execution_json(require_execution(tx.conn, execution_id))
+
+
+def cancel_execution(tx: Tx, execution_id: str, token: Optional[str]) -> dict:
+    """Release a claim (no lifecycle event); the next claim of the key takes it over."""
+    row = require_execution(tx.conn, execution_id)
+    if token is not None:
+        row = owned_execution(tx, execution_id, token)
+    if row["status"] in ("running", "failed", "interrupted", "expired"):
+        tx.conn.execute("UPDATE executions SET status = 'cancelled', lease_until = NULL, updated_at = ? WHERE id = ?",
+                        (tx.ts, execution_id))
+    return execution_json(require_execution(tx.conn, execution_id))
+
+
+def list_executions(conn: sqlite3.Connection, channel_id: Optional[str], limit: int) -> list:
+    if channel_id is None:
+        rows = conn.execute("SELECT * FROM executions ORDER BY created_at DESC, id LIMIT ?", (limit,))
+    else:
+        rows = conn.execute("SELECT * FROM executions WHERE channel_id = ? ORDER BY created_at DESC, id LIMIT ?",
+                            (channel_id, limit))
+    return [execution_json(r) for r in rows.fetchall()]
+
+
+def delete_execution(tx: Tx, execution_id: str) -> dict:
+    require_execution(tx.conn, execution_id)
+    tx.conn.execute("DELETE FROM executions WHERE id = ?", (execution_id,))
+    return {"ok": True, "deleted": execution_id}
+
+
+# =============================================================================
+# Domain: API keys and dashboard sessions
+# =============================================================================
+
+
+def key_hash(key: str) -> str:
+    # Keys are 190+ random bits: a plain SHA-256 is enough, no slow KDF needed.
+    return sha256_hex(key)
+
+
+def issue_key(tx: Tx, *, revoke_others: bool) -> str:
+    """Create a key and store only its hash; `key rotate` revokes the previous ones."""
+    key = "sk-" + secrets.token_urlsafe(32)
+    if revoke_others:
+        tx.conn.execute("UPDATE api_keys SET revoked_at = ? WHERE revoked_at IS NULL", (tx.ts,))
+    tx.conn.execute("INSERT INTO api_keys (key_hash, prefix, created_at) VALUES (?, ?, ?)",
+                    (key_hash(key), key[:7], tx.ts))
+    return key
+
+
+def rotate_key(tx: Tx) -> str:
+    return issue_key(tx, revoke_others=True)
+
+
+def first_key(tx: Tx) -> Optional[str]:
+    """The one-time key on a fresh data dir; None when a key exists already."""
+    if tx.conn.execute("SELECT 1 FROM api_keys LIMIT 1").fetchone():
+        return None
+    return issue_key(tx, revoke_others=False)
+
+
+def session_secret(tx: Tx) -> str:
+    tx.conn.execute("INSERT INTO settings (name, value) VALUES ('session_secret', ?) ON CONFLICT (name) DO NOTHING",
+                    (secrets.token_hex(32),))
+    return tx.conn.execute("SELECT value FROM settings WHERE name = 'session_secret'").fetchone()[0]
+
+
+def active_key_id(conn: sqlite3.Connection, hashed: str) -> Optional[str]:
+    row = conn.execute("SELECT prefix FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL", (hashed,)).fetchone()
+    return row["prefix"] if row else None
+
+
+# =============================================================================
+# HTTP API: input validation
+# =============================================================================
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def valid_channel(value: Any, what: str = "channel_id") -> str:
+    if not isinstance(value, str) or not CHANNEL_ID.fullmatch(value):
+        raise BadRequest(f"{what} must be 1-256 characters of A-Z a-z 0-9 . _ : - (got {value!r:.80})")
+    return value
+
+
+def checked_document(value: Any, what: str) -> Any:
+    """Payloads and states: at most 1 MiB once serialised."""
+    if len(dump(value).encode("utf-8")) > MAX_DOCUMENT_BYTES if value is not None else False:
+        raise TooLarge(f"{what} is larger than {MAX_DOCUMENT_BYTES} bytes")
+    return value
+
+
+class Body:
+    """Typed access to a JSON object body; each problem is a BadRequest that names the field."""
+
+    def __init__(self, data: Any):
+        if not isinstance(data, dict):
+            raise BadRequest("request body must be a JSON object")
+        self.data = data
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.data.get(key, default)
+
+    def text(self, key: str, *, required: bool = True, default: Optional[str] = None,
+             max_bytes: Optional[int] = None) -> Optional[str]:
+        value = self.data.get(key)
+        if value is None:
+            if required:
+                raise BadRequest(f"{key} is required")
+            return default
+        if not isinstance(value, str) or (required and not value):
+            raise BadRequest(f"{key} must be a non-empty string")
+        if max_bytes is not None and len(value.encode("utf-8")) > max_bytes:
+            raise BadRequest(f"{key} must be at most {max_bytes} bytes")
+        return value
+
+    def integer(self, key: str, *, default: Optional[int] = None, minimum: Optional[int] = None,
+                maximum: Optional[int] = None, required: bool = False) -> Optional[int]:
+        value = self.data.get(key)
+        if value is None:
+            if required:
+                raise BadRequest(f"{key} is required")
+            return default
+        if not is_int(value):
+            raise BadRequest(f"{key} must be an integer")
+        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+            raise BadRequest(f"{key} must be between {minimum} and {maximum if maximum is not None else 'any'}")
+        return value
+
+    def number(self, key: str) -> Optional[float]:
+        value = self.data.get(key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise BadRequest(f"{key} must be a number")
+        return value
+
+    def channel(self, key: str = "channel_id") -> str:
+        return valid_channel(self.data.get(key), key)
+
+    def obj(self, key: str) -> Optional[dict]:
+        value = self.data.get(key)
+        if value is not None and not isinstance(value, dict):
+            raise BadRequest(f"{key} must be a JSON object")
+        return value
+
+    def strings(self, key: str) -> Optional[list]:
+        value = self.data.get(key)
+        if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
+            raise BadRequest(f"{key} must be a list of strings")
+        return value
+
+    def document(self, key: str) -> Any:
+        return checked_document(self.data.get(key), key)
+
+    def choice(self, key: str, choices: tuple, *, default: Optional[str] = None) -> Optional[str]:
+        value = self.data.get(key, default)
+        if value is not None and value not in choices:
+            raise BadRequest(f"{key} must be one of {', '.join(choices)}")
+        return value
+
+
+async def read_json(request: Request, *, empty_ok: bool = False) -> Body:
+    """The request body as a JSON object; 413 past 4 MiB, 400 for anything that is not strict JSON."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise TooLarge(f"request body is larger than {MAX_BODY_BYTES} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise TooLarge(f"request body is larger than {MAX_BODY_BYTES} bytes")
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    if not raw.strip():
+        if empty_ok:
+            return Body({})
+        raise BadRequest("request body is empty; a JSON object is required")
+    return Body(parse_json(raw))
+
+
+def query_int(request: Request, name: str, default: Optional[int], *, minimum: int = 0,
+              maximum: Optional[int] = None, clamp: bool = False) -> Optional[int]:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadRequest(f"query parameter {name} must be an integer")
+    if value < minimum:
+        raise BadRequest(f"query parameter {name} must be >= {minimum}")
+    if maximum is not None and value > maximum:
+        if not clamp:
+            raise BadRequest(f"query parameter {name} must be <= {maximum}")
+        value = maximum
+    return value
+
+
+def path_channel(request: Request, name: str = "channel_id") -> str:
+    return valid_channel(request.path_params[name], name)
+
+
+def query_channel(request: Request, name: str) -> str:
+    return valid_channel(request.query_params.get(name), name)
+
+
+def tool_policies_from(body: Body) -> Optional[dict]:
+    policies = body.obj("tool_policies")
+    for tool, policy in (policies or {}).items():
+        if policy not in TOOL_POLICIES:
+            raise BadRequest(f"tool_policies[{tool!r}] must be one of {', '.join(TOOL_POLICIES)}")
+    return policies or None
+
+
+def event_fields(body: Body, type_key: str) -> dict:
+    """The fields record and transition share; metadata is {actor, agent_id, user_id, metadata}."""
+    meta = Body(body.get("metadata") or {})
+    event_type = body.get(type_key)
+    if not isinstance(event_type, str) or not event_type:
+        raise BadRequest(f"{type_key} must be a non-empty string")
+    return {
+        "channel_id": body.channel(), "payload": body.document("payload"),
+        "actor": meta.text("actor", required=False, default="system") or "system",
+        "agent_id": meta.text("agent_id", required=False), "user_id": meta.text("user_id", required=False),
+        "metadata": meta.obj("metadata"),
+        "operation_id": body.text("operation_id", required=False, max_bytes=512),
+        type_key: event_type,
+    }
+
+
+def json_ok(value: Any, status: int = 200) -> JSONResponse:
+    return JSONResponse(value, status_code=status)
+
+
+# =============================================================================
+# HTTP API: handlers, named after their routes
+# =============================================================================
+
+
+def db_of(request) -> Database:
+    return request.app.state.db
+
+
+async def api_events_record(request: Request) -> Response:
+    body = await read_json(request)
+    req = event_fields(body, "event_type")
+    dependencies = body.get("dependencies")
+    if dependencies is not None and (not isinstance(dependencies, list)
+                                     or not all(isinstance(d, dict) for d in dependencies)):
+        raise BadRequest("dependencies must be a list of objects")
+    req.update(step_number=body.integer("step_number", minimum=1), dependencies=dependencies)
+    return json_ok({"event": await db_of(request).write(record_event, req)})
+
+
+async def api_events_replay(request: Request) -> Response:
+    channel_id = path_channel(request)
+    after = query_int(request, "cursor", 0)
+    limit = query_int(request, "limit", 100, minimum=1, maximum=REPLAY_LIMIT_MAX, clamp=True)
+    events = await db_of(request).read(replay_events, channel_id, after, limit, request.query_params.get("event_type"))
+    return json_ok({"events": events})
+
+
+async def api_events_query(request: Request) -> Response:
+    body = await read_json(request)
+    channel_ids = body.strings("channel_ids")
+    for cid in channel_ids or []:
+        valid_channel(cid, "channel_ids[]")
+    q = {
+        "channel_ids": channel_ids, "event_type": body.text("event_type", required=False),
+        "actor": body.text("actor", required=False),
+        "cursor_start": body.integer("cursor_start", minimum=0), "cursor_end": body.integer("cursor_end", minimum=0),
+        "from": iso(parse_iso(body.get("from"))) if body.get("from") is not None else None,
+        "to": iso(parse_iso(body.get("to"))) if body.get("to") is not None else None,
+        "offset": body.integer("offset", default=0, minimum=0),
+        "limit": min(body.integer("limit", default=100, minimum=1), REPLAY_LIMIT_MAX),
+    }
+    return json_ok({"events": await db_of(request).read(query_events, q)})
+
+
+async def api_events_cursor(request: Request) -> Response:
+    return json_ok({"latest_cursor": await db_of(request).read(latest_cursor, path_channel(request))})
+
+
+async def api_events_transition(request: Request) -> Response:
+    body = await read_json(request)
+    req = event_fields(body, "type")
+    req.update(state=body.document("state"), expected_version=body.integer("expected_version", minimum=0),
+               expected_cursor=body.integer("expected_cursor", minimum=0))
+    return json_ok(await db_of(request).write(transition, req))
+
+
+async def api_events_causal_graph(request: Request) -> Response:
+    max_nodes = query_int(request, "max_nodes", 1000, minimum=1, maximum=10_000, clamp=True)
+    return json_ok(await db_of(request).read(causal_graph, request.path_params["event_id"], max_nodes))
+
+
+async def api_state_save(request: Request) -> Response:
+    channel_id = path_channel(request)
+    body = await read_json(request)
+    if body.get("channel_id") not in (None, channel_id):
+        raise BadRequest(f"body channel_id {body.get('channel_id')!r} differs from the path's {channel_id!r}")
+    req = {
+        "channel_id": channel_id, "cursor": body.integer("cursor", default=0, minimum=0),
+        "state": body.document("state"), "operation_id": body.text("operation_id", required=False, max_bytes=512),
+        "expected_version": body.integer("expected_version", minimum=0),
+        "expected_cursor": body.integer("expected_cursor", minimum=0),
+    }
+    return json_ok({"version": await db_of(request).write(save_state, req)})
+
+
+async def api_state_latest(request: Request) -> Response:
+    row = await db_of(request).read(state_row_at, path_channel(request), None)
+    return json_ok(state_json(row))
+
+
+async def api_state_versions(request: Request) -> Response:
+    limit = query_int(request, "limit", 100, minimum=1, maximum=REPLAY_LIMIT_MAX, clamp=True)
+    offset = query_int(request, "offset", 0)
+    return json_ok({"versions": await db_of(request).read(list_states, path_channel(request), limit, offset)})
+
+
+def path_version(request: Request) -> int:
+    raw = request.path_params["version"]
+    if not raw.isdigit():
+        raise BadRequest("version must be a non-negative integer")
+    return int(raw)
+
+
+async def api_state_version(request: Request) -> Response:
+    return json_ok(await db_of(request).read(get_state_version, path_channel(request), path_version(request)))
+
+
+async def api_state_delete(request: Request) -> Response:
+    return json_ok(await db_of(request).write(delete_state_version, path_channel(request), path_version(request)))
+
+
+async def api_channels_list(request: Request) -> Response:
+    return json_ok({"channels": await db_of(request).read(list_channels)})
+
+
+async def api_channels_metadata(request: Request) -> Response:
+    return json_ok(await db_of(request).read(get_metadata, path_channel(request)))
+
+
+async def api_channels_metadata_put(request: Request) -> Response:
+    channel_id = path_channel(request)
+    body = await read_json(request)
+    if body.get("channel_id") not in (None, channel_id):
+        raise BadRequest(f"body channel_id {body.get('channel_id')!r} differs from the path's {channel_id!r}")
+    changes = {}
+    for key in ("display_name", "reason"):
+        if key in body.data:
+            changes[key] = body.text(key, required=False)
+    if "experiment_metadata" in body.data:
+        changes["experiment_metadata"] = dump(checked_document(body.obj("experiment_metadata"), "experiment_metadata"))
+    return json_ok(await db_of(request).write(put_metadata, channel_id, changes))
+
+
+async def api_channels_forks(request: Request) -> Response:
+    return json_ok({"forks": await db_of(request).read(list_forks, path_channel(request))})
+
+
+def path_step(request: Request) -> int:
+    raw = request.path_params["step_number"]
+    if not raw.isdigit() or int(raw) < 1:
+        raise BadRequest("step_number must be an integer >= 1")
+    return int(raw)
+
+
+async def api_channels_step(request: Request) -> Response:
+    return json_ok(await db_of(request).read(resolve_step, path_channel(request), path_step(request)))
+
+
+async def api_channels_steps(request: Request) -> Response:
+    channel_id = path_channel(request)
+    return json_ok({"channel_id": channel_id,
+                    "last_step_number": await db_of(request).read(last_step_number, channel_id)})
+
+
+def fork_request(body: Body) -> dict:
+    return {
+        "source_channel_id": body.channel("source_channel_id"), "new_channel_id": body.channel("new_channel_id"),
+        "at_cursor": body.integer("at_cursor", default=0, minimum=0),
+        "operation_id": body.text("operation_id", required=False, max_bytes=512),
+        "display_name": body.text("display_name", required=False), "reason": body.text("reason", required=False),
+        "experiment_metadata": checked_document(body.obj("experiment_metadata"), "experiment_metadata"),
+        "manifest": checked_document(body.obj("manifest"), "manifest"),
+        "tool_policies": tool_policies_from(body),
+        "expected_version": body.integer("expected_version", minimum=0),
+        "expected_cursor": body.integer("expected_cursor", minimum=0),
+    }
+
+
+async def api_channels_fork(request: Request) -> Response:
+    return json_ok(await db_of(request).write(fork_channel, fork_request(await read_json(request))))
+
+
+async def api_channels_receipt(request: Request) -> Response:
+    return json_ok(await db_of(request).read(get_receipt, path_channel(request)))
+
+
+async def api_channels_fork_tree(request: Request) -> Response:
+    return json_ok(await db_of(request).read(fork_tree, path_channel(request)))
+
+
+async def api_channels_diff(request: Request) -> Response:
+    left, right = query_channel(request, "left"), query_channel(request, "right")
+    return json_ok(await db_of(request).read(diff_channels, left, right))
+
+
+async def api_channels_compare(request: Request) -> Response:
+    left, right = query_channel(request, "left"), query_channel(request, "right")
+    return json_ok(await db_of(request).read(compare_channels, left, right))
+
+
+async def api_channels_trail(request: Request) -> Response:
+    return json_ok(await db_of(request).read(decision_trail, path_channel(request)))
+
+
+async def api_channels_outcome(request: Request) -> Response:
+    channel_id = path_channel(request)
+    body = await read_json(request)
+    outcome = body.choice("outcome", OUTCOMES)
+    if outcome is None:
+        raise BadRequest(f"outcome is required: one of {', '.join(OUTCOMES)}")
+    return json_ok(await db_of(request).write(set_outcome, channel_id, outcome, body.number("score")))
+
+
+async def api_channels_promote(request: Request) -> Response:
+    channel_id = path_channel(request)
+    await read_json(request, empty_ok=True)     # the SDK sends no body at all
+    return json_ok(await db_of(request).write(promote_channel, channel_id))
+
+
+async def api_channels_delete(request: Request) -> Response:
+    recursive = request.query_params.get("recursive", "false").lower()
+    if recursive not in ("true", "false", "1", "0"):
+        raise BadRequest("recursive must be true or false")
+    return json_ok(await db_of(request).write(delete_channel, path_channel(request), recursive in ("true", "1")))
+
+
+async def api_experiments_create(request: Request) -> Response:
+    body = await read_json(request)
+    baseline = body.get("baseline_channel_id")
+    if baseline is not None:
+        valid_channel(baseline, "baseline_channel_id")
+    return json_ok(await db_of(request).write(create_experiment, body.text("name"),
+                                              body.text("description", required=False), baseline))
+
+
+async def api_experiments_list(request: Request) -> Response:
+    def all_experiments(conn):
+        return [experiment_json(conn, r) for r in conn.execute("SELECT * FROM experiments ORDER BY created_at DESC")]
+    return json_ok({"experiments": await db_of(request).read(all_experiments)})
+
+
+async def api_experiments_get(request: Request) -> Response:
+    return json_ok(await db_of(request).read(
+        lambda conn, eid: experiment_json(conn, require_experiment(conn, eid)), request.path_params["group_id"]))
+
+
+async def api_experiments_member(request: Request) -> Response:
+    body = await read_json(request)
+    return json_ok(await db_of(request).write(
+        add_experiment_member, request.path_params["group_id"], body.channel(),
+        body.text("role", required=False, default="variant"), body.obj("declared_delta")))
+
+
+async def api_experiments_rank(request: Request) -> Response:
+    return json_ok(await db_of(request).read(rank_experiment, request.path_params["group_id"]))
+
+
+async def api_executions_claim(request: Request) -> Response:
+    body = await read_json(request)
+    dedup_fields = body.strings("dedup_fields")
+    emit = body.get("emit_replay_event", False)
+    if not isinstance(emit, bool):
+        raise BadRequest("emit_replay_event must be a boolean")
+    req = {
+        "channel_id": body.channel(), "key_name": body.text("key_name", max_bytes=KEY_NAME_MAX_BYTES),
+        "tool_name": body.text("tool_name", max_bytes=512), "params": body.document("params"),
+        "dedup_fields": dedup_fields,
+        "lease_seconds": body.integer("lease_seconds", default=LEASE_DEFAULT, minimum=LEASE_MIN, maximum=LEASE_MAX),
+        "emit_replay_event": emit, "actor": body.text("actor", required=False),
+    }
+    outcome = await db_of(request).write(claim_execution, req)
+    if outcome["status"] == "blocked":
+        raise Conflict("fork_tool_blocked", outcome["error"])
+    return json_ok(outcome)
+
+
+def claim_token_of(body: Body) -> Optional[str]:
+    return body.text("claim_token", required=False)
+
+
+async def api_executions_complete(request: Request) -> Response:
+    body = await read_json(request, empty_ok=True)
+    execution = await db_of(request).write(finish_execution, request.path_params["execution_id"],
+                                           claim_token_of(body), "completed", body.document("result"))
+    return json_ok({"execution": execution})
+
+
+async def api_executions_fail(request: Request) -> Response:
+    body = await read_json(request, empty_ok=True)
+    error = {"message": body.text("message", required=False, default=""),
+             "error_type": body.text("error_type", required=False), "stack": body.text("stack", required=False)}
+    execution = await db_of(request).write(finish_execution, request.path_params["execution_id"],
+                                           claim_token_of(body), "failed", None, checked_document(error, "error"))
+    return json_ok({"execution": execution})
+
+
+async def api_executions_heartbeat(request: Request) -> Response:
+    body = await read_json(request, empty_ok=True)
+    lease = body.integer("lease_seconds", minimum=LEASE_MIN, maximum=LEASE_MAX)
+    execution = await db_of(request).write(heartbeat_execution, request.path_params["execution_id"],
+                                           claim_token_of(body), lease)
+    return json_ok({"execution": execution})
+
+
+async def api_executions_cancel(request: Request) -> Response:
+    body = await read_json(request, empty_ok=True)
+    execution = await db_of(request).write(cancel_execution, request.path_params["execution_id"], claim_token_of(body))
+    return json_ok({"execution": execution})
+
+
+async def api_executions_get(request: Request) -> Response:
+    row = await db_of(request).read(require_execution, request.path_params["execution_id"])
+    return json_ok({"execution": execution_json(row)})
+
+
+async def api_executions_list(request: Request) -> Response:
+    channel_id = request.query_params.get("channel_id")
+    if channel_id is not None:
+        valid_channel(channel_id)
+    limit = query_int(request, "limit", 50, minimum=1, maximum=EXECUTIONS_LIMIT_MAX)
+    return json_ok({"executions": await db_of(request).read(list_executions, channel_id, limit)})
+
+
+async def api_executions_delete(request: Request) -> Response:
+    return json_ok(await db_of(request).write(delete_execution, request.path_params["execution_id"]))
+
+
+# --- health, metrics, capabilities ------------------------------------------------
+
+
+async def database_ready(db: Database) -> bool:
+    try:
+        await db.read(lambda conn: conn.execute("SELECT 1").fetchone())
+        return True
+    except Exception:  # noqa: BLE001 - readiness reports, it does not raise
+        return False
+
+
+def health_body(request: Request, started: float, extra: dict) -> dict:
+    return {"status": extra.pop("_status"), "timestamp": iso(utc_now()), "instance_id": request.app.state.instance_id,
+            "check_duration_ms": int((time.perf_counter() - started) * 1000), **extra}
+
+
+async def healthz(request: Request) -> Response:
+    started = time.perf_counter()
+    ok = await database_ready(db_of(request))
+    hub = request.app.state.hub
+    return json_ok(health_body(request, started, {
+        "_status": "ok" if ok else "degraded", "version": __version__,
+        "components": {"database": {"status": "ok" if ok else "error", "path": str(db_of(request).path)},
+                       "websocket": {"status": "ok", "connections": len(hub.connections)}},
+    }))
+
+
+async def readyz(request: Request) -> Response:
+    # 200 with readiness in the body: the SDK raises on 503, and users should be able to read why.
+    started = time.perf_counter()
+    ok = await database_ready(db_of(request))
+    hub = request.app.state.hub
+    return json_ok(health_body(request, started, {
+        "_status": "ready" if ok else "not_ready",
+        "readiness_checks": {"database_ready": ok, "capacity_available": True,
+                             "uptime_seconds": int(time.monotonic() - request.app.state.started),
+                             "connection_utilization": len(hub.connections) / 10_000,
+                             "active_connections": len(hub.connections), "max_connections": 10_000},
+    }))
+
+
+def metric_values(app) -> dict:
+    db, hub = app.state.db, app.state.hub
+    return {
+        "actae_uptime_seconds": int(time.monotonic() - app.state.started),
+        "actae_events_written_total": hub.events_seen,
+        "actae_write_batches_total": db.batches,
+        "actae_write_jobs_total": db.batched_jobs,
+        "actae_websocket_connections": len(hub.connections),
+        "actae_websocket_messages_sent_total": hub.messages_sent,
+        "actae_websocket_messages_received_total": hub.messages_received,
+    }
+
+
+async def metrics_text(request: Request) -> Response:
+    lines = []
+    for name, value in metric_values(request.app).items():
+        kind = "counter" if name.endswith("_total") else "gauge"
+        lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
+    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+
+
+async def metrics_json(request: Request) -> Response:
+    hub, values = request.app.state.hub, metric_values(request.app)
+    return json_ok({
+        "status": "ok", "timestamp": iso(utc_now()), "uptime_seconds": values["actae_uptime_seconds"],
+        "websocket": {"connections": len(hub.connections), "topics": len(hub.topics),
+                      "messages_sent": hub.messages_sent, "messages_received": hub.messages_received,
+                      "total_messages": hub.messages_sent + hub.messages_received,
+                      "back_pressure": {"queue_limit": WS_QUEUE_MAX, "dropped_connections": hub.dropped}},
+        "database": {"write_batches": values["actae_write_batches_total"],
+                     "write_jobs": values["actae_write_jobs_total"]},
+    })
+
+
+async def api_auth_capabilities(request: Request) -> Response:
+    everything = ["*"]
+    return json_ok({"permissions": {"read": everything, "write": everything, "delete": everything,
+                                    "admin": everything},
+                    "auth_method": "api_key", "key_id": request.state.key_id,
+                    "key_source": "environment" if request.state.key_id == "env" else "database",
+                    "expires_at": None})
+
+
+# =============================================================================
+# WebSocket: /ws (in-band auth, subscribe with catch-up, publish with ack)
+# =============================================================================
+
+
+def broadcast_frame(topic: str, event: dict) -> dict:
+    return {"type": "broadcast", "topic": topic, "payload": {"event": {**event, "event_type": event["type"]}}}
+
+
+@dataclass
+class Subscription:
+    """Per connection and topic: events go out in strictly increasing cursor order."""
+
+    last_cursor: int = 0
+    catching_up: bool = True
+    pending: list = field(default_factory=list)
+
+
+class WsConnection:
+    def __init__(self, websocket: WebSocket, hub: "Hub"):
+        self.websocket = websocket
+        self.hub = hub
+        self.id = str(uuid.uuid4())
+        self.subscriptions: dict = {}
+        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=WS_QUEUE_MAX)
+
+    def send(self, frame: dict) -> None:
+        """Queue a frame; a client too slow to drain 10,000 frames is dropped and catches up on reconnect."""
+        try:
+            self.outbox.put_nowait(frame)
+        except asyncio.QueueFull:
+            self.hub.dropped += 1
+            self.outbox = asyncio.Queue(maxsize=1)
+            self.outbox.put_nowait(None)
+
+    def deliver(self, topic: str, event: dict) -> None:
+        sub = self.subscriptions.get(topic)
+        if sub is None:
+            return
+        if sub.catching_up:
+            sub.pending.append(event)
+        elif event["cursor"] > sub.last_cursor:
+            sub.last_cursor = event["cursor"]
+            self.send(broadcast_frame(topic, event))
+
+    async def pump(self) -> None:
+        while (frame := await self.outbox.get()) is not None:
+            await self.websocket.send_text(json.dumps(frame, ensure_ascii=False))
+            self.hub.messages_sent += 1
+        await self.websocket.close(code=1013)
+
+
+class Hub:
+    """Who listens to which channel; fed by the writer after each commit, in commit (= cursor) order."""
+
+    def __init__(self):
+        self.connections: set = set()
+        self.topics: dict = {}
+        self.events_seen = self.messages_sent = self.messages_received = self.dropped = 0
+
+    def on_commit(self, events: list, exclude: Optional[WsConnection]) -> None:
+        self.events_seen += len(events)
+        for event in events:
+            for conn in list(self.topics.get(event["channel_id"], ())):
+                if conn is not exclude:
+                    conn.deliver(event["channel_id"], event)
+
+    def watch(self, conn: WsConnection, topic: str, cursor: int) -> Subscription:
+        sub = conn.subscriptions[topic] = Subscription(last_cursor=cursor)
+        self.topics.setdefault(topic, set()).add(conn)
+        return sub
+
+    def unwatch(self, conn: WsConnection, topic: str) -> None:
+        conn.subscriptions.pop(topic, None)
+        listeners = self.topics.get(topic)
+        if listeners is not None:
+            listeners.discard(conn)
+            if not listeners:
+                del self.topics[topic]
+
+    def leave(self, conn: WsConnection) -> None:
+        for topic in list(conn.subscriptions):
+            self.unwatch(conn, topic)
+        self.connections.discard(conn)
+
+
+async def ws_subscribe(conn: WsConnection, db: Database, frame: dict) -> None:
+    """Confirm, replay `cursor > N` from the log, then hand over to live delivery without gaps."""
+    topic = valid_channel(frame.get("topic"), "topic")
+    start = frame.get("cursor")
+    if start is not None and (not is_int(start) or start < 0):
+        raise BadRequest("cursor must be a non-negative integer")
+    sub = conn.hub.watch(conn, topic, start or 0)
+    latest = await db.read(latest_cursor, topic)
+    conn.send({"type": "subscription", "event": "subscribed", "topic": topic, "cursor": latest,
+               "payload": {"topic": topic, "cursor": latest}})
+    if start is not None:
+        while True:
+            batch = await db.read(replay_events, topic, sub.last_cursor, REPLAY_LIMIT_MAX)
+            for event in batch:
+                sub.last_cursor = event["cursor"]
+                conn.send(broadcast_frame(topic, event))
+            if len(batch) < REPLAY_LIMIT_MAX:
+                break
+    sub.catching_up = False
+    for event in sorted(sub.pending, key=lambda e: e["cursor"]):
+        conn.deliver(topic, event)
+    sub.pending.clear()
+
+
+async def ws_publish(conn: WsConnection, db: Database, frame: dict) -> None:
+    topic = valid_channel(frame.get("topic"), "topic")
+    operation_id = frame.get("operation_id")
+    if operation_id is not None and not isinstance(operation_id, str):
+        raise BadRequest("operation_id must be a string")
+    req = {"channel_id": topic, "event_type": "broadcast", "payload": checked_document(frame.get("payload"), "payload"),
+           "actor": "websocket", "agent_id": None, "user_id": None, "metadata": None,
+           "operation_id": operation_id, "step_number": None, "dependencies": None}
+    event = await db.write(record_event, req, exclude=conn)
+    conn.send({"type": "ack", "request_id": frame.get("request_id"), **event, "event_type": event["type"]})
+
+
+async def ws_authenticate(websocket: WebSocket, conn: WsConnection, app) -> bool:
+    try:
+        frame = json.loads(await asyncio.wait_for(websocket.receive_text(), timeout=30))
+        key = frame.get("api_key") if isinstance(frame, dict) and frame.get("type") == "auth" else None
+        await check_key(app, key)
+    except WebSocketDisconnect:
+        return False
+    except (asyncio.TimeoutError, ValueError, ActaeError) as exc:
+        reason = exc.message if isinstance(exc, ActaeError) else "expected {\"type\": \"auth\", \"api_key\": ...} first"
+        await websocket.send_text(json.dumps({"type": "error", "message": reason}))
+        await websocket.close(code=1008)
+        return False
+    await websocket.send_text(json.dumps({"type": "connection", "event": "authenticated",
+                                          "payload": {"connection_id": conn.id}}))
+    return True
+
+
+async def ws_endpoint(websocket: WebSocket) -> None:
+    """GET /ws. The SDK's handshake carries no credentials: the first frame authenticates."""
+    app, hub, db = websocket.app, websocket.app.state.hub, websocket.app.state.db
+    await websocket.accept()
+    conn = WsConnection(websocket, hub)
+    await websocket.send_text(json.dumps({"type": "connection", "event": "connected",
+                                          "payload": {"connection_id": conn.id}}))
+    if not await ws_authenticate(websocket, conn, app):
+        return
+    hub.connections.add(conn)
+    pump = asyncio.create_task(conn.pump())
+    try:
+        while True:
+            text = await websocket.receive_text()
+            hub.messages_received += 1
+            await ws_handle_frame(conn, db, text)
+    except (WebSocketDisconnect, RuntimeError):
+        pass
+    finally:
+        hub.leave(conn)
+        pump.cancel()
+
+
+async def ws_handle_frame(conn: WsConnection, db: Database, text: str) -> None:
+    try:
+        frame = json.loads(text, parse_constant=_reject_constant)
+        if not isinstance(frame, dict):
+            raise BadRequest("frames must be JSON objects")
+        kind = frame.get("type")
+        if kind == "subscribe":
+            await ws_subscribe(conn, db, frame)
+        elif kind == "unsubscribe":
+            topic = valid_channel(frame.get("topic"), "topic")
+            conn.hub.unwatch(conn, topic)
+            conn.send({"type": "subscription", "event": "unsubscribed", "topic": topic, "payload": {"topic": topic}})
+        elif kind == "broadcast":
+            await ws_publish(conn, db, frame)
+        elif kind == "ping":
+            conn.send({"type": "connection", "event": "pong", "payload": {"connection_id": conn.id}})
+        else:
+            raise BadRequest(f"unknown frame type {kind!r}")
+    except ValueError as exc:
+        conn.send({"type": "error", "message": f"invalid JSON frame: {exc}"})
+    except ActaeError as exc:
+        conn.send({"type": "error", "message": exc.message, "status": exc.code,
+                   **({"request_id": frame.get("request_id")} if isinstance(frame, dict) else {})})
+
+
+# =============================================================================
+# Authentication: API keys for the API, a signed cookie for the dashboard
+# =============================================================================
+
+
+async def check_key(app, key: Any) -> str:
+    """The id of a valid key (its prefix, or "env"); Unauthorized otherwise."""
+    if not isinstance(key, str) or not key:
+        raise Unauthorized("missing API key: send it in the x-api-key header")
+    env_key = app.state.env_key
+    if env_key and hmac.compare_digest(key.encode(), env_key.encode()):
+        return "env"
+    key_id = await app.state.db.read(active_key_id, key_hash(key))
+    if key_id is None:
+        raise Unauthorized("invalid or revoked API key")
+    return key_id
+
+
+def protected(handler: Callable) -> Callable:
+    """Every API route but /healthz needs `x-api-key`; checked per request so a rotation applies at once."""
+    async def endpoint(request: Request) -> Response:
+        request.state.key_id = await check_key(request.app, request.headers.get("x-api-key"))
+        return await handler(request)
+    endpoint.__name__ = handler.__name__
+    return endpoint
+
+
+def sign(secret: str, text: str) -> str:
+    return hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
+
+
+def session_cookie_for(app, key: str) -> str:
+    """`<payload>.<hmac>`: names the key by hash (or "env") so revoking the key ends the session."""
+    ref = "env" if app.state.env_key and hmac.compare_digest(key, app.state.env_key) else key_hash(key)
+    payload = base64.urlsafe_b64encode(json.dumps({"k": ref, "t": int(time.time())}).encode()).decode()
+    return f"{payload}.{sign(app.state.session_secret, payload)}"
+
+
+async def session_is_valid(request: Request) -> bool:
+    cookie = request.cookies.get(SESSION_COOKIE, "")
+    payload, _, signature = cookie.partition(".")
+    if not payload or not hmac.compare_digest(signature, sign(request.app.state.session_secret, payload)):
+        return False
+    try:
+        data = json.loads(base64.urlsafe_b64decode(payload.encode()))
+    except ValueError:
+        return False
+    if time.time() - data.get("t", 0) > SESSION_MAX_AGE:
+        return False
+    if data.get("k") == "env":
+        return bool(request.app.state.env_key)
+    return await request.app.state.db.read(active_key_id, data.get("k", "")) is not None
+
+
+# =============================================================================
+# Dashboard: data for the pages (reads), then the page handlers
+# =============================================================================
+
+RUNS_PAGE_SIZE = 50
+TIMELINE_PAGE_SIZE = 200
+RUN_STATUSES = ("created", "started", "stepping", "completed", "crashed", "recorded")
+
+
+def runs_page(conn: sqlite3.Connection, q: str, status: str, after: Optional[str]) -> tuple:
+    """One page of runs, most recent activity first (keyset pagination on (updated_at, id))."""
+    clauses, args = [], []
+    if q:
+        clauses.append("(c.id LIKE ? OR c.display_name LIKE ?)")
+        args += [f"%{q}%", f"%{q}%"]
+    if status == "recorded":
+        clauses.append("json_extract(c.experiment_metadata, '$.status') IS NULL")
+    elif status:
+        clauses.append("json_extract(c.experiment_metadata, '$.status') = ?")
+        args.append(status)
+    if after:
+        updated, _, last_id = after.partition("|")
+        clauses.append("(c.updated_at < ? OR (c.updated_at = ? AND c.id < ?))")
+        args += [updated, updated, last_id]
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    rows = conn.execute(
+        "SELECT c.*, (SELECT COUNT(*) FROM events e WHERE e.channel_id = c.id AND e.step_number IS NOT NULL) AS steps,"
+        " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks"
+        f" FROM channels c {where} ORDER BY c.updated_at DESC, c.id DESC LIMIT ?", (*args, RUNS_PAGE_SIZE + 1),
+    ).fetchall()
+    runs = [run_summary(r, r["steps"], r["forks"]) for r in rows[:RUNS_PAGE_SIZE]]
+    more = len(rows) > RUNS_PAGE_SIZE
+    return runs, (f"{rows[RUNS_PAGE_SIZE - 1]['updated_at']}|{rows[RUNS_PAGE_SIZE - 1]['id']}" if more else None)
+
+
+def run_summary(row: sqlite3.Row, own_steps: int, fork_count: int) -> dict:
+    meta = load(row["experiment_metadata"])
+    meta = meta if isinstance(meta, dict) else {}
+    return {
+        "channel_id": row["id"], "display_name": row["display_name"] or row["id"],
+        "status": meta.get("status") or "recorded",
+        "step_count": own_steps + (row["forked_at_step"] or 0 if row["parent_id"] else 0),
+        "event_count": row["last_cursor"], "last_activity": row["updated_at"], "outcome": row["outcome"],
+        "fork_count": fork_count, "parent_channel_id": row["parent_id"], "origin_run_id": row["origin_id"],
+    }
+
+
+def execution_marks(execution: dict) -> list:
+    marks = []
+    if execution["inherited_from"]:
+        marks.append("replayed from parent")
+    elif execution["replay_emitted"]:
+        marks.append("replayed")
+    if execution["attempts"] > 1:
+        marks.append(f"reclaimed ×{execution['attempts'] - 1}")
+    return marks
+
+
+def blocked_attempts(conn: sqlite3.Connection, channel_id: Optional[str], limit: int = 100) -> list:
+    sql = "SELECT * FROM events WHERE type = 'tool.blocked'"
+    args: tuple = ()
+    if channel_id:
+        sql, args = sql + " AND channel_id = ?", (channel_id,)
+    return [event_json(r) for r in conn.execute(sql + " ORDER BY created_at DESC LIMIT ?", (*args, limit))]
+
+
+def run_page(conn: sqlite3.Connection, channel_id: str, start: int) -> dict:
+    """Everything the run page shows; the timeline is one page of TIMELINE_PAGE_SIZE events."""
+    row = require_channel(conn, channel_id)
+    meta = load(row["experiment_metadata"])
+    meta = meta if isinstance(meta, dict) else {}
+    end = start + TIMELINE_PAGE_SIZE - 1
+    events = conn.execute("SELECT * FROM events WHERE channel_id = ? AND cursor BETWEEN ? AND ? ORDER BY cursor",
+                          (channel_id, start, end)).fetchall()
+    states = {r["cursor"]: state_json(r) for r in conn.execute(
+        "SELECT * FROM states WHERE channel_id = ? AND cursor BETWEEN ? AND ? ORDER BY version",
+        (channel_id, start, end))}
+    own_steps = conn.execute("SELECT COUNT(*) FROM events WHERE channel_id = ? AND step_number IS NOT NULL",
+                             (channel_id,)).fetchone()[0]
+    forks = list_forks(conn, channel_id)
+    executions = [{**e, "marks": execution_marks(e)} for e in channel_executions(conn, channel_id)]
+    return {
+        "run": {**run_summary(row, own_steps, len(forks)), "latest_cursor": row["last_cursor"] or None,
+                "metadata": metadata_json(row), "params": meta.get("params"),
+                "intervention": meta.get("intervention")},
+        "receipt": receipt_json(row) if row["parent_id"] else None,
+        "timeline": [{"event": event_json(e), "step_number": e["step_number"], "state": states.get(e["cursor"])}
+                     for e in events],
+        "total": row["last_cursor"], "start": start, "end": min(end, row["last_cursor"]),
+        "executions": executions, "blocked": blocked_attempts(conn, channel_id), "forks": forks,
+        "steps": step_list(conn, channel_id),
+    }
+
+
+def ledger_page(conn: sqlite3.Connection, channel_id: Optional[str], before: Optional[str]) -> tuple:
+    clauses, args = [], []
+    if channel_id:
+        clauses.append("channel_id = ?")
+        args.append(channel_id)
+    if before:
+        created, _, last_id = before.partition("|")
+        clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
+        args += [created, created, last_id]
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+    rows = conn.execute(f"SELECT * FROM executions {where} ORDER BY created_at DESC, id DESC LIMIT ?",
+                        (*args, RUNS_PAGE_SIZE + 1)).fetchall()
+    executions = [{**execution_json(r), "marks": execution_marks(execution_json(r))} for r in rows[:RUNS_PAGE_SIZE]]
+    more = len(rows) > RUNS_PAGE_SIZE
+    last = rows[RUNS_PAGE_SIZE - 1] if more else None
+    return executions, blocked_attempts(conn, channel_id), (f"{last['created_at']}|{last['id']}" if last else None)
+
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def template_env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(UI_DIR)), autoescape=True)
+    env.filters["pretty"] = pretty_json
+    return env
+
+
+def is_page(request) -> bool:
+    """Dashboard requests get HTML errors; the API, probes and JSON twins get the JSON error body."""
+    path = request.url.path
+    return not (path.startswith(("/api/", "/ws")) or path in ("/healthz", "/readyz", "/metrics", "/metrics.json")
+                or request.query_params.get("format") == "json")
+
+
+def render(request: Request, template: str, context: dict, status: int = 200) -> Response:
+    """A page, or its JSON twin with `?format=json` (the same context the template gets)."""
+    if request.query_params.get("format") == "json":
+        return JSONResponse(context, status_code=status)
+    page = request.app.state.templates.get_template(template).render(
+        **context, version=__version__, logged_in=getattr(request.state, "logged_in", False))
+    return HTMLResponse(page, status_code=status)
+
+
+def dashboard(handler: Callable) -> Callable:
+    """Pages need the session cookie; without it a browser goes to /login, a JSON twin gets 401."""
+    async def endpoint(request: Request) -> Response:
+        if not await session_is_valid(request):
+            if request.query_params.get("format") == "json":
+                raise Unauthorized("log in at /login first")
+            return RedirectResponse("/login", status_code=303)
+        request.state.logged_in = True
+        return await handler(request)
+    endpoint.__name__ = handler.__name__
+    return endpoint
+
+
+async def read_form(request: Request) -> dict:
+    """URL-encoded form fields (python-multipart is not needed for this one content type)."""
+    from urllib.parse import parse_qs
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise TooLarge("form is too large")
+    return {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True).items()}
+
+
+async def page_login(request: Request) -> Response:
+    return render(request, "login.html", {"title": "Log in", "error": None})
+
+
+async def page_login_submit(request: Request) -> Response:
+    key = (await read_form(request)).get("api_key", "").strip()
+    try:
+        await check_key(request.app, key)
+    except Unauthorized:
+        return render(request, "login.html", {"title": "Log in", "error": "That key is not valid."}, status=401)
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(SESSION_COOKIE, session_cookie_for(request.app, key), max_age=SESSION_MAX_AGE,
+                        httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+async def page_logout(request: Request) -> Response:
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="strict")
+    return response
+
+
+async def page_runs(request: Request) -> Response:
+    q = request.query_params.get("q", "").strip()
+    status = request.query_params.get("status", "")
+    if status and status not in RUN_STATUSES:
+        raise BadRequest(f"status must be one of {', '.join(RUN_STATUSES)}")
+    runs, after = await db_of(request).read(runs_page, q, status, request.query_params.get("after"))
+    from urllib.parse import urlencode
+    next_url = f"/?{urlencode({'q': q, 'status': status, 'after': after})}" if after else None
+    return render(request, "runs.html", {"title": "Runs", "runs": runs, "q": q, "status": status,
+                                         "statuses": list(RUN_STATUSES), "next_url": next_url})
+
+
+def timeline_links(channel_id: str, start: int, total: int) -> dict:
+    def at(cursor: int) -> str:
+        return f"/runs/{channel_id}?start={cursor}"
+    last_start = max(1, ((max(total, 1) - 1) // TIMELINE_PAGE_SIZE) * TIMELINE_PAGE_SIZE + 1)
+    return {"first_url": at(1) if start > 1 else None,
+            "prev_url": at(max(1, start - TIMELINE_PAGE_SIZE)) if start > 1 else None,
+            "next_url": at(start + TIMELINE_PAGE_SIZE) if start + TIMELINE_PAGE_SIZE <= total else None,
+            "last_url": at(last_start) if start < last_start else None}
+
+
+async def run_context(request: Request, channel_id: str, fork_error: Optional[str] = None) -> dict:
+    start = query_int(request, "start", 1, minimum=1)
+    data = await db_of(request).read(run_page, channel_id, start)
+    page = {**timeline_links(channel_id, start, data.pop("total")), "start": data.pop("start"),
+            "end": data.pop("end"), "total": data["run"]["event_count"]}
+    return {"title": data["run"]["display_name"], **data, "page": page, "fork_error": fork_error}
+
+
+async def page_run(request: Request) -> Response:
+    return render(request, "run.html", await run_context(request, path_channel(request)))
+
+
+async def page_tree(request: Request) -> Response:
+    channel_id = path_channel(request)
+
+    def tree_of_lineage(conn):
+        return fork_tree(conn, require_channel(conn, channel_id)["origin_id"])
+    return render(request, "tree.html", {"title": f"Fork tree of {channel_id}",
+                                         "root": await db_of(request).read(tree_of_lineage), "current": channel_id})
+
+
+async def page_diff(request: Request) -> Response:
+    left, right = request.query_params.get("left", ""), request.query_params.get("right", "")
+    diff, error = None, None
+    if left and right:
+        try:
+            diff = await db_of(request).read(diff_channels, valid_channel(left, "left"), valid_channel(right, "right"))
+        except ActaeError as exc:
+            error = exc.message
+    channels = await db_of(request).read(list_channels)
+    return render(request, "diff.html", {"title": "Diff", "left": left, "right": right, "channels": channels[:1000],
+                                         "diff": diff, "error": error}, status=400 if error else 200)
+
+
+async def page_ledger(request: Request) -> Response:
+    channel_id = request.query_params.get("channel_id") or None
+    if channel_id:
+        valid_channel(channel_id)
+    executions, blocked, before = await db_of(request).read(ledger_page, channel_id,
+                                                            request.query_params.get("before"))
+    from urllib.parse import urlencode
+    next_url = f"/ledger?{urlencode({'channel_id': channel_id or '', 'before': before})}" if before else None
+    return render(request, "ledger.html", {"title": "Ledger", "executions": executions, "blocked": blocked,
+                                           "channel_id": channel_id or "", "next_url": next_url})
+
+
+def dashboard_fork_request(conn: sqlite3.Connection, channel_id: str, form: dict) -> dict:
+    """Turn the run page's fork form into the same request the SDK sends (CONTRACT §15.5)."""
+    step_text = form.get("step", "")
+    if not step_text.isdigit() or int(step_text) < 1:
+        raise BadRequest("choose a step to fork at")
+    step = int(step_text)
+    name = valid_channel(form.get("name", "").strip(), "name")
+    boundary = resolve_step(conn, channel_id, step)
+    extra = {}
+    for field_name in ("intervention", "tool_policies"):
+        text = form.get(field_name, "").strip()
+        value = parse_json(text.encode()) if text else None
+        if value is not None and not isinstance(value, dict):
+            raise BadRequest(f"{field_name} must be a JSON object")
+        extra[field_name] = value
+    source_meta = load(require_channel(conn, channel_id)["experiment_metadata"]) or {}
+    experiment = {"session_name": name, "params": source_meta.get("params") if isinstance(source_meta, dict) else None,
+                  "forked_from": boundary["channel_id"], "forked_from_channel": channel_id, "forked_at_step": step,
+                  "forked_at_cursor": boundary["cursor"], "status": "created"}
+    if extra["intervention"] is not None:
+        experiment["intervention"] = extra["intervention"]
+    return fork_request(Body({
+        "source_channel_id": boundary["channel_id"], "new_channel_id": name, "at_cursor": boundary["cursor"],
+        "operation_id": str(uuid.uuid4()), "display_name": name,
+        "reason": f"Forked from {channel_id} at step {step} (dashboard)", "experiment_metadata": experiment,
+        "manifest": {"source": "dashboard"}, "tool_policies": extra["tool_policies"],
+    }))
+
+
+async def page_fork(request: Request) -> Response:
+    channel_id = path_channel(request)
+    form = await read_form(request)
+    try:
+        req = await db_of(request).read(dashboard_fork_request, channel_id, form)
+        await db_of(request).write(fork_channel, req)
+    except ActaeError as exc:
+        if isinstance(exc, NotFound) and "not indexed" not in exc.message:
+            raise
+        return render(request, "run.html", await run_context(request, channel_id, fork_error=exc.message),
+                      status=exc.status)
+    return RedirectResponse(f"/runs/{req['new_channel_id']}", status_code=303)
+
+
+# =============================================================================
+# App factory: one route table, one error mapping
+# =============================================================================
+
+
+def error_response(request, status: int, code: str, message: str) -> Response:
+    if is_page(request) and status != 401:
+        try:
+            return render(request, "error.html", {"title": f"Error {status}", "status": status, "message": message},
+                          status=status)
+        except jinja2.TemplateError:
+            log.exception("error page failed to render")
+    return JSONResponse({"status": code, "error": message}, status_code=status)
+
+
+async def on_actae_error(request, exc: ActaeError) -> Response:
+    return error_response(request, exc.status, exc.code, exc.message)
+
+
+async def on_http_error(request, exc: HTTPException) -> Response:
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    message = {404: f"no route for {request.method} {request.url.path}",
+               405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
+    return error_response(request, exc.status_code, code, message)
+
+
+async def on_unexpected_error(request, exc: Exception) -> Response:
+    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+    return JSONResponse({"status": "internal", "error": f"internal error: {type(exc).__name__}"}, status_code=500)
+
+
+API_ROUTES = [
+    ("POST", "/api/v1/events/record", api_events_record),
+    ("GET", "/api/v1/events/replay/{channel_id}", api_events_replay),
+    ("POST", "/api/v1/events/query", api_events_query),
+    ("GET", "/api/v1/events/cursor/{channel_id}", api_events_cursor),
+    ("POST", "/api/v1/events/transition", api_events_transition),
+    ("GET", "/api/v1/events/{event_id}/causal-graph", api_events_causal_graph),
+    ("POST", "/api/v1/state/{channel_id}", api_state_save),
+    ("GET", "/api/v1/state/{channel_id}", api_state_latest),
+    ("GET", "/api/v1/state/{channel_id}/versions", api_state_versions),
+    ("GET", "/api/v1/state/{channel_id}/version/{version}", api_state_version),
+    ("DELETE", "/api/v1/state/{channel_id}/version/{version}", api_state_delete),
+    ("GET", "/api/v1/channels", api_channels_list),
+    ("POST", "/api/v1/channels/fork", api_channels_fork),
+    ("GET", "/api/v1/channels/diff", api_channels_diff),
+    ("GET", "/api/v1/channels/compare", api_channels_compare),
+    ("GET", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata),
+    ("PUT", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata_put),
+    ("GET", "/api/v1/channels/{channel_id}/forks", api_channels_forks),
+    ("GET", "/api/v1/channels/{channel_id}/steps", api_channels_steps),
+    ("GET", "/api/v1/channels/{channel_id}/steps/{step_number}", api_channels_step),
+    ("GET", "/api/v1/channels/{channel_id}/receipt", api_channels_receipt),
+    ("GET", "/api/v1/channels/{channel_id}/fork-tree", api_channels_fork_tree),
+    ("GET", "/api/v1/channels/{channel_id}/trail", api_channels_trail),
+    ("PATCH", "/api/v1/channels/{channel_id}/outcome", api_channels_outcome),
+    ("POST", "/api/v1/channels/{channel_id}/promote", api_channels_promote),
+    ("DELETE", "/api/v1/channels/{channel_id}", api_channels_delete),
+    ("POST", "/api/v1/experiments", api_experiments_create),
+    ("GET", "/api/v1/experiments", api_experiments_list),
+    ("GET", "/api/v1/experiments/{group_id}", api_experiments_get),
+    ("POST", "/api/v1/experiments/{group_id}/members", api_experiments_member),
+    ("GET", "/api/v1/experiments/{group_id}/rank", api_experiments_rank),
+    ("POST", "/api/v1/executions/claim", api_executions_claim),
+    ("GET", "/api/v1/executions", api_executions_list),
+    ("GET", "/api/v1/executions/{execution_id}", api_executions_get),
+    ("DELETE", "/api/v1/executions/{execution_id}", api_executions_delete),
+    ("POST", "/api/v1/executions/{execution_id}/complete", api_executions_complete),
+    ("POST", "/api/v1/executions/{execution_id}/fail", api_executions_fail),
+    ("POST", "/api/v1/executions/{execution_id}/heartbeat", api_executions_heartbeat),
+    ("POST", "/api/v1/executions/{execution_id}/cancel", api_executions_cancel),
+    ("GET", "/api/v1/auth/capabilities", api_auth_capabilities),
+    ("GET", "/readyz", readyz),
+    ("GET", "/metrics", metrics_text),
+    ("GET", "/metrics.json", metrics_json),
+]
+
+PAGE_ROUTES = [
+    ("GET", "/", page_runs),
+    ("GET", "/runs/{channel_id}", page_run),
+    ("GET", "/runs/{channel_id}/tree", page_tree),
+    ("POST", "/runs/{channel_id}/fork", page_fork),
+    ("GET", "/diff", page_diff),
+    ("GET", "/ledger", page_ledger),
+]
+
+
+def create_app(data_dir: Path, *, env_key: Optional[str] = None) -> Starlette:
+    """The whole server on one SQLite file in `data_dir`; `env_key` is accepted besides stored keys."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    db, hub = Database(data_dir / DB_FILE), Hub()
+    db.on_commit = hub.on_commit
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        await db.open()
+        app.state.session_secret = await db.write(session_secret)
+        try:
+            yield
+        finally:
+            await db.close()
+
+    routes = [Route("/healthz", healthz, methods=["GET"]),
+              Route("/login", page_login, methods=["GET"]),
+              Route("/login", page_login_submit, methods=["POST"]),
+              Route("/logout", page_logout, methods=["POST"]),
+              WebSocketRoute("/ws", ws_endpoint),
+              Mount("/static", StaticFiles(directory=str(UI_DIR / "static")), name="static")]
+    routes += [Route(path, protected(handler), methods=[method]) for method, path, handler in API_ROUTES]
+    routes += [Route(path, dashboard(handler), methods=[method]) for method, path, handler in PAGE_ROUTES]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
+        ActaeError: on_actae_error, HTTPException: on_http_error, Exception: on_unexpected_error})
+    app.state.db, app.state.hub, app.state.env_key = db, hub, env_key or None
+    app.state.instance_id, app.state.started = str(uuid.uuid4()), time.monotonic()
+    app.state.templates = template_env()
+    return app
+
+
+# =============================================================================
+# Command line
+# =============================================================================
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # SUPPRESS: `--data-dir` may come before or after `key rotate` without one erasing the other.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR",
+                        help="folder holding the database (default: $ACTAE_DATA_DIR or ~/.actae)")
+    parser = argparse.ArgumentParser(
+        prog="actae", parents=[common],
+        description="Actae community server: record agent runs, fork them at a step, never repeat a side effect.")
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface to listen on (default: {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help=f"port to listen on; 0 picks a free one (default: {DEFAULT_PORT})")
+    parser.add_argument("--version", action="version", version=f"actae {__version__}",
+                        help="print the version and exit")
+    commands = parser.add_subparsers(dest="command", metavar="{key}")
+    key = commands.add_parser("key", parents=[common], help="manage the API key: `key rotate`")
+    key_commands = key.add_subparsers(dest="key_command", required=True, metavar="{rotate}")
+    key_commands.add_parser("rotate", parents=[common], help="issue and print a new key; the old one stops working")
+    return parser
+
+
+def data_dir_of(args: argparse.Namespace) -> Path:
+    chosen = getattr(args, "data_dir", None) or os.environ.get("ACTAE_DATA_DIR") or "~/.actae"
+    path = Path(chosen).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_once(data_dir: Path, work: Callable, *args):
+    """One write transaction from the command line, on the same job runner the server uses."""
+    conn = Database.connect_sync(data_dir / DB_FILE)
+    try:
+        ((result, events),) = run_jobs(conn, [_Job(work, args, None)])
+    finally:
+        conn.close()
+    if events is None:
+        raise result
+    return result
+
+
+def print_key_line(key: Optional[str]) -> None:
+    if key:
+        print(f"API key:     {key}   (shown once — store it now)")
+    else:
+        print("API key:     already issued at first start (run `actae key rotate` for a new one)")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
+
+
+def serve(host: str, port: int, data_dir: Path) -> int:
+    """Bind first (so --port 0 prints the real port), print the two lines, then serve until Ctrl-C."""
+    try:
+        sock = bind_socket(host, port)
+    except OSError as exc:
+        print(f"actae: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    key = write_once(data_dir, first_key)
+    shown_host = f"[{host}]" if ":" in host else host
+    print(f"Actae {__version__} — data in {data_dir}")
+    print(f"Dashboard:   http://{shown_host}:{sock.getsockname()[1]}")
+    print_key_line(key)
+    sys.stdout.flush()
+    app = create_app(data_dir, env_key=os.environ.get("ACTAE_API_KEY"))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                            ws_max_size=MAX_BODY_BYTES, timeout_graceful_shutdown=10)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+def main(argv: Optional[list] = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    data_dir = data_dir_of(args)
+    if args.command == "key":
+        print_key_line(write_once(data_dir, rotate_key))
+        return 0
+    return serve(args.host, args.port, data_dir)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
