@@ -2169,7 +2169,8 @@ async def ws_publish(conn: WsConnection, db: Database, frame: dict) -> None:
            "actor": "websocket", "agent_id": None, "user_id": None, "metadata": None,
            "operation_id": operation_id, "step_number": None, "dependencies": None}
     event = await db.write(record_event, req, exclude=conn)
-    conn.send({"type": "ack", "request_id": frame.get("request_id"), **event, "event_type": event["type"]})
+    # The event's own "type" must not overwrite the frame kind: the SDK reads the type from event_type.
+    conn.send({**event, "event_type": event["type"], "type": "ack", "request_id": frame.get("request_id")})
 
 
 async def ws_authenticate(websocket: WebSocket, conn: WsConnection, app) -> bool:
