@@ -59,6 +59,7 @@ DB_FILE = "actae.db"
 
 MAX_BODY_BYTES = 4 * 1024 * 1024       # a whole request
 MAX_DOCUMENT_BYTES = 1024 * 1024       # one payload or state: the SDK caps WebSocket frames at 1 MiB
+DRAIN_BYTES_MAX = 64 * 1024 * 1024     # an oversized body is read this far so its 413 reaches the client
 REPLAY_LIMIT_MAX = 1000                # clamped, never rejected
 EXECUTIONS_LIMIT_MAX = 100
 LEASE_DEFAULT, LEASE_MIN, LEASE_MAX = 60, 1, 86400
@@ -157,6 +158,10 @@ def uuid7() -> str:
     value = (value & ~(0xF << 76)) | (0x7 << 76)          # version
     value = (value & ~(0x3 << 62)) | (0x2 << 62)          # RFC 4122 variant
     return str(uuid.UUID(int=value))
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def canonical_json(value: Any) -> str:
@@ -1113,12 +1118,13 @@ def run_metrics(conn: sqlite3.Connection, channel_id: str) -> dict:
     row = conn.execute("SELECT COUNT(*) AS n, COUNT(step_number) AS steps, MIN(created_at) AS first,"
                        " MAX(created_at) AS last FROM events WHERE channel_id = ?", (channel_id,)).fetchone()
     tokens = cost = 0
-    for (payload,) in conn.execute("SELECT payload FROM events WHERE channel_id = ? AND step_number IS NOT NULL",
-                                   (channel_id,)):
-        usage = (load(payload) or {}).get("output") if isinstance(load(payload), dict) else None
-        if isinstance(usage, dict):
-            tokens += usage.get("tokens", 0) if isinstance(usage.get("tokens"), (int, float)) else 0
-            cost += usage.get("cost", 0) if isinstance(usage.get("cost"), (int, float)) else 0
+    for (text,) in conn.execute("SELECT payload FROM events WHERE channel_id = ? AND step_number IS NOT NULL",
+                                (channel_id,)):
+        payload = load(text)
+        output = payload.get("output") if isinstance(payload, dict) else None
+        if isinstance(output, dict):
+            tokens += output["tokens"] if is_number(output.get("tokens")) else 0
+            cost += output["cost"] if is_number(output.get("cost")) else 0
     duration = (parse_iso(row["last"]) - parse_iso(row["first"])).total_seconds() if row["first"] else 0.0
     tools = conn.execute("SELECT COUNT(*) FROM executions WHERE channel_id = ?", (channel_id,)).fetchone()[0]
     return {"event_count": row["n"], "step_count": row["steps"], "tool_calls": tools,
@@ -1512,7 +1518,7 @@ def valid_channel(value: Any, what: str = "channel_id") -> str:
 
 def checked_document(value: Any, what: str) -> Any:
     """Payloads and states: at most 1 MiB once serialised."""
-    if len(dump(value).encode("utf-8")) > MAX_DOCUMENT_BYTES if value is not None else False:
+    if value is not None and len(dump(value).encode("utf-8")) > MAX_DOCUMENT_BYTES:
         raise TooLarge(f"{what} is larger than {MAX_DOCUMENT_BYTES} bytes")
     return value
 
@@ -1556,7 +1562,7 @@ class Body:
 
     def number(self, key: str) -> Optional[float]:
         value = self.data.get(key)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        if value is not None and not is_number(value):
             raise BadRequest(f"{key} must be a number")
         return value
 
@@ -1587,15 +1593,16 @@ class Body:
 
 async def read_json(request: Request, *, empty_ok: bool = False) -> Body:
     """The request body as a JSON object; 413 past 4 MiB, 400 for anything that is not strict JSON."""
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise TooLarge(f"request body is larger than {MAX_BODY_BYTES} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise TooLarge(f"request body is larger than {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
+        if size <= MAX_BODY_BYTES:
+            chunks.append(chunk)
+        elif size > DRAIN_BYTES_MAX:
+            break    # past this, the client is not worth waiting for: the connection just closes
+    if size > MAX_BODY_BYTES:
+        # The oversized body was read (and dropped), so the client can read this answer.
+        raise TooLarge(f"request body is larger than {MAX_BODY_BYTES} bytes")
     raw = b"".join(chunks)
     if not raw.strip():
         if empty_ok:
@@ -1640,6 +1647,8 @@ def tool_policies_from(body: Body) -> Optional[dict]:
 
 def event_fields(body: Body, type_key: str) -> dict:
     """The fields record and transition share; metadata is {actor, agent_id, user_id, metadata}."""
+    if not isinstance(body.get("metadata") or {}, dict):
+        raise BadRequest("metadata must be a JSON object")
     meta = Body(body.get("metadata") or {})
     event_type = body.get(type_key)
     if not isinstance(event_type, str) or not event_type:
@@ -2085,6 +2094,10 @@ class WsConnection:
             self.outbox = asyncio.Queue(maxsize=1)
             self.outbox.put_nowait(None)
 
+    async def send_paced(self, frame: dict) -> None:
+        """Catch-up replay waits for room in the queue instead of dropping a client that asked for history."""
+        await self.outbox.put(frame)
+
     def deliver(self, topic: str, event: dict) -> None:
         sub = self.subscriptions.get(topic)
         if sub is None:
@@ -2151,7 +2164,7 @@ async def ws_subscribe(conn: WsConnection, db: Database, frame: dict) -> None:
             batch = await db.read(replay_events, topic, sub.last_cursor, REPLAY_LIMIT_MAX)
             for event in batch:
                 sub.last_cursor = event["cursor"]
-                conn.send(broadcast_frame(topic, event))
+                await conn.send_paced(broadcast_frame(topic, event))
             if len(batch) < REPLAY_LIMIT_MAX:
                 break
     sub.catching_up = False
