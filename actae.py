@@ -245,7 +245,7 @@ _MIGRATIONS = [
     );
     CREATE INDEX channels_by_parent ON channels (parent_id);
     CREATE INDEX channels_by_activity ON channels (updated_at, id);
-    CREATE UNIQUE INDEX channels_fork_operation ON channels (parent_id, fork_operation_id);
+    CREATE UNIQUE INDEX channels_fork_operation ON channels (fork_operation_id);  -- a fork op id names one fork
 
     -- The append-only log: per-channel gapless cursors from 1.
     CREATE TABLE events (
@@ -931,8 +931,7 @@ def fork_channel(tx: Tx, req: dict) -> dict:
     source_id, child_id, at_cursor = req["source_channel_id"], req["new_channel_id"], req["at_cursor"]
     hashed = request_hash({k: v for k, v in req.items() if k != "operation_id"})
     if req["operation_id"] is not None:
-        earlier = conn.execute("SELECT * FROM channels WHERE parent_id = ? AND fork_operation_id = ?",
-                               (source_id, req["operation_id"])).fetchone()
+        earlier = conn.execute("SELECT * FROM channels WHERE fork_operation_id = ?", (req["operation_id"],)).fetchone()
         if earlier is not None:
             if earlier["fork_request_hash"] != hashed:
                 raise Conflict("idempotency_conflict",
