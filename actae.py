@@ -319,6 +319,24 @@ _MIGRATIONS = [
     );
     CREATE INDEX executions_by_time ON executions (channel_id, created_at);
 
+    -- Scheduled wake-ups: at run_at a `scheduler.wakeup` event is appended to the channel.
+    CREATE TABLE wakeups (
+        id           TEXT PRIMARY KEY,
+        channel_id   TEXT NOT NULL,
+        run_at       TEXT NOT NULL,            -- normalised UTC, so it compares as text
+        status       TEXT NOT NULL CHECK (status IN (
+                         'pending',    -- waiting for run_at
+                         'done',       -- its event was appended
+                         'failed',     -- could not be delivered (error says why)
+                         'cancelled')),
+        payload      TEXT,
+        attempts     INTEGER NOT NULL DEFAULT 0,
+        error        TEXT,
+        created_at   TEXT NOT NULL,
+        executed_at  TEXT
+    );
+    CREATE INDEX wakeups_due ON wakeups (status, run_at);
+
     CREATE TABLE experiments (
         id                   TEXT PRIMARY KEY,
         name                 TEXT NOT NULL,
@@ -1459,6 +1477,67 @@ def delete_execution(tx: Tx, execution_id: str) -> dict:
 
 
 # =============================================================================
+# Domain: scheduled wake-ups
+# =============================================================================
+
+WAKEUP_STATUSES = ("pending", "done", "failed", "cancelled")
+
+
+def wakeup_json(row: sqlite3.Row) -> dict:
+    return {"id": row["id"], "channel_id": row["channel_id"], "run_at": row["run_at"], "status": row["status"],
+            "payload": load(row["payload"]), "created_at": row["created_at"], "executed_at": row["executed_at"],
+            "attempts": row["attempts"], "error": row["error"]}
+
+
+def require_wakeup(conn: sqlite3.Connection, wakeup_id: str) -> sqlite3.Row:
+    row = conn.execute("SELECT * FROM wakeups WHERE id = ?", (wakeup_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"wake-up {wakeup_id} not found")
+    return row
+
+
+def schedule_wakeup(tx: Tx, channel_id: str, run_at: str, payload: Optional[dict]) -> dict:
+    wakeup_id = str(uuid.uuid4())
+    tx.conn.execute("INSERT INTO wakeups (id, channel_id, run_at, status, payload, created_at)"
+                    " VALUES (?, ?, ?, 'pending', ?, ?)", (wakeup_id, channel_id, run_at, dump(payload), tx.ts))
+    return wakeup_json(require_wakeup(tx.conn, wakeup_id))
+
+
+def list_wakeups(conn: sqlite3.Connection, channel_id: Optional[str], status: Optional[str]) -> list:
+    clauses = [c for c, v in (("channel_id = ?", channel_id), ("status = ?", status)) if v is not None]
+    args = [v for v in (channel_id, status) if v is not None]
+    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+    return [wakeup_json(r) for r in conn.execute(f"SELECT * FROM wakeups{where} ORDER BY run_at, id LIMIT 1000", args)]
+
+
+def cancel_wakeup(tx: Tx, wakeup_id: str) -> dict:
+    row = require_wakeup(tx.conn, wakeup_id)
+    if row["status"] != "pending":
+        raise Conflict("wakeup_not_pending", f"wake-up {wakeup_id} is {row['status']}; only a pending one can be cancelled")
+    tx.conn.execute("UPDATE wakeups SET status = 'cancelled' WHERE id = ?", (wakeup_id,))
+    return {"ok": True, "wakeup": wakeup_json(require_wakeup(tx.conn, wakeup_id))}
+
+
+def fire_due_wakeups(tx: Tx) -> int:
+    """Append `scheduler.wakeup` for every pending wake-up whose time has come; returns how many fired."""
+    due = tx.conn.execute("SELECT * FROM wakeups WHERE status = 'pending' AND run_at <= ? ORDER BY run_at LIMIT 100",
+                          (tx.ts,)).fetchall()
+    for row in due:
+        payload = load(row["payload"])
+        append_event(tx, row["channel_id"], "scheduler.wakeup",
+                     {**(payload if isinstance(payload, dict) else {}), "wakeup_id": row["id"], "run_at": row["run_at"]},
+                     actor="scheduler")
+        tx.conn.execute("UPDATE wakeups SET status = 'done', executed_at = ?, attempts = attempts + 1 WHERE id = ?",
+                        (tx.ts, row["id"]))
+    return len(due)
+
+
+def next_wakeup_at(conn: sqlite3.Connection) -> Optional[str]:
+    row = conn.execute("SELECT MIN(run_at) FROM wakeups WHERE status = 'pending'").fetchone()
+    return row[0]
+
+
+# =============================================================================
 # Domain: API keys and dashboard sessions
 # =============================================================================
 
@@ -1972,6 +2051,35 @@ async def api_executions_list(request: Request) -> Response:
 
 async def api_executions_delete(request: Request) -> Response:
     return json_ok(await db_of(request).write(delete_execution, request.path_params["execution_id"]))
+
+
+async def api_wakeups_schedule(request: Request) -> Response:
+    body = await read_json(request)
+    run_at = body.get("run_at")
+    if not isinstance(run_at, str):
+        raise BadRequest("run_at must be an RFC 3339 timestamp string")
+    wakeup = await db_of(request).write(schedule_wakeup, body.channel(), iso(parse_iso(run_at)),
+                                        checked_document(body.obj("payload"), "payload"))
+    request.app.state.scheduler.nudge()
+    return json_ok(wakeup)
+
+
+async def api_wakeups_list(request: Request) -> Response:
+    channel_id = request.query_params.get("channel_id")
+    status = request.query_params.get("status")
+    if channel_id is not None:
+        valid_channel(channel_id)
+    if status is not None and status not in WAKEUP_STATUSES:
+        raise BadRequest(f"status must be one of {', '.join(WAKEUP_STATUSES)}")
+    return json_ok({"wakeups": await db_of(request).read(list_wakeups, channel_id, status)})
+
+
+async def api_wakeups_get(request: Request) -> Response:
+    return json_ok(wakeup_json(await db_of(request).read(require_wakeup, request.path_params["wakeup_id"])))
+
+
+async def api_wakeups_cancel(request: Request) -> Response:
+    return json_ok(await db_of(request).write(cancel_wakeup, request.path_params["wakeup_id"]))
 
 
 # --- health, metrics, capabilities ------------------------------------------------
@@ -2598,6 +2706,47 @@ async def page_fork(request: Request) -> Response:
 
 
 # =============================================================================
+# Scheduler: fires persisted wake-ups (so they survive restarts)
+# =============================================================================
+
+
+class Scheduler:
+    """Sleeps until the earliest pending wake-up (at most a second), then fires what is due."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        self._nudged = asyncio.Event()
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def nudge(self) -> None:
+        """A new wake-up may be due sooner than the one we sleep for."""
+        self._nudged.set()
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                while await self.db.write(fire_due_wakeups) == 100:
+                    pass
+                upcoming = await self.db.read(next_wakeup_at)
+            except Exception:  # noqa: BLE001 - a failed round is retried; the loop must not die
+                log.exception("firing wake-ups failed")
+                upcoming = None
+            delay = 1.0 if upcoming is None else (parse_iso(upcoming) - utc_now()).total_seconds()
+            self._nudged.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._nudged.wait(), timeout=min(max(delay, 0.01), 1.0))
+
+
+# =============================================================================
 # App factory: one route table, one error mapping
 # =============================================================================
 
@@ -2668,6 +2817,10 @@ API_ROUTES = [
     ("POST", "/api/v1/executions/{execution_id}/fail", api_executions_fail),
     ("POST", "/api/v1/executions/{execution_id}/heartbeat", api_executions_heartbeat),
     ("POST", "/api/v1/executions/{execution_id}/cancel", api_executions_cancel),
+    ("POST", "/api/v1/scheduler/wakeups", api_wakeups_schedule),
+    ("GET", "/api/v1/scheduler/wakeups", api_wakeups_list),
+    ("GET", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_get),
+    ("DELETE", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_cancel),
     ("GET", "/api/v1/auth/capabilities", api_auth_capabilities),
     ("GET", "/readyz", readyz),
     ("GET", "/metrics", metrics_text),
@@ -2695,9 +2848,11 @@ def create_app(data_dir: Path, *, env_key: Optional[str] = None) -> Starlette:
     async def lifespan(app):
         await db.open()
         app.state.session_secret = await db.write(session_secret)
+        app.state.scheduler.start()
         try:
             yield
         finally:
+            await app.state.scheduler.stop()
             await db.close()
 
     routes = [Route("/healthz", healthz, methods=["GET"]),
@@ -2711,6 +2866,7 @@ def create_app(data_dir: Path, *, env_key: Optional[str] = None) -> Starlette:
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
         ActaeError: on_actae_error, HTTPException: on_http_error, Exception: on_unexpected_error})
     app.state.db, app.state.hub, app.state.env_key = db, hub, env_key or None
+    app.state.scheduler = Scheduler(db)
     app.state.instance_id, app.state.started = str(uuid.uuid4()), time.monotonic()
     app.state.templates = template_env()
     return app
