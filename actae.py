@@ -337,6 +337,65 @@ _MIGRATIONS = [
     );
     CREATE INDEX wakeups_due ON wakeups (status, run_at);
 
+    -- Consumer groups: competing consumers share one channel; each claim reserves a cursor range.
+    CREATE TABLE consumer_groups (
+        id                TEXT PRIMARY KEY,
+        channel_id        TEXT NOT NULL,
+        metadata          TEXT,
+        committed_cursor  INTEGER NOT NULL DEFAULT 0,   -- acked watermark: work at or below is done
+        created_at        TEXT NOT NULL
+    );
+    CREATE TABLE group_consumers (
+        group_id       TEXT NOT NULL REFERENCES consumer_groups(id),
+        consumer_id    TEXT NOT NULL,
+        lease_until    TEXT NOT NULL,
+        reserved_from  INTEGER NOT NULL DEFAULT 0,     -- reservation is (reserved_from, claimed_cursor]
+        claimed_cursor INTEGER NOT NULL DEFAULT 0,
+        updated_at     TEXT NOT NULL,
+        PRIMARY KEY (group_id, consumer_id)
+    );
+
+    -- Execution groups: members (each one channel), leased to one owner at a time, exchanging messages.
+    CREATE TABLE execution_groups (
+        id          TEXT PRIMARY KEY,
+        status      TEXT NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'archived')),
+        metadata    TEXT,
+        fork        TEXT,                      -- the group-fork receipt when this group is a fork
+        created_at  TEXT NOT NULL,
+        updated_at  TEXT NOT NULL
+    );
+    CREATE TABLE execution_group_members (
+        group_id     TEXT NOT NULL REFERENCES execution_groups(id),
+        member_id    TEXT NOT NULL,
+        channel_id   TEXT NOT NULL,
+        role         TEXT,
+        metadata     TEXT,
+        owner_id     TEXT,
+        generation   INTEGER NOT NULL DEFAULT 0,   -- bumped by every claim: fences stale owners
+        lease_until  TEXT,
+        created_at   TEXT NOT NULL,
+        PRIMARY KEY (group_id, member_id)
+    );
+    CREATE TABLE group_messages (
+        seq                INTEGER PRIMARY KEY,     -- delivery order
+        id                 TEXT NOT NULL UNIQUE,
+        group_id           TEXT NOT NULL REFERENCES execution_groups(id),
+        from_member_id     TEXT NOT NULL,
+        to_member_id       TEXT NOT NULL,
+        type               TEXT NOT NULL,
+        payload            TEXT,
+        causal_context     TEXT,
+        source_event_id    TEXT NOT NULL,
+        delivery_event_id  TEXT NOT NULL,
+        status             TEXT NOT NULL CHECK (status IN ('delivered', 'acknowledged')),
+        operation_id       TEXT,
+        request_hash       TEXT NOT NULL,
+        created_at         TEXT NOT NULL,
+        acknowledged_at    TEXT,
+        UNIQUE (group_id, operation_id)
+    );
+    CREATE INDEX group_messages_inbox ON group_messages (group_id, to_member_id, seq);
+
     CREATE TABLE experiments (
         id                   TEXT PRIMARY KEY,
         name                 TEXT NOT NULL,
@@ -1538,6 +1597,347 @@ def next_wakeup_at(conn: sqlite3.Connection) -> Optional[str]:
 
 
 # =============================================================================
+# Domain: consumer groups (at-least-once workers on one channel)
+# =============================================================================
+
+
+def consumer_group_json(row: sqlite3.Row) -> dict:
+    return {"group_id": row["id"], "channel_id": row["channel_id"], "created_at": row["created_at"],
+            "metadata": load(row["metadata"]), "committed_cursor": row["committed_cursor"]}
+
+
+def require_consumer_group(conn: sqlite3.Connection, group_id: str) -> sqlite3.Row:
+    row = conn.execute("SELECT * FROM consumer_groups WHERE id = ?", (group_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"consumer group {group_id} not found")
+    return row
+
+
+def create_consumer_group(tx: Tx, group_id: str, channel_id: str, metadata: Optional[dict]) -> dict:
+    existing = tx.conn.execute("SELECT * FROM consumer_groups WHERE id = ?", (group_id,)).fetchone()
+    if existing is not None:
+        if existing["channel_id"] != channel_id:
+            raise Conflict("channel_conflict", f"consumer group {group_id} already reads {existing['channel_id']}")
+        return consumer_group_json(existing)
+    tx.conn.execute("INSERT INTO consumer_groups (id, channel_id, metadata, created_at) VALUES (?, ?, ?, ?)",
+                    (group_id, channel_id, dump(metadata), tx.ts))
+    return consumer_group_json(require_consumer_group(tx.conn, group_id))
+
+
+def delete_consumer_group(tx: Tx, group_id: str) -> dict:
+    require_consumer_group(tx.conn, group_id)
+    tx.conn.execute("DELETE FROM group_consumers WHERE group_id = ?", (group_id,))
+    tx.conn.execute("DELETE FROM consumer_groups WHERE id = ?", (group_id,))
+    return {"ok": True, "deleted": group_id}
+
+
+def offset_json(group: sqlite3.Row, consumer: sqlite3.Row) -> dict:
+    return {"group_id": group["id"], "consumer_id": consumer["consumer_id"], "last_cursor": group["committed_cursor"],
+            "claimed_cursor": consumer["claimed_cursor"], "lease_until": consumer["lease_until"],
+            "updated_at": consumer["updated_at"]}
+
+
+def active_consumer(tx: Tx, group_id: str, consumer_id: str) -> sqlite3.Row:
+    row = tx.conn.execute("SELECT * FROM group_consumers WHERE group_id = ? AND consumer_id = ?",
+                          (group_id, consumer_id)).fetchone()
+    if row is None or row["lease_until"] <= tx.ts:
+        raise Conflict("consumer_not_found", f"consumer {consumer_id} has no active lease in group {group_id}; join first")
+    return row
+
+
+def join_group(tx: Tx, group_id: str, consumer_id: str, lease_seconds: int) -> dict:
+    group = require_consumer_group(tx.conn, group_id)
+    lease_until = iso(tx.now + timedelta(seconds=lease_seconds))
+    tx.conn.execute(
+        "INSERT INTO group_consumers (group_id, consumer_id, lease_until, updated_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (group_id, consumer_id) DO UPDATE SET lease_until = excluded.lease_until,"
+        " updated_at = excluded.updated_at", (group_id, consumer_id, lease_until, tx.ts))
+    return offset_json(group, active_consumer(tx, group_id, consumer_id))
+
+
+def first_unreserved(tx: Tx, group: sqlite3.Row, consumer_id: str) -> tuple:
+    """(start, stop): the lowest cursor range above the watermark no live consumer holds."""
+    held = tx.conn.execute(
+        "SELECT reserved_from, claimed_cursor FROM group_consumers WHERE group_id = ? AND consumer_id <> ?"
+        " AND lease_until > ? AND claimed_cursor > ? ORDER BY reserved_from",
+        (group["id"], consumer_id, tx.ts, group["committed_cursor"])).fetchall()
+    start = group["committed_cursor"]
+    for lower, upper in held:
+        if lower > start:
+            return start, lower
+        start = max(start, upper)
+    return start, None
+
+
+def claim_work(tx: Tx, group_id: str, consumer_id: str, limit: int) -> dict:
+    """Reserve the next events for this consumer; its own unacked reservation is handed back first."""
+    group = require_consumer_group(tx.conn, group_id)
+    consumer = active_consumer(tx, group_id, consumer_id)
+    if consumer["claimed_cursor"] > group["committed_cursor"]:
+        start, stop = max(consumer["reserved_from"], group["committed_cursor"]), consumer["claimed_cursor"]
+    else:
+        start, stop = first_unreserved(tx, group, consumer_id)
+    sql, args = "SELECT * FROM events WHERE channel_id = ? AND cursor > ?", [group["channel_id"], start]
+    if stop is not None:
+        sql, args = sql + " AND cursor <= ?", args + [stop]
+    events = [event_json(r) for r in tx.conn.execute(sql + " ORDER BY cursor LIMIT ?", (*args, limit))]
+    if events:
+        tx.conn.execute("UPDATE group_consumers SET reserved_from = ?, claimed_cursor = ?, updated_at = ?"
+                        " WHERE group_id = ? AND consumer_id = ?",
+                        (start, events[-1]["cursor"], tx.ts, group_id, consumer_id))
+    return {"group_id": group_id, "consumer_id": consumer_id, "events": events, "lease_until": consumer["lease_until"]}
+
+
+def ack_work(tx: Tx, group_id: str, consumer_id: str, cursor: int) -> dict:
+    """Advance the watermark: everything at or below `cursor` counts as processed."""
+    require_consumer_group(tx.conn, group_id)
+    active_consumer(tx, group_id, consumer_id)
+    tx.conn.execute("UPDATE consumer_groups SET committed_cursor = MAX(committed_cursor, ?) WHERE id = ?",
+                    (cursor, group_id))
+    tx.conn.execute("UPDATE group_consumers SET updated_at = ? WHERE group_id = ? AND consumer_id = ?",
+                    (tx.ts, group_id, consumer_id))
+    group = require_consumer_group(tx.conn, group_id)
+    return offset_json(group, active_consumer(tx, group_id, consumer_id))
+
+
+def heartbeat_consumer(tx: Tx, group_id: str, consumer_id: str, lease_seconds: int) -> dict:
+    group = require_consumer_group(tx.conn, group_id)
+    active_consumer(tx, group_id, consumer_id)
+    tx.conn.execute("UPDATE group_consumers SET lease_until = ?, updated_at = ? WHERE group_id = ? AND consumer_id = ?",
+                    (iso(tx.now + timedelta(seconds=lease_seconds)), tx.ts, group_id, consumer_id))
+    return offset_json(group, active_consumer(tx, group_id, consumer_id))
+
+
+def group_offsets(conn: sqlite3.Connection, group_id: str) -> list:
+    group = require_consumer_group(conn, group_id)
+    rows = conn.execute("SELECT * FROM group_consumers WHERE group_id = ? ORDER BY consumer_id", (group_id,))
+    return [offset_json(group, r) for r in rows.fetchall()]
+
+
+# =============================================================================
+# Domain: execution groups (members with fenced leases, durable messages, group forks)
+# =============================================================================
+
+
+def execution_group_json(row: sqlite3.Row) -> dict:
+    return {"group_id": row["id"], "status": row["status"], "metadata": load(row["metadata"]) or {},
+            "created_at": row["created_at"], "updated_at": row["updated_at"]}
+
+
+def member_json(row: sqlite3.Row) -> dict:
+    return {"group_id": row["group_id"], "member_id": row["member_id"], "channel_id": row["channel_id"],
+            "role": row["role"], "metadata": load(row["metadata"]) or {}, "owner_id": row["owner_id"],
+            "generation": row["generation"], "lease_until": row["lease_until"]}
+
+
+def lease_json(row: sqlite3.Row) -> dict:
+    return {"group_id": row["group_id"], "member_id": row["member_id"], "owner_id": row["owner_id"],
+            "generation": row["generation"], "lease_until": row["lease_until"]}
+
+
+def message_json(row: sqlite3.Row) -> dict:
+    return {"message_id": row["id"], "group_id": row["group_id"], "from_member_id": row["from_member_id"],
+            "to_member_id": row["to_member_id"], "type": row["type"], "payload": load(row["payload"]),
+            "causal_context": load(row["causal_context"]), "source_event_id": row["source_event_id"],
+            "delivery_event_id": row["delivery_event_id"], "status": row["status"],
+            "acknowledged_at": row["acknowledged_at"], "created_at": row["created_at"]}
+
+
+def require_execution_group(conn: sqlite3.Connection, group_id: str) -> sqlite3.Row:
+    row = conn.execute("SELECT * FROM execution_groups WHERE id = ?", (group_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"execution group {group_id} not found")
+    return row
+
+
+def require_member(conn: sqlite3.Connection, group_id: str, member_id: str) -> sqlite3.Row:
+    row = conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? AND member_id = ?",
+                       (group_id, member_id)).fetchone()
+    if row is None:
+        raise NotFound(f"member {member_id} of execution group {group_id} not found")
+    return row
+
+
+def create_execution_group(tx: Tx, group_id: str, metadata: Optional[dict], fork: Optional[dict] = None) -> dict:
+    tx.conn.execute("INSERT INTO execution_groups (id, metadata, fork, created_at, updated_at) VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT (id) DO NOTHING", (group_id, dump(metadata or {}), dump(fork), tx.ts, tx.ts))
+    return execution_group_json(require_execution_group(tx.conn, group_id))
+
+
+def add_group_member(tx: Tx, group_id: str, member_id: str, channel_id: str, role: Optional[str],
+                     metadata: Optional[dict]) -> dict:
+    require_execution_group(tx.conn, group_id)
+    existing = tx.conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? AND member_id = ?",
+                               (group_id, member_id)).fetchone()
+    if existing is not None and existing["channel_id"] != channel_id:
+        raise Conflict("channel_conflict", f"member {member_id} already runs on channel {existing['channel_id']}")
+    ensure_channel(tx, channel_id)
+    tx.conn.execute(
+        "INSERT INTO execution_group_members (group_id, member_id, channel_id, role, metadata, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (group_id, member_id) DO UPDATE SET role = excluded.role,"
+        " metadata = excluded.metadata", (group_id, member_id, channel_id, role, dump(metadata or {}), tx.ts))
+    return member_json(require_member(tx.conn, group_id, member_id))
+
+
+def claim_member(tx: Tx, group_id: str, member_id: str, owner_id: str, lease_seconds: int) -> dict:
+    """Lease a member to one owner; every claim bumps the generation, so older leases go stale."""
+    member = require_member(tx.conn, group_id, member_id)
+    held = member["owner_id"] is not None and member["lease_until"] is not None and member["lease_until"] > tx.ts
+    if held and member["owner_id"] != owner_id:
+        raise Conflict("execution_not_owned", f"member {member_id} is leased to another owner until "
+                                              f"{member['lease_until']}")
+    tx.conn.execute("UPDATE execution_group_members SET owner_id = ?, generation = generation + 1, lease_until = ?"
+                    " WHERE group_id = ? AND member_id = ?",
+                    (owner_id, iso(tx.now + timedelta(seconds=lease_seconds)), group_id, member_id))
+    return lease_json(require_member(tx.conn, group_id, member_id))
+
+
+def current_lease(tx: Tx, group_id: str, member_id: str, owner_id: Any, generation: Any) -> sqlite3.Row:
+    member = require_member(tx.conn, group_id, member_id)
+    if member["owner_id"] != owner_id or member["generation"] != generation \
+            or member["lease_until"] is None or member["lease_until"] <= tx.ts:
+        raise Conflict("execution_not_owned", f"owner {owner_id} generation {generation} no longer holds "
+                                              f"member {member_id} (stale, released or expired lease)")
+    return member
+
+
+def heartbeat_member(tx: Tx, group_id: str, member_id: str, owner_id: str, generation: int,
+                     lease_seconds: int) -> dict:
+    current_lease(tx, group_id, member_id, owner_id, generation)
+    tx.conn.execute("UPDATE execution_group_members SET lease_until = ? WHERE group_id = ? AND member_id = ?",
+                    (iso(tx.now + timedelta(seconds=lease_seconds)), group_id, member_id))
+    return lease_json(require_member(tx.conn, group_id, member_id))
+
+
+def release_member(tx: Tx, group_id: str, member_id: str, owner_id: str, generation: int) -> dict:
+    current_lease(tx, group_id, member_id, owner_id, generation)
+    tx.conn.execute("UPDATE execution_group_members SET owner_id = NULL, lease_until = NULL"
+                    " WHERE group_id = ? AND member_id = ?", (group_id, member_id))
+    return {"ok": True, "member": member_json(require_member(tx.conn, group_id, member_id))}
+
+
+def send_group_message(tx: Tx, group_id: str, req: dict) -> dict:
+    """A source event on the sender's channel, `message.received` on the recipient's, one inbox row."""
+    require_execution_group(tx.conn, group_id)
+    hashed = request_hash({k: req[k] for k in ("from_member_id", "to_member_id", "type", "payload", "causal_context")})
+    if req["operation_id"] is not None:
+        earlier = tx.conn.execute("SELECT * FROM group_messages WHERE group_id = ? AND operation_id = ?",
+                                  (group_id, req["operation_id"])).fetchone()
+        if earlier is not None:
+            if earlier["request_hash"] != hashed:
+                raise Conflict("idempotency_conflict",
+                               f"operation_id {req['operation_id']} was already used for a different message")
+            return message_json(earlier)
+    sender = require_member(tx.conn, group_id, req["from_member_id"])
+    recipient = require_member(tx.conn, group_id, req["to_member_id"])
+    message_id = str(uuid.uuid4())
+    body = {"message_id": message_id, "group_id": group_id, "from": {"member": sender["member_id"]},
+            "to": {"member": recipient["member_id"]}, "type": req["type"], "payload": req["payload"],
+            "causal_context": req["causal_context"]}
+    source = append_event(tx, sender["channel_id"], "message.sent", body, actor=sender["member_id"])
+    delivery = append_event(tx, recipient["channel_id"], "message.received", body, actor=sender["member_id"],
+                            depends_on=source["id"])
+    tx.conn.execute(
+        "INSERT INTO group_messages (id, group_id, from_member_id, to_member_id, type, payload, causal_context,"
+        " source_event_id, delivery_event_id, status, operation_id, request_hash, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'delivered', ?, ?, ?)",
+        (message_id, group_id, sender["member_id"], recipient["member_id"], req["type"], dump(req["payload"]),
+         dump(req["causal_context"]), source["id"], delivery["id"], req["operation_id"], hashed, tx.ts))
+    return message_json(tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone())
+
+
+def member_inbox(conn: sqlite3.Connection, group_id: str, member_id: str, after: Optional[str], limit: int) -> list:
+    """Messages to a member, oldest first, strictly after the message `after` (a durable cursor)."""
+    require_member(conn, group_id, member_id)
+    after_seq = 0
+    if after:
+        row = conn.execute("SELECT seq FROM group_messages WHERE id = ? AND group_id = ?", (after, group_id)).fetchone()
+        if row is None:
+            raise NotFound(f"message {after} not found in execution group {group_id}")
+        after_seq = row["seq"]
+    rows = conn.execute("SELECT * FROM group_messages WHERE group_id = ? AND to_member_id = ? AND seq > ?"
+                        " ORDER BY seq LIMIT ?", (group_id, member_id, after_seq, limit))
+    return [message_json(r) for r in rows.fetchall()]
+
+
+def acknowledge_message(tx: Tx, message_id: str, owner_id: str, generation: int) -> dict:
+    row = tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone()
+    if row is None:
+        raise NotFound(f"message {message_id} not found")
+    current_lease(tx, row["group_id"], row["to_member_id"], owner_id, generation)
+    if row["status"] != "acknowledged":
+        tx.conn.execute("UPDATE group_messages SET status = 'acknowledged', acknowledged_at = ? WHERE id = ?",
+                        (tx.ts, message_id))
+    return message_json(tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone())
+
+
+MEMBER_POLICIES = ("fork", "share")
+
+
+def fork_execution_group(tx: Tx, req: dict) -> dict:
+    """Fork a whole group: the intervention member at its cursor, the others at their latest state
+    (or shared as-is with policy "share"); one receipt, recovered as-is when asked again."""
+    fork_id, source_id = req["fork_group_id"], req["source_group_id"]
+    definition = {k: req[k] for k in ("source_group_id", "intervention_member_id", "intervention_cursor",
+                                      "member_policies", "tool_policies")}
+    existing = tx.conn.execute("SELECT * FROM execution_groups WHERE id = ?", (fork_id,)).fetchone()
+    if existing is not None:
+        receipt = load(existing["fork"])
+        if receipt is None or {k: receipt.get(k) for k in definition} != definition:
+            raise Conflict("channel_conflict", f"execution group {fork_id} already exists with another definition")
+        return receipt
+    require_execution_group(tx.conn, source_id)
+    members = tx.conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? ORDER BY member_id",
+                              (source_id,)).fetchall()
+    if req["intervention_member_id"] not in {m["member_id"] for m in members}:
+        raise NotFound(f"member {req['intervention_member_id']} of execution group {source_id} not found")
+    create_execution_group(tx, fork_id, {"forked_from": source_id})
+    forked = {}
+    for member in members:
+        policy = req["member_policies"].get(member["member_id"], "fork")
+        channel_id = member["channel_id"]
+        receipt = None
+        if policy == "fork":
+            at = req["intervention_cursor"] if member["member_id"] == req["intervention_member_id"] else 0
+            receipt = fork_channel(tx, {
+                "source_channel_id": channel_id, "new_channel_id": valid_channel(f"{fork_id}.{member['member_id']}"),
+                "at_cursor": at, "operation_id": None, "display_name": f"{fork_id}/{member['member_id']}",
+                "reason": f"group fork {fork_id} of {source_id}", "experiment_metadata": None,
+                "manifest": {"group_fork": fork_id}, "tool_policies": req["tool_policies"] or None,
+                "expected_version": None, "expected_cursor": None})
+            channel_id = receipt["child_channel_id"]
+        add_group_member(tx, fork_id, member["member_id"], channel_id, member["role"], load(member["metadata"]))
+        forked[member["member_id"]] = {"policy": policy, "source_channel_id": member["channel_id"],
+                                       "channel_id": channel_id, "receipt": receipt}
+    fork = {"fork_group_id": fork_id, **definition, "members": forked,
+            "promoted": [], "created_at": tx.ts}
+    tx.conn.execute("UPDATE execution_groups SET fork = ? WHERE id = ?", (dump(fork), fork_id))
+    return fork
+
+
+def require_group_fork(conn: sqlite3.Connection, fork_id: str) -> dict:
+    fork = load(require_execution_group(conn, fork_id)["fork"])
+    if fork is None:
+        raise NotFound(f"execution group {fork_id} is not a group fork")
+    return fork
+
+
+def promote_group_fork_member(tx: Tx, fork_id: str, member_id: str) -> dict:
+    fork = require_group_fork(tx.conn, fork_id)
+    member = fork["members"].get(member_id)
+    if member is None:
+        raise NotFound(f"member {member_id} of group fork {fork_id} not found")
+    if member["receipt"] is None:
+        raise BadRequest(f"member {member_id} was shared, not forked: there is nothing to promote")
+    if member_id not in fork["promoted"]:
+        promote_channel(tx, member["channel_id"])
+        fork["promoted"].append(member_id)
+        tx.conn.execute("UPDATE execution_groups SET fork = ?, updated_at = ? WHERE id = ?",
+                        (dump(fork), tx.ts, fork_id))
+    return fork
+
+
+# =============================================================================
 # Domain: API keys and dashboard sessions
 # =============================================================================
 
@@ -2080,6 +2480,163 @@ async def api_wakeups_get(request: Request) -> Response:
 
 async def api_wakeups_cancel(request: Request) -> Response:
     return json_ok(await db_of(request).write(cancel_wakeup, request.path_params["wakeup_id"]))
+
+
+def path_group(request: Request, name: str = "group_id") -> str:
+    return valid_channel(request.path_params[name], name)
+
+
+async def api_groups_create(request: Request) -> Response:
+    body = await read_json(request)
+    return json_ok(await db_of(request).write(create_consumer_group, body.channel("group_id"), body.channel(),
+                                              checked_document(body.obj("metadata"), "metadata")))
+
+
+async def api_groups_list(request: Request) -> Response:
+    channel_id = request.query_params.get("channel_id")
+    if channel_id is not None:
+        valid_channel(channel_id)
+
+    def groups(conn):
+        rows = conn.execute("SELECT * FROM consumer_groups WHERE ? IS NULL OR channel_id = ? ORDER BY id",
+                            (channel_id, channel_id))
+        return [consumer_group_json(r) for r in rows.fetchall()]
+    return json_ok({"groups": await db_of(request).read(groups)})
+
+
+async def api_groups_delete(request: Request) -> Response:
+    return json_ok(await db_of(request).write(delete_consumer_group, path_group(request)))
+
+
+def consumer_of(body: Body) -> str:
+    return body.text("consumer_id", max_bytes=512)
+
+
+def lease_of(body: Body) -> int:
+    return body.integer("lease_seconds", default=LEASE_DEFAULT, minimum=LEASE_MIN, maximum=LEASE_MAX)
+
+
+async def api_groups_join(request: Request) -> Response:
+    body = await read_json(request)
+    return json_ok(await db_of(request).write(join_group, path_group(request), consumer_of(body), lease_of(body)))
+
+
+async def api_groups_work(request: Request) -> Response:
+    body = await read_json(request)
+    limit = min(body.integer("limit", default=100, minimum=1), REPLAY_LIMIT_MAX)
+    return json_ok(await db_of(request).write(claim_work, path_group(request), consumer_of(body), limit))
+
+
+async def api_groups_ack(request: Request) -> Response:
+    body = await read_json(request)
+    cursor = body.integer("cursor", minimum=0, required=True)
+    return json_ok(await db_of(request).write(ack_work, path_group(request), consumer_of(body), cursor))
+
+
+async def api_groups_heartbeat(request: Request) -> Response:
+    body = await read_json(request)
+    return json_ok(await db_of(request).write(heartbeat_consumer, path_group(request), consumer_of(body),
+                                              lease_of(body)))
+
+
+async def api_groups_offsets(request: Request) -> Response:
+    return json_ok({"offsets": await db_of(request).read(group_offsets, path_group(request))})
+
+
+async def api_execution_groups_create(request: Request) -> Response:
+    body = await read_json(request)
+    return json_ok(await db_of(request).write(create_execution_group, body.channel("group_id"),
+                                              checked_document(body.obj("metadata"), "metadata")))
+
+
+async def api_execution_groups_list(request: Request) -> Response:
+    def groups(conn):
+        return [execution_group_json(r) for r in conn.execute("SELECT * FROM execution_groups ORDER BY created_at, id")]
+    return json_ok({"groups": await db_of(request).read(groups)})
+
+
+async def api_execution_groups_add_member(request: Request) -> Response:
+    body = await read_json(request)
+    return json_ok(await db_of(request).write(
+        add_group_member, path_group(request), body.channel("member_id"), body.channel(),
+        body.text("role", required=False), checked_document(body.obj("metadata"), "metadata")))
+
+
+async def api_execution_groups_members(request: Request) -> Response:
+    group_id = path_group(request)
+
+    def members(conn):
+        require_execution_group(conn, group_id)
+        rows = conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? ORDER BY member_id", (group_id,))
+        return [member_json(r) for r in rows.fetchall()]
+    return json_ok({"members": await db_of(request).read(members)})
+
+
+def lease_holder(body: Body) -> tuple:
+    return body.text("owner_id", max_bytes=512), body.integer("generation", minimum=0, required=True)
+
+
+async def api_execution_groups_claim(request: Request) -> Response:
+    body = await read_json(request)
+    return json_ok(await db_of(request).write(claim_member, path_group(request), path_group(request, "member_id"),
+                                              body.text("owner_id", max_bytes=512), lease_of(body)))
+
+
+async def api_execution_groups_heartbeat(request: Request) -> Response:
+    body = await read_json(request)
+    return json_ok(await db_of(request).write(heartbeat_member, path_group(request), path_group(request, "member_id"),
+                                              *lease_holder(body), lease_of(body)))
+
+
+async def api_execution_groups_release(request: Request) -> Response:
+    body = await read_json(request)
+    return json_ok(await db_of(request).write(release_member, path_group(request), path_group(request, "member_id"),
+                                              *lease_holder(body)))
+
+
+async def api_execution_groups_send(request: Request) -> Response:
+    body = await read_json(request)
+    req = {"from_member_id": body.channel("from_member_id"), "to_member_id": body.channel("to_member_id"),
+           "type": body.text("type"), "payload": body.document("payload"),
+           "causal_context": checked_document(body.obj("causal_context"), "causal_context"),
+           "operation_id": body.text("operation_id", required=False, max_bytes=512)}
+    return json_ok(await db_of(request).write(send_group_message, path_group(request), req))
+
+
+async def api_execution_groups_inbox(request: Request) -> Response:
+    limit = query_int(request, "limit", 100, minimum=1, maximum=REPLAY_LIMIT_MAX, clamp=True)
+    messages = await db_of(request).read(member_inbox, path_group(request), path_group(request, "member_id"),
+                                         request.query_params.get("after"), limit)
+    return json_ok({"messages": messages})
+
+
+async def api_execution_group_messages_ack(request: Request) -> Response:
+    body = await read_json(request)
+    return json_ok(await db_of(request).write(acknowledge_message, request.path_params["message_id"],
+                                              *lease_holder(body)))
+
+
+async def api_execution_group_forks_create(request: Request) -> Response:
+    body = await read_json(request)
+    member_policies = body.obj("member_policies") or {}
+    for member, policy in member_policies.items():
+        if policy not in MEMBER_POLICIES:
+            raise BadRequest(f"member_policies[{member!r}] must be one of {', '.join(MEMBER_POLICIES)}")
+    req = {"fork_group_id": body.channel("fork_group_id"), "source_group_id": body.channel("source_group_id"),
+           "intervention_member_id": body.channel("intervention_member_id"),
+           "intervention_cursor": body.integer("intervention_cursor", minimum=0, required=True),
+           "member_policies": member_policies, "tool_policies": tool_policies_from(body) or {}}
+    return json_ok({"fork": await db_of(request).write(fork_execution_group, req)})
+
+
+async def api_execution_group_forks_get(request: Request) -> Response:
+    return json_ok({"fork": await db_of(request).read(require_group_fork, path_group(request, "fork_group_id"))})
+
+
+async def api_execution_group_forks_promote(request: Request) -> Response:
+    await read_json(request, empty_ok=True)
+    return json_ok({"fork": await db_of(request).write(promote_group_fork_member, path_group(request, "fork_group_id"),
+                                                       path_group(request, "member_id"))})
 
 
 # --- health, metrics, capabilities ------------------------------------------------
@@ -2817,6 +3374,28 @@ API_ROUTES = [
     ("POST", "/api/v1/executions/{execution_id}/fail", api_executions_fail),
     ("POST", "/api/v1/executions/{execution_id}/heartbeat", api_executions_heartbeat),
     ("POST", "/api/v1/executions/{execution_id}/cancel", api_executions_cancel),
+    ("POST", "/api/v1/groups", api_groups_create),
+    ("GET", "/api/v1/groups", api_groups_list),
+    ("DELETE", "/api/v1/groups/{group_id}", api_groups_delete),
+    ("POST", "/api/v1/groups/{group_id}/join", api_groups_join),
+    ("POST", "/api/v1/groups/{group_id}/work", api_groups_work),
+    ("POST", "/api/v1/groups/{group_id}/ack", api_groups_ack),
+    ("POST", "/api/v1/groups/{group_id}/heartbeat", api_groups_heartbeat),
+    ("GET", "/api/v1/groups/{group_id}/offsets", api_groups_offsets),
+    ("POST", "/api/v1/execution-groups", api_execution_groups_create),
+    ("GET", "/api/v1/execution-groups", api_execution_groups_list),
+    ("POST", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_add_member),
+    ("GET", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_members),
+    ("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/claim", api_execution_groups_claim),
+    ("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/heartbeat", api_execution_groups_heartbeat),
+    ("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/release", api_execution_groups_release),
+    ("POST", "/api/v1/execution-groups/{group_id}/messages", api_execution_groups_send),
+    ("GET", "/api/v1/execution-groups/{group_id}/members/{member_id}/messages", api_execution_groups_inbox),
+    ("POST", "/api/v1/execution-group-messages/{message_id}/ack", api_execution_group_messages_ack),
+    ("POST", "/api/v1/execution-group-forks", api_execution_group_forks_create),
+    ("GET", "/api/v1/execution-group-forks/{fork_group_id}", api_execution_group_forks_get),
+    ("POST", "/api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote",
+     api_execution_group_forks_promote),
     ("POST", "/api/v1/scheduler/wakeups", api_wakeups_schedule),
     ("GET", "/api/v1/scheduler/wakeups", api_wakeups_list),
     ("GET", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_get),
