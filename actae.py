@@ -593,11 +593,17 @@ def channel_row(conn: sqlite3.Connection, channel_id: str) -> Optional[sqlite3.R
     return conn.execute("SELECT * FROM channels WHERE id = ?", (channel_id,)).fetchone()
 
 
-def require_channel(conn: sqlite3.Connection, channel_id: str) -> sqlite3.Row:
-    row = channel_row(conn, channel_id)
+def fetch_or_raise(conn: sqlite3.Connection, missing: ActaeError, sql: str, *args) -> sqlite3.Row:
+    """The one row `sql` selects; `missing` is raised when there is none."""
+    row = conn.execute(sql, args).fetchone()
     if row is None:
-        raise NotFound(f"channel {channel_id} not found")
+        raise missing
     return row
+
+
+def require_channel(conn: sqlite3.Connection, channel_id: str) -> sqlite3.Row:
+    return fetch_or_raise(conn, NotFound(f"channel {channel_id} not found"),
+                          "SELECT * FROM channels WHERE id = ?", channel_id)
 
 
 def ensure_channel(tx: Tx, channel_id: str) -> None:
@@ -1293,10 +1299,8 @@ def experiment_json(conn: sqlite3.Connection, row: sqlite3.Row) -> dict:
 
 
 def require_experiment(conn: sqlite3.Connection, experiment_id: str) -> sqlite3.Row:
-    row = conn.execute("SELECT * FROM experiments WHERE id = ?", (experiment_id,)).fetchone()
-    if row is None:
-        raise NotFound(f"experiment {experiment_id} not found")
-    return row
+    return fetch_or_raise(conn, NotFound(f"experiment {experiment_id} not found"),
+                          "SELECT * FROM experiments WHERE id = ?", experiment_id)
 
 
 def add_member(tx: Tx, experiment_id: str, channel_id: str, role: str, declared_delta: Any) -> None:
@@ -1343,10 +1347,8 @@ def execution_identity(tool_name: str, params: Any, dedup_fields: Optional[list]
 
 
 def require_execution(conn: sqlite3.Connection, execution_id: str) -> sqlite3.Row:
-    row = conn.execute("SELECT * FROM executions WHERE id = ?", (execution_id,)).fetchone()
-    if row is None:
-        raise execution_not_found(execution_id)
-    return row
+    return fetch_or_raise(conn, execution_not_found(execution_id), "SELECT * FROM executions WHERE id = ?",
+                          execution_id)
 
 
 def lease_expired(row: sqlite3.Row, now: datetime) -> bool:
@@ -1549,10 +1551,8 @@ def wakeup_json(row: sqlite3.Row) -> dict:
 
 
 def require_wakeup(conn: sqlite3.Connection, wakeup_id: str) -> sqlite3.Row:
-    row = conn.execute("SELECT * FROM wakeups WHERE id = ?", (wakeup_id,)).fetchone()
-    if row is None:
-        raise NotFound(f"wake-up {wakeup_id} not found")
-    return row
+    return fetch_or_raise(conn, NotFound(f"wake-up {wakeup_id} not found"),
+                          "SELECT * FROM wakeups WHERE id = ?", wakeup_id)
 
 
 def schedule_wakeup(tx: Tx, channel_id: str, run_at: str, payload: Optional[dict]) -> dict:
@@ -1607,10 +1607,8 @@ def consumer_group_json(row: sqlite3.Row) -> dict:
 
 
 def require_consumer_group(conn: sqlite3.Connection, group_id: str) -> sqlite3.Row:
-    row = conn.execute("SELECT * FROM consumer_groups WHERE id = ?", (group_id,)).fetchone()
-    if row is None:
-        raise NotFound(f"consumer group {group_id} not found")
-    return row
+    return fetch_or_raise(conn, NotFound(f"consumer group {group_id} not found"),
+                          "SELECT * FROM consumer_groups WHERE id = ?", group_id)
 
 
 def create_consumer_group(tx: Tx, group_id: str, channel_id: str, metadata: Optional[dict]) -> dict:
@@ -1744,18 +1742,14 @@ def message_json(row: sqlite3.Row) -> dict:
 
 
 def require_execution_group(conn: sqlite3.Connection, group_id: str) -> sqlite3.Row:
-    row = conn.execute("SELECT * FROM execution_groups WHERE id = ?", (group_id,)).fetchone()
-    if row is None:
-        raise NotFound(f"execution group {group_id} not found")
-    return row
+    return fetch_or_raise(conn, NotFound(f"execution group {group_id} not found"),
+                          "SELECT * FROM execution_groups WHERE id = ?", group_id)
 
 
 def require_member(conn: sqlite3.Connection, group_id: str, member_id: str) -> sqlite3.Row:
-    row = conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? AND member_id = ?",
-                       (group_id, member_id)).fetchone()
-    if row is None:
-        raise NotFound(f"member {member_id} of execution group {group_id} not found")
-    return row
+    return fetch_or_raise(conn, NotFound(f"member {member_id} of execution group {group_id} not found"),
+                          "SELECT * FROM execution_group_members WHERE group_id = ? AND member_id = ?",
+                          group_id, member_id)
 
 
 def create_execution_group(tx: Tx, group_id: str, metadata: Optional[dict], fork: Optional[dict] = None) -> dict:

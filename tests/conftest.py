@@ -146,6 +146,23 @@ def make_client(server):
 
 
 @pytest.fixture
+def with_client(make_client):
+    """`with_client(body)` -> result of `await body(client)` on a fresh SDK client (closed after)."""
+
+    def runner(body):
+        async def main():
+            client = make_client()
+            try:
+                return await body(client)
+            finally:
+                await client.disconnect()
+
+        return run(main())
+
+    return runner
+
+
+@pytest.fixture
 def unique(request):
     """A channel-id-safe name unique to this test: `unique("base")` -> `t<hash>-base`."""
     import hashlib

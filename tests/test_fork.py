@@ -28,23 +28,6 @@ POLICIES = {"charge_customer": "block", "*": "auto"}
 CHARGE = ("inv-1", "charge_customer", {"amount_cents": 4900})
 
 
-@pytest.fixture
-def with_client(make_client):
-    """`with_client(body)` -> result of `await body(client)` on a fresh SDK client (closed after)."""
-
-    def runner(body):
-        async def main():
-            client = make_client()
-            try:
-                return await body(client)
-            finally:
-                await client.disconnect()
-
-        return run(main())
-
-    return runner
-
-
 def state_sha256(state):
     """PRODUCT.md §3: sha256 of canonical JSON (sorted keys, `,`/`:` separators, UTF-8)."""
     text = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False)

@@ -30,23 +30,6 @@ from conftest import http, run
 LEASE_EXPIRY_WAIT = 1.2  # > lease_seconds=1
 
 
-@pytest.fixture
-def with_client(make_client):
-    """`with_client(body)` -> result of `await body(client)` on a fresh SDK client (closed after)."""
-
-    def runner(body):
-        async def main():
-            client = make_client()
-            try:
-                return await body(client)
-            finally:
-                await client.disconnect()
-
-        return run(main())
-
-    return runner
-
-
 async def events(client, channel):
     return await client.replay(channel, limit=1000)
 
