@@ -3521,7 +3521,10 @@ def serve(host: str, port: int, data_dir: Path) -> int:
     app = create_app(data_dir, env_key=os.environ.get("ACTAE_API_KEY"))
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                             ws_max_size=MAX_BODY_BYTES, timeout_graceful_shutdown=10)
-    uvicorn.Server(config).run(sockets=[sock])
+    try:
+        uvicorn.Server(config).run(sockets=[sock])
+    except KeyboardInterrupt:   # uvicorn re-raises Ctrl-C after its graceful shutdown has finished
+        pass
     return 0
 
 
