@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable, Optional
+from urllib.parse import parse_qs, urlencode
 
 import aiosqlite
 import jinja2
@@ -43,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
-from starlette.websockets import WebSocket, WebSocketDisconnect
+from starlette.websockets import WebSocket
 
 __version__ = "0.1.0"
 
@@ -63,8 +64,9 @@ DRAIN_BYTES_MAX = 64 * 1024 * 1024     # an oversized body is read this far so i
 REPLAY_LIMIT_MAX = 1000                # clamped, never rejected
 EXECUTIONS_LIMIT_MAX = 100
 LEASE_DEFAULT, LEASE_MIN, LEASE_MAX = 60, 1, 86400
+INT64_MAX = 2**63 - 1                  # SQLite's INTEGER (and PostgreSQL's BIGINT) range
 KEY_NAME_MAX_BYTES = 512
-LINEAGE_MAX_DEPTH = 10
+LINEAGE_MAX_DEPTH = 64                 # forks of forks; every lineage walk stops here
 DIFF_MAX_ENTRIES = 1000
 WRITE_BATCH_MAX = 256
 WS_QUEUE_MAX = 10_000
@@ -74,6 +76,8 @@ SESSION_MAX_AGE = 7 * 24 * 3600
 CHANNEL_ID = re.compile(r"[A-Za-z0-9._:-]{1,256}")  # used with fullmatch: "abc\n" must fail
 TOOL_POLICIES = ("auto", "replay", "block", "live")
 OUTCOMES = ("promoted", "rejected", "inconclusive", "crashed")
+# The ledger row AgentSession(fence_owner=...) uses as its writer lock (CONTRACT §15.4).
+SESSION_FENCE = ("__session_lock__", "agent.session")
 # Keys a fork manifest needs for the strongest reproducibility grade (PRODUCT.md §3).
 CONTEXT_EXACT_KEYS = ("model", "environment", "dependencies", "seed")
 
@@ -145,11 +149,11 @@ def parse_iso(text: str) -> datetime:
     """Parse an RFC 3339 timestamp that names its zone; raises BadRequest otherwise."""
     try:
         moment = datetime.fromisoformat(text.replace("Z", "+00:00").replace("z", "+00:00"))
-    except (ValueError, AttributeError):
-        raise BadRequest(f"not an RFC 3339 timestamp: {text!r}")
-    if moment.tzinfo is None:
-        raise BadRequest(f"timestamp needs a zone (Z or +00:00): {text!r}")
-    return moment
+        if moment.tzinfo is None:
+            raise BadRequest(f"timestamp needs a zone (Z or +00:00): {text!r}")
+        return moment.astimezone(timezone.utc)
+    except (ValueError, AttributeError, OverflowError):      # OverflowError: year 1 or 9999 moved to UTC
+        raise BadRequest(f"not an RFC 3339 timestamp: {text!r:.80}")
 
 
 def uuid7() -> str:
@@ -186,10 +190,31 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def parse_json(raw: bytes) -> Any:
-    """Strict JSON: NaN and Infinity (which Python's encoder can emit) are refused."""
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):            # 1e999 parses as infinity
+        raise ValueError(f"{text} is out of range for a JSON number")
+    return value
+
+
+def loads_strict(text) -> Any:
+    """Strict JSON: NaN, Infinity, overflowing floats and lone surrogates are refused (ValueError)."""
     try:
-        return json.loads(raw, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply")
+    needle = b"\\u" if isinstance(text, bytes) else "\\u"
+    if needle in text:
+        try:   # escaped lone surrogates decode to str that cannot be stored as UTF-8
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("JSON contains an unpaired surrogate escape")
+    return value
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return loads_strict(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise BadRequest(f"invalid JSON body: {exc}")
 
@@ -802,14 +827,17 @@ def save_state(tx: Tx, req: dict) -> int:
     """POST /state/{channel}: a new immutable version; an operation id replays its version."""
     channel_id = req["channel_id"]
     ensure_channel(tx, channel_id)
+    sha = sha256_hex(canonical_json(req["state"]))
     if req["operation_id"] is not None:
-        row = tx.conn.execute("SELECT version FROM states WHERE channel_id = ? AND operation_id = ?",
+        row = tx.conn.execute("SELECT version, cursor, sha256 FROM states WHERE channel_id = ? AND operation_id = ?",
                               (channel_id, req["operation_id"])).fetchone()
         if row is not None:
+            if (row["cursor"], row["sha256"]) != (req["cursor"], sha):
+                raise Conflict("idempotency_conflict",
+                               f"operation_id {req['operation_id']} was already used for a different state")
             return row["version"]
     check_guards(tx.conn, channel_id, req["expected_version"], req["expected_cursor"])
-    text = canonical_json(req["state"])
-    return insert_state(tx, channel_id, req["cursor"], dump(req["state"]), sha256_hex(text), req["operation_id"])
+    return insert_state(tx, channel_id, req["cursor"], dump(req["state"]), sha, req["operation_id"])
 
 
 def transition(tx: Tx, req: dict) -> dict:
@@ -905,6 +933,21 @@ def list_forks(conn: sqlite3.Connection, channel_id: str) -> list:
 # --- step index (derived from events, walked across lineage) ---------------------
 
 
+def lineage(conn: sqlite3.Connection, channel_id: str) -> list:
+    """[(channel row, cursor where the line below left it)], from the channel up to its root."""
+    row = require_channel(conn, channel_id)
+    chain, leave_at = [], None
+    for _ in range(LINEAGE_MAX_DEPTH + 1):
+        chain.append((row, leave_at))
+        if row["parent_id"] is None:
+            break
+        leave_at = row["resolved_cursor"]
+        row = channel_row(conn, row["parent_id"])
+        if row is None:
+            break
+    return chain
+
+
 def own_step(conn: sqlite3.Connection, channel_id: str, step_number: int) -> Optional[sqlite3.Row]:
     # The first event carrying a step number wins if a step number repeats.
     return conn.execute(
@@ -915,17 +958,14 @@ def own_step(conn: sqlite3.Connection, channel_id: str, step_number: int) -> Opt
 
 def resolve_step(conn: sqlite3.Connection, channel_id: str, step_number: int) -> dict:
     """Step n -> (owner channel, cursor). Inherited steps resolve on the ancestor that recorded them."""
-    row = require_channel(conn, channel_id)
-    for _ in range(LINEAGE_MAX_DEPTH + 1):
+    for row, _ in lineage(conn, channel_id):
         inherited = row["parent_id"] is not None and row["forked_at_step"] is not None \
             and step_number <= row["forked_at_step"]
         if not inherited:
             hit = own_step(conn, row["id"], step_number)
-            if hit is None:
-                break
-            return {"channel_id": row["id"], "cursor": hit["cursor"], "event_id": hit["id"], "step_number": step_number}
-        row = channel_row(conn, row["parent_id"])
-        if row is None:
+            if hit is not None:
+                return {"channel_id": row["id"], "cursor": hit["cursor"], "event_id": hit["id"],
+                        "step_number": step_number}
             break
     raise NotFound(f"step {step_number} of {channel_id} is not indexed")
 
@@ -1001,7 +1041,7 @@ def fork_step_boundary(conn: sqlite3.Connection, source: sqlite3.Row, boundary_c
     """How many steps the child inherits: the SDK's forked_at_step, else the source's last step at the boundary."""
     if isinstance(experiment_metadata, dict):
         declared = experiment_metadata.get("forked_at_step")
-        if isinstance(declared, int) and not isinstance(declared, bool) and declared >= 0:
+        if is_int(declared) and 0 <= declared <= INT64_MAX:
             return declared
     own = conn.execute("SELECT MAX(step_number) FROM events WHERE channel_id = ? AND cursor <= ?",
                        (source["id"], boundary_cursor)).fetchone()[0]
@@ -1029,6 +1069,8 @@ def fork_channel(tx: Tx, req: dict) -> dict:
     if child_id == source_id:
         raise BadRequest("new_channel_id must differ from source_channel_id")
     source = require_channel(conn, source_id)
+    if len(lineage(conn, source_id)) > LINEAGE_MAX_DEPTH:
+        raise Conflict("channel_conflict", f"{source_id} is already {LINEAGE_MAX_DEPTH} forks deep; fork an ancestor")
     check_guards(conn, source_id, req["expected_version"], req["expected_cursor"])
 
     snapshot = state_row_at(conn, source_id, at_cursor or None)
@@ -1060,21 +1102,6 @@ def fork_channel(tx: Tx, req: dict) -> dict:
     if snapshot is not None:
         insert_state(tx, child_id, marker["cursor"], snapshot["state"], snapshot["sha256"])
     return receipt_json(channel_row(conn, child_id))
-
-
-def lineage(conn: sqlite3.Connection, channel_id: str) -> list:
-    """[(channel row, cursor where the line below left it)], from the channel up to its root."""
-    row = require_channel(conn, channel_id)
-    chain, leave_at = [], None
-    for _ in range(LINEAGE_MAX_DEPTH * 10):
-        chain.append((row, leave_at))
-        if row["parent_id"] is None:
-            break
-        leave_at = row["resolved_cursor"]
-        row = channel_row(conn, row["parent_id"])
-        if row is None:
-            break
-    return chain
 
 
 def fork_tree(conn: sqlite3.Connection, channel_id: str, depth: int = 0) -> dict:
@@ -1226,6 +1253,7 @@ def compare_channels(conn: sqlite3.Connection, left_id: str, right_id: str) -> d
              for side, cid in (("left", left_id), ("right", right_id))}
     summary = lambda e: {"key_name": e["key_name"], "tool_name": e["tool_name"], "status": e["status"]}  # noqa: E731
     left_metrics, right_metrics = run_metrics(conn, left_id), run_metrics(conn, right_id)
+    outputs = (last_output(conn, left_id), last_output(conn, right_id))
     return {
         "left_channel_id": left_id, "right_channel_id": right_id,
         "state_diff": diff_channels(conn, left_id, right_id),
@@ -1237,8 +1265,7 @@ def compare_channels(conn: sqlite3.Connection, left_id: str, right_id: str) -> d
                         for k, e in tools["left"].items()
                         if k in tools["right"] and summary(e) != summary(tools["right"][k])],
         },
-        "output_diff": {"left": last_output(conn, left_id), "right": last_output(conn, right_id),
-                        "entries": diff_values(last_output(conn, left_id), last_output(conn, right_id))},
+        "output_diff": {"left": outputs[0], "right": outputs[1], "entries": diff_values(*outputs)},
         "metrics": {"left": left_metrics, "right": right_metrics,
                     "delta": {k: right_metrics[k] - left_metrics[k] for k in left_metrics}},
     }
@@ -1281,6 +1308,7 @@ def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> dict:
     for table in ("events", "states", "executions"):
         tx.conn.execute(f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,))
     tx.conn.execute("DELETE FROM experiment_members WHERE channel_id = ?", (channel_id,))
+    tx.conn.execute("DELETE FROM wakeups WHERE channel_id = ? AND status = 'pending'", (channel_id,))
     tx.conn.execute("DELETE FROM channels WHERE id = ?", (channel_id,))
     return {"ok": True, "deleted": deleted + [channel_id]}
 
@@ -1420,12 +1448,16 @@ def refuse_by_policy(tx: Tx, req: dict, policy: str, reason: str) -> dict:
 
 
 def copy_inherited(tx: Tx, req: dict, source: sqlite3.Row) -> dict:
-    """Replay an ancestor's completed effect onto the fork without running it (no tool.started)."""
+    """Replay an ancestor's completed effect onto the fork without running it (no tool.started).
+
+    The copy counts as completed at the fork's first cursor: the effect is part of everything the
+    fork inherited, so a fork of this fork inherits it too, whatever its boundary.
+    """
     execution_id = str(uuid.uuid4())
     tx.conn.execute(
         "INSERT INTO executions (id, channel_id, key_name, tool_name, request_hash, params, status, lease_seconds,"
-        " attempts, result, inherited_from, created_at, updated_at, completed_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, 'completed', ?, 0, ?, ?, ?, ?, ?)",
+        " attempts, result, completed_cursor, inherited_from, created_at, updated_at, completed_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, 'completed', ?, 0, ?, 1, ?, ?, ?, ?)",
         (execution_id, req["channel_id"], req["key_name"], source["tool_name"], source["request_hash"],
          source["params"], source["lease_seconds"], source["result"], source["id"], tx.ts, tx.ts, tx.ts))
     return replay_completed(tx, require_execution(tx.conn, execution_id), req["emit_replay_event"])
@@ -1433,6 +1465,8 @@ def copy_inherited(tx: Tx, req: dict, source: sqlite3.Row) -> dict:
 
 def claim_on_fork(tx: Tx, req: dict, hashed: str, channel: sqlite3.Row) -> Optional[dict]:
     """Apply the fork's tool policy to a first claim; None means 'run it live as usual'."""
+    if (req["key_name"], req["tool_name"]) == SESSION_FENCE:
+        return None                     # AgentSession's writer lock, not a side effect
     policy = effective_policy(load(channel["tool_policies"]), req["tool_name"])
     if policy == "live":
         return None
@@ -1512,9 +1546,13 @@ def heartbeat_execution(tx: Tx, execution_id: str, token: Optional[str], lease_s
 
 
 def cancel_execution(tx: Tx, execution_id: str, token: Optional[str]) -> dict:
-    """Release a claim (no lifecycle event); the next claim of the key takes it over."""
+    """Release a claim (no lifecycle event); the next claim of the key takes it over.
+
+    A running claim can only be released by its owner: otherwise a second worker could cancel the
+    first one's claim and run the effect beside it.
+    """
     row = require_execution(tx.conn, execution_id)
-    if token is not None:
+    if token is not None or row["status"] == "running":
         row = owned_execution(tx, execution_id, token)
     if row["status"] in ("running", "failed", "interrupted", "expired"):
         tx.conn.execute("UPDATE executions SET status = 'cancelled', lease_until = NULL, updated_at = ? WHERE id = ?",
@@ -1690,8 +1728,8 @@ def ack_work(tx: Tx, group_id: str, consumer_id: str, cursor: int) -> dict:
     """Advance the watermark: everything at or below `cursor` counts as processed."""
     require_consumer_group(tx.conn, group_id)
     active_consumer(tx, group_id, consumer_id)
-    tx.conn.execute("UPDATE consumer_groups SET committed_cursor = MAX(committed_cursor, ?) WHERE id = ?",
-                    (cursor, group_id))
+    tx.conn.execute("UPDATE consumer_groups SET committed_cursor = ? WHERE id = ? AND committed_cursor < ?",
+                    (cursor, group_id, cursor))
     tx.conn.execute("UPDATE group_consumers SET updated_at = ? WHERE group_id = ? AND consumer_id = ?",
                     (tx.ts, group_id, consumer_id))
     group = require_consumer_group(tx.conn, group_id)
@@ -1990,7 +2028,11 @@ def valid_channel(value: Any, what: str = "channel_id") -> str:
 
 def checked_document(value: Any, what: str) -> Any:
     """Payloads and states: at most 1 MiB once serialised."""
-    if value is not None and len(dump(value).encode("utf-8")) > MAX_DOCUMENT_BYTES:
+    try:
+        size = len(dump(value).encode("utf-8")) if value is not None else 0
+    except RecursionError:
+        raise BadRequest(f"{what} is nested too deeply")
+    if size > MAX_DOCUMENT_BYTES:
         raise TooLarge(f"{what} is larger than {MAX_DOCUMENT_BYTES} bytes")
     return value
 
@@ -2026,15 +2068,15 @@ class Body:
             if required:
                 raise BadRequest(f"{key} is required")
             return default
-        if not is_int(value):
-            raise BadRequest(f"{key} must be an integer")
+        if not is_int(value) or abs(value) > INT64_MAX:
+            raise BadRequest(f"{key} must be an integer (64-bit)")
         if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
             raise BadRequest(f"{key} must be between {minimum} and {maximum if maximum is not None else 'any'}")
         return value
 
     def number(self, key: str) -> Optional[float]:
         value = self.data.get(key)
-        if value is not None and not is_number(value):
+        if value is not None and (not is_number(value) or abs(value) > sys.float_info.max):
             raise BadRequest(f"{key} must be a number")
         return value
 
@@ -2063,8 +2105,8 @@ class Body:
         return value
 
 
-async def read_json(request: Request, *, empty_ok: bool = False) -> Body:
-    """The request body as a JSON object; 413 past 4 MiB, 400 for anything that is not strict JSON."""
+async def read_capped(request: Request) -> bytes:
+    """The request body, at most 4 MiB (413 beyond), read as it streams in."""
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -2075,7 +2117,12 @@ async def read_json(request: Request, *, empty_ok: bool = False) -> Body:
     if size > MAX_BODY_BYTES:
         # The oversized body was read (and dropped), so the client can read this answer.
         raise TooLarge(f"request body is larger than {MAX_BODY_BYTES} bytes")
-    raw = b"".join(chunks)
+    return b"".join(chunks)
+
+
+async def read_json(request: Request, *, empty_ok: bool = False) -> Body:
+    """The request body as a JSON object; 413 past 4 MiB, 400 for anything that is not strict JSON."""
+    raw = await read_capped(request)
     if not raw.strip():
         if empty_ok:
             return Body({})
@@ -2088,16 +2135,18 @@ def query_int(request: Request, name: str, default: Optional[int], *, minimum: i
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
+    digits = raw[1:] if raw.startswith("-") else raw
+    if not (digits.isascii() and digits.isdigit()):
         raise BadRequest(f"query parameter {name} must be an integer")
+    value = int(raw)
     if value < minimum:
         raise BadRequest(f"query parameter {name} must be >= {minimum}")
     if maximum is not None and value > maximum:
         if not clamp:
             raise BadRequest(f"query parameter {name} must be <= {maximum}")
         value = maximum
+    if value > INT64_MAX:
+        raise BadRequest(f"query parameter {name} is out of range")
     return value
 
 
@@ -2107,6 +2156,11 @@ def path_channel(request: Request, name: str = "channel_id") -> str:
 
 def query_channel(request: Request, name: str) -> str:
     return valid_channel(request.query_params.get(name), name)
+
+
+def operation_id_of(body: Body) -> Optional[str]:
+    """The idempotency key; an empty one counts as none."""
+    return body.text("operation_id", required=False, max_bytes=512) or None
 
 
 def tool_policies_from(body: Body) -> Optional[dict]:
@@ -2130,7 +2184,7 @@ def event_fields(body: Body, type_key: str) -> dict:
         "actor": meta.text("actor", required=False, default="system") or "system",
         "agent_id": meta.text("agent_id", required=False), "user_id": meta.text("user_id", required=False),
         "metadata": meta.obj("metadata"),
-        "operation_id": body.text("operation_id", required=False, max_bytes=512),
+        "operation_id": operation_id_of(body),
         type_key: event_type,
     }
 
@@ -2152,9 +2206,9 @@ async def api_events_record(request: Request) -> Response:
     body = await read_json(request)
     req = event_fields(body, "event_type")
     dependencies = body.get("dependencies")
-    if dependencies is not None and (not isinstance(dependencies, list)
-                                     or not all(isinstance(d, dict) for d in dependencies)):
-        raise BadRequest("dependencies must be a list of objects")
+    if dependencies is not None and (not isinstance(dependencies, list) or not all(
+            isinstance(d, dict) and all(isinstance(v, str) for v in d.values()) for d in dependencies)):
+        raise BadRequest('dependencies must be a list of {"event_id": str, "dependency_type": str} objects')
     req.update(step_number=body.integer("step_number", minimum=1), dependencies=dependencies)
     return json_ok({"event": await db_of(request).write(record_event, req)})
 
@@ -2207,8 +2261,8 @@ async def api_state_save(request: Request) -> Response:
     if body.get("channel_id") not in (None, channel_id):
         raise BadRequest(f"body channel_id {body.get('channel_id')!r} differs from the path's {channel_id!r}")
     req = {
-        "channel_id": channel_id, "cursor": body.integer("cursor", default=0, minimum=0),
-        "state": body.document("state"), "operation_id": body.text("operation_id", required=False, max_bytes=512),
+        "channel_id": channel_id, "cursor": body.integer("cursor", minimum=0, required=True),
+        "state": body.document("state"), "operation_id": operation_id_of(body),
         "expected_version": body.integer("expected_version", minimum=0),
         "expected_cursor": body.integer("expected_cursor", minimum=0),
     }
@@ -2226,11 +2280,15 @@ async def api_state_versions(request: Request) -> Response:
     return json_ok({"versions": await db_of(request).read(list_states, path_channel(request), limit, offset)})
 
 
-def path_version(request: Request) -> int:
-    raw = request.path_params["version"]
-    if not raw.isdigit():
-        raise BadRequest("version must be a non-negative integer")
+def parse_count(raw: str, what: str) -> int:
+    """A non-negative 64-bit integer written in ASCII digits."""
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > INT64_MAX:
+        raise BadRequest(f"{what} must be a non-negative integer")
     return int(raw)
+
+
+def path_version(request: Request) -> int:
+    return parse_count(request.path_params["version"], "version")
 
 
 async def api_state_version(request: Request) -> Response:
@@ -2268,10 +2326,10 @@ async def api_channels_forks(request: Request) -> Response:
 
 
 def path_step(request: Request) -> int:
-    raw = request.path_params["step_number"]
-    if not raw.isdigit() or int(raw) < 1:
+    step = parse_count(request.path_params["step_number"], "step_number")
+    if step < 1:
         raise BadRequest("step_number must be an integer >= 1")
-    return int(raw)
+    return step
 
 
 async def api_channels_step(request: Request) -> Response:
@@ -2288,7 +2346,7 @@ def fork_request(body: Body) -> dict:
     return {
         "source_channel_id": body.channel("source_channel_id"), "new_channel_id": body.channel("new_channel_id"),
         "at_cursor": body.integer("at_cursor", default=0, minimum=0),
-        "operation_id": body.text("operation_id", required=False, max_bytes=512),
+        "operation_id": operation_id_of(body),
         "display_name": body.text("display_name", required=False), "reason": body.text("reason", required=False),
         "experiment_metadata": checked_document(body.obj("experiment_metadata"), "experiment_metadata"),
         "manifest": checked_document(body.obj("manifest"), "manifest"),
@@ -2593,7 +2651,7 @@ async def api_execution_groups_send(request: Request) -> Response:
     req = {"from_member_id": body.channel("from_member_id"), "to_member_id": body.channel("to_member_id"),
            "type": body.text("type"), "payload": body.document("payload"),
            "causal_context": checked_document(body.obj("causal_context"), "causal_context"),
-           "operation_id": body.text("operation_id", required=False, max_bytes=512)}
+           "operation_id": operation_id_of(body)}
     return json_ok(await db_of(request).write(send_group_message, path_group(request), req))
 
 
@@ -2655,7 +2713,7 @@ async def healthz(request: Request) -> Response:
     hub = request.app.state.hub
     return json_ok(health_body(request, started, {
         "_status": "ok" if ok else "degraded", "version": __version__,
-        "components": {"database": {"status": "ok" if ok else "error", "path": str(db_of(request).path)},
+        "components": {"database": {"status": "ok" if ok else "error"},
                        "websocket": {"status": "ok", "connections": len(hub.connections)}},
     }))
 
@@ -2742,18 +2800,30 @@ class WsConnection:
         self.id = str(uuid.uuid4())
         self.subscriptions: dict = {}
         self.outbox: asyncio.Queue = asyncio.Queue(maxsize=WS_QUEUE_MAX)
+        self.pump_task: Optional[asyncio.Task] = None
+        self.cut = False
 
     def send(self, frame: dict) -> None:
-        """Queue a frame; a client too slow to drain 10,000 frames is dropped and catches up on reconnect."""
+        """Queue a frame; a client too slow to drain WS_QUEUE_MAX frames is cut off (it catches up on reconnect)."""
+        if self.cut:
+            return
         try:
             self.outbox.put_nowait(frame)
         except asyncio.QueueFull:
-            self.hub.dropped += 1
-            self.outbox = asyncio.Queue(maxsize=1)
-            self.outbox.put_nowait(None)
+            self.cut_off()
+
+    def cut_off(self) -> None:
+        self.cut = True
+        self.hub.dropped += 1
+        self.hub.leave(self)
+        if self.pump_task is not None:
+            self.pump_task.cancel()          # ws_endpoint then closes the socket with 1013 (try again later)
 
     async def send_paced(self, frame: dict) -> None:
-        """Catch-up replay waits for room in the queue instead of dropping a client that asked for history."""
+        """Catch-up replay waits for room in the queue instead of dropping a client that asked for history.
+
+        If the client goes away meanwhile, the pump dies and ws_endpoint cancels this wait.
+        """
         await self.outbox.put(frame)
 
     def deliver(self, topic: str, event: dict) -> None:
@@ -2761,16 +2831,19 @@ class WsConnection:
         if sub is None:
             return
         if sub.catching_up:
+            if len(sub.pending) >= WS_QUEUE_MAX:
+                self.cut_off()
+                return
             sub.pending.append(event)
         elif event["cursor"] > sub.last_cursor:
             sub.last_cursor = event["cursor"]
             self.send(broadcast_frame(topic, event))
 
     async def pump(self) -> None:
-        while (frame := await self.outbox.get()) is not None:
+        while True:
+            frame = await self.outbox.get()
             await self.websocket.send_text(json.dumps(frame, ensure_ascii=False))
             self.hub.messages_sent += 1
-        await self.websocket.close(code=1013)
 
 
 class Hub:
@@ -2846,11 +2919,12 @@ async def ws_publish(conn: WsConnection, db: Database, frame: dict) -> None:
 
 async def ws_authenticate(websocket: WebSocket, conn: WsConnection, app) -> bool:
     try:
-        frame = json.loads(await asyncio.wait_for(websocket.receive_text(), timeout=30))
+        message = await asyncio.wait_for(websocket.receive(), timeout=30)
+        if message["type"] == "websocket.disconnect":
+            return False
+        frame = loads_strict(message.get("text") or "null")
         key = frame.get("api_key") if isinstance(frame, dict) and frame.get("type") == "auth" else None
         await check_key(app, key)
-    except WebSocketDisconnect:
-        return False
     except (asyncio.TimeoutError, ValueError, ActaeError) as exc:
         reason = exc.message if isinstance(exc, ActaeError) else "expected {\"type\": \"auth\", \"api_key\": ...} first"
         await websocket.send_text(json.dumps({"type": "error", "message": reason}))
@@ -2871,22 +2945,37 @@ async def ws_endpoint(websocket: WebSocket) -> None:
     if not await ws_authenticate(websocket, conn, app):
         return
     hub.connections.add(conn)
-    pump = asyncio.create_task(conn.pump())
+    conn.pump_task = asyncio.create_task(conn.pump())
+    reader = asyncio.create_task(ws_read_frames(conn, db))
     try:
-        while True:
-            text = await websocket.receive_text()
-            hub.messages_received += 1
-            await ws_handle_frame(conn, db, text)
-    except (WebSocketDisconnect, RuntimeError):
-        pass
+        # Whichever ends first (client gone, send failed, client cut off) ends the other.
+        await asyncio.wait({conn.pump_task, reader}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         hub.leave(conn)
-        pump.cancel()
+        for task in (conn.pump_task, reader):
+            task.cancel()
+        await asyncio.gather(conn.pump_task, reader, return_exceptions=True)
+        if conn.cut:
+            with contextlib.suppress(Exception):
+                await websocket.close(code=1013)
+
+
+async def ws_read_frames(conn: WsConnection, db: Database) -> None:
+    """Handle the client's frames one at a time, in order, until it goes away."""
+    while True:
+        message = await conn.websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        conn.hub.messages_received += 1
+        if message.get("text") is None:
+            conn.send({"type": "error", "message": "binary frames are not supported: send JSON text"})
+            continue
+        await ws_handle_frame(conn, db, message["text"])
 
 
 async def ws_handle_frame(conn: WsConnection, db: Database, text: str) -> None:
     try:
-        frame = json.loads(text, parse_constant=_reject_constant)
+        frame = loads_strict(text)
         if not isinstance(frame, dict):
             raise BadRequest("frames must be JSON objects")
         kind = frame.get("type")
@@ -3021,6 +3110,10 @@ def execution_marks(execution: dict) -> list:
     return marks
 
 
+def with_marks(execution: dict) -> dict:
+    return {**execution, "marks": execution_marks(execution)}
+
+
 def blocked_attempts(conn: sqlite3.Connection, channel_id: Optional[str], limit: int = 100) -> list:
     sql = "SELECT * FROM events WHERE type = 'tool.blocked'"
     args: tuple = ()
@@ -3043,7 +3136,7 @@ def run_page(conn: sqlite3.Connection, channel_id: str, start: int) -> dict:
     own_steps = conn.execute("SELECT COUNT(*) FROM events WHERE channel_id = ? AND step_number IS NOT NULL",
                              (channel_id,)).fetchone()[0]
     forks = list_forks(conn, channel_id)
-    executions = [{**e, "marks": execution_marks(e)} for e in channel_executions(conn, channel_id)]
+    executions = [with_marks(e) for e in channel_executions(conn, channel_id)]
     return {
         "run": {**run_summary(row, own_steps, len(forks)), "latest_cursor": row["last_cursor"] or None,
                 "metadata": metadata_json(row), "params": meta.get("params"),
@@ -3069,7 +3162,7 @@ def ledger_page(conn: sqlite3.Connection, channel_id: Optional[str], before: Opt
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     rows = conn.execute(f"SELECT * FROM executions {where} ORDER BY created_at DESC, id DESC LIMIT ?",
                         (*args, RUNS_PAGE_SIZE + 1)).fetchall()
-    executions = [{**execution_json(r), "marks": execution_marks(execution_json(r))} for r in rows[:RUNS_PAGE_SIZE]]
+    executions = [with_marks(execution_json(r)) for r in rows[:RUNS_PAGE_SIZE]]
     more = len(rows) > RUNS_PAGE_SIZE
     last = rows[RUNS_PAGE_SIZE - 1] if more else None
     return executions, blocked_attempts(conn, channel_id), (f"{last['created_at']}|{last['id']}" if last else None)
@@ -3116,10 +3209,7 @@ def dashboard(handler: Callable) -> Callable:
 
 async def read_form(request: Request) -> dict:
     """URL-encoded form fields (python-multipart is not needed for this one content type)."""
-    from urllib.parse import parse_qs
-    raw = await request.body()
-    if len(raw) > MAX_BODY_BYTES:
-        raise TooLarge("form is too large")
+    raw = await read_capped(request)
     return {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True).items()}
 
 
@@ -3151,7 +3241,6 @@ async def page_runs(request: Request) -> Response:
     if status and status not in RUN_STATUSES:
         raise BadRequest(f"status must be one of {', '.join(RUN_STATUSES)}")
     runs, after = await db_of(request).read(runs_page, q, status, request.query_params.get("after"))
-    from urllib.parse import urlencode
     next_url = f"/?{urlencode({'q': q, 'status': status, 'after': after})}" if after else None
     return render(request, "runs.html", {"title": "Runs", "runs": runs, "q": q, "status": status,
                                          "statuses": list(RUN_STATUSES), "next_url": next_url})
@@ -3207,7 +3296,6 @@ async def page_ledger(request: Request) -> Response:
         valid_channel(channel_id)
     executions, blocked, before = await db_of(request).read(ledger_page, channel_id,
                                                             request.query_params.get("before"))
-    from urllib.parse import urlencode
     next_url = f"/ledger?{urlencode({'channel_id': channel_id or '', 'before': before})}" if before else None
     return render(request, "ledger.html", {"title": "Ledger", "executions": executions, "blocked": blocked,
                                            "channel_id": channel_id or "", "next_url": next_url})

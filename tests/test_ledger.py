@@ -608,3 +608,56 @@ def test_boundary_claims_are_accepted(server, unique, case):
                            raw=GOOD_CLAIMS[case](unique("good")))
     assert 200 <= status < 300, body
     assert body["status"] == "claimed" and body["claim_token"] and isinstance(body["execution"], dict)
+
+
+def test_a_running_claim_is_only_cancelled_by_its_owner(with_client, unique):
+    channel = unique("cancel")
+
+    async def body(client):
+        first = await client.claim_execution(channel, "k", "charge", params={"n": 1})
+        with pytest.raises(ExecutionNotOwnedError):
+            await client.cancel_execution(first.execution.id)                  # no token
+        with pytest.raises(ExecutionNotOwnedError):
+            await client.cancel_execution(first.execution.id, claim_token="stolen")
+        second = await client.claim_execution(channel, "k", "charge", params={"n": 1})
+        assert second.status == "in_progress"                                  # still the first owner's
+        cancelled = await client.cancel_execution(first.execution.id, claim_token=first.claim_token)
+        assert cancelled.status == "cancelled"
+
+    with_client(body)
+
+
+def test_an_inherited_effect_stays_inherited_in_a_fork_of_a_fork(with_client, unique):
+    base, child, grandchild = unique("base"), unique("child"), unique("grandchild")
+
+    async def body(client):
+        claim = await client.claim_execution(base, "inv-1", "charge", params={"cents": 4900})
+        await client.complete_execution(claim.execution.id, claim.claim_token, result={"charged": 1})
+        snapshot = await client.record(base, "step", {"n": 1}, actor="t")
+        await client.save_state(base, snapshot.cursor, {"n": 1})
+        await client.fork(base, child, snapshot.cursor)
+        on_child = await client.claim_execution(child, "inv-1", "charge", params={"cents": 4900})
+        assert on_child.status == "replayed" and on_child.result == {"charged": 1}
+        later = await client.record(child, "step", {"n": 2}, actor="t")
+        await client.save_state(child, later.cursor, {"n": 2})
+        await client.fork(child, grandchild, later.cursor, tool_policies={"charge": "replay"})
+        on_grandchild = await client.claim_execution(grandchild, "inv-1", "charge", params={"cents": 4900})
+        assert on_grandchild.status == "replayed" and on_grandchild.result == {"charged": 1}
+        started = [e for c in (child, grandchild) for e in await of_type(client, c, "tool.started")]
+        assert started == []                                                   # never ran again
+
+    with_client(body)
+
+
+def test_fork_policies_do_not_lock_out_the_session_fence(with_client, unique):
+    base, fork = unique("base"), unique("fork")
+
+    async def body(client):
+        async with AgentSession(client, base, state_fn=lambda: {"ok": True}) as session:
+            await session.step("one", output=1)
+        await client.fork(base, fork, 0, tool_policies={"*": "block"})
+        async with AgentSession(client, fork, state_fn=lambda: {"ok": True}, fence_owner="worker-1") as fenced:
+            await fenced.step("two", output=2)
+        assert await of_type(client, fork, "tool.blocked") == []
+
+    with_client(body)
