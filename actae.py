@@ -2070,8 +2070,10 @@ class Body:
             return default
         if not is_int(value) or abs(value) > INT64_MAX:
             raise BadRequest(f"{key} must be an integer (64-bit)")
-        if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
-            raise BadRequest(f"{key} must be between {minimum} and {maximum if maximum is not None else 'any'}")
+        if minimum is not None and value < minimum:
+            raise BadRequest(f"{key} must be at least {minimum}")
+        if maximum is not None and value > maximum:
+            raise BadRequest(f"{key} must be at most {maximum}")
         return value
 
     def number(self, key: str) -> Optional[float]:
@@ -2724,7 +2726,7 @@ async def readyz(request: Request) -> Response:
     ok = await database_ready(db_of(request))
     hub = request.app.state.hub
     return json_ok(health_body(request, started, {
-        "_status": "ready" if ok else "not_ready",
+        "_status": "ok" if ok else "unavailable",
         "readiness_checks": {"database_ready": ok, "capacity_available": True,
                              "uptime_seconds": int(time.monotonic() - request.app.state.started),
                              "connection_utilization": len(hub.connections) / 10_000,
