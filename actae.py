@@ -84,7 +84,7 @@ CONTEXT_EXACT_KEYS = ("model", "environment", "dependencies", "seed")
 log = logging.getLogger("actae")
 
 # =============================================================================
-# Errors: one exception type, mapped to HTTP in one place (_error_response)
+# Errors: one exception type, mapped to HTTP in one place (error_response)
 # =============================================================================
 
 

@@ -363,6 +363,20 @@ def test_fork_from_the_page(page, server, demo):
     assert len(replay["events"]) == demo["base_events"], "forking appends nothing to the source"
 
 
+def test_new_events_appear_on_an_open_run_page(page, server, demo):
+    name = demo["tag"] + "-live"
+    http("POST", f"{server.url}/api/v1/channels/fork", key=server.key,
+         body={"source_channel_id": demo["base"], "new_channel_id": name, "at_cursor": 0})
+    page.goto(f"{server.url}/runs/{name}")
+    assert page.locator("details.event").count() == 1                        # fork.started
+    page.locator("details#cursor-1").evaluate("row => row.open = true")      # what the user opened stays open
+    status, _, _ = http("POST", f"{server.url}/api/v1/events/record", key=server.key, body={
+        "channel_id": name, "event_type": "late.step", "payload": {"n": 1}, "metadata": {"actor": "agent"}})
+    assert status == 200
+    page.locator("details#cursor-2[data-type='late.step']").wait_for(timeout=10_000)   # no reload
+    assert page.locator("details#cursor-1").evaluate("row => row.open")
+
+
 def test_fork_form_error_is_shown_on_the_run_page(page, server, demo):
     page.goto(f"{server.url}/runs/{demo['base']}")
     form = page.locator("form.fork-form")
