@@ -1043,9 +1043,11 @@ def fork_step_boundary(conn: sqlite3.Connection, source: sqlite3.Row, boundary_c
         declared = experiment_metadata.get("forked_at_step")
         if is_int(declared) and 0 <= declared <= INT64_MAX:
             return declared
-    own = conn.execute("SELECT MAX(step_number) FROM events WHERE channel_id = ? AND cursor <= ?",
-                       (source["id"], boundary_cursor)).fetchone()[0]
-    return own if own is not None else source["forked_at_step"]
+    # Walk back from the boundary to the nearest step event: a few rows, not the whole history.
+    own = conn.execute("SELECT step_number FROM events WHERE channel_id = ? AND cursor <= ?"
+                       " AND step_number IS NOT NULL ORDER BY cursor DESC LIMIT 1",
+                       (source["id"], boundary_cursor)).fetchone()
+    return own["step_number"] if own is not None else source["forked_at_step"]
 
 
 def fork_channel(tx: Tx, req: dict) -> dict:
