@@ -881,6 +881,12 @@ def delete_state_version(tx: Tx, channel_id: str, version: int) -> dict:
 # --- channel metadata -----------------------------------------------------------
 
 
+def experiment_of(row: sqlite3.Row) -> dict:
+    """The SDK's experiment_metadata of a channel, {} when it has none."""
+    meta = load(row["experiment_metadata"])
+    return meta if isinstance(meta, dict) else {}
+
+
 def metadata_json(row: sqlite3.Row) -> dict:
     """The STRICT ChannelMetadata shape: the SDK passes these keys to a fixed constructor, so no others."""
     return {
@@ -1109,7 +1115,7 @@ def fork_channel(tx: Tx, req: dict) -> dict:
 def fork_tree(conn: sqlite3.Connection, channel_id: str, depth: int = 0) -> dict:
     """A channel and all its descendants, each with where it forked and how far it got."""
     row = require_channel(conn, channel_id)
-    meta = load(row["experiment_metadata"]) or {}
+    meta = experiment_of(row)
     children = [r["id"] for r in conn.execute("SELECT id FROM channels WHERE parent_id = ? ORDER BY created_at, id",
                                               (channel_id,))]
     return {
@@ -1117,7 +1123,7 @@ def fork_tree(conn: sqlite3.Connection, channel_id: str, depth: int = 0) -> dict
         "parent_channel_id": row["parent_id"], "forked_at_cursor": row["resolved_cursor"],
         "forked_at_step": row["forked_at_step"] if row["parent_id"] else None,
         "event_count": row["last_cursor"], "latest_cursor": row["last_cursor"] or None,
-        "status": meta.get("status") if isinstance(meta, dict) else None, "outcome": row["outcome"],
+        "status": meta.get("status"), "outcome": row["outcome"],
         "children": [fork_tree(conn, c, depth + 1) for c in children] if depth < 50 else [],
     }
 
@@ -3082,22 +3088,22 @@ def runs_page(conn: sqlite3.Connection, q: str, status: str, after: Optional[str
         args += [updated, updated, last_id]
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     rows = conn.execute(
-        "SELECT c.*, (SELECT COUNT(*) FROM events e WHERE e.channel_id = c.id AND e.step_number IS NOT NULL) AS steps,"
+        "SELECT c.*, (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id) AS last_step,"
         " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks"
         f" FROM channels c {where} ORDER BY c.updated_at DESC, c.id DESC LIMIT ?", (*args, RUNS_PAGE_SIZE + 1),
     ).fetchall()
-    runs = [run_summary(r, r["steps"], r["forks"]) for r in rows[:RUNS_PAGE_SIZE]]
+    runs = [run_summary(r, r["last_step"], r["forks"]) for r in rows[:RUNS_PAGE_SIZE]]
     more = len(rows) > RUNS_PAGE_SIZE
     return runs, (f"{rows[RUNS_PAGE_SIZE - 1]['updated_at']}|{rows[RUNS_PAGE_SIZE - 1]['id']}" if more else None)
 
 
-def run_summary(row: sqlite3.Row, own_steps: int, fork_count: int) -> dict:
-    meta = load(row["experiment_metadata"])
-    meta = meta if isinstance(meta, dict) else {}
+def run_summary(row: sqlite3.Row, last_own_step: Optional[int], fork_count: int) -> dict:
+    """One run as the dashboard lists it; steps count like /steps does (inherited ones included)."""
+    meta = experiment_of(row)
     return {
         "channel_id": row["id"], "display_name": row["display_name"] or row["id"],
         "status": meta.get("status") or "recorded",
-        "step_count": own_steps + (row["forked_at_step"] or 0 if row["parent_id"] else 0),
+        "step_count": max(last_own_step or 0, (row["forked_at_step"] or 0) if row["parent_id"] else 0),
         "event_count": row["last_cursor"], "last_activity": row["updated_at"], "outcome": row["outcome"],
         "fork_count": fork_count, "parent_channel_id": row["parent_id"], "origin_run_id": row["origin_id"],
     }
@@ -3129,20 +3135,19 @@ def blocked_attempts(conn: sqlite3.Connection, channel_id: Optional[str], limit:
 def run_page(conn: sqlite3.Connection, channel_id: str, start: int) -> dict:
     """Everything the run page shows; the timeline is one page of TIMELINE_PAGE_SIZE events."""
     row = require_channel(conn, channel_id)
-    meta = load(row["experiment_metadata"])
-    meta = meta if isinstance(meta, dict) else {}
+    meta = experiment_of(row)
     end = start + TIMELINE_PAGE_SIZE - 1
     events = conn.execute("SELECT * FROM events WHERE channel_id = ? AND cursor BETWEEN ? AND ? ORDER BY cursor",
                           (channel_id, start, end)).fetchall()
     states = {r["cursor"]: state_json(r) for r in conn.execute(
         "SELECT * FROM states WHERE channel_id = ? AND cursor BETWEEN ? AND ? ORDER BY version",
         (channel_id, start, end))}
-    own_steps = conn.execute("SELECT COUNT(*) FROM events WHERE channel_id = ? AND step_number IS NOT NULL",
-                             (channel_id,)).fetchone()[0]
+    last_own_step = conn.execute("SELECT MAX(step_number) FROM events WHERE channel_id = ?",
+                                 (channel_id,)).fetchone()[0]
     forks = list_forks(conn, channel_id)
     executions = [with_marks(e) for e in channel_executions(conn, channel_id)]
     return {
-        "run": {**run_summary(row, own_steps, len(forks)), "latest_cursor": row["last_cursor"] or None,
+        "run": {**run_summary(row, last_own_step, len(forks)), "latest_cursor": row["last_cursor"] or None,
                 "metadata": metadata_json(row), "params": meta.get("params"),
                 "intervention": meta.get("intervention")},
         "receipt": receipt_json(row) if row["parent_id"] else None,
@@ -3320,8 +3325,8 @@ def dashboard_fork_request(conn: sqlite3.Connection, channel_id: str, form: dict
         if value is not None and not isinstance(value, dict):
             raise BadRequest(f"{field_name} must be a JSON object")
         extra[field_name] = value
-    source_meta = load(require_channel(conn, channel_id)["experiment_metadata"]) or {}
-    experiment = {"session_name": name, "params": source_meta.get("params") if isinstance(source_meta, dict) else None,
+    source_meta = experiment_of(require_channel(conn, channel_id))
+    experiment = {"session_name": name, "params": source_meta.get("params"),
                   "forked_from": boundary["channel_id"], "forked_from_channel": channel_id, "forked_at_step": step,
                   "forked_at_cursor": boundary["cursor"], "status": "created"}
     if extra["intervention"] is not None:
