@@ -1,0 +1,111 @@
+"""Every example in examples/ runs against the live server, so none of them can rot.
+
+Each runs as a user would run it: a subprocess with ACTAE_URL and ACTAE_API_KEY set.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+
+from conftest import run
+
+ROOT = Path(__file__).resolve().parents[1]
+POINTS = ["after_effect", "after_complete", "transport_drop", "transport_fail"]
+
+
+def run_example(server, script, *args, timeout=300):
+    """Run examples/<script> against the shared server; return the CompletedProcess."""
+    env = {**os.environ, "ACTAE_URL": server.url, "ACTAE_API_KEY": server.key}
+    return subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], env=env,
+                          cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
+
+
+def output(proc) -> str:
+    return f"exit {proc.returncode}\n--- stdout\n{proc.stdout}\n--- stderr\n{proc.stderr[-4000:]}"
+
+
+def test_fork_demo_passes_every_check(server, unique):
+    proc = run_example(server, "fork_demo.py", "--name", unique("demo"))
+    assert proc.returncode == 0, output(proc)
+    assert "FAIL" not in proc.stdout and proc.stdout.count("PASS") >= 10, output(proc)
+
+
+def test_fork_demo_forks_from_a_new_process_with_resume(server):
+    proc = run_example(server, "fork_demo.py", "--resume")  # a fresh random channel prefix
+    assert proc.returncode == 0, output(proc)
+    assert "FAIL" not in proc.stdout, output(proc)
+
+
+def test_bench_fork_prints_the_ratio(server, unique, tmp_path):
+    out = tmp_path / "bench.json"
+    proc = run_example(server, "bench_fork.py", "--sizes", "5,60", "--forks", "5", "--batch", "20",
+                       "--name", unique("bench"), "--out", str(out))
+    assert proc.returncode == 0, output(proc)
+    assert re.search(r"ratio slowest/fastest median: \d+\.\d+", proc.stdout), output(proc)
+    report = json.loads(out.read_text())
+    assert {(c["steps"], c["fork_at"]) for c in report["cells"]} == {
+        (5, "last"), (5, "first"), (60, "last"), (60, "first")}
+    assert all(c["forks"] == 5 and c["median_ms"] > 0 for c in report["cells"])
+    assert report["ratio"] >= 1.0
+
+
+def test_durability_matrix_has_the_expected_shape(server, tmp_path):
+    out = tmp_path / "durability.json"
+    proc = run_example(server, "durability_benchmark.py", "--matrix", "--steps", "3",
+                       "--crash-step", "2", "--out", str(out))
+    report = json.loads(out.read_text())
+    cells = {(c["strategy"], c["crash_point"]): c for c in report["cells"]}
+    assert len(cells) == 12, output(proc)
+    for point in POINTS:
+        assert cells["naive", point]["duplicates"] > 0, point
+        assert cells["ledger", point]["duplicates"] <= 1, point
+        assert cells["ledger_query", point]["duplicates"] == 0, point
+    for point in ("after_complete", "transport_fail"):
+        assert cells["ledger", point]["duplicates"] == 0, point
+    for cell in report["cells"]:
+        assert cell["missing"] == 0 and cell["worker_exit_codes"] == [137, 0], cell
+    assert proc.returncode == 0 and report["ok"], output(proc)
+
+
+def test_durability_downstream_honouring_keys_has_no_duplicates(server, tmp_path):
+    out = tmp_path / "cells.json"
+    proc = run_example(server, "durability_benchmark.py", "--steps", "3", "--out", str(out),
+                       "--cell", "naive:3:after_effect:honour", "--cell", "ledger:2:transport_drop:honour")
+    assert proc.returncode == 0, output(proc)
+    assert [c["duplicates"] for c in json.loads(out.read_text())["cells"]] == [0, 0]
+
+
+def test_fork_fidelity_forks_run_only_the_tail(server, make_client, unique, tmp_path):
+    out = tmp_path / "fidelity.json"
+    prefix = unique("fid")
+    proc = run_example(server, "fork_fidelity.py", "--scenarios", "support_triage", "--repeats", "1",
+                       "--latency-ms", "0", "--ms-per-token", "0", "--name", prefix, "--out", str(out))
+    assert proc.returncode == 0, output(proc)
+    report = json.loads(out.read_text())
+    assert report["benchmark"] == "fork_fidelity" and report["repeats"] == 1
+    assert set(report["mean"]) >= {"fork_jaccard", "rerun_jaccard", "token_savings", "time_savings"}
+    (scenario,) = report["scenarios"]
+    assert scenario["name"] == "support_triage"
+    steps, k = scenario["steps"], scenario["fork_at"]
+    assert scenario["fork"]["model_calls_per_run"] == steps - k == scenario["tail_steps"]
+    assert scenario["rerun"]["model_calls_per_run"] == steps
+    assert scenario["fork"]["tokens_per_run"] < scenario["rerun"]["tokens_per_run"]
+    for path in ("fork", "rerun"):
+        assert all(0.0 <= j <= 1.0 for j in scenario[path]["jaccard"])
+    assert scenario["fork"]["mean_step_match"] >= k / steps  # the inherited steps are exact
+
+    async def fork_steps():
+        client = make_client()
+        try:
+            events = await client.replay(f"{prefix}-support_triage-fork0", limit=100)
+        finally:
+            await client.disconnect()
+        return [e.payload["step_number"] for e in events
+                if isinstance(e.payload, dict) and "step_number" in e.payload]
+
+    assert run(fork_steps()) == list(range(k + 1, steps + 1))
