@@ -1255,11 +1255,14 @@ def last_output(conn: sqlite3.Connection, channel_id: str) -> Any:
     return payload.get("output") if isinstance(payload, dict) else None
 
 
+def tool_summary(execution: dict) -> dict:
+    return {"key_name": execution["key_name"], "tool_name": execution["tool_name"], "status": execution["status"]}
+
+
 def compare_channels(conn: sqlite3.Connection, left_id: str, right_id: str) -> dict:
     left_meta, right_meta = get_metadata(conn, left_id), get_metadata(conn, right_id)
-    tools = {side: {(e["key_name"]): e for e in channel_executions(conn, cid)}
-             for side, cid in (("left", left_id), ("right", right_id))}
-    summary = lambda e: {"key_name": e["key_name"], "tool_name": e["tool_name"], "status": e["status"]}  # noqa: E731
+    left_tools, right_tools = ({e["key_name"]: tool_summary(e) for e in channel_executions(conn, cid)}
+                               for cid in (left_id, right_id))
     left_metrics, right_metrics = run_metrics(conn, left_id), run_metrics(conn, right_id)
     outputs = (last_output(conn, left_id), last_output(conn, right_id))
     return {
@@ -1267,11 +1270,10 @@ def compare_channels(conn: sqlite3.Connection, left_id: str, right_id: str) -> d
         "state_diff": diff_channels(conn, left_id, right_id),
         "manifest_diff": diff_values(left_meta["manifest"], right_meta["manifest"]),
         "tool_diff": {
-            "only_left": [summary(e) for k, e in tools["left"].items() if k not in tools["right"]],
-            "only_right": [summary(e) for k, e in tools["right"].items() if k not in tools["left"]],
-            "changed": [{"key_name": k, "left": summary(e), "right": summary(tools["right"][k])}
-                        for k, e in tools["left"].items()
-                        if k in tools["right"] and summary(e) != summary(tools["right"][k])],
+            "only_left": [t for k, t in left_tools.items() if k not in right_tools],
+            "only_right": [t for k, t in right_tools.items() if k not in left_tools],
+            "changed": [{"key_name": k, "left": t, "right": right_tools[k]}
+                        for k, t in left_tools.items() if k in right_tools and t != right_tools[k]],
         },
         "output_diff": {"left": outputs[0], "right": outputs[1], "entries": diff_values(*outputs)},
         "metrics": {"left": left_metrics, "right": right_metrics,
@@ -1360,6 +1362,10 @@ def add_experiment_member(tx: Tx, experiment_id: str, channel_id: str, role: str
     require_experiment(tx.conn, experiment_id)
     add_member(tx, experiment_id, channel_id, role, declared_delta)
     return experiment_json(tx.conn, require_experiment(tx.conn, experiment_id))
+
+
+def get_experiment(conn: sqlite3.Connection, experiment_id: str) -> dict:
+    return experiment_json(conn, require_experiment(conn, experiment_id))
 
 
 def rank_experiment(conn: sqlite3.Connection, experiment_id: str) -> dict:
@@ -2430,8 +2436,7 @@ async def api_experiments_list(request: Request) -> Response:
 
 
 async def api_experiments_get(request: Request) -> Response:
-    return json_ok(await db_of(request).read(
-        lambda conn, eid: experiment_json(conn, require_experiment(conn, eid)), request.path_params["group_id"]))
+    return json_ok(await db_of(request).read(get_experiment, request.path_params["group_id"]))
 
 
 async def api_experiments_member(request: Request) -> Response:
