@@ -3076,6 +3076,20 @@ TIMELINE_PAGE_SIZE = 200
 RUN_STATUSES = ("created", "started", "stepping", "completed", "crashed", "recorded")
 
 
+def after_page_token(token: str, time_column: str, id_column: str) -> tuple:
+    """Keyset pagination, newest first: (SQL condition, args) for the rows after a `<time>|<id>` token."""
+    stamp, _, last_id = token.partition("|")
+    return f"({time_column} < ? OR ({time_column} = ? AND {id_column} < ?))", [stamp, stamp, last_id]
+
+
+def next_page_token(rows: list, time_column: str) -> Optional[str]:
+    """The token of the last row shown, when a row beyond the page (fetched as a probe) exists."""
+    if len(rows) <= RUNS_PAGE_SIZE:
+        return None
+    last = rows[RUNS_PAGE_SIZE - 1]
+    return f"{last[time_column]}|{last['id']}"
+
+
 def runs_page(conn: sqlite3.Connection, q: str, status: str, after: Optional[str]) -> tuple:
     """One page of runs, most recent activity first (keyset pagination on (updated_at, id))."""
     clauses, args = [], []
@@ -3088,9 +3102,9 @@ def runs_page(conn: sqlite3.Connection, q: str, status: str, after: Optional[str
         clauses.append("json_extract(c.experiment_metadata, '$.status') = ?")
         args.append(status)
     if after:
-        updated, _, last_id = after.partition("|")
-        clauses.append("(c.updated_at < ? OR (c.updated_at = ? AND c.id < ?))")
-        args += [updated, updated, last_id]
+        clause, more = after_page_token(after, "c.updated_at", "c.id")
+        clauses.append(clause)
+        args += more
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     rows = conn.execute(
         "SELECT c.*, (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id) AS last_step,"
@@ -3098,8 +3112,7 @@ def runs_page(conn: sqlite3.Connection, q: str, status: str, after: Optional[str
         f" FROM channels c {where} ORDER BY c.updated_at DESC, c.id DESC LIMIT ?", (*args, RUNS_PAGE_SIZE + 1),
     ).fetchall()
     runs = [run_summary(r, r["last_step"], r["forks"]) for r in rows[:RUNS_PAGE_SIZE]]
-    more = len(rows) > RUNS_PAGE_SIZE
-    return runs, (f"{rows[RUNS_PAGE_SIZE - 1]['updated_at']}|{rows[RUNS_PAGE_SIZE - 1]['id']}" if more else None)
+    return runs, next_page_token(rows, "updated_at")
 
 
 def run_summary(row: sqlite3.Row, last_own_step: Optional[int], fork_count: int) -> dict:
@@ -3170,16 +3183,14 @@ def ledger_page(conn: sqlite3.Connection, channel_id: Optional[str], before: Opt
         clauses.append("channel_id = ?")
         args.append(channel_id)
     if before:
-        created, _, last_id = before.partition("|")
-        clauses.append("(created_at < ? OR (created_at = ? AND id < ?))")
-        args += [created, created, last_id]
+        clause, more = after_page_token(before, "created_at", "id")
+        clauses.append(clause)
+        args += more
     where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     rows = conn.execute(f"SELECT * FROM executions {where} ORDER BY created_at DESC, id DESC LIMIT ?",
                         (*args, RUNS_PAGE_SIZE + 1)).fetchall()
     executions = [with_marks(execution_json(r)) for r in rows[:RUNS_PAGE_SIZE]]
-    more = len(rows) > RUNS_PAGE_SIZE
-    last = rows[RUNS_PAGE_SIZE - 1] if more else None
-    return executions, blocked_attempts(conn, channel_id), (f"{last['created_at']}|{last['id']}" if last else None)
+    return executions, blocked_attempts(conn, channel_id), next_page_token(rows, "created_at")
 
 
 def pretty_json(value: Any) -> str:

@@ -563,3 +563,27 @@ def test_static_files_are_served(server, name, kind):
     r = httpx.get(f"{server.url}/static/{name}")
     assert r.status_code == 200 and kind in r.headers["content-type"]
     assert "http://" not in r.text and "https://" not in r.text  # nothing fetched from elsewhere
+
+
+def test_runs_and_ledger_pages_paginate_by_keyset(server, web):
+    """60 runs and 60 ledger rows: two pages each, every row exactly once, newest first."""
+    tag = "page" + uuid.uuid4().hex[:8]
+    channels = [f"{tag}-{i:02d}" for i in range(60)]
+    for channel in channels:
+        status, _, _ = http("POST", f"{server.url}/api/v1/executions/claim", key=server.key,
+                            body={"channel_id": channel, "key_name": "k", "tool_name": "t"})
+        assert status == 200
+
+    def walk(first_url, rows_key):
+        seen, url, pages = [], first_url, 0
+        while url and pages < 100:
+            data = web.get(url + ("&" if "?" in url else "?") + "format=json").json()
+            seen += [row["channel_id"] for row in data[rows_key] if row["channel_id"].startswith(tag)]
+            url, pages = data["next_url"], pages + 1
+        return seen, pages
+
+    runs, run_pages = walk(f"/?q={tag}", "runs")
+    assert run_pages == 2 and runs == channels[::-1]
+    executions, ledger_pages = walk("/ledger", "executions")
+    # Claims in the same millisecond tie on time; the page token still lists each row once.
+    assert ledger_pages >= 2 and sorted(executions) == channels
