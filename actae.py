@@ -614,6 +614,25 @@ class Database:
 # =============================================================================
 
 
+class Where:
+    """AND-ed filter clauses and their arguments, for queries whose filters are all optional."""
+
+    def __init__(self):
+        self.clauses: list = []
+        self.args: list = []
+
+    def add(self, clause: str, *args) -> "Where":
+        self.clauses.append(clause)
+        self.args += args
+        return self
+
+    def add_if(self, value: Any, clause: str) -> "Where":
+        return self.add(clause, value) if value is not None else self
+
+    def __str__(self) -> str:
+        return f" WHERE {' AND '.join(self.clauses)}" if self.clauses else ""
+
+
 def channel_row(conn: sqlite3.Connection, channel_id: str) -> Optional[sqlite3.Row]:
     return conn.execute("SELECT * FROM channels WHERE id = ?", (channel_id,)).fetchone()
 
@@ -724,20 +743,16 @@ def replay_events(conn: sqlite3.Connection, channel_id: str, after: int, limit: 
 
 def query_events(conn: sqlite3.Connection, q: dict) -> list:
     """POST /events/query: newest first; every filter optional."""
-    clauses, args = [], []
+    where = Where()
     if q["channel_ids"]:
-        clauses.append(f"channel_id IN ({','.join('?' * len(q['channel_ids']))})")
-        args += q["channel_ids"]
+        where.add(f"channel_id IN ({','.join('?' * len(q['channel_ids']))})", *q["channel_ids"])
     for column, key, op in (("type", "event_type", "="), ("actor", "actor", "="),
                             ("cursor", "cursor_start", ">="), ("cursor", "cursor_end", "<="),
                             ("created_at", "from", ">="), ("created_at", "to", "<=")):
-        if q[key] is not None:
-            clauses.append(f"{column} {op} ?")
-            args.append(q[key])
-    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+        where.add_if(q[key], f"{column} {op} ?")
     rows = conn.execute(
         f"SELECT * FROM events{where} ORDER BY created_at DESC, channel_id, cursor DESC LIMIT ? OFFSET ?",
-        (*args, q["limit"], q["offset"]),
+        (*where.args, q["limit"], q["offset"]),
     ).fetchall()
     return [event_json(r) for r in rows]
 
@@ -1615,10 +1630,9 @@ def schedule_wakeup(tx: Tx, channel_id: str, run_at: str, payload: Optional[dict
 
 
 def list_wakeups(conn: sqlite3.Connection, channel_id: Optional[str], status: Optional[str]) -> list:
-    clauses = [c for c, v in (("channel_id = ?", channel_id), ("status = ?", status)) if v is not None]
-    args = [v for v in (channel_id, status) if v is not None]
-    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-    return [wakeup_json(r) for r in conn.execute(f"SELECT * FROM wakeups{where} ORDER BY run_at, id LIMIT 1000", args)]
+    where = Where().add_if(channel_id, "channel_id = ?").add_if(status, "status = ?")
+    rows = conn.execute(f"SELECT * FROM wakeups{where} ORDER BY run_at, id LIMIT 1000", where.args)
+    return [wakeup_json(r) for r in rows.fetchall()]
 
 
 def cancel_wakeup(tx: Tx, wakeup_id: str) -> dict:
@@ -3077,9 +3091,9 @@ RUN_STATUSES = ("created", "started", "stepping", "completed", "crashed", "recor
 
 
 def after_page_token(token: str, time_column: str, id_column: str) -> tuple:
-    """Keyset pagination, newest first: (SQL condition, args) for the rows after a `<time>|<id>` token."""
+    """Keyset pagination, newest first: (SQL condition, *args) for the rows after a `<time>|<id>` token."""
     stamp, _, last_id = token.partition("|")
-    return f"({time_column} < ? OR ({time_column} = ? AND {id_column} < ?))", [stamp, stamp, last_id]
+    return f"({time_column} < ? OR ({time_column} = ? AND {id_column} < ?))", stamp, stamp, last_id
 
 
 def next_page_token(rows: list, time_column: str) -> Optional[str]:
@@ -3092,24 +3106,20 @@ def next_page_token(rows: list, time_column: str) -> Optional[str]:
 
 def runs_page(conn: sqlite3.Connection, q: str, status: str, after: Optional[str]) -> tuple:
     """One page of runs, most recent activity first (keyset pagination on (updated_at, id))."""
-    clauses, args = [], []
+    where = Where()
     if q:
-        clauses.append("(c.id LIKE ? OR c.display_name LIKE ?)")
-        args += [f"%{q}%", f"%{q}%"]
+        where.add("(c.id LIKE ? OR c.display_name LIKE ?)", f"%{q}%", f"%{q}%")
+    # json_extract is SQLite's; PostgreSQL spells it experiment_metadata->>'status'.
     if status == "recorded":
-        clauses.append("json_extract(c.experiment_metadata, '$.status') IS NULL")
+        where.add("json_extract(c.experiment_metadata, '$.status') IS NULL")
     elif status:
-        clauses.append("json_extract(c.experiment_metadata, '$.status') = ?")
-        args.append(status)
+        where.add("json_extract(c.experiment_metadata, '$.status') = ?", status)
     if after:
-        clause, more = after_page_token(after, "c.updated_at", "c.id")
-        clauses.append(clause)
-        args += more
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
+        where.add(*after_page_token(after, "c.updated_at", "c.id"))
     rows = conn.execute(
         "SELECT c.*, (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id) AS last_step,"
         " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks"
-        f" FROM channels c {where} ORDER BY c.updated_at DESC, c.id DESC LIMIT ?", (*args, RUNS_PAGE_SIZE + 1),
+        f" FROM channels c{where} ORDER BY c.updated_at DESC, c.id DESC LIMIT ?", (*where.args, RUNS_PAGE_SIZE + 1),
     ).fetchall()
     runs = [run_summary(r, r["last_step"], r["forks"]) for r in rows[:RUNS_PAGE_SIZE]]
     return runs, next_page_token(rows, "updated_at")
@@ -3143,11 +3153,9 @@ def with_marks(execution: dict) -> dict:
 
 
 def blocked_attempts(conn: sqlite3.Connection, channel_id: Optional[str], limit: int = 100) -> list:
-    sql = "SELECT * FROM events WHERE type = 'tool.blocked'"
-    args: tuple = ()
-    if channel_id:
-        sql, args = sql + " AND channel_id = ?", (channel_id,)
-    return [event_json(r) for r in conn.execute(sql + " ORDER BY created_at DESC LIMIT ?", (*args, limit))]
+    where = Where().add("type = 'tool.blocked'").add_if(channel_id, "channel_id = ?")
+    rows = conn.execute(f"SELECT * FROM events{where} ORDER BY created_at DESC LIMIT ?", (*where.args, limit))
+    return [event_json(r) for r in rows.fetchall()]
 
 
 def run_page(conn: sqlite3.Connection, channel_id: str, start: int) -> dict:
@@ -3178,17 +3186,11 @@ def run_page(conn: sqlite3.Connection, channel_id: str, start: int) -> dict:
 
 
 def ledger_page(conn: sqlite3.Connection, channel_id: Optional[str], before: Optional[str]) -> tuple:
-    clauses, args = [], []
-    if channel_id:
-        clauses.append("channel_id = ?")
-        args.append(channel_id)
+    where = Where().add_if(channel_id, "channel_id = ?")
     if before:
-        clause, more = after_page_token(before, "created_at", "id")
-        clauses.append(clause)
-        args += more
-    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
-    rows = conn.execute(f"SELECT * FROM executions {where} ORDER BY created_at DESC, id DESC LIMIT ?",
-                        (*args, RUNS_PAGE_SIZE + 1)).fetchall()
+        where.add(*after_page_token(before, "created_at", "id"))
+    rows = conn.execute(f"SELECT * FROM executions{where} ORDER BY created_at DESC, id DESC LIMIT ?",
+                        (*where.args, RUNS_PAGE_SIZE + 1)).fetchall()
     executions = [with_marks(execution_json(r)) for r in rows[:RUNS_PAGE_SIZE]]
     return executions, blocked_attempts(conn, channel_id), next_page_token(rows, "created_at")
 
