@@ -600,7 +600,10 @@ class Database:
         self.batched_jobs += len(jobs)
         for job, (result, events) in zip(jobs, outcomes):
             if events:
-                self.on_commit(events, job.exclude)
+                try:
+                    self.on_commit(events, job.exclude)
+                except Exception:  # noqa: BLE001 - a broadcast problem must not leave writers waiting
+                    log.exception("broadcasting committed events failed")
             if job.future.done():
                 continue
             if events is None:
