@@ -2191,6 +2191,34 @@ def query_channel(request: Request, name: str) -> str:
     return valid_channel(request.query_params.get(name), name)
 
 
+def parse_count(raw: str, what: str) -> int:
+    """A non-negative 64-bit integer written in ASCII digits."""
+    if not (raw.isascii() and raw.isdigit()) or int(raw) > INT64_MAX:
+        raise BadRequest(f"{what} must be a non-negative integer")
+    return int(raw)
+
+
+def path_version(request: Request) -> int:
+    return parse_count(request.path_params["version"], "version")
+
+
+def path_step(request: Request) -> int:
+    step = parse_count(request.path_params["step_number"], "step_number")
+    if step < 1:
+        raise BadRequest("step_number must be an integer >= 1")
+    return step
+
+
+def path_group(request: Request, name: str = "group_id") -> str:
+    return valid_channel(request.path_params[name], name)
+
+
+def body_matches_path(body: Body, channel_id: str) -> None:
+    """The SDK repeats the path's channel in some bodies; a different one is a client bug."""
+    if body.get("channel_id") not in (None, channel_id):
+        raise BadRequest(f"body channel_id {body.get('channel_id')!r} differs from the path's {channel_id!r}")
+
+
 def operation_id_of(body: Body) -> Optional[str]:
     """The idempotency key; an empty one counts as none."""
     return body.text("operation_id", required=False, max_bytes=512) or None
@@ -2291,8 +2319,7 @@ async def api_events_causal_graph(request: Request) -> Response:
 async def api_state_save(request: Request) -> Response:
     channel_id = path_channel(request)
     body = await read_json(request)
-    if body.get("channel_id") not in (None, channel_id):
-        raise BadRequest(f"body channel_id {body.get('channel_id')!r} differs from the path's {channel_id!r}")
+    body_matches_path(body, channel_id)
     req = {
         "channel_id": channel_id, "cursor": body.integer("cursor", minimum=0, required=True),
         "state": body.document("state"), "operation_id": operation_id_of(body),
@@ -2311,17 +2338,6 @@ async def api_state_versions(request: Request) -> Response:
     limit = query_int(request, "limit", 100, minimum=1, maximum=REPLAY_LIMIT_MAX, clamp=True)
     offset = query_int(request, "offset", 0)
     return json_ok({"versions": await db_of(request).read(list_states, path_channel(request), limit, offset)})
-
-
-def parse_count(raw: str, what: str) -> int:
-    """A non-negative 64-bit integer written in ASCII digits."""
-    if not (raw.isascii() and raw.isdigit()) or int(raw) > INT64_MAX:
-        raise BadRequest(f"{what} must be a non-negative integer")
-    return int(raw)
-
-
-def path_version(request: Request) -> int:
-    return parse_count(request.path_params["version"], "version")
 
 
 async def api_state_version(request: Request) -> Response:
@@ -2343,8 +2359,7 @@ async def api_channels_metadata(request: Request) -> Response:
 async def api_channels_metadata_put(request: Request) -> Response:
     channel_id = path_channel(request)
     body = await read_json(request)
-    if body.get("channel_id") not in (None, channel_id):
-        raise BadRequest(f"body channel_id {body.get('channel_id')!r} differs from the path's {channel_id!r}")
+    body_matches_path(body, channel_id)
     changes = {}
     for key in ("display_name", "reason"):
         if key in body.data:
@@ -2356,13 +2371,6 @@ async def api_channels_metadata_put(request: Request) -> Response:
 
 async def api_channels_forks(request: Request) -> Response:
     return json_ok({"forks": await db_of(request).read(list_forks, path_channel(request))})
-
-
-def path_step(request: Request) -> int:
-    step = parse_count(request.path_params["step_number"], "step_number")
-    if step < 1:
-        raise BadRequest("step_number must be an integer >= 1")
-    return step
 
 
 async def api_channels_step(request: Request) -> Response:
@@ -2564,10 +2572,6 @@ async def api_wakeups_get(request: Request) -> Response:
 
 async def api_wakeups_cancel(request: Request) -> Response:
     return json_ok(await db_of(request).write(cancel_wakeup, request.path_params["wakeup_id"]))
-
-
-def path_group(request: Request, name: str = "group_id") -> str:
-    return valid_channel(request.path_params[name], name)
 
 
 async def api_groups_create(request: Request) -> Response:
