@@ -376,6 +376,7 @@ _MIGRATIONS = [
         lease_until    TEXT NOT NULL,
         reserved_from  INTEGER NOT NULL DEFAULT 0,     -- reservation is (reserved_from, claimed_cursor]
         claimed_cursor INTEGER NOT NULL DEFAULT 0,
+        acked_cursor   INTEGER NOT NULL DEFAULT 0,     -- processed up to here within the reservation
         updated_at     TEXT NOT NULL,
         PRIMARY KEY (group_id, consumer_id)
     );
@@ -1722,14 +1723,23 @@ def join_group(tx: Tx, group_id: str, consumer_id: str, lease_seconds: int) -> d
     return offset_json(group, active_consumer(tx, group_id, consumer_id))
 
 
-def first_unreserved(tx: Tx, group: sqlite3.Row, consumer_id: str) -> tuple:
-    """(start, stop): the lowest cursor range above the watermark no live consumer holds."""
+def release_lapsed(tx: Tx, group: sqlite3.Row) -> None:
+    """A consumer whose lease ran out loses its reservation: its unacked events are free to claim."""
+    tx.conn.execute("UPDATE group_consumers SET reserved_from = ?, claimed_cursor = ?, acked_cursor = ?"
+                    " WHERE group_id = ? AND lease_until <= ? AND claimed_cursor > ?",
+                    (group["committed_cursor"],) * 3 + (group["id"], tx.ts, group["committed_cursor"]))
+
+
+def first_unreserved(tx: Tx, group: sqlite3.Row) -> tuple:
+    """(start, stop): the lowest cursor range above the watermark that no reservation covers.
+
+    Fully acked reservations still count until the watermark passes them: that work is done.
+    """
     held = tx.conn.execute(
-        "SELECT reserved_from, claimed_cursor FROM group_consumers WHERE group_id = ? AND consumer_id <> ?"
-        " AND lease_until > ? AND claimed_cursor > ? ORDER BY reserved_from",
-        (group["id"], consumer_id, tx.ts, group["committed_cursor"])).fetchall()
+        "SELECT reserved_from, claimed_cursor FROM group_consumers WHERE group_id = ? AND claimed_cursor > ?"
+        " ORDER BY reserved_from", (group["id"], group["committed_cursor"]))
     start = group["committed_cursor"]
-    for lower, upper in held:
+    for lower, upper in held.fetchall():
         if lower > start:
             return start, lower
         start = max(start, upper)
@@ -1737,34 +1747,60 @@ def first_unreserved(tx: Tx, group: sqlite3.Row, consumer_id: str) -> tuple:
 
 
 def claim_work(tx: Tx, group_id: str, consumer_id: str, limit: int) -> dict:
-    """Reserve the next events for this consumer; its own unacked reservation is handed back first."""
+    """Reserve the next events for this consumer (at-least-once, competing consumers).
+
+    Each consumer holds at most one reservation, the cursor range (reserved_from, claimed_cursor].
+    Its own unacked rest is handed back first (a restarted worker resumes where it was); otherwise
+    it gets the lowest range above the group's watermark that no reservation covers. Lapsed
+    consumers' reservations are released first, so a crashed worker's events are redelivered.
+    Delivery is at-least-once: a consumer that takes over such a range gives up the record of its
+    own finished range above it, which is then delivered again.
+    """
     group = require_consumer_group(tx.conn, group_id)
     consumer = active_consumer(tx, group_id, consumer_id)
-    if consumer["claimed_cursor"] > group["committed_cursor"]:
-        start, stop = max(consumer["reserved_from"], group["committed_cursor"]), consumer["claimed_cursor"]
+    release_lapsed(tx, group)
+    if consumer["acked_cursor"] < consumer["claimed_cursor"]:
+        start = max(consumer["reserved_from"], consumer["acked_cursor"], group["committed_cursor"])
+        stop = consumer["claimed_cursor"]
     else:
-        start, stop = first_unreserved(tx, group, consumer_id)
+        start, stop = first_unreserved(tx, group)
     sql, args = "SELECT * FROM events WHERE channel_id = ? AND cursor > ?", [group["channel_id"], start]
     if stop is not None:
         sql, args = sql + " AND cursor <= ?", args + [stop]
     events = [event_json(r) for r in tx.conn.execute(sql + " ORDER BY cursor LIMIT ?", (*args, limit))]
     if events:
-        tx.conn.execute("UPDATE group_consumers SET reserved_from = ?, claimed_cursor = ?, updated_at = ?"
-                        " WHERE group_id = ? AND consumer_id = ?",
-                        (start, events[-1]["cursor"], tx.ts, group_id, consumer_id))
+        tx.conn.execute("UPDATE group_consumers SET reserved_from = ?, claimed_cursor = ?, acked_cursor = ?,"
+                        " updated_at = ? WHERE group_id = ? AND consumer_id = ?",
+                        (start, events[-1]["cursor"], start, tx.ts, group_id, consumer_id))
     return {"group_id": group_id, "consumer_id": consumer_id, "events": events, "lease_until": consumer["lease_until"]}
 
 
-def ack_work(tx: Tx, group_id: str, consumer_id: str, cursor: int) -> dict:
-    """Advance the watermark: everything at or below `cursor` counts as processed."""
-    require_consumer_group(tx.conn, group_id)
-    active_consumer(tx, group_id, consumer_id)
-    tx.conn.execute("UPDATE consumer_groups SET committed_cursor = ? WHERE id = ? AND committed_cursor < ?",
-                    (cursor, group_id, cursor))
-    tx.conn.execute("UPDATE group_consumers SET updated_at = ? WHERE group_id = ? AND consumer_id = ?",
-                    (tx.ts, group_id, consumer_id))
+def advance_watermark(tx: Tx, group_id: str) -> None:
+    """Move the group's watermark over every reservation that is fully acked, in cursor order."""
     group = require_consumer_group(tx.conn, group_id)
-    return offset_json(group, active_consumer(tx, group_id, consumer_id))
+    position = group["committed_cursor"]
+    for lower, upper, acked in tx.conn.execute(
+            "SELECT reserved_from, claimed_cursor, acked_cursor FROM group_consumers WHERE group_id = ?"
+            " AND claimed_cursor > ? ORDER BY reserved_from", (group_id, position)).fetchall():
+        if lower > position:
+            break                       # nobody processed the events in between yet
+        position = max(position, acked)
+        if acked < upper:
+            break
+    tx.conn.execute("UPDATE consumer_groups SET committed_cursor = ? WHERE id = ?", (position, group_id))
+
+
+def ack_work(tx: Tx, group_id: str, consumer_id: str, cursor: int) -> dict:
+    """Mark this consumer's events up to `cursor` processed; the group watermark follows when it can."""
+    require_consumer_group(tx.conn, group_id)
+    consumer = active_consumer(tx, group_id, consumer_id)
+    if cursor > consumer["claimed_cursor"]:
+        raise Conflict("ack_beyond_claim", f"consumer {consumer_id} holds events up to cursor "
+                                           f"{consumer['claimed_cursor']}, not {cursor}; claim work first")
+    tx.conn.execute("UPDATE group_consumers SET acked_cursor = ?, updated_at = ? WHERE group_id = ? AND consumer_id = ?",
+                    (max(consumer["acked_cursor"], cursor), tx.ts, group_id, consumer_id))
+    advance_watermark(tx, group_id)
+    return offset_json(require_consumer_group(tx.conn, group_id), active_consumer(tx, group_id, consumer_id))
 
 
 def heartbeat_consumer(tx: Tx, group_id: str, consumer_id: str, lease_seconds: int) -> dict:

@@ -2,7 +2,7 @@
 import asyncio
 
 import pytest
-from actae_client.errors import ConsumerError, ExecutionNotOwnedError, IdempotencyConflictError
+from actae_client.errors import APIError, ConsumerError, ExecutionNotOwnedError, IdempotencyConflictError
 
 from conftest import http, run
 
@@ -56,14 +56,24 @@ def test_competing_consumers_split_work_and_a_lapsed_lease_is_redelivered(make_c
         second = await client.claim_work(group, "fast", limit=3)
         assert [e.cursor for e in first.events] == [1, 2, 3]
         assert [e.cursor for e in second.events] == [4, 5, 6]
+        await client.ack_work(group, "fast", 6)                      # done, but 1..3 are not: no watermark yet
+        assert [o.last_cursor for o in await client.group_offsets(group)] == [0, 0]
+        with pytest.raises(APIError) as beyond:
+            await client.ack_work(group, "fast", 7)                  # never claimed: cannot be acked
+        assert beyond.value.status_code == 409
         await asyncio.sleep(1.3)                                     # "slow" crashed: its lease lapses
         with pytest.raises(ConsumerError):
             await client.heartbeat(group, "slow", lease_seconds=30)
-        await client.ack_work(group, "fast", 0)                      # fast holds 4..6; 1..3 are free again
         redelivered = await client.claim_work(group, "fast", limit=10)
-        assert [e.cursor for e in redelivered.events] == [4, 5, 6]   # its own batch first
+        assert [e.cursor for e in redelivered.events] == [1, 2, 3]   # the crashed consumer's batch
+        await client.ack_work(group, "fast", 3)
+        # At-least-once: taking over the crashed range replaced fast's finished one, so 4..6 come again.
+        again = await client.claim_work(group, "fast", limit=10)
+        assert [e.cursor for e in again.events] == [4, 5, 6]
         await client.ack_work(group, "fast", 6)
-        assert (await client.claim_work(group, "fast", limit=10)).events == []
+        assert {o.consumer_id: o.last_cursor for o in await client.group_offsets(group)}["fast"] == 6
+        await client.join_group(group, "slow", lease_seconds=30)     # back, but its old batch is gone
+        assert (await client.claim_work(group, "slow", limit=10)).events == []
         await client.disconnect()
 
     run(scenario())
