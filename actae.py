@@ -76,6 +76,9 @@ SESSION_MAX_AGE = 7 * 24 * 3600
 CHANNEL_ID = re.compile(r"[A-Za-z0-9._:-]{1,256}")  # used with fullmatch: "abc\n" must fail
 TOOL_POLICIES = ("auto", "replay", "block", "live")
 OUTCOMES = ("promoted", "rejected", "inconclusive", "crashed")
+WAKEUP_STATUSES = ("pending", "done", "failed", "cancelled")
+WAKEUP_BATCH = 100                     # wake-ups fired per write transaction
+MEMBER_POLICIES = ("fork", "share")    # group fork: a member's channel is forked, or shared as it is
 # The ledger row AgentSession(fence_owner=...) uses as its writer lock (CONTRACT §15.4).
 SESSION_FENCE = ("__session_lock__", "agent.session")
 # Keys a fork manifest needs for the strongest reproducibility grade (PRODUCT.md §3).
@@ -124,6 +127,13 @@ class Conflict(ActaeError):
 
 class TooLarge(ActaeError):
     status, code = 413, "payload_too_large"
+
+
+class ShuttingDown(ActaeError):
+    status, code = 503, "shutting_down"
+
+    def __init__(self):
+        super().__init__("the server is shutting down; retry against the next instance")
 
 
 def execution_not_found(execution_id: str) -> NotFound:
@@ -266,7 +276,9 @@ _MIGRATIONS = [
         fork_operation_id    TEXT,
         fork_request_hash    TEXT,
         outcome              TEXT CHECK (outcome IN ('promoted', 'rejected', 'inconclusive', 'crashed')),
-        result_score         REAL
+        result_score         REAL,
+        promoted_event_id    TEXT,             -- the parent's channel.promoted event, once promoted
+        promoted_version     INTEGER           -- which of this fork's state versions was promoted
     );
     CREATE INDEX channels_by_parent ON channels (parent_id);
     CREATE INDEX channels_by_activity ON channels (updated_at, id);
@@ -322,9 +334,12 @@ _MIGRATIONS = [
                                 'running',      -- claimed; the token holder may complete it
                                 'completed',    -- result stored; claims replay it
                                 'failed',       -- error stored; a claim takes it over
-                                'interrupted',  -- stopped from outside; a claim takes it over
                                 'cancelled',    -- released by its owner; a claim takes it over
-                                'expired')),    -- lease ran out; a claim takes it over
+                                -- The SDK's vocabulary also has these two; this server never writes
+                                -- them (a lapsed lease stays 'running' until someone reclaims it),
+                                -- but a claim would take them over like 'failed'.
+                                'interrupted',
+                                'expired')),
         claim_token         TEXT,
         lease_seconds       INTEGER NOT NULL,
         lease_until         TEXT,
@@ -384,7 +399,7 @@ _MIGRATIONS = [
     -- Execution groups: members (each one channel), leased to one owner at a time, exchanging messages.
     CREATE TABLE execution_groups (
         id          TEXT PRIMARY KEY,
-        status      TEXT NOT NULL DEFAULT 'active' CHECK (status IN ('active', 'archived')),
+        status      TEXT NOT NULL DEFAULT 'active' CHECK (status IN ('active')),
         metadata    TEXT,
         fork        TEXT,                      -- the group-fork receipt when this group is a fork
         created_at  TEXT NOT NULL,
@@ -499,6 +514,8 @@ def run_jobs(conn: sqlite3.Connection, jobs: list) -> list:
                 conn.execute("RELEASE job")
                 outcomes.append((result, tx.events))
             except Exception as exc:  # noqa: BLE001 - handed to the caller, never swallowed
+                if not conn.in_transaction:
+                    raise              # SQLite aborted the whole transaction (disk full, I/O): all fail
                 conn.execute("ROLLBACK TO job")
                 conn.execute("RELEASE job")
                 outcomes.append((exc, None))
@@ -528,6 +545,7 @@ class Database:
         self._queue: Optional[asyncio.Queue] = None
         self._writer_task: Optional[asyncio.Task] = None
         self.on_commit: Callable[[list, Any], None] = lambda events, exclude: None
+        self._closed = False
         self.batches = 0
         self.batched_jobs = 0
 
@@ -551,12 +569,20 @@ class Database:
         return self
 
     async def close(self) -> None:
-        if self._writer_task:
-            await self._queue.put(None)          # finish what is queued, then stop
-            await self._writer_task
-        for conn in [*self._readers, self._writer]:
-            if conn is not None:
-                await conn.close()
+        """Commit what is queued, refuse what comes later, close the connections."""
+        self._closed = True
+        try:
+            if self._writer_task:
+                await self._queue.put(None)
+                await self._writer_task
+        finally:
+            while not self._queue.empty():
+                job = self._queue.get_nowait()
+                if job is not None and not job.future.done():
+                    job.future.set_exception(ShuttingDown())
+            for conn in [*self._readers, self._writer]:
+                if conn is not None:
+                    await conn.close()
 
     @staticmethod
     async def _call(conn: aiosqlite.Connection, fn: Callable, *args):
@@ -569,6 +595,8 @@ class Database:
         return await self._call(reader, fn, *args)
 
     async def write(self, fn: Callable, *args, exclude: Any = None):
+        if self._closed:
+            raise ShuttingDown()
         future = asyncio.get_running_loop().create_future()
         await self._queue.put(_Job(fn, args, future, exclude))
         return await future
@@ -1090,7 +1118,10 @@ def fork_channel(tx: Tx, req: dict) -> dict:
     existing = channel_row(conn, child_id)
     if existing is not None:
         # AgentSession retries with a fresh operation id, so the child's name is the retry key.
-        if existing["parent_id"] == source_id and existing["requested_cursor"] == at_cursor:
+        # Same source and boundary is the same fork (the SDK's own retry); a different tool policy is
+        # not: replaying it would leave the caller believing its policy is in force.
+        if existing["parent_id"] == source_id and existing["requested_cursor"] == at_cursor \
+                and load(existing["tool_policies"]) == req["tool_policies"]:
             return receipt_json(existing, replayed=True)
         raise Conflict("channel_conflict", f"channel {child_id} already exists with a different definition")
     if child_id == source_id:
@@ -1143,7 +1174,7 @@ def fork_tree(conn: sqlite3.Connection, channel_id: str, depth: int = 0) -> dict
         "forked_at_step": row["forked_at_step"] if row["parent_id"] else None,
         "event_count": row["last_cursor"], "latest_cursor": row["last_cursor"] or None,
         "status": meta.get("status"), "outcome": row["outcome"],
-        "children": [fork_tree(conn, c, depth + 1) for c in children] if depth < 50 else [],
+        "children": [fork_tree(conn, c, depth + 1) for c in children] if depth < LINEAGE_MAX_DEPTH else [],
     }
 
 
@@ -1188,8 +1219,7 @@ def common_ancestor(conn: sqlite3.Connection, left_id: str, right_id: str) -> di
     for row, left_leave in left_chain:
         if row["id"] in right_by_id:
             right_leave = right_by_id[row["id"]]
-            shared = min(c for c in (left_leave, right_leave) if c is not None) \
-                if left_leave is not None or right_leave is not None else None
+            shared = min((c for c in (left_leave, right_leave) if c is not None), default=None)
             return {"channel_id": row["id"], "cursor": shared, "left": left_leave, "right": right_leave}
     return {}
 
@@ -1309,24 +1339,46 @@ def set_outcome(tx: Tx, channel_id: str, outcome: str, score: Optional[float]) -
 
 
 def promote_channel(tx: Tx, child_id: str) -> dict:
-    """Append-only merge: the parent records the promotion and takes the child's latest state."""
+    """Merge a fork into its parent, append-only: the parent gets a `channel.promoted` event and a
+    new state version equal to the fork's latest state (its history is untouched); the fork's
+    outcome becomes `promoted`. Promoting the same fork state again replays the first promotion.
+    """
     child = require_channel(tx.conn, child_id)
-    if child["parent_id"] is None:
+    parent_id = child["parent_id"]
+    if parent_id is None:
         raise BadRequest(f"channel {child_id} is not a fork; only a fork can be promoted into its parent")
     latest = state_row_at(tx.conn, child_id, None)
-    event = append_event(tx, child["parent_id"], "channel.promoted", {
-        "child_channel_id": child_id, "child_state_version": latest["version"] if latest else None,
+    latest_version = latest["version"] if latest else None
+    if child["promoted_event_id"] is not None and child["promoted_version"] == latest_version:
+        event = event_json(fetch_or_raise(tx.conn, NotFound("promotion event is gone"),
+                                          "SELECT * FROM events WHERE id = ?", child["promoted_event_id"]))
+        version = tx.conn.execute("SELECT MAX(version) FROM states WHERE channel_id = ? AND cursor = ?",
+                                  (parent_id, event["cursor"])).fetchone()[0]
+        return {"ok": True, "replayed": True, "parent_channel_id": parent_id, "child_channel_id": child_id,
+                "event": event, "state_version": version}
+    event = append_event(tx, parent_id, "channel.promoted", {
+        "child_channel_id": child_id, "child_state_version": latest_version,
         "child_latest_cursor": child["last_cursor"],
     })
-    version = insert_state(tx, child["parent_id"], event["cursor"], latest["state"], latest["sha256"]) if latest else None
-    tx.conn.execute("UPDATE channels SET outcome = 'promoted', updated_at = ? WHERE id = ?", (tx.ts, child_id))
-    return {"ok": True, "parent_channel_id": child["parent_id"], "child_channel_id": child_id,
+    version = insert_state(tx, parent_id, event["cursor"], latest["state"], latest["sha256"]) if latest else None
+    tx.conn.execute("UPDATE channels SET outcome = 'promoted', promoted_event_id = ?, promoted_version = ?,"
+                    " updated_at = ? WHERE id = ?", (event["id"], latest_version, tx.ts, child_id))
+    return {"ok": True, "replayed": False, "parent_channel_id": parent_id, "child_channel_id": child_id,
             "event": event, "state_version": version}
 
 
 def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> dict:
-    """Delete a run and its rows; forks of it go too with recursive=true, else it is refused."""
+    """Delete a run: its events, states, ledger rows and experiment memberships; its pending
+    wake-ups are cancelled. Forks of it go too with recursive=true, else it is refused, and so is
+    a run that a consumer group or an execution group still works on (delete those first).
+    """
     require_channel(tx.conn, channel_id)
+    users = [f"consumer group {r[0]}" for r in tx.conn.execute(
+        "SELECT id FROM consumer_groups WHERE channel_id = ?", (channel_id,))]
+    users += [f"execution group {r[0]} (member {r[1]})" for r in tx.conn.execute(
+        "SELECT group_id, member_id FROM execution_group_members WHERE channel_id = ?", (channel_id,))]
+    if users:
+        raise Conflict("channel_conflict", f"channel {channel_id} is in use by {', '.join(users)}")
     children = [r["id"] for r in tx.conn.execute("SELECT id FROM channels WHERE parent_id = ?", (channel_id,))]
     if children and not recursive:
         raise Conflict("channel_conflict", f"channel {channel_id} has forks ({', '.join(children)}); "
@@ -1337,7 +1389,8 @@ def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> dict:
     for table in ("events", "states", "executions"):
         tx.conn.execute(f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,))
     tx.conn.execute("DELETE FROM experiment_members WHERE channel_id = ?", (channel_id,))
-    tx.conn.execute("DELETE FROM wakeups WHERE channel_id = ? AND status = 'pending'", (channel_id,))
+    tx.conn.execute("UPDATE wakeups SET status = 'cancelled', error = 'channel deleted'"
+                    " WHERE channel_id = ? AND status = 'pending'", (channel_id,))
     tx.conn.execute("DELETE FROM channels WHERE id = ?", (channel_id,))
     return {"ok": True, "deleted": deleted + [channel_id]}
 
@@ -1585,7 +1638,8 @@ def cancel_execution(tx: Tx, execution_id: str, token: Optional[str]) -> dict:
     first one's claim and run the effect beside it.
     """
     row = require_execution(tx.conn, execution_id)
-    if token is not None or row["status"] == "running":
+    must_own = row["status"] == "running"            # a live claim: only its token may release it
+    if must_own or token is not None:                # any token that is given must be the current one
         row = owned_execution(tx, execution_id, token)
     if row["status"] in ("running", "failed", "interrupted", "expired"):
         tx.conn.execute("UPDATE executions SET status = 'cancelled', lease_until = NULL, updated_at = ? WHERE id = ?",
@@ -1611,9 +1665,6 @@ def delete_execution(tx: Tx, execution_id: str) -> dict:
 # =============================================================================
 # Domain: scheduled wake-ups
 # =============================================================================
-
-WAKEUP_STATUSES = ("pending", "done", "failed", "cancelled")
-
 
 def wakeup_json(row: sqlite3.Row) -> dict:
     return {"id": row["id"], "channel_id": row["channel_id"], "run_at": row["run_at"], "status": row["status"],
@@ -1648,16 +1699,31 @@ def cancel_wakeup(tx: Tx, wakeup_id: str) -> dict:
 
 
 def fire_due_wakeups(tx: Tx) -> int:
-    """Append `scheduler.wakeup` for every pending wake-up whose time has come; returns how many fired."""
-    due = tx.conn.execute("SELECT * FROM wakeups WHERE status = 'pending' AND run_at <= ? ORDER BY run_at LIMIT 100",
-                          (tx.ts,)).fetchall()
+    """Append `scheduler.wakeup` for up to WAKEUP_BATCH due wake-ups; returns how many were due.
+
+    Each fires in its own savepoint: one that cannot be delivered is marked failed with the
+    reason, and the others still fire.
+    """
+    due = tx.conn.execute("SELECT * FROM wakeups WHERE status = 'pending' AND run_at <= ? ORDER BY run_at LIMIT ?",
+                          (tx.ts, WAKEUP_BATCH)).fetchall()
     for row in due:
         payload = load(row["payload"])
-        append_event(tx, row["channel_id"], "scheduler.wakeup",
-                     {**(payload if isinstance(payload, dict) else {}), "wakeup_id": row["id"], "run_at": row["run_at"]},
-                     actor="scheduler")
-        tx.conn.execute("UPDATE wakeups SET status = 'done', executed_at = ?, attempts = attempts + 1 WHERE id = ?",
-                        (tx.ts, row["id"]))
+        tx.conn.execute("SAVEPOINT wakeup")
+        appended = len(tx.events)
+        try:
+            append_event(tx, row["channel_id"], "scheduler.wakeup",
+                         {**(payload if isinstance(payload, dict) else {}), "wakeup_id": row["id"],
+                          "run_at": row["run_at"]}, actor="scheduler")
+            status, error = "done", None
+        except Exception as exc:  # noqa: BLE001 - recorded on the wake-up, which then stops retrying
+            if not tx.conn.in_transaction:
+                raise
+            tx.conn.execute("ROLLBACK TO wakeup")
+            del tx.events[appended:]
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+        tx.conn.execute("RELEASE wakeup")
+        tx.conn.execute("UPDATE wakeups SET status = ?, error = ?, executed_at = ?, attempts = attempts + 1"
+                        " WHERE id = ?", (status, error, tx.ts, row["id"]))
     return len(due)
 
 
@@ -1970,9 +2036,6 @@ def acknowledge_message(tx: Tx, message_id: str, owner_id: str, generation: int)
     return message_json(tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone())
 
 
-MEMBER_POLICIES = ("fork", "share")
-
-
 def fork_execution_group(tx: Tx, req: dict) -> dict:
     """Fork a whole group: the intervention member at its cursor, the others at their latest state
     (or shared as-is with policy "share"); one receipt, recovered as-is when asked again."""
@@ -1988,8 +2051,14 @@ def fork_execution_group(tx: Tx, req: dict) -> dict:
     require_execution_group(tx.conn, source_id)
     members = tx.conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? ORDER BY member_id",
                               (source_id,)).fetchall()
-    if req["intervention_member_id"] not in {m["member_id"] for m in members}:
+    member_ids = {m["member_id"] for m in members}
+    if req["intervention_member_id"] not in member_ids:
         raise NotFound(f"member {req['intervention_member_id']} of execution group {source_id} not found")
+    unknown = sorted(set(req["member_policies"]) - member_ids)
+    if unknown:
+        raise BadRequest(f"member_policies name members that {source_id} does not have: {', '.join(unknown)}")
+    if req["member_policies"].get(req["intervention_member_id"], "fork") != "fork":
+        raise BadRequest("the intervention member is always forked (at intervention_cursor); it cannot be shared")
     create_execution_group(tx, fork_id, {"forked_from": source_id})
     forked = {}
     for member in members:
@@ -2207,7 +2276,8 @@ def query_int(request: Request, name: str, default: Optional[int], *, minimum: i
     digits = raw[1:] if raw.startswith("-") else raw
     if not (digits.isascii() and digits.isdigit()):
         raise BadRequest(f"query parameter {name} must be an integer")
-    value = int(raw)
+    # int() refuses more than 4300 digits; anything past 19 is clamped or out of range anyway.
+    value = int(raw) if len(digits) <= 19 else (INT64_MAX + 1) * (-1 if raw.startswith("-") else 1)
     if value < minimum:
         raise BadRequest(f"query parameter {name} must be >= {minimum}")
     if maximum is not None and value > maximum:
@@ -2229,7 +2299,7 @@ def query_channel(request: Request, name: str) -> str:
 
 def parse_count(raw: str, what: str) -> int:
     """A non-negative 64-bit integer written in ASCII digits."""
-    if not (raw.isascii() and raw.isdigit()) or int(raw) > INT64_MAX:
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > INT64_MAX:
         raise BadRequest(f"{what} must be a non-negative integer")
     return int(raw)
 
@@ -3442,15 +3512,15 @@ class Scheduler:
 
     async def _run(self) -> None:
         while True:
+            self._nudged.clear()
             try:
-                while await self.db.write(fire_due_wakeups) == 100:
+                while await self.db.write(fire_due_wakeups) == WAKEUP_BATCH:
                     pass
                 upcoming = await self.db.read(next_wakeup_at)
             except Exception:  # noqa: BLE001 - a failed round is retried; the loop must not die
                 log.exception("firing wake-ups failed")
                 upcoming = None
             delay = 1.0 if upcoming is None else (parse_iso(upcoming) - utc_now()).total_seconds()
-            self._nudged.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._nudged.wait(), timeout=min(max(delay, 0.01), 1.0))
 

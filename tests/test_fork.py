@@ -620,7 +620,7 @@ def test_an_operation_id_reused_for_another_fork_creates_nothing(with_client, un
     with_client(body)
 
 
-@pytest.mark.parametrize("conflict", ["other-boundary", "other-source", "ordinary-channel"])
+@pytest.mark.parametrize("conflict", ["other-boundary", "other-source", "other-policy", "ordinary-channel"])
 def test_reusing_a_child_name_for_another_definition_conflicts(with_client, unique, conflict):
     parent, other, child = unique("parent"), unique("other"), unique("child")
 
@@ -638,6 +638,8 @@ def test_reusing_a_child_name_for_another_definition_conflicts(with_client, uniq
         with pytest.raises(ChannelConflictError):
             if conflict == "other-source":
                 await c.fork(other, child, 0)
+            elif conflict == "other-policy":   # replaying would keep the old policy behind the caller's back
+                await c.fork(parent, child, late, tool_policies={"charge": "live"})
             else:
                 await c.fork(parent, child, early)
         assert await counts(c, parent, other, child) == before
@@ -744,6 +746,12 @@ def test_outcome_and_promote(with_client, unique):
         assert len(await c.list_states(parent)) == len(parent_versions) + 1
         assert (await c.latest_state(parent))["state"] == {"answer": 42}
         assert (await c.get_channel_metadata(child)).outcome == "promoted"
+        promoted = await events(c, parent)
+        again = await c.promote_channel(child)         # a retry merges nothing twice
+        assert again["replayed"] is True and await events(c, parent) == promoted
+        await c.save_state(child, await c.get_cursor(child), {"answer": 43})
+        newer = await c.promote_channel(child)         # a newer fork state is a new promotion
+        assert newer["replayed"] is False and (await c.latest_state(parent))["state"] == {"answer": 43}
 
         with pytest.raises(APIError) as err:
             await c.promote_channel(parent)  # a root has nothing to merge into

@@ -2,7 +2,7 @@
 import asyncio
 
 import pytest
-from actae_client.errors import APIError, ConsumerError, ExecutionNotOwnedError, IdempotencyConflictError
+from actae_client.errors import APIError, ChannelConflictError, ConsumerError, ExecutionNotOwnedError, IdempotencyConflictError
 
 from conftest import http, run
 
@@ -191,7 +191,44 @@ def test_a_group_fork_forks_members_at_their_boundaries_and_promotes_one(make_cl
     ("/api/v1/execution-group-forks", {"fork_group_id": "f", "source_group_id": "s",
                                        "intervention_member_id": "m", "intervention_cursor": 1,
                                        "member_policies": {"m": "clone"}}),
+    ("/api/v1/groups/{g}/work", {"consumer_id": "w", "limit": "9" * 5000}),
 ])
 def test_bad_group_requests_are_400(server, unique, path, body):
     status, _, error = http("POST", server.url + path.replace("{g}", unique("g")), key=server.key, body=body)
     assert status == 400 and error["status"] == "bad_request" and error["error"]
+
+
+def test_group_forks_refuse_policies_they_cannot_honour(server, make_client, unique):
+    group = unique("src")
+
+    async def scenario():
+        client = make_client()
+        await client.create_execution_group(group)
+        await client.add_execution_group_member(group, "writer", unique("writer"))
+        for policies in ({"nobody": "share"}, {"writer": "share"}):
+            status, _, error = http("POST", server.url + "/api/v1/execution-group-forks", key=server.key,
+                                    body={"fork_group_id": unique("f"), "source_group_id": group,
+                                          "intervention_member_id": "writer", "intervention_cursor": 0,
+                                          "member_policies": policies, "tool_policies": {}})
+            assert status == 400 and error["status"] == "bad_request", error
+        await client.disconnect()
+
+    run(scenario())
+
+
+def test_a_channel_in_use_by_a_group_is_not_deleted(make_client, unique):
+    channel, group = unique("log"), unique("readers")
+
+    async def scenario():
+        client = make_client()
+        await record_n(client, channel, 2)
+        await client.create_group(group, channel)
+        with pytest.raises(ChannelConflictError):
+            await client.delete_channel(channel)
+        assert len(await client.replay(channel, limit=10)) == 2
+        await client.delete_group(group)
+        await client.delete_channel(channel)
+        assert await client.replay(channel, limit=10) == []
+        await client.disconnect()
+
+    run(scenario())
