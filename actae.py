@@ -229,6 +229,16 @@ def parse_json(raw: bytes) -> Any:
         raise BadRequest(f"invalid JSON body: {exc}")
 
 
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def valid_channel(value: Any, what: str = "channel_id") -> str:
+    if not isinstance(value, str) or not CHANNEL_ID.fullmatch(value):
+        raise BadRequest(f"{what} must be 1-256 characters of A-Z a-z 0-9 . _ : - (got {value!r:.80})")
+    return value
+
+
 # =============================================================================
 # Schema and migrations: the one place the SQL schema lives
 # =============================================================================
@@ -2152,16 +2162,6 @@ def active_key_id(conn: sqlite3.Connection, hashed: str) -> Optional[str]:
 # =============================================================================
 
 
-def is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def valid_channel(value: Any, what: str = "channel_id") -> str:
-    if not isinstance(value, str) or not CHANNEL_ID.fullmatch(value):
-        raise BadRequest(f"{what} must be 1-256 characters of A-Z a-z 0-9 . _ : - (got {value!r:.80})")
-    return value
-
-
 def checked_document(value: Any, what: str) -> Any:
     """Payloads and states: at most 1 MiB once serialised."""
     try:
@@ -2918,6 +2918,60 @@ async def api_auth_capabilities(request: Request) -> Response:
 
 
 # =============================================================================
+# Authentication: API keys for the API, a signed cookie for the dashboard
+# =============================================================================
+
+
+async def check_key(app, key: Any) -> str:
+    """The id of a valid key (its prefix, or "env"); Unauthorized otherwise."""
+    if not isinstance(key, str) or not key:
+        raise Unauthorized("missing API key: send it in the x-api-key header")
+    env_key = app.state.env_key
+    if env_key and hmac.compare_digest(key.encode(), env_key.encode()):
+        return "env"
+    key_id = await app.state.db.read(active_key_id, key_hash(key))
+    if key_id is None:
+        raise Unauthorized("invalid or revoked API key")
+    return key_id
+
+
+def protected(handler: Callable) -> Callable:
+    """Every API route but /healthz needs `x-api-key`; checked per request so a rotation applies at once."""
+    async def endpoint(request: Request) -> Response:
+        request.state.key_id = await check_key(request.app, request.headers.get("x-api-key"))
+        return await handler(request)
+    endpoint.__name__ = handler.__name__
+    return endpoint
+
+
+def sign(secret: str, text: str) -> str:
+    return hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
+
+
+def session_cookie_for(app, key: str) -> str:
+    """`<payload>.<hmac>`: names the key by hash (or "env") so revoking the key ends the session."""
+    ref = "env" if app.state.env_key and hmac.compare_digest(key, app.state.env_key) else key_hash(key)
+    payload = base64.urlsafe_b64encode(json.dumps({"k": ref, "t": int(time.time())}).encode()).decode()
+    return f"{payload}.{sign(app.state.session_secret, payload)}"
+
+
+async def session_is_valid(request: Request) -> bool:
+    cookie = request.cookies.get(SESSION_COOKIE, "")
+    payload, _, signature = cookie.partition(".")
+    if not payload or not hmac.compare_digest(signature, sign(request.app.state.session_secret, payload)):
+        return False
+    try:
+        data = json.loads(base64.urlsafe_b64decode(payload.encode()))
+    except ValueError:
+        return False
+    if time.time() - data.get("t", 0) > SESSION_MAX_AGE:
+        return False
+    if data.get("k") == "env":
+        return bool(request.app.state.env_key)
+    return await request.app.state.db.read(active_key_id, data.get("k", "")) is not None
+
+
+# =============================================================================
 # WebSocket: /ws (in-band auth, subscribe with catch-up, publish with ack)
 # =============================================================================
 
@@ -3138,60 +3192,6 @@ async def ws_handle_frame(conn: WsConnection, db: Database, text: str) -> None:
     except ActaeError as exc:
         conn.send({"type": "error", "message": exc.message, "status": exc.code,
                    **({"request_id": frame.get("request_id")} if isinstance(frame, dict) else {})})
-
-
-# =============================================================================
-# Authentication: API keys for the API, a signed cookie for the dashboard
-# =============================================================================
-
-
-async def check_key(app, key: Any) -> str:
-    """The id of a valid key (its prefix, or "env"); Unauthorized otherwise."""
-    if not isinstance(key, str) or not key:
-        raise Unauthorized("missing API key: send it in the x-api-key header")
-    env_key = app.state.env_key
-    if env_key and hmac.compare_digest(key.encode(), env_key.encode()):
-        return "env"
-    key_id = await app.state.db.read(active_key_id, key_hash(key))
-    if key_id is None:
-        raise Unauthorized("invalid or revoked API key")
-    return key_id
-
-
-def protected(handler: Callable) -> Callable:
-    """Every API route but /healthz needs `x-api-key`; checked per request so a rotation applies at once."""
-    async def endpoint(request: Request) -> Response:
-        request.state.key_id = await check_key(request.app, request.headers.get("x-api-key"))
-        return await handler(request)
-    endpoint.__name__ = handler.__name__
-    return endpoint
-
-
-def sign(secret: str, text: str) -> str:
-    return hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
-
-
-def session_cookie_for(app, key: str) -> str:
-    """`<payload>.<hmac>`: names the key by hash (or "env") so revoking the key ends the session."""
-    ref = "env" if app.state.env_key and hmac.compare_digest(key, app.state.env_key) else key_hash(key)
-    payload = base64.urlsafe_b64encode(json.dumps({"k": ref, "t": int(time.time())}).encode()).decode()
-    return f"{payload}.{sign(app.state.session_secret, payload)}"
-
-
-async def session_is_valid(request: Request) -> bool:
-    cookie = request.cookies.get(SESSION_COOKIE, "")
-    payload, _, signature = cookie.partition(".")
-    if not payload or not hmac.compare_digest(signature, sign(request.app.state.session_secret, payload)):
-        return False
-    try:
-        data = json.loads(base64.urlsafe_b64decode(payload.encode()))
-    except ValueError:
-        return False
-    if time.time() - data.get("t", 0) > SESSION_MAX_AGE:
-        return False
-    if data.get("k") == "env":
-        return bool(request.app.state.env_key)
-    return await request.app.state.db.read(active_key_id, data.get("k", "")) is not None
 
 
 # =============================================================================
