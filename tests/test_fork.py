@@ -21,7 +21,7 @@ from actae_client import AgentSession, APIError, ForkToolBlockedError, SnapshotB
 # Not re-exported by the package root in 1.3.0.
 from actae_client.errors import ChannelConflictError, IdempotencyConflictError, NoRestorableCheckpointError
 
-from conftest import http, run
+from conftest import http
 
 STEP_NAMES = ("research", "insights", "risks", "recommendations", "summary", "finalize")
 POLICIES = {"charge_customer": "block", "*": "auto"}

@@ -4,18 +4,17 @@ import asyncio
 import pytest
 from actae_client.errors import APIError, ChannelConflictError, ConsumerError, ExecutionNotOwnedError, IdempotencyConflictError
 
-from conftest import http, run
+from conftest import http
 
 
 async def record_n(client, channel, n):
     return [await client.record(channel, "work.item", {"i": i}, actor="producer") for i in range(n)]
 
 
-def test_a_consumer_group_delivers_at_least_once_and_resumes_from_its_ack(make_client, unique):
+def test_a_consumer_group_delivers_at_least_once_and_resumes_from_its_ack(with_client, unique):
     channel, group = unique("log"), unique("workers")
 
-    async def scenario():
-        client = make_client()
+    async def scenario(client):
         await record_n(client, channel, 5)
         info = await client.create_group(group, channel, metadata={"team": "a"})
         assert info.channel_id == channel and info.metadata == {"team": "a"}
@@ -38,16 +37,14 @@ def test_a_consumer_group_delivers_at_least_once_and_resumes_from_its_ack(make_c
         assert [g.group_id for g in await client.list_groups(channel_id=channel)] == [group]
         await client.delete_group(group)
         assert await client.list_groups(channel_id=channel) == []
-        await client.disconnect()
 
-    run(scenario())
+    with_client(scenario)
 
 
-def test_competing_consumers_split_work_and_a_lapsed_lease_is_redelivered(make_client, unique):
+def test_competing_consumers_split_work_and_a_lapsed_lease_is_redelivered(with_client, unique):
     channel, group = unique("log"), unique("pool")
 
-    async def scenario():
-        client = make_client()
+    async def scenario(client):
         await record_n(client, channel, 6)
         await client.create_group(group, channel)
         await client.join_group(group, "slow", lease_seconds=1)
@@ -74,16 +71,14 @@ def test_competing_consumers_split_work_and_a_lapsed_lease_is_redelivered(make_c
         assert {o.consumer_id: o.last_cursor for o in await client.group_offsets(group)}["fast"] == 6
         await client.join_group(group, "slow", lease_seconds=30)     # back, but its old batch is gone
         assert (await client.claim_work(group, "slow", limit=10)).events == []
-        await client.disconnect()
 
-    run(scenario())
+    with_client(scenario)
 
 
-def test_execution_group_leases_fence_stale_owners(make_client, unique):
+def test_execution_group_leases_fence_stale_owners(with_client, unique):
     group = unique("crew")
 
-    async def scenario():
-        client = make_client()
+    async def scenario(client):
         created = await client.create_execution_group(group, metadata={"goal": "triage"})
         assert created.group_id == group and created.metadata == {"goal": "triage"}
         await client.add_execution_group_member(group, "planner", unique("planner"), role="lead")
@@ -103,16 +98,14 @@ def test_execution_group_leases_fence_stale_owners(make_client, unique):
         await client.release_member(group, "planner", "owner-b", 2)
         assert (await client.claim_member(group, "planner", "owner-c")).generation == 3
         assert group in [g.group_id for g in await client.list_execution_groups()]
-        await client.disconnect()
 
-    run(scenario())
+    with_client(scenario)
 
 
-def test_group_messages_are_durable_ordered_idempotent_and_acknowledged(make_client, unique):
+def test_group_messages_are_durable_ordered_idempotent_and_acknowledged(with_client, unique):
     group = unique("chat")
 
-    async def scenario():
-        client = make_client()
+    async def scenario(client):
         session = client.execution_group(group)
         await client.create_execution_group(group)
         await client.add_execution_group_member(group, "a", unique("a"))
@@ -139,17 +132,15 @@ def test_group_messages_are_durable_ordered_idempotent_and_acknowledged(make_cli
             assert waited.message_id == first.message_id
         with pytest.raises(ExecutionNotOwnedError):
             await client.acknowledge_group_message(second.message_id, "nobody", 99)
-        await client.disconnect()
 
-    run(scenario())
+    with_client(scenario)
 
 
-def test_a_group_fork_forks_members_at_their_boundaries_and_promotes_one(make_client, unique):
+def test_a_group_fork_forks_members_at_their_boundaries_and_promotes_one(with_client, unique):
     group, fork_group = unique("team"), unique("team-fork")
     writer_channel, reviewer_channel = unique("writer"), unique("reviewer")
 
-    async def scenario():
-        client = make_client()
+    async def scenario(client):
         await client.create_execution_group(group)
         await client.add_execution_group_member(group, "writer", writer_channel)
         await client.add_execution_group_member(group, "reviewer", reviewer_channel)
@@ -177,9 +168,8 @@ def test_a_group_fork_forks_members_at_their_boundaries_and_promotes_one(make_cl
         assert (await client.latest_state(writer_channel))["state"] == {"draft": "better"}
         members = {m.member_id: m.channel_id for m in await client.execution_group_members(fork_group)}
         assert members == {"writer": writer["channel_id"], "reviewer": reviewer_channel}
-        await client.disconnect()
 
-    run(scenario())
+    with_client(scenario)
 
 
 @pytest.mark.parametrize("path, body", [
@@ -198,11 +188,10 @@ def test_bad_group_requests_are_400(server, unique, path, body):
     assert status == 400 and error["status"] == "bad_request" and error["error"]
 
 
-def test_group_forks_refuse_policies_they_cannot_honour(server, make_client, unique):
+def test_group_forks_refuse_policies_they_cannot_honour(server, with_client, unique):
     group = unique("src")
 
-    async def scenario():
-        client = make_client()
+    async def scenario(client):
         await client.create_execution_group(group)
         await client.add_execution_group_member(group, "writer", unique("writer"))
         for policies in ({"nobody": "share"}, {"writer": "share"}):
@@ -211,16 +200,14 @@ def test_group_forks_refuse_policies_they_cannot_honour(server, make_client, uni
                                           "intervention_member_id": "writer", "intervention_cursor": 0,
                                           "member_policies": policies, "tool_policies": {}})
             assert status == 400 and error["status"] == "bad_request", error
-        await client.disconnect()
 
-    run(scenario())
+    with_client(scenario)
 
 
-def test_a_channel_in_use_by_a_group_is_not_deleted(make_client, unique):
+def test_a_channel_in_use_by_a_group_is_not_deleted(with_client, unique):
     channel, group = unique("log"), unique("readers")
 
-    async def scenario():
-        client = make_client()
+    async def scenario(client):
         await record_n(client, channel, 2)
         await client.create_group(group, channel)
         with pytest.raises(ChannelConflictError):
@@ -229,6 +216,5 @@ def test_a_channel_in_use_by_a_group_is_not_deleted(make_client, unique):
         await client.delete_group(group)
         await client.delete_channel(channel)
         assert await client.replay(channel, limit=10) == []
-        await client.disconnect()
 
-    run(scenario())
+    with_client(scenario)

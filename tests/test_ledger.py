@@ -25,7 +25,7 @@ from actae_client import (
     SessionLockedError,
 )
 
-from conftest import http, run
+from conftest import http
 
 LEASE_EXPIRY_WAIT = 1.2  # > lease_seconds=1
 

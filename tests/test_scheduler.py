@@ -16,11 +16,10 @@ async def wait_for_status(client, wakeup_id, status, seconds=10.0):
     raise AssertionError(f"wake-up {wakeup_id} never became {status}")
 
 
-def test_a_wakeup_fires_once_as_a_scheduler_event(make_client, unique):
+def test_a_wakeup_fires_once_as_a_scheduler_event(with_client, unique):
     channel = unique("wake")
 
-    async def scenario():
-        client = make_client()
+    async def scenario(client):
         due = datetime.now(timezone.utc) + timedelta(seconds=0.5)
         wakeup = await client.schedule_wakeup(channel, due, payload={"reason": "retry"})
         assert wakeup.status == "pending" and wakeup.channel_id == channel
@@ -30,16 +29,14 @@ def test_a_wakeup_fires_once_as_a_scheduler_event(make_client, unique):
         assert [e.event_type for e in events] == ["scheduler.wakeup"]
         assert events[0].payload["reason"] == "retry" and events[0].payload["wakeup_id"] == wakeup.id
         assert await client.cancel_wakeup(wakeup.id) is False          # already fired
-        await client.disconnect()
 
-    run(scenario())
+    with_client(scenario)
 
 
-def test_cancel_list_and_unknown_wakeups(make_client, unique):
+def test_cancel_list_and_unknown_wakeups(with_client, unique):
     channel = unique("cancel")
 
-    async def scenario():
-        client = make_client()
+    async def scenario(client):
         later = await client.schedule_wakeup(channel, "2999-01-01T00:00:00+00:00")
         assert await client.cancel_wakeup(later.id) is True
         assert await client.cancel_wakeup(later.id) is False
@@ -48,9 +45,8 @@ def test_cancel_list_and_unknown_wakeups(make_client, unique):
         assert await client.list_wakeups(channel_id=channel, status="pending") == []
         assert await client.get_wakeup("no-such-wakeup") is None
         assert await client.replay(channel, limit=10) == []
-        await client.disconnect()
 
-    run(scenario())
+    with_client(scenario)
 
 
 def test_bad_wakeups_are_refused(server, unique):
@@ -94,11 +90,10 @@ def test_a_pending_wakeup_survives_a_restart(tmp_path):
         second.stop()
 
 
-def test_an_approval_round_trip_is_durable_and_idempotent(make_client, unique):
+def test_an_approval_round_trip_is_durable_and_idempotent(with_client, unique):
     channel = unique("approval")
 
-    async def scenario():
-        client = make_client()
+    async def scenario(client):
         request_id = await client.request_approval(channel, summary="refund 49 EUR?", timeout_seconds=60)
         pending = await client.list_wakeups(channel_id=channel, status="pending")
         assert [w.payload["approval_request_id"] for w in pending] == [request_id]
@@ -109,6 +104,5 @@ def test_an_approval_round_trip_is_durable_and_idempotent(make_client, unique):
         assert decided.payload["decision"] == "approved"
         types = [e.event_type for e in await client.replay(channel, limit=100)]
         assert types == ["approval.requested", "approval.decided"]
-        await client.disconnect()
 
-    run(scenario())
+    with_client(scenario)
