@@ -2998,6 +2998,7 @@ class WsConnection:
         self.outbox: asyncio.Queue = asyncio.Queue(maxsize=WS_QUEUE_MAX)
         self.pump_task: Optional[asyncio.Task] = None
         self.cut = False
+        self.key: Optional[str] = None
 
     def send(self, frame: dict) -> None:
         """Queue a frame; a client too slow to drain WS_QUEUE_MAX frames is cut off (it catches up on reconnect)."""
@@ -3121,6 +3122,7 @@ async def ws_authenticate(websocket: WebSocket, conn: WsConnection, app) -> bool
         frame = loads_strict(message.get("text") or "null")
         key = frame.get("api_key") if isinstance(frame, dict) and frame.get("type") == "auth" else None
         await check_key(app, key)
+        conn.key = key
     except (asyncio.TimeoutError, ValueError, ActaeError) as exc:
         reason = exc.message if isinstance(exc, ActaeError) else "expected {\"type\": \"auth\", \"api_key\": ...} first"
         await websocket.send_text(json.dumps({"type": "error", "message": reason}))
@@ -3166,6 +3168,11 @@ async def ws_read_frames(conn: WsConnection, db: Database) -> None:
         if message.get("text") is None:
             conn.send({"type": "error", "message": "binary frames are not supported: send JSON text"})
             continue
+        try:                            # a key revoked by `key rotate` stops working here too
+            await check_key(conn.websocket.app, conn.key)
+        except Unauthorized as exc:
+            conn.send({"type": "error", "message": exc.message})
+            return
         await ws_handle_frame(conn, db, message["text"])
 
 

@@ -8,6 +8,7 @@ rotation, and the command line. Contract references are to `CONTRACT.md`.
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -757,3 +758,25 @@ def test_command_line_flags(flag, expected):
     assert done.returncode == 0, done.stderr
     for pattern in expected:
         assert re.search(pattern, done.stdout), done.stdout
+
+
+def test_an_open_websocket_stops_working_when_its_key_is_rotated(tmp_path):
+    import websockets
+
+    srv = ServerProcess(tmp_path).start()
+
+    async def scenario():
+        async with websockets.connect(srv.url.replace("http://", "ws://") + "/ws") as ws:
+            await ws.recv()                                                   # connected
+            await ws.send(json.dumps({"type": "auth", "api_key": srv.key}))
+            assert json.loads(await ws.recv())["event"] == "authenticated"
+            rotate(tmp_path)
+            await ws.send(json.dumps({"type": "subscribe", "topic": "after-rotation", "cursor": 0}))
+            refused = json.loads(await ws.recv())
+            assert refused["type"] == "error" and "revoked" in refused["message"]
+            await asyncio.wait_for(ws.wait_closed(), timeout=10)
+
+    try:
+        run(scenario())
+    finally:
+        srv.stop()
