@@ -751,11 +751,14 @@ def event_by_operation(conn: sqlite3.Connection, channel_id: str, operation_id: 
     ).fetchone()
 
 
+def require_same_request(stored: str, hashed: str, operation_id: str, what: str) -> None:
+    """A reused operation id replays only the request it was first used for; another is refused."""
+    if stored != hashed:
+        raise Conflict("idempotency_conflict", f"operation_id {operation_id} was already used for a different {what}")
+
+
 def replay_or_conflict(row: sqlite3.Row, hashed: str, what: str) -> dict:
-    """A reused operation id: the same request replays the original, another one is refused."""
-    if row["request_hash"] != hashed:
-        raise Conflict("idempotency_conflict",
-                       f"operation_id {row['operation_id']} was already used for a different {what}")
+    require_same_request(row["request_hash"], hashed, row["operation_id"], what)
     return event_json(row)
 
 
@@ -889,9 +892,8 @@ def save_state(tx: Tx, req: dict) -> int:
         row = tx.conn.execute("SELECT version, cursor, sha256 FROM states WHERE channel_id = ? AND operation_id = ?",
                               (channel_id, req["operation_id"])).fetchone()
         if row is not None:
-            if (row["cursor"], row["sha256"]) != (req["cursor"], sha):
-                raise Conflict("idempotency_conflict",
-                               f"operation_id {req['operation_id']} was already used for a different state")
+            require_same_request(f"{row['cursor']}:{row['sha256']}", f"{req['cursor']}:{sha}",
+                                 req["operation_id"], "state")
             return row["version"]
     check_guards(tx.conn, channel_id, req["expected_version"], req["expected_cursor"])
     return insert_state(tx, channel_id, req["cursor"], dump(req["state"]), sha, req["operation_id"])
@@ -1042,17 +1044,17 @@ def last_step_number(conn: sqlite3.Connection, channel_id: str) -> int:
 
 def step_list(conn: sqlite3.Connection, channel_id: str) -> list:
     """Every step visible on a channel, inherited ones resolved to their owners (for the dashboard)."""
-    row = require_channel(conn, channel_id)
-    steps = {}
-    if row["parent_id"] and row["forked_at_step"]:
-        for n in range(1, row["forked_at_step"] + 1):
-            with contextlib.suppress(NotFound):
-                steps[n] = resolve_step(conn, channel_id, n)
-    for r in conn.execute("SELECT step_number, MIN(cursor) AS cursor FROM events WHERE channel_id = ?"
-                          " AND step_number IS NOT NULL GROUP BY step_number", (channel_id,)):
-        steps.setdefault(r["step_number"], {"channel_id": channel_id, "cursor": r["cursor"],
-                                            "step_number": r["step_number"]})
-    return [steps[n] for n in sorted(steps)]
+    steps, upper = [], None          # each ancestor owns the steps between its fork point and `upper`
+    for row, _ in lineage(conn, channel_id):
+        lower = (row["forked_at_step"] or 0) if row["parent_id"] else 0
+        owned = conn.execute(
+            "SELECT step_number, MIN(cursor) AS cursor FROM events WHERE channel_id = ? AND step_number > ?"
+            " AND (? IS NULL OR step_number <= ?) GROUP BY step_number", (row["id"], lower, upper, upper))
+        steps += [{"channel_id": row["id"], "cursor": r["cursor"], "step_number": r["step_number"]} for r in owned]
+        if lower == 0:
+            break
+        upper = lower
+    return sorted(steps, key=lambda step: step["step_number"])
 
 
 # =============================================================================
@@ -1121,9 +1123,7 @@ def fork_channel(tx: Tx, req: dict) -> dict:
     if req["operation_id"] is not None:
         earlier = conn.execute("SELECT * FROM channels WHERE fork_operation_id = ?", (req["operation_id"],)).fetchone()
         if earlier is not None:
-            if earlier["fork_request_hash"] != hashed:
-                raise Conflict("idempotency_conflict",
-                               f"operation_id {req['operation_id']} was already used for a different fork")
+            require_same_request(earlier["fork_request_hash"], hashed, req["operation_id"], "fork")
             return receipt_json(earlier, replayed=True)
     existing = channel_row(conn, child_id)
     if existing is not None:
@@ -1170,6 +1170,11 @@ def fork_channel(tx: Tx, req: dict) -> dict:
     if snapshot is not None:
         insert_state(tx, child_id, marker["cursor"], snapshot["state"], snapshot["sha256"])
     return receipt_json(channel_row(conn, child_id))
+
+
+def lineage_tree(conn: sqlite3.Connection, channel_id: str) -> dict:
+    """The whole fork tree a channel belongs to, from its root."""
+    return fork_tree(conn, require_channel(conn, channel_id)["origin_id"])
 
 
 def fork_tree(conn: sqlite3.Connection, channel_id: str, depth: int = 0) -> dict:
@@ -1444,6 +1449,10 @@ def add_experiment_member(tx: Tx, experiment_id: str, channel_id: str, role: str
     require_experiment(tx.conn, experiment_id)
     add_member(tx, experiment_id, channel_id, role, declared_delta)
     return experiment_json(tx.conn, require_experiment(tx.conn, experiment_id))
+
+
+def list_experiments(conn: sqlite3.Connection) -> list:
+    return [experiment_json(conn, r) for r in conn.execute("SELECT * FROM experiments ORDER BY created_at DESC")]
 
 
 def get_experiment(conn: sqlite3.Connection, experiment_id: str) -> dict:
@@ -1768,6 +1777,12 @@ def create_consumer_group(tx: Tx, group_id: str, channel_id: str, metadata: Opti
     return consumer_group_json(require_consumer_group(tx.conn, group_id))
 
 
+def list_consumer_groups(conn: sqlite3.Connection, channel_id: Optional[str]) -> list:
+    rows = conn.execute("SELECT * FROM consumer_groups WHERE ? IS NULL OR channel_id = ? ORDER BY id",
+                        (channel_id, channel_id))
+    return [consumer_group_json(r) for r in rows.fetchall()]
+
+
 def delete_consumer_group(tx: Tx, group_id: str) -> dict:
     require_consumer_group(tx.conn, group_id)
     tx.conn.execute("DELETE FROM group_consumers WHERE group_id = ?", (group_id,))
@@ -1933,6 +1948,16 @@ def require_member(conn: sqlite3.Connection, group_id: str, member_id: str) -> s
                           group_id, member_id)
 
 
+def list_execution_groups(conn: sqlite3.Connection) -> list:
+    return [execution_group_json(r) for r in conn.execute("SELECT * FROM execution_groups ORDER BY created_at, id")]
+
+
+def list_group_members(conn: sqlite3.Connection, group_id: str) -> list:
+    require_execution_group(conn, group_id)
+    rows = conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? ORDER BY member_id", (group_id,))
+    return [member_json(r) for r in rows.fetchall()]
+
+
 def create_execution_group(tx: Tx, group_id: str, metadata: Optional[dict], fork: Optional[dict] = None) -> dict:
     tx.conn.execute("INSERT INTO execution_groups (id, metadata, fork, created_at, updated_at) VALUES (?, ?, ?, ?, ?)"
                     " ON CONFLICT (id) DO NOTHING", (group_id, dump(metadata or {}), dump(fork), tx.ts, tx.ts))
@@ -1999,9 +2024,7 @@ def send_group_message(tx: Tx, group_id: str, req: dict) -> dict:
         earlier = tx.conn.execute("SELECT * FROM group_messages WHERE group_id = ? AND operation_id = ?",
                                   (group_id, req["operation_id"])).fetchone()
         if earlier is not None:
-            if earlier["request_hash"] != hashed:
-                raise Conflict("idempotency_conflict",
-                               f"operation_id {req['operation_id']} was already used for a different message")
+            require_same_request(earlier["request_hash"], hashed, req["operation_id"], "message")
             return message_json(earlier)
     sender = require_member(tx.conn, group_id, req["from_member_id"])
     recipient = require_member(tx.conn, group_id, req["to_member_id"])
@@ -2561,9 +2584,7 @@ async def api_experiments_create(request: Request) -> Response:
 
 
 async def api_experiments_list(request: Request) -> Response:
-    def all_experiments(conn):
-        return [experiment_json(conn, r) for r in conn.execute("SELECT * FROM experiments ORDER BY created_at DESC")]
-    return json_ok({"experiments": await db_of(request).read(all_experiments)})
+    return json_ok({"experiments": await db_of(request).read(list_experiments)})
 
 
 async def api_experiments_get(request: Request) -> Response:
@@ -2690,12 +2711,7 @@ async def api_groups_list(request: Request) -> Response:
     channel_id = request.query_params.get("channel_id")
     if channel_id is not None:
         valid_channel(channel_id)
-
-    def groups(conn):
-        rows = conn.execute("SELECT * FROM consumer_groups WHERE ? IS NULL OR channel_id = ? ORDER BY id",
-                            (channel_id, channel_id))
-        return [consumer_group_json(r) for r in rows.fetchall()]
-    return json_ok({"groups": await db_of(request).read(groups)})
+    return json_ok({"groups": await db_of(request).read(list_consumer_groups, channel_id)})
 
 
 async def api_groups_delete(request: Request) -> Response:
@@ -2744,9 +2760,7 @@ async def api_execution_groups_create(request: Request) -> Response:
 
 
 async def api_execution_groups_list(request: Request) -> Response:
-    def groups(conn):
-        return [execution_group_json(r) for r in conn.execute("SELECT * FROM execution_groups ORDER BY created_at, id")]
-    return json_ok({"groups": await db_of(request).read(groups)})
+    return json_ok({"groups": await db_of(request).read(list_execution_groups)})
 
 
 async def api_execution_groups_add_member(request: Request) -> Response:
@@ -2757,13 +2771,7 @@ async def api_execution_groups_add_member(request: Request) -> Response:
 
 
 async def api_execution_groups_members(request: Request) -> Response:
-    group_id = path_group(request)
-
-    def members(conn):
-        require_execution_group(conn, group_id)
-        rows = conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? ORDER BY member_id", (group_id,))
-        return [member_json(r) for r in rows.fetchall()]
-    return json_ok({"members": await db_of(request).read(members)})
+    return json_ok({"members": await db_of(request).read(list_group_members, path_group(request))})
 
 
 def lease_holder(body: Body) -> tuple:
@@ -3417,11 +3425,8 @@ async def page_run(request: Request) -> Response:
 
 async def page_tree(request: Request) -> Response:
     channel_id = path_channel(request)
-
-    def tree_of_lineage(conn):
-        return fork_tree(conn, require_channel(conn, channel_id)["origin_id"])
-    return render(request, "tree.html", {"title": f"Fork tree of {channel_id}",
-                                         "root": await db_of(request).read(tree_of_lineage), "current": channel_id})
+    root = await db_of(request).read(lineage_tree, channel_id)
+    return render(request, "tree.html", {"title": f"Fork tree of {channel_id}", "root": root, "current": channel_id})
 
 
 async def page_diff(request: Request) -> Response:
