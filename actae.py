@@ -2118,7 +2118,7 @@ def claim_execution(tx: Tx, req: Claim) -> Union[dict, Refused]:
 
 def owned_execution(tx: Tx, execution_id: str, token: Optional[str]) -> sqlite3.Row:
     row = require_execution(tx.conn, execution_id)
-    if token is None or row["claim_token"] is None or not hmac.compare_digest(token, row["claim_token"]):
+    if token is None or row["claim_token"] is None or not same_secret(token, row["claim_token"]):
         raise Conflict("execution_not_owned", f"execution {execution_id} is not owned by this claim token "
                                               "(stale, missing, or taken over after its lease expired)")
     return row
