@@ -42,7 +42,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
@@ -3978,8 +3978,19 @@ class Scheduler:
 # deadline for headers or body, and it waits for a silent connection for ever. These live here.
 
 
-def refusal(status: int, reason: str) -> bytes:
-    return f"HTTP/1.1 {status} {reason}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n".encode("ascii")
+REFUSALS = {
+    408: ("Request Timeout", "request_timeout", "the request did not arrive in time"),
+    431: ("Request Header Fields Too Large", "headers_too_large", "the request's headers are too large or too many"),
+}
+
+
+def refusal(status: int) -> bytes:
+    """A complete response with the JSON error body, written by the protocol itself."""
+    reason, code, message = REFUSALS[status]
+    body = msgspec.json.encode({"status": code, "error": message})
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n")
+    return head.encode("ascii") + body
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -4004,12 +4015,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.deadline.cancel()
             self.deadline = None
 
-    def refuse(self, status: int, reason: str) -> None:
+    def refuse(self, status: int) -> None:
         """Answer (when no response has started) and close: the client broke a bound."""
         self.disarm()
         if not self.transport.is_closing():
             if self.cycle is None or not self.cycle.response_started:
-                self.transport.write(refusal(status, reason))
+                self.transport.write(refusal(status))
             self.transport.close()
 
     def connection_lost(self, exc) -> None:
@@ -4029,7 +4040,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             super().data_received(head)           # may finish the headers (on_headers_complete)
         if rest and not self.transport.is_closing():
             if self.reading_headers:
-                self.refuse(431, "Request Header Fields Too Large")
+                self.refuse(431)
             else:
                 super().data_received(rest)
 
@@ -4040,7 +4051,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self.header_count += 1
         if self.header_count > self.settings.max_headers:
-            self.refuse(431, "Request Header Fields Too Large")
+            self.refuse(431)
             raise ValueError("too many headers")  # stops the parser; httptools reports it as a parse error
         super().on_header(name, value)
 
@@ -4070,7 +4081,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.deadline = None
         if self.reading_headers:
             if self.header_bytes:
-                self.refuse(408, "Request Timeout")
+                self.refuse(408)
             elif not self.transport.is_closing():
                 self.transport.close()            # a silent connection gets no answer, just closed
 
@@ -4079,7 +4090,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.flow.read_paused:                 # we stopped reading (the app is slow), not the client
             self.arm(self.settings.body_timeout, self.body_timed_out)
         else:
-            self.refuse(408, "Request Timeout")
+            self.refuse(408)
 
 
 def guarded_protocol(settings: Settings) -> type:
@@ -4194,6 +4205,8 @@ def converting_bugs(endpoint: Callable) -> Callable:
             return await endpoint(request)
         except (ActaeError, HTTPException):
             raise
+        except ClientDisconnect:
+            return Response(status_code=499)    # nobody is left to read it: not a bug, nothing to log
         except Exception as exc:  # noqa: BLE001 - a bug; the client still gets the JSON error body
             log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
             raise Internal(f"internal error ({type(exc).__name__}); the server log has the details") from None
