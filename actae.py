@@ -20,6 +20,7 @@ import hashlib
 import hmac
 import json
 import logging
+import math
 import os
 import re
 import secrets
@@ -75,6 +76,7 @@ WRITE_BATCH_MAX = 256
 WS_QUEUE_MAX = 10_000
 SESSION_COOKIE = "actae_session"
 SESSION_MAX_AGE = 7 * 24 * 3600
+KEY_REFRESH_SECONDS = 1.0              # a key revoked by another process stops working within this
 
 CHANNEL_ID = re.compile(r"[A-Za-z0-9._:-]{1,256}")  # used with fullmatch: "abc\n" must fail
 TOOL_POLICIES = ("auto", "replay", "block", "live")
@@ -99,7 +101,7 @@ class Settings:
     max_connections: int = 2048        # beyond this, requests get 503 until connections close
     header_timeout: float = 10.0       # seconds for a request's headers (and for a WebSocket's auth frame)
     keepalive_timeout: float = 5.0     # seconds an idle keep-alive connection stays open
-    body_timeout: float = 30.0         # seconds to wait for the next chunk of a request body
+    body_timeout: float = 30.0         # seconds a request body may take to arrive, all of it
     max_header_bytes: int = 64 * 1024  # request line and headers
     max_headers: int = 100
 
@@ -220,8 +222,8 @@ def same_secret(given: str, expected: str) -> bool:
 
 
 def dump(value: Any) -> Optional[str]:
-    """Serialise a stored JSON column; None stays SQL NULL."""
-    return None if value is None else json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+    """Serialise a stored JSON column (compact UTF-8, keys in the order given); None stays SQL NULL."""
+    return None if value is None else msgspec.json.encode(value).decode("utf-8")
 
 
 def load(text: Optional[str]) -> Any:
@@ -987,11 +989,8 @@ class Tx:
 
     conn: sqlite3.Connection
     now: datetime
+    ts: str                          # `now` as stored: formatted once per batch, not per row
     events: list = field(default_factory=list)
-
-    @property
-    def ts(self) -> str:
-        return iso(self.now)
 
 
 @dataclass
@@ -1011,8 +1010,9 @@ def run_jobs(conn: sqlite3.Connection, jobs: list) -> list:
     conn.execute("BEGIN IMMEDIATE")
     try:
         now = utc_now()
+        ts = iso(now)
         for job in jobs:
-            tx = Tx(conn, now)
+            tx = Tx(conn, now, ts)
             conn.execute("SAVEPOINT job")
             try:
                 result = job.work(tx, *job.args)
@@ -2677,6 +2677,11 @@ def first_key(tx: Tx) -> Optional[str]:
     return issue_key(tx, revoke_others=False)
 
 
+def active_keys(conn: sqlite3.Connection) -> dict:
+    """Every valid key as {hash: id}: the whole set the server checks keys against."""
+    return {r["key_hash"]: r["prefix"] for r in conn.execute("SELECT key_hash, prefix FROM api_keys WHERE revoked_at IS NULL")}
+
+
 def active_key_id(conn: sqlite3.Connection, hashed: str) -> Optional[str]:
     row = conn.execute("SELECT prefix FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL", (hashed,)).fetchone()
     return row["prefix"] if row else None
@@ -3108,6 +3113,32 @@ async def openapi_json(request: Request) -> dict:
 # =============================================================================
 
 
+class KeyRing:
+    """The valid API keys by hash, in memory, so that checking a key reads nothing from the database.
+
+    `key rotate` runs in another process, so the set is read again when it is more than
+    KEY_REFRESH_SECONDS old (one read, shared by every request that finds it stale); a change made
+    by this server calls `reload` itself and takes effect at once.
+    """
+
+    def __init__(self, db: Database):
+        self.db = db
+        self.by_hash: dict = {}
+        self.loaded_at = -math.inf
+        self.loading: Optional[asyncio.Future] = None
+
+    async def reload(self) -> None:
+        self.by_hash = await self.db.read(active_keys)
+        self.loaded_at = time.monotonic()
+
+    async def lookup(self, hashed: str) -> Optional[str]:
+        if time.monotonic() - self.loaded_at > KEY_REFRESH_SECONDS:
+            if self.loading is None or self.loading.done():
+                self.loading = asyncio.ensure_future(self.reload())
+            await asyncio.shield(self.loading)
+        return self.by_hash.get(hashed)
+
+
 async def check_key(app, key: Any) -> str:
     """The id of a valid key (its prefix, or "env"); Unauthorized otherwise."""
     if not isinstance(key, str) or not key:
@@ -3115,7 +3146,7 @@ async def check_key(app, key: Any) -> str:
     env_key = app.state.env_key
     if env_key and same_secret(key, env_key):
         return "env"
-    key_id = await app.state.db.read(active_key_id, key_hash(key))
+    key_id = await app.state.keys.lookup(key_hash(key))
     if key_id is None:
         raise Unauthorized("invalid or revoked API key")
     return key_id
@@ -3995,8 +4026,9 @@ def refusal(status: int) -> bytes:
 
 class GuardedHttpProtocol(HttpToolsProtocol):
     """HttpToolsProtocol plus: header bytes and count capped (431), a deadline for a request's
-    headers (from the connection, or from the next request's first byte) and for each body chunk
-    (408). `settings` is set on the subclass that `guarded_protocol` makes."""
+    headers (from the connection, or from the next request's first byte) and one for its whole
+    body (408), so dripping a byte at a time holds nothing for long. `settings` is set on the
+    subclass that `guarded_protocol` makes."""
 
     settings: Settings
 
@@ -4068,9 +4100,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                 return True
         return False
 
-    def on_body(self, body: bytes) -> None:
-        super().on_body(body)
-        self.arm(self.settings.body_timeout, self.body_timed_out)
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if not self.reading_headers and not self.transport.is_closing():
+            self.refuse(408)        # answered before its body arrived: stop reading a body nobody needs
 
     def on_message_complete(self) -> None:
         self.disarm()
@@ -4255,6 +4288,7 @@ def create_app(data_dir: Path, *, env_key: Optional[str] = None, settings: Setti
     app = Starlette(routes=app_routes(), lifespan=lifespan, middleware=[Middleware(Guard, settings=settings)],
                     exception_handlers={ActaeError: on_actae_error, HTTPException: on_http_error})
     app.state.db, app.state.hub, app.state.env_key = db, hub, env_key or None
+    app.state.keys = KeyRing(db)
     app.state.settings = settings
     app.state.scheduler = Scheduler(db)
     app.state.instance_id, app.state.started = str(uuid.uuid4()), time.monotonic()
@@ -4292,7 +4326,7 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--keepalive-timeout", type=float, default=default.keepalive_timeout, metavar="SECONDS",
                         help=f"how long an idle connection stays open (default: {default.keepalive_timeout:g})")
     limits.add_argument("--body-timeout", type=float, default=default.body_timeout, metavar="SECONDS",
-                        help=f"wait for the next piece of a request body (default: {default.body_timeout:g})")
+                        help=f"time for a request's whole body (default: {default.body_timeout:g})")
     limits.add_argument("--max-header-bytes", type=int, default=default.max_header_bytes, metavar="BYTES",
                         help=f"request line and headers together (default: {default.max_header_bytes})")
     commands = parser.add_subparsers(dest="command", metavar="{key}")
