@@ -3228,7 +3228,7 @@ ERROR_EVENT_TYPES = ("error", "run.error", "run.failed", "session.error", "sessi
 BLOCKING_EVENT_TYPES = ("tool.blocked", "approval.requested", "approval.expired")
 EXECUTION_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted", "expired")
 LEDGER_SINCE = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
-STEP_CHANGES_SHOWN = 20                # changed paths listed per step (the count says how many in all)
+STEP_CHANGES_SHOWN = 20                # changed keys listed per step (the count says how many in all)
 JSON_TREE_NODES = 3000                 # larger documents are shown as plain JSON text
 JSON_TREE_DEPTH = 24
 PICTURE_BARS_MAX = 240                 # steps are bucketed beyond this, so a 10,000-step run stays small
@@ -3548,10 +3548,17 @@ def step_durations(conn: sqlite3.Connection, channel_id: str, first: int, last: 
 
 
 def state_changes(before: Any, after: Any) -> dict:
-    """The paths a snapshot changed against the one before it: {paths: [{path, kind}], total}."""
-    entries = diff_values(before if before is not None else {}, after)
-    return {"paths": [{"path": ".".join(e["path"]) or "(whole state)", "kind": e["kind"]}
-                      for e in entries[:STEP_CHANGES_SHOWN]], "total": len(entries)}
+    """The top-level keys a snapshot changed against the one before it, each with the paths inside it
+    that changed: {keys: [{key, kind, paths}], total}."""
+    changed: dict = {}
+    for entry in diff_values(before if before is not None else {}, after):
+        path = entry["path"]
+        key = path[0] if path else "(whole state)"
+        hit = changed.setdefault(key, {"key": key, "kind": entry["kind"] if len(path) <= 1 else "changed",
+                                       "paths": []})
+        if len(path) > 1 and len(hit["paths"]) < 5:
+            hit["paths"].append(".".join(path[1:]))
+    return {"keys": list(changed.values())[:STEP_CHANGES_SHOWN], "total": len(changed)}
 
 
 def snapshots(conn: sqlite3.Connection, channel_id: str, first: int, last: int) -> dict:
