@@ -3651,8 +3651,9 @@ def step_picture(conn: sqlite3.Connection, row: sqlite3.Row, failure: Optional[F
     first_step, last_step = spans[0][0], spans[-1][0]
     bad_after = failure.last_good_step if failure is not None else None
 
-    def x_of(step: int) -> float:
-        return round((max(0, min(step, last_step) - first_step) // per) * slot, 1)
+    def x_after(step: int) -> float:
+        """Where "after step k" is: the right edge of the bar holding step k."""
+        return round(min(len(buckets), (max(0, step - first_step) // per) + 1) * slot, 1)
 
     bars = []
     for b in buckets:
@@ -3661,11 +3662,11 @@ def step_picture(conn: sqlite3.Connection, row: sqlite3.Row, failure: Optional[F
         bars.append({"first": b[0][0], "last": b[-1][0], "ms": ms, "x": round(len(bars) * slot, 1),
                      "y": round(height - h, 1), "width": round(max(slot * 0.8, 0.8), 1), "height": h,
                      "bad": bad_after is not None and b[-1][0] > bad_after})
-    marks = [{"x": x_of(f["forked_at_step"]), "label": f"fork {f['channel_id']} after step {f['forked_at_step']}"}
+    marks = [{"x": x_after(f["forked_at_step"]), "label": f"fork {f['channel_id']} after step {f['forked_at_step']}"}
              for f in forks if f.get("forked_at_step")]
     return {"width": width, "height": height, "bars": bars, "marks": marks, "first_step": first_step,
             "last_step": last_step, "total_ms": millis_between(origin["created_at"], steps[-1]["created_at"]),
-            "per_bar": per}
+            "per_bar": per, "any_bad": any(b["bad"] for b in bars)}
 
 
 def default_fork_name(conn: sqlite3.Connection, channel_id: str, fork_count: int) -> str:
@@ -3742,7 +3743,7 @@ def tree_picture(root: dict) -> dict:
             walk(child, here)
     walk(root, None)
     longest = max(r["node"]["end_step"] for r in rows) or 1
-    left, right, row_height = 12, 628, 40
+    left, right, row_height = 12, 408, 40
 
     def x_of(step: int) -> float:
         return round(left + (right - left) * step / longest, 1)
@@ -3751,11 +3752,12 @@ def tree_picture(root: dict) -> dict:
         node = r["node"]
         begin = (node["forked_at_step"] or 0) if r["parent_row"] is not None else 0
         y = 26 + i * row_height
-        lines.append({"channel_id": node["channel_id"], "label": node["display_name"] or node["channel_id"],
+        lines.append({"channel_id": node["channel_id"], "label": node["channel_id"],
                       "status": node["status"], "x1": x_of(begin), "x2": x_of(max(begin, node["end_step"])),
                       "y": y, "text_y": y - 8, "begin": begin, "end": node["end_step"],
                       "parent_y": 26 + r["parent_row"] * row_height if r["parent_row"] is not None else None})
-    return {"width": 640, "height": 16 + len(rows) * row_height, "lines": lines, "longest": longest}
+    # 420 units wide: scaled to a phone's width the labels stay readable, and at most 560px on a desktop.
+    return {"width": 420, "height": 16 + len(rows) * row_height, "lines": lines, "longest": longest}
 
 
 def ledger_page(conn: sqlite3.Connection, filters: dict, before: Optional[str]) -> tuple:

@@ -283,11 +283,11 @@ def test_replayed_effect_shows_on_the_fork_timeline(tab, server, runs):
 
 def test_forks_group_under_their_root_and_shared_names_show_the_id(tab, server, runs):
     tab.goto(server.url + "/")
-    group = tab.locator(f"tr.group-row[data-root='{runs['base']}'] details.fork-group")
-    assert group.count() == 1
-    group.locator(":scope > summary").click()
+    group = tab.locator(f"tbody.group[data-root='{runs['base']}']")
     resumed = group.locator(f"tr[data-channel='{runs['resumed']}']")
-    assert resumed.is_visible()
+    assert resumed.count() == 1 and not resumed.is_visible()     # folded until asked for
+    group.locator("label.group-toggle").click()
+    assert resumed.is_visible() and group.locator(f"tr[data-channel='{runs['replay']}']").is_visible()
     assert resumed.locator("a.run-link").inner_text() == runs["resumed"]
     shot(tab, "runs-grouped")
 

@@ -41,19 +41,19 @@ document.addEventListener("click", function (e) {
   }
   function addButtons(root) {
     root.querySelectorAll(".copyable, #continue-snippet").forEach(function (box) {
-      var holder = box.id === "continue-snippet" ? box.parentNode : box;
+      var snippet = box.id === "continue-snippet";
+      var holder = snippet ? box.parentNode : box;
       if (holder.querySelector(":scope > .copy-btn")) return;
-      holder.classList.add("copyable");
       var button = document.createElement("button");
       button.type = "button";
-      button.className = "btn-quiet copy-btn";
+      button.className = "btn-quiet copy-btn" + (snippet ? " static" : "");
       button.textContent = "Copy";
       button.addEventListener("click", function (e) {
         e.preventDefault();
         var source = box.id === "continue-snippet" ? box : box.querySelector(".jtree, pre");
         if (source) copyText(source.textContent, button);
       });
-      holder.insertBefore(button, holder.firstChild);
+      holder.insertBefore(button, snippet ? box : holder.firstChild);
     });
   }
   addButtons(document);
