@@ -3350,7 +3350,8 @@ def failed_state_failure(conn: sqlite3.Connection, row: sqlite3.Row) -> Optional
         return None
     state = load(bad["state"])
     status = state.get("status") if isinstance(state, dict) else None
-    message = failure_message(state) or f'the state saved at step {step_at(conn, row, bad["cursor"])} has status "{status}"'
+    at_step = step_at(conn, row, bad["cursor"])
+    message = failure_message(state) or f'the state saved at step {at_step} has status "{status}"'
     last_good = step_at(conn, row, good["cursor"]) if good else None
     return Failure("failed", message, last_good, bad["cursor"])
 
@@ -3432,7 +3433,8 @@ def fork_group(conn: sqlite3.Connection, root_id: str) -> tuple:
     """A root's descendants in tree order (each with its depth), at most GROUP_FORKS_MAX; and how many in all."""
     rows = conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.origin_id = ? AND c.id <> ?"
                         " ORDER BY c.created_at, c.id LIMIT ?", (root_id, root_id, GROUP_FORKS_MAX)).fetchall()
-    total = conn.execute("SELECT COUNT(*) FROM channels WHERE origin_id = ? AND id <> ?", (root_id, root_id)).fetchone()[0]
+    total = conn.execute("SELECT COUNT(*) FROM channels WHERE origin_id = ? AND id <> ?",
+                         (root_id, root_id)).fetchone()[0]
     children: dict = {}
     for r in rows:
         children.setdefault(r["parent_id"], []).append(r)
@@ -3491,8 +3493,8 @@ def deletion_plan(conn: sqlite3.Connection, channel_id: str) -> dict:
         "WITH RECURSIVE tree(id) AS (SELECT ? UNION ALL SELECT k.id FROM channels k JOIN tree t ON k.parent_id = t.id)"
         " SELECT COUNT(*) FROM executions x JOIN tree t ON x.channel_id = t.id", (channel_id,)).fetchone()[0]
     return {"channel_id": channel_id, "display_name": row["display_name"] or channel_id,
-            "runs": [{"channel_id": r["id"], "display_name": r["display_name"] or r["id"], "event_count": r["last_cursor"]}
-                     for r in doomed],
+            "runs": [{"channel_id": r["id"], "display_name": r["display_name"] or r["id"],
+                      "event_count": r["last_cursor"]} for r in doomed],
             "event_count": sum(r["last_cursor"] for r in doomed), "execution_count": executions}
 
 
@@ -4104,7 +4106,9 @@ def form_json_object(form: dict, field_name: str, label: str) -> Optional[dict]:
     try:
         value = parse_json(text.encode())
     except ActaeError as exc:
-        raise FormError(field_name, f"{label} is not valid JSON: {exc.message}")
+        # parse_json speaks of a request body; here it is one field of the form
+        detail = exc.message.removeprefix("invalid JSON body: ")
+        raise FormError(field_name, f"{label} is not valid JSON: {detail}")
     if not isinstance(value, dict):
         raise FormError(field_name, f"{label} must be a JSON object, like {{\"model\": \"slow\"}}")
     return value
