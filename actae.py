@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import json
 import logging
-import math
 import os
 import re
 import secrets
@@ -32,20 +31,24 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Callable, Optional
-from urllib.parse import parse_qs, urlencode
+from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import aiosqlite
 import jinja2
 import markupsafe
+import msgspec
 import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
+from msgspec import UNSET, Meta, Struct, UnsetType
 from starlette.websockets import WebSocket
 
 __version__ = "0.1.0"
@@ -81,12 +84,26 @@ OUTCOMES = ("promoted", "rejected", "inconclusive", "crashed")
 WAKEUP_STATUSES = ("pending", "done", "failed", "cancelled")
 WAKEUP_BATCH = 100                     # wake-ups fired per write transaction
 MEMBER_POLICIES = ("fork", "share")    # group fork: a member's channel is forked, or shared as it is
-# The ledger row AgentSession(fence_owner=...) uses as its writer lock (CONTRACT §15.4).
+# The ledger row AgentSession(fence_owner=...) claims as its writer lock: a fence, not a side effect.
 SESSION_FENCE = ("__session_lock__", "agent.session")
-# Keys a fork manifest needs for the strongest reproducibility grade (PRODUCT.md §3).
+# Keys a fork manifest must name for the strongest reproducibility grade, `context_exact`.
 CONTEXT_EXACT_KEYS = ("model", "environment", "dependencies", "seed")
 
 log = logging.getLogger("actae")
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the command line tunes: who may reach the server, and the bounds on each connection."""
+
+    host: str = DEFAULT_HOST
+    allow_hosts: tuple = ()            # Host names served besides the bound address and loopback names
+    max_connections: int = 2048        # beyond this, requests get 503 until connections close
+    header_timeout: float = 10.0       # seconds for a request's headers (and for a WebSocket's auth frame)
+    keepalive_timeout: float = 5.0     # seconds an idle keep-alive connection stays open
+    body_timeout: float = 30.0         # seconds to wait for the next chunk of a request body
+    max_header_bytes: int = 64 * 1024  # request line and headers
+    max_headers: int = 100
 
 # =============================================================================
 # Errors: one exception type, mapped to HTTP in one place (error_response)
@@ -114,6 +131,10 @@ class Unauthorized(ActaeError):
     status, code = 401, "unauthorized"
 
 
+class Forbidden(ActaeError):
+    status, code = 403, "forbidden"
+
+
 class NotFound(ActaeError):
     status, code = 404, "not_found"
 
@@ -129,6 +150,12 @@ class Conflict(ActaeError):
 
 class TooLarge(ActaeError):
     status, code = 413, "payload_too_large"
+
+
+class Internal(ActaeError):
+    """A bug: answered like any other error (the connection stays usable), logged where it happened."""
+
+    status, code = 500, "internal"
 
 
 class ShuttingDown(ActaeError):
@@ -186,7 +213,12 @@ def canonical_json(value: Any) -> str:
 
 
 def sha256_hex(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def same_secret(given: str, expected: str) -> bool:
+    """Constant-time comparison of two secrets, on bytes (compare_digest refuses non-ASCII str)."""
+    return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
 
 
 def dump(value: Any) -> Optional[str]:
@@ -198,39 +230,6 @@ def load(text: Optional[str]) -> Any:
     return None if text is None else json.loads(text)
 
 
-def _reject_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):            # 1e999 parses as infinity
-        raise ValueError(f"{text} is out of range for a JSON number")
-    return value
-
-
-def loads_strict(text) -> Any:
-    """Strict JSON: NaN, Infinity, overflowing floats and lone surrogates are refused (ValueError)."""
-    try:
-        value = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply")
-    needle = b"\\u" if isinstance(text, bytes) else "\\u"
-    if needle in text:
-        try:   # escaped lone surrogates decode to str that cannot be stored as UTF-8
-            json.dumps(value, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError("JSON contains an unpaired surrogate escape")
-    return value
-
-
-def parse_json(raw: bytes) -> Any:
-    try:
-        return loads_strict(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise BadRequest(f"invalid JSON body: {exc}")
-
-
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -239,6 +238,487 @@ def valid_channel(value: Any, what: str = "channel_id") -> str:
     if not isinstance(value, str) or not CHANNEL_ID.fullmatch(value):
         raise BadRequest(f"{what} must be 1-256 characters of A-Z a-z 0-9 . _ : - (got {value!r:.80})")
     return value
+
+
+# =============================================================================
+# Request records: every body, query string, path and WebSocket frame, declared once
+# =============================================================================
+# Each record is decoded by `decode_body` / `decode_params` / `decode_frame` and nothing else:
+# types, int64 ranges, string and list lengths come from the annotations, the nesting depth of
+# free-form documents from `check_documents`. The same declarations generate /openapi.json.
+
+INT64_MIN = -(2**63)
+DOCUMENT_DEPTH_MAX = 64                # one limit for payloads, states, metadata, interventions, frames
+LIST_MAX = 1000                        # channel_ids, dedup_fields, dependencies
+CHANNEL_PATTERN = r"^[A-Za-z0-9._:-]{1,256}\Z"   # \Z, not $: "abc\n" must fail
+
+Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
+Count = Annotated[int, Meta(ge=0, le=INT64_MAX)]
+Positive = Annotated[int, Meta(ge=1, le=INT64_MAX)]
+Limit = Annotated[int, Meta(ge=1, le=INT64_MAX, description="clamped to the route's maximum, never rejected")]
+Lease = Annotated[int, Meta(ge=LEASE_MIN, le=LEASE_MAX, description="seconds")]
+ChannelId = Annotated[str, Meta(pattern=CHANNEL_PATTERN, description="1-256 characters of A-Z a-z 0-9 . _ : -")]
+Id = Annotated[str, Meta(min_length=1, max_length=256)]
+Name = Annotated[str, Meta(min_length=1, max_length=512)]          # event types, tools, keys, owners
+Token = Annotated[str, Meta(max_length=512)]                       # operation ids, claim tokens
+Label = Annotated[str, Meta(max_length=4096)]                      # display names, actors, roles
+LongText = Annotated[str, Meta(max_length=MAX_DOCUMENT_BYTES)]     # reasons, messages, stack traces
+Document = Annotated[Any, Meta(description=f"any JSON value, at most {DOCUMENT_DEPTH_MAX} levels deep")]
+JsonObject = Annotated[dict[str, Any], Meta(description=f"a JSON object, at most {DOCUMENT_DEPTH_MAX} levels deep")]
+Timestamp = Annotated[datetime, Meta(tz=True, description="RFC 3339 with a zone (Z or +00:00)")]
+ToolPolicies = dict[Label, Literal[TOOL_POLICIES]]
+
+
+class Record(Struct, kw_only=True, forbid_unknown_fields=False):
+    """A request shape. Unknown fields are ignored: newer SDKs may send more than we read."""
+
+
+class Empty(Record, kw_only=True):
+    """No fields: the SDK sends nothing, or an object we do not read."""
+
+
+class Idempotent(Record, kw_only=True):
+    operation_id: Optional[Token] = None
+
+    def __post_init__(self):
+        self.operation_id = self.operation_id or None       # an empty operation id counts as none
+
+
+class ClampedLimit(Record, kw_only=True):
+    """Replay and list limits are clamped to LIMIT_MAX, never rejected (the SDK asks for more)."""
+
+    LIMIT_MAX: ClassVar[int] = REPLAY_LIMIT_MAX
+    limit: Limit = 100
+
+    def __post_init__(self):
+        self.limit = min(self.limit, self.LIMIT_MAX)
+
+
+# --- events and state ---------------------------------------------------------------
+
+
+class EventMeta(Record, kw_only=True):
+    actor: Optional[Label] = None
+    agent_id: Optional[Label] = None
+    user_id: Optional[Label] = None
+    metadata: Optional[JsonObject] = None
+
+
+class EventFields(Idempotent, kw_only=True):
+    """What record, transition and WebSocket publish share."""
+
+    channel_id: ChannelId
+    payload: Document = None
+    metadata: Optional[EventMeta] = None
+
+    def meta(self) -> EventMeta:
+        return self.metadata or EventMeta()
+
+    def actor(self) -> str:
+        return self.meta().actor or "system"
+
+
+class RecordEvent(EventFields, kw_only=True):
+    event_type: Name
+    step_number: Optional[Positive] = None
+    dependencies: Optional[Annotated[list[dict[Label, Label]], Meta(max_length=LIST_MAX)]] = None
+
+
+class Transition(EventFields, kw_only=True):
+    type: Name
+    state: Document = None
+    expected_version: Optional[Count] = None
+    expected_cursor: Optional[Count] = None
+
+
+class EventQuery(ClampedLimit, kw_only=True):
+    channel_ids: Optional[Annotated[list[ChannelId], Meta(max_length=LIST_MAX)]] = None
+    event_type: Optional[Name] = None
+    actor: Optional[Label] = None
+    cursor_start: Optional[Count] = None
+    cursor_end: Optional[Count] = None
+    since: Optional[Timestamp] = msgspec.field(default=None, name="from")
+    until: Optional[Timestamp] = msgspec.field(default=None, name="to")
+    offset: Count = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_utc(self.since)
+        check_utc(self.until)
+
+
+class SaveState(Idempotent, kw_only=True):
+    channel_id: Optional[ChannelId] = None   # the SDK repeats the path's channel; another one is refused
+    cursor: Count
+    state: Document = None
+    expected_version: Optional[Count] = None
+    expected_cursor: Optional[Count] = None
+
+
+class ReplayQuery(ClampedLimit, kw_only=True):
+    cursor: Count = 0
+    event_type: Optional[Name] = None
+
+
+class CausalQuery(Record, kw_only=True):
+    max_nodes: Limit = 1000
+
+    def __post_init__(self):
+        self.max_nodes = min(self.max_nodes, 10_000)
+
+
+class PageQuery(ClampedLimit, kw_only=True):
+    offset: Count = 0
+
+
+# --- channels, forks, experiments ------------------------------------------------------
+
+
+class PutMetadata(Record, kw_only=True):
+    """Only the keys present change (UNSET = absent; null clears)."""
+
+    channel_id: Optional[ChannelId] = None
+    display_name: Union[Label, None, UnsetType] = UNSET
+    reason: Union[LongText, None, UnsetType] = UNSET
+    experiment_metadata: Union[JsonObject, None, UnsetType] = UNSET
+
+
+class Fork(Idempotent, kw_only=True):
+    """POST /channels/fork; the dashboard's fork form builds the same record."""
+
+    source_channel_id: ChannelId
+    new_channel_id: ChannelId
+    at_cursor: Count = 0
+    display_name: Optional[Label] = None
+    reason: Optional[LongText] = None
+    experiment_metadata: Optional[JsonObject] = None
+    manifest: Optional[JsonObject] = None
+    tool_policies: Optional[ToolPolicies] = None
+    expected_version: Optional[Count] = None
+    expected_cursor: Optional[Count] = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.tool_policies = self.tool_policies or None
+
+
+class PairQuery(Record, kw_only=True):
+    left: ChannelId
+    right: ChannelId
+
+
+class DeleteQuery(Record, kw_only=True):
+    recursive: bool = False
+
+
+class SetOutcome(Record, kw_only=True):
+    outcome: Literal[OUTCOMES]
+    score: Optional[float] = None
+
+
+class CreateExperiment(Record, kw_only=True):
+    name: Annotated[str, Meta(min_length=1, max_length=4096)]
+    description: Optional[LongText] = None
+    baseline_channel_id: Optional[ChannelId] = None
+
+
+class AddExperimentMember(Record, kw_only=True):
+    channel_id: ChannelId
+    role: Optional[Label] = None
+    declared_delta: Optional[JsonObject] = None
+
+
+# --- the execution ledger ---------------------------------------------------------------
+
+
+class Claim(Record, kw_only=True):
+    channel_id: ChannelId
+    key_name: Annotated[str, Meta(min_length=1, max_length=KEY_NAME_MAX_BYTES)]
+    tool_name: Name
+    params: Document = None
+    dedup_fields: Optional[Annotated[list[Label], Meta(max_length=LIST_MAX)]] = None
+    lease_seconds: Lease = LEASE_DEFAULT
+    emit_replay_event: bool = False
+    actor: Optional[Label] = None
+
+    def __post_init__(self):
+        if len(self.key_name.encode("utf-8", "surrogatepass")) > KEY_NAME_MAX_BYTES:   # bytes, not characters
+            raise ValueError(f"key_name must be at most {KEY_NAME_MAX_BYTES} bytes as UTF-8")
+
+
+class ClaimToken(Record, kw_only=True):
+    claim_token: Optional[Token] = None
+
+
+class Complete(ClaimToken, kw_only=True):
+    result: Document = None
+
+
+class Fail(ClaimToken, kw_only=True):
+    message: Optional[LongText] = None
+    error_type: Optional[Label] = None
+    stack: Optional[LongText] = None
+
+
+class Heartbeat(ClaimToken, kw_only=True):
+    lease_seconds: Optional[Lease] = None
+
+
+class ExecutionsQuery(Record, kw_only=True):
+    channel_id: Optional[ChannelId] = None
+    limit: Annotated[int, Meta(ge=1, le=EXECUTIONS_LIMIT_MAX)] = 50
+
+
+# --- wake-ups ---------------------------------------------------------------------------
+
+
+class ScheduleWakeup(Record, kw_only=True):
+    channel_id: ChannelId
+    run_at: Timestamp
+    payload: Optional[JsonObject] = None
+
+    def __post_init__(self):
+        check_utc(self.run_at)
+
+
+class WakeupsQuery(Record, kw_only=True):
+    channel_id: Optional[ChannelId] = None
+    status: Optional[Literal[WAKEUP_STATUSES]] = None
+
+
+# --- consumer groups and execution groups ---------------------------------------------------
+
+
+class ChannelFilter(Record, kw_only=True):
+    channel_id: Optional[ChannelId] = None
+
+
+class CreateConsumerGroup(Record, kw_only=True):
+    group_id: ChannelId
+    channel_id: ChannelId
+    metadata: Optional[JsonObject] = None
+
+
+class Consumer(Record, kw_only=True):
+    consumer_id: Name
+    lease_seconds: Lease = LEASE_DEFAULT
+
+
+class ClaimWork(ClampedLimit, kw_only=True):
+    consumer_id: Name
+
+
+class AckWork(Record, kw_only=True):
+    consumer_id: Name
+    cursor: Count
+
+
+class CreateExecutionGroup(Record, kw_only=True):
+    group_id: ChannelId
+    metadata: Optional[JsonObject] = None
+
+
+class AddGroupMember(Record, kw_only=True):
+    member_id: ChannelId
+    channel_id: ChannelId
+    role: Optional[Label] = None
+    metadata: Optional[JsonObject] = None
+
+
+class LeaseClaim(Record, kw_only=True):
+    owner_id: Name
+    lease_seconds: Lease = LEASE_DEFAULT
+
+
+class LeaseHolder(Record, kw_only=True):
+    owner_id: Name
+    generation: Count
+    lease_seconds: Lease = LEASE_DEFAULT
+
+
+class SendMessage(Idempotent, kw_only=True):
+    from_member_id: ChannelId
+    to_member_id: ChannelId
+    type: Name
+    payload: Document = None
+    causal_context: Optional[JsonObject] = None
+
+
+class InboxQuery(ClampedLimit, kw_only=True):
+    after: Optional[Id] = None
+
+
+class ForkExecutionGroup(Record, kw_only=True):
+    fork_group_id: ChannelId
+    source_group_id: ChannelId
+    intervention_member_id: ChannelId
+    intervention_cursor: Count
+    member_policies: Optional[dict[ChannelId, Literal[MEMBER_POLICIES]]] = None
+    tool_policies: Optional[ToolPolicies] = None
+
+    def __post_init__(self):
+        self.member_policies = self.member_policies or {}
+        self.tool_policies = self.tool_policies or {}
+
+
+# --- WebSocket frames (tagged by "type") ------------------------------------------------
+
+
+class Frame(Record, tag_field="type", kw_only=True):
+    request_id: Optional[Union[Id, Int64]] = None
+
+
+class AuthFrame(Frame, tag="auth", kw_only=True):
+    api_key: Optional[Token] = None
+
+
+class SubscribeFrame(Frame, tag="subscribe", kw_only=True):
+    topic: ChannelId
+    cursor: Optional[Count] = None
+
+
+class UnsubscribeFrame(Frame, tag="unsubscribe", kw_only=True):
+    topic: ChannelId
+
+
+class PublishFrame(Frame, tag="broadcast", kw_only=True):
+    topic: ChannelId
+    payload: Document = None
+    operation_id: Optional[Token] = None
+
+
+class PingFrame(Frame, tag="ping", kw_only=True):
+    pass
+
+
+ClientFrame = Union[AuthFrame, SubscribeFrame, UnsubscribeFrame, PublishFrame, PingFrame]
+
+
+# --- dashboard pages -------------------------------------------------------------------------
+
+
+class TimelineQuery(Record, kw_only=True):
+    start: Positive = 1
+
+
+class ErrorBody(Struct):
+    """Every error answer: `status` names the error (the SDK maps it to an exception), `error` says why."""
+
+    status: str
+    error: str
+
+
+# --- decoding: the one place input becomes a record ---------------------------------------
+
+
+def check_utc(moment: Optional[datetime]) -> None:
+    """A timestamp must also be representable in UTC (year 1 at +05:00 is not)."""
+    if moment is not None:
+        try:
+            moment.astimezone(timezone.utc)
+        except OverflowError:
+            raise ValueError("timestamp is out of range once moved to UTC") from None
+
+
+def document_problem(value: Any) -> Optional[str]:
+    """Why a free-form JSON value cannot be stored (nested too deeply), or None.
+
+    Its numbers are stored as written: a document's integers may exceed 64 bits and round-trip.
+    """
+    pending = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, (dict, list)):
+            if depth >= DOCUMENT_DEPTH_MAX:
+                return f"is nested more than {DOCUMENT_DEPTH_MAX} levels deep"
+            pending.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return None
+
+
+def check_documents(record: Struct, *, measure: bool) -> None:
+    """Every free-form value in a record: its depth (400); with `measure`, its size (413)."""
+    for name in record.__struct_fields__:
+        value = getattr(record, name)
+        if isinstance(value, Struct):
+            check_documents(value, measure=measure)
+        elif isinstance(value, (dict, list)):
+            problem = document_problem(value)
+            if problem:
+                raise BadRequest(f"{name} {problem}")
+            if measure and len(msgspec.json.encode(value)) > MAX_DOCUMENT_BYTES:
+                raise TooLarge(f"{name} is larger than {MAX_DOCUMENT_BYTES} bytes")
+
+
+@functools.cache
+def decoder_for(kind: type) -> msgspec.json.Decoder:
+    return msgspec.json.Decoder(kind)
+
+
+def decode_json(raw: bytes, kind: Any, what: str) -> Any:
+    """Strict JSON (no NaN, no lone surrogates, finite numbers) into `kind`; BadRequest otherwise."""
+    try:
+        return decoder_for(kind).decode(raw)
+    except RecursionError:
+        raise BadRequest(f"{what} is nested too deeply") from None
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid {what}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise BadRequest(f"{what} is not valid JSON: {exc}") from None
+
+
+def decode_body(raw: bytes, kind: type, *, optional: bool = False) -> Struct:
+    """A JSON body as a record; an empty body is allowed only where the SDK sends none."""
+    if not raw.strip():
+        if optional:
+            return kind()
+        raise BadRequest("request body is empty; a JSON object is required")
+    try:
+        raw.decode("utf-8")     # fields we skip are not decoded, so msgspec would not notice bad bytes in them
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"request body is not UTF-8: {exc.reason} at byte {exc.start}") from None
+    record = decode_json(raw, kind, "request body")
+    check_documents(record, measure=len(raw) > MAX_DOCUMENT_BYTES)
+    return record
+
+
+def decode_params(params: Any, kind: type, what: str) -> Struct:
+    """Path or query parameters (strings) as a record; numbers and booleans are parsed from text."""
+    try:
+        return msgspec.convert(dict(params), kind, strict=False)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid {what}: {exc}") from None
+
+
+def record_from(kind: type, value: dict, what: str) -> Struct:
+    """A record from values the server assembled itself (the dashboard's forms), checked like a body."""
+    try:
+        record = msgspec.convert(value, kind)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid {what}: {exc}") from None
+    check_documents(record, measure=True)
+    return record
+
+
+def decode_frame(text: str) -> Frame:
+    frame = decode_json(text, ClientFrame, "frame")
+    check_documents(frame, measure=False)
+    return frame
+
+
+PATH_PARAMETERS = {
+    "channel_id": ChannelId, "group_id": ChannelId, "member_id": ChannelId, "fork_group_id": ChannelId,
+    "version": Count, "step_number": Positive,
+    "event_id": Id, "execution_id": Id, "wakeup_id": Id, "message_id": Id,
+}
+
+
+def path_record(path: str) -> Optional[type]:
+    """The record of a route's path parameters, built from their names (one type per name)."""
+    names = re.findall(r"{(\w+)}", path)
+    if not names:
+        return None
+    return msgspec.defstruct("Path_" + "_".join(names), [(n, PATH_PARAMETERS[n]) for n in names],
+                             kw_only=True, forbid_unknown_fields=False)
 
 
 # =============================================================================
@@ -464,6 +944,21 @@ _MIGRATIONS = [
         added_at        TEXT NOT NULL,
         PRIMARY KEY (experiment_id, channel_id)
     );
+    """,
+    """
+    -- Dashboard sessions live on the server: the cookie holds a random id, this table only its hash,
+    -- so reading the database does not give anyone a session.
+    CREATE TABLE sessions (
+        id_hash     TEXT PRIMARY KEY,          -- sha256 of the cookie's id
+        key_ref     TEXT NOT NULL,             -- sha256 of the API key that logged in, or 'env'
+        created_at  TEXT NOT NULL,
+        expires_at  TEXT NOT NULL
+    );
+    CREATE INDEX sessions_by_key ON sessions (key_ref);
+    DELETE FROM settings WHERE name = 'session_secret';   -- the signed cookies it made are void
+
+    -- A consumer's own last acknowledged cursor (acked_cursor restarts with each reservation).
+    ALTER TABLE group_consumers ADD COLUMN last_acked_cursor INTEGER NOT NULL DEFAULT 0;
     """,
 ]
 
@@ -738,7 +1233,7 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
 
 
 def event_json(row: sqlite3.Row) -> dict:
-    """The one event shape every parser of the SDK accepts (CONTRACT §5.1)."""
+    """The one event shape every parser of the SDK accepts (REST replay, query, WebSocket broadcast)."""
     return {
         "id": row["id"], "channel_id": row["channel_id"], "type": row["type"], "payload": load(row["payload"]),
         "actor": row["actor"], "cursor": row["cursor"], "channel_cursor": row["cursor"],
@@ -764,17 +1259,18 @@ def replay_or_conflict(row: sqlite3.Row, hashed: str, what: str) -> dict:
     return event_json(row)
 
 
-def record_event(tx: Tx, req: dict) -> dict:
+def record_event(tx: Tx, req: RecordEvent) -> dict:
     """POST /events/record. Returns the new event, or the original one for a replayed operation id."""
-    hashed = request_hash({"type": req["event_type"], "payload": req["payload"]})
-    if req["operation_id"] is not None:
-        existing = event_by_operation(tx.conn, req["channel_id"], req["operation_id"])
+    hashed = request_hash({"type": req.event_type, "payload": req.payload})
+    if req.operation_id is not None:
+        existing = event_by_operation(tx.conn, req.channel_id, req.operation_id)
         if existing is not None:
             return replay_or_conflict(existing, hashed, "event")
+    meta = req.meta()
     return append_event(
-        tx, req["channel_id"], req["event_type"], req["payload"], actor=req["actor"], metadata=req["metadata"],
-        agent_id=req["agent_id"], user_id=req["user_id"], operation_id=req["operation_id"], hashed=hashed,
-        step_number=req["step_number"], dependencies=req["dependencies"],
+        tx, req.channel_id, req.event_type, req.payload, actor=req.actor(), metadata=meta.metadata,
+        agent_id=meta.agent_id, user_id=meta.user_id, operation_id=req.operation_id, hashed=hashed,
+        step_number=req.step_number, dependencies=req.dependencies,
     )
 
 
@@ -788,18 +1284,18 @@ def replay_events(conn: sqlite3.Connection, channel_id: str, after: int, limit: 
     return [event_json(r) for r in rows]
 
 
-def query_events(conn: sqlite3.Connection, q: dict) -> list:
+def query_events(conn: sqlite3.Connection, q: EventQuery) -> list:
     """POST /events/query: newest first; every filter optional."""
     where = Where()
-    if q["channel_ids"]:
-        where.add(f"channel_id IN ({','.join('?' * len(q['channel_ids']))})", *q["channel_ids"])
-    for column, key, op in (("type", "event_type", "="), ("actor", "actor", "="),
-                            ("cursor", "cursor_start", ">="), ("cursor", "cursor_end", "<="),
-                            ("created_at", "from", ">="), ("created_at", "to", "<=")):
-        where.add_if(q[key], f"{column} {op} ?")
+    if q.channel_ids:
+        where.add(f"channel_id IN ({','.join('?' * len(q.channel_ids))})", *q.channel_ids)
+    for value, clause in ((q.event_type, "type = ?"), (q.actor, "actor = ?"),
+                          (q.cursor_start, "cursor >= ?"), (q.cursor_end, "cursor <= ?"),
+                          (q.since and iso(q.since), "created_at >= ?"), (q.until and iso(q.until), "created_at <= ?")):
+        where.add_if(value, clause)
     rows = conn.execute(
         f"SELECT * FROM events{where} ORDER BY created_at DESC, channel_id, cursor DESC LIMIT ? OFFSET ?",
-        (*where.args, q["limit"], q["offset"]),
+        (*where.args, q.limit, q.offset),
     ).fetchall()
     return [event_json(r) for r in rows]
 
@@ -885,39 +1381,37 @@ def insert_state(tx: Tx, channel_id: str, cursor: int, state_text: str, sha: str
     return version
 
 
-def save_state(tx: Tx, req: dict) -> int:
+def save_state(tx: Tx, channel_id: str, req: SaveState) -> int:
     """POST /state/{channel}: a new immutable version; an operation id replays its version."""
-    channel_id = req["channel_id"]
     ensure_channel(tx, channel_id)
-    sha = sha256_hex(canonical_json(req["state"]))
-    if req["operation_id"] is not None:
+    sha = sha256_hex(canonical_json(req.state))
+    if req.operation_id is not None:
         row = tx.conn.execute("SELECT version, cursor, sha256 FROM states WHERE channel_id = ? AND operation_id = ?",
-                              (channel_id, req["operation_id"])).fetchone()
+                              (channel_id, req.operation_id)).fetchone()
         if row is not None:
-            require_same_request(f"{row['cursor']}:{row['sha256']}", f"{req['cursor']}:{sha}",
-                                 req["operation_id"], "state")
+            require_same_request(f"{row['cursor']}:{row['sha256']}", f"{req.cursor}:{sha}", req.operation_id, "state")
             return row["version"]
-    check_guards(tx.conn, channel_id, req["expected_version"], req["expected_cursor"])
-    return insert_state(tx, channel_id, req["cursor"], dump(req["state"]), sha, req["operation_id"])
+    check_guards(tx.conn, channel_id, req.expected_version, req.expected_cursor)
+    return insert_state(tx, channel_id, req.cursor, dump(req.state), sha, req.operation_id)
 
 
-def transition(tx: Tx, req: dict) -> dict:
+def transition(tx: Tx, req: Transition) -> dict:
     """POST /events/transition: one event and the snapshot at its cursor, atomically."""
-    channel_id = req["channel_id"]
-    hashed = request_hash({"type": req["type"], "payload": req["payload"], "state": req["state"]})
-    if req["operation_id"] is not None:
-        existing = event_by_operation(tx.conn, channel_id, req["operation_id"])
+    channel_id = req.channel_id
+    hashed = request_hash({"type": req.type, "payload": req.payload, "state": req.state})
+    if req.operation_id is not None:
+        existing = event_by_operation(tx.conn, channel_id, req.operation_id)
         if existing is not None:
             event = replay_or_conflict(existing, hashed, "transition")
             version = tx.conn.execute("SELECT version FROM states WHERE channel_id = ? AND cursor = ?"
                                       " ORDER BY version LIMIT 1", (channel_id, event["cursor"])).fetchone()
             return {"event": event, "state_version": version["version"] if version else 0}
     ensure_channel(tx, channel_id)
-    check_guards(tx.conn, channel_id, req["expected_version"], req["expected_cursor"])
-    event = append_event(tx, channel_id, req["type"], req["payload"], actor=req["actor"], metadata=req["metadata"],
-                         agent_id=req["agent_id"], user_id=req["user_id"], operation_id=req["operation_id"],
-                         hashed=hashed)
-    version = insert_state(tx, channel_id, event["cursor"], dump(req["state"]), sha256_hex(canonical_json(req["state"])))
+    check_guards(tx.conn, channel_id, req.expected_version, req.expected_cursor)
+    meta = req.meta()
+    event = append_event(tx, channel_id, req.type, req.payload, actor=req.actor(), metadata=meta.metadata,
+                         agent_id=meta.agent_id, user_id=meta.user_id, operation_id=req.operation_id, hashed=hashed)
+    version = insert_state(tx, channel_id, event["cursor"], dump(req.state), sha256_hex(canonical_json(req.state)))
     return {"event": event, "state_version": version}
 
 
@@ -979,11 +1473,14 @@ def get_metadata(conn: sqlite3.Connection, channel_id: str) -> dict:
     return metadata_json(require_channel(conn, channel_id))
 
 
-def put_metadata(tx: Tx, channel_id: str, changes: dict) -> dict:
+def put_metadata(tx: Tx, channel_id: str, changes: PutMetadata) -> dict:
     """PUT /channels/{id}/metadata: upsert; only the keys present change."""
     ensure_channel(tx, channel_id)
-    for column, value in changes.items():   # columns come from a fixed whitelist in the handler
-        tx.conn.execute(f"UPDATE channels SET {column} = ?, updated_at = ? WHERE id = ?", (value, tx.ts, channel_id))
+    for column, value in (("display_name", changes.display_name), ("reason", changes.reason),
+                          ("experiment_metadata", changes.experiment_metadata)):
+        if value is not UNSET:
+            stored = dump(value) if column == "experiment_metadata" else value
+            tx.conn.execute(f"UPDATE channels SET {column} = ?, updated_at = ? WHERE id = ?", (stored, tx.ts, channel_id))
     return metadata_json(channel_row(tx.conn, channel_id))
 
 
@@ -1117,15 +1614,15 @@ def fork_step_boundary(conn: sqlite3.Connection, source: sqlite3.Row, boundary_c
     return own["step_number"] if own is not None else source["forked_at_step"]
 
 
-def fork_channel(tx: Tx, req: dict) -> dict:
+def fork_channel(tx: Tx, req: Fork) -> dict:
     """POST /channels/fork. Never writes to the source; cost is independent of the source's history."""
     conn = tx.conn
-    source_id, child_id, at_cursor = req["source_channel_id"], req["new_channel_id"], req["at_cursor"]
-    hashed = request_hash({k: v for k, v in req.items() if k != "operation_id"})
-    if req["operation_id"] is not None:
-        earlier = conn.execute("SELECT * FROM channels WHERE fork_operation_id = ?", (req["operation_id"],)).fetchone()
+    source_id, child_id, at_cursor = req.source_channel_id, req.new_channel_id, req.at_cursor
+    hashed = request_hash({k: v for k, v in msgspec.structs.asdict(req).items() if k != "operation_id"})
+    if req.operation_id is not None:
+        earlier = conn.execute("SELECT * FROM channels WHERE fork_operation_id = ?", (req.operation_id,)).fetchone()
         if earlier is not None:
-            require_same_request(earlier["fork_request_hash"], hashed, req["operation_id"], "fork")
+            require_same_request(earlier["fork_request_hash"], hashed, req.operation_id, "fork")
             return receipt_json(earlier, replayed=True)
     existing = channel_row(conn, child_id)
     if existing is not None:
@@ -1133,7 +1630,7 @@ def fork_channel(tx: Tx, req: dict) -> dict:
         # Same source and boundary is the same fork (the SDK's own retry); a different tool policy is
         # not: replaying it would leave the caller believing its policy is in force.
         if existing["parent_id"] == source_id and existing["requested_cursor"] == at_cursor \
-                and load(existing["tool_policies"]) == req["tool_policies"]:
+                and load(existing["tool_policies"]) == req.tool_policies:
             return receipt_json(existing, replayed=True)
         raise Conflict("channel_conflict", f"channel {child_id} already exists with a different definition")
     if child_id == source_id:
@@ -1141,7 +1638,7 @@ def fork_channel(tx: Tx, req: dict) -> dict:
     source = require_channel(conn, source_id)
     if len(lineage(conn, source_id)) > LINEAGE_MAX_DEPTH:
         raise Conflict("channel_conflict", f"{source_id} is already {LINEAGE_MAX_DEPTH} forks deep; fork an ancestor")
-    check_guards(conn, source_id, req["expected_version"], req["expected_cursor"])
+    check_guards(conn, source_id, req.expected_version, req.expected_cursor)
 
     snapshot = state_row_at(conn, source_id, at_cursor or None)
     if snapshot is None and at_cursor > 0:
@@ -1158,12 +1655,12 @@ def fork_channel(tx: Tx, req: dict) -> dict:
         " experiment_metadata, forked_at, requested_cursor, resolved_cursor, resolved_event_id, forked_at_step,"
         " source_state_version, source_state_sha256, restorable, manifest, reproducibility, tool_policies,"
         " fork_operation_id, fork_request_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (child_id, source_id, source["origin_id"], tx.ts, tx.ts, req["display_name"], req["reason"],
-         dump(req["experiment_metadata"]), tx.ts, at_cursor, resolved, resolved_event_id,
-         fork_step_boundary(conn, source, at_cursor or resolved, req["experiment_metadata"]),
+        (child_id, source_id, source["origin_id"], tx.ts, tx.ts, req.display_name, req.reason,
+         dump(req.experiment_metadata), tx.ts, at_cursor, resolved, resolved_event_id,
+         fork_step_boundary(conn, source, at_cursor or resolved, req.experiment_metadata),
          snapshot["version"] if snapshot else 0, snapshot["sha256"] if snapshot else None, int(restorable),
-         dump(req["manifest"]), reproducibility_grade(restorable, req["manifest"]), dump(req["tool_policies"]),
-         req["operation_id"], hashed),
+         dump(req.manifest), reproducibility_grade(restorable, req.manifest), dump(req.tool_policies),
+         req.operation_id, hashed),
     )
     marker = append_event(tx, child_id, "fork.started", {
         "source_channel_id": source_id, "requested_cursor": at_cursor, "resolved_cursor": resolved,
@@ -1511,28 +2008,28 @@ def lifecycle_event(tx: Tx, row_id: str, channel_id: str, event_type: str, paylo
                         metadata={"execution_id": row_id}, depends_on=depends_on)
 
 
-def start_attempt(tx: Tx, req: dict, hashed: str, existing: Optional[sqlite3.Row]) -> dict:
+def start_attempt(tx: Tx, req: Claim, hashed: str, existing: Optional[sqlite3.Row]) -> dict:
     """A new owner for (channel, key): a fresh token and lease, `tool.started` on the channel."""
     token = secrets.token_urlsafe(24)
-    lease_until = iso(tx.now + timedelta(seconds=req["lease_seconds"]))
+    lease_until = iso(tx.now + timedelta(seconds=req.lease_seconds))
     execution_id = existing["id"] if existing else str(uuid.uuid4())
     attempts = (existing["attempts"] if existing else 0) + 1
-    started = lifecycle_event(tx, execution_id, req["channel_id"], "tool.started", {
-        "execution_id": execution_id, "key_name": req["key_name"], "tool_name": req["tool_name"],
-        "attempt": attempts, "actor": req["actor"],
+    started = lifecycle_event(tx, execution_id, req.channel_id, "tool.started", {
+        "execution_id": execution_id, "key_name": req.key_name, "tool_name": req.tool_name,
+        "attempt": attempts, "actor": req.actor,
     })
     if existing is None:
         tx.conn.execute(
             "INSERT INTO executions (id, channel_id, key_name, tool_name, request_hash, params, status, claim_token,"
             " lease_seconds, lease_until, attempts, started_cursor, started_event_id, created_at, updated_at)"
             " VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, 1, ?, ?, ?, ?)",
-            (execution_id, req["channel_id"], req["key_name"], req["tool_name"], hashed, dump(req["params"]), token,
-             req["lease_seconds"], lease_until, started["cursor"], started["id"], tx.ts, tx.ts))
+            (execution_id, req.channel_id, req.key_name, req.tool_name, hashed, dump(req.params), token,
+             req.lease_seconds, lease_until, started["cursor"], started["id"], tx.ts, tx.ts))
     else:
         tx.conn.execute(
             "UPDATE executions SET status = 'running', claim_token = ?, lease_seconds = ?, lease_until = ?,"
             " attempts = ?, started_cursor = ?, started_event_id = ?, error = NULL, updated_at = ? WHERE id = ?",
-            (token, req["lease_seconds"], lease_until, attempts, started["cursor"], started["id"], tx.ts, execution_id))
+            (token, req.lease_seconds, lease_until, attempts, started["cursor"], started["id"], tx.ts, execution_id))
     row = require_execution(tx.conn, execution_id)
     return {"status": "reclaimed" if existing else "claimed", "execution": execution_json(row), "claim_token": token}
 
@@ -1547,14 +2044,21 @@ def replay_completed(tx: Tx, row: sqlite3.Row, emit_event: bool) -> dict:
     return {"status": "replayed", "execution": execution_json(row), "result": load(row["result"])}
 
 
-def refuse_by_policy(tx: Tx, req: dict, policy: str, reason: str) -> dict:
+@dataclass(frozen=True)
+class Refused:
+    """A write that commits (its audit event stays) and still answers the caller with an error."""
+
+    error: ActaeError
+
+
+def refuse_by_policy(tx: Tx, req: Claim, policy: str, reason: str) -> Refused:
     """The refusal is recorded (`tool.blocked` commits) even though the caller gets a 409."""
-    lifecycle = {"policy": policy, "tool_name": req["tool_name"], "key_name": req["key_name"], "reason": reason}
-    append_event(tx, req["channel_id"], "tool.blocked", lifecycle, actor="ledger")
-    return {"status": "blocked", "error": f"fork tool policy '{policy}' refused {req['tool_name']} ({reason})"}
+    lifecycle = {"policy": policy, "tool_name": req.tool_name, "key_name": req.key_name, "reason": reason}
+    append_event(tx, req.channel_id, "tool.blocked", lifecycle, actor="ledger")
+    return Refused(Conflict("fork_tool_blocked", f"fork tool policy '{policy}' refused {req.tool_name} ({reason})"))
 
 
-def copy_inherited(tx: Tx, req: dict, source: sqlite3.Row) -> dict:
+def copy_inherited(tx: Tx, req: Claim, source: sqlite3.Row) -> dict:
     """Replay an ancestor's completed effect onto the fork without running it (no tool.started).
 
     The copy counts as completed at the fork's first cursor: the effect is part of everything the
@@ -1565,22 +2069,22 @@ def copy_inherited(tx: Tx, req: dict, source: sqlite3.Row) -> dict:
         "INSERT INTO executions (id, channel_id, key_name, tool_name, request_hash, params, status, lease_seconds,"
         " attempts, result, completed_cursor, inherited_from, created_at, updated_at, completed_at)"
         " VALUES (?, ?, ?, ?, ?, ?, 'completed', ?, 0, ?, 1, ?, ?, ?, ?)",
-        (execution_id, req["channel_id"], req["key_name"], source["tool_name"], source["request_hash"],
+        (execution_id, req.channel_id, req.key_name, source["tool_name"], source["request_hash"],
          source["params"], source["lease_seconds"], source["result"], source["id"], tx.ts, tx.ts, tx.ts))
-    return replay_completed(tx, require_execution(tx.conn, execution_id), req["emit_replay_event"])
+    return replay_completed(tx, require_execution(tx.conn, execution_id), req.emit_replay_event)
 
 
-def claim_on_fork(tx: Tx, req: dict, hashed: str, channel: sqlite3.Row) -> Optional[dict]:
+def claim_on_fork(tx: Tx, req: Claim, hashed: str, channel: sqlite3.Row) -> Union[dict, Refused, None]:
     """Apply the fork's tool policy to a first claim; None means 'run it live as usual'."""
-    if (req["key_name"], req["tool_name"]) == SESSION_FENCE:
+    if (req.key_name, req.tool_name) == SESSION_FENCE:
         return None                     # AgentSession's writer lock, not a side effect
-    policy = effective_policy(load(channel["tool_policies"]), req["tool_name"])
+    policy = effective_policy(load(channel["tool_policies"]), req.tool_name)
     if policy == "live":
         return None
     if policy == "block":
         # Even an exact inherited match is refused: a payment must never re-fire on a counterfactual.
         return refuse_by_policy(tx, req, policy, "blocked")
-    found = ancestor_execution(tx.conn, channel, req["key_name"])
+    found = ancestor_execution(tx.conn, channel, req.key_name)
     row, boundary = found or (None, None)
     if row is not None and row["request_hash"] == hashed and row["status"] == "completed" \
             and row["completed_cursor"] is not None and row["completed_cursor"] <= boundary:
@@ -1590,14 +2094,14 @@ def claim_on_fork(tx: Tx, req: dict, hashed: str, channel: sqlite3.Row) -> Optio
     return refuse_by_policy(tx, req, policy, "mismatch" if row is not None and row["request_hash"] != hashed else "miss")
 
 
-def claim_execution(tx: Tx, req: dict) -> dict:
-    """POST /executions/claim: claimed | replayed | in_progress | reclaimed (| blocked on a fork)."""
-    ensure_channel(tx, req["channel_id"])
-    hashed = execution_identity(req["tool_name"], req["params"], req["dedup_fields"])
+def claim_execution(tx: Tx, req: Claim) -> Union[dict, Refused]:
+    """POST /executions/claim: claimed | replayed | in_progress | reclaimed, or Refused on a fork."""
+    ensure_channel(tx, req.channel_id)
+    hashed = execution_identity(req.tool_name, req.params, req.dedup_fields)
     row = tx.conn.execute("SELECT * FROM executions WHERE channel_id = ? AND key_name = ?",
-                          (req["channel_id"], req["key_name"])).fetchone()
+                          (req.channel_id, req.key_name)).fetchone()
     if row is None:
-        channel = channel_row(tx.conn, req["channel_id"])
+        channel = channel_row(tx.conn, req.channel_id)
         if channel["parent_id"] is not None:
             decided = claim_on_fork(tx, req, hashed, channel)
             if decided is not None:
@@ -1605,10 +2109,10 @@ def claim_execution(tx: Tx, req: dict) -> dict:
         return start_attempt(tx, req, hashed, None)
     if row["request_hash"] != hashed:
         raise Conflict("idempotency_key_mismatch",
-                       f"key {req['key_name']} on {req['channel_id']} was claimed with a different request "
+                       f"key {req.key_name} on {req.channel_id} was claimed with a different request "
                        "(tool or params differ); use a new key or the same request")
     if row["status"] == "completed":
-        return replay_completed(tx, row, req["emit_replay_event"])
+        return replay_completed(tx, row, req.emit_replay_event)
     if row["status"] == "running" and not lease_expired(row, tx.now):
         return {"status": "in_progress", "execution": execution_json(row)}
     return start_attempt(tx, req, hashed, row)
@@ -1616,7 +2120,7 @@ def claim_execution(tx: Tx, req: dict) -> dict:
 
 def owned_execution(tx: Tx, execution_id: str, token: Optional[str]) -> sqlite3.Row:
     row = require_execution(tx.conn, execution_id)
-    if token is None or row["claim_token"] is None or not hmac.compare_digest(token, row["claim_token"]):
+    if token is None or row["claim_token"] is None or not same_secret(token, row["claim_token"]):
         raise Conflict("execution_not_owned", f"execution {execution_id} is not owned by this claim token "
                                               "(stale, missing, or taken over after its lease expired)")
     return row
@@ -1793,7 +2297,7 @@ def delete_consumer_group(tx: Tx, group_id: str) -> dict:
 
 
 def offset_json(group: sqlite3.Row, consumer: sqlite3.Row) -> dict:
-    return {"group_id": group["id"], "consumer_id": consumer["consumer_id"], "last_cursor": group["committed_cursor"],
+    return {"group_id": group["id"], "consumer_id": consumer["consumer_id"], "last_cursor": consumer["last_acked_cursor"],
             "claimed_cursor": consumer["claimed_cursor"], "lease_until": consumer["lease_until"],
             "updated_at": consumer["updated_at"]}
 
@@ -1890,8 +2394,10 @@ def ack_work(tx: Tx, group_id: str, consumer_id: str, cursor: int) -> dict:
     if cursor > consumer["claimed_cursor"]:
         raise Conflict("ack_beyond_claim", f"consumer {consumer_id} holds events up to cursor "
                                            f"{consumer['claimed_cursor']}, not {cursor}; claim work first")
-    tx.conn.execute("UPDATE group_consumers SET acked_cursor = ?, updated_at = ? WHERE group_id = ? AND consumer_id = ?",
-                    (max(consumer["acked_cursor"], cursor), tx.ts, group_id, consumer_id))
+    tx.conn.execute("UPDATE group_consumers SET acked_cursor = ?, last_acked_cursor = ?, updated_at = ?"
+                    " WHERE group_id = ? AND consumer_id = ?",
+                    (max(consumer["acked_cursor"], cursor), max(consumer["last_acked_cursor"], cursor), tx.ts,
+                     group_id, consumer_id))
     advance_watermark(tx, group_id)
     return offset_json(require_consumer_group(tx.conn, group_id), active_consumer(tx, group_id, consumer_id))
 
@@ -2018,22 +2524,22 @@ def release_member(tx: Tx, group_id: str, member_id: str, owner_id: str, generat
     return {"ok": True, "member": member_json(require_member(tx.conn, group_id, member_id))}
 
 
-def send_group_message(tx: Tx, group_id: str, req: dict) -> dict:
+def send_group_message(tx: Tx, group_id: str, req: SendMessage) -> dict:
     """A source event on the sender's channel, `message.received` on the recipient's, one inbox row."""
     require_execution_group(tx.conn, group_id)
-    hashed = request_hash({k: req[k] for k in ("from_member_id", "to_member_id", "type", "payload", "causal_context")})
-    if req["operation_id"] is not None:
+    hashed = request_hash({k: getattr(req, k) for k in ("from_member_id", "to_member_id", "type", "payload", "causal_context")})
+    if req.operation_id is not None:
         earlier = tx.conn.execute("SELECT * FROM group_messages WHERE group_id = ? AND operation_id = ?",
-                                  (group_id, req["operation_id"])).fetchone()
+                                  (group_id, req.operation_id)).fetchone()
         if earlier is not None:
-            require_same_request(earlier["request_hash"], hashed, req["operation_id"], "message")
+            require_same_request(earlier["request_hash"], hashed, req.operation_id, "message")
             return message_json(earlier)
-    sender = require_member(tx.conn, group_id, req["from_member_id"])
-    recipient = require_member(tx.conn, group_id, req["to_member_id"])
+    sender = require_member(tx.conn, group_id, req.from_member_id)
+    recipient = require_member(tx.conn, group_id, req.to_member_id)
     message_id = str(uuid.uuid4())
     body = {"message_id": message_id, "group_id": group_id, "from": {"member": sender["member_id"]},
-            "to": {"member": recipient["member_id"]}, "type": req["type"], "payload": req["payload"],
-            "causal_context": req["causal_context"]}
+            "to": {"member": recipient["member_id"]}, "type": req.type, "payload": req.payload,
+            "causal_context": req.causal_context}
     source = append_event(tx, sender["channel_id"], "message.sent", body, actor=sender["member_id"])
     delivery = append_event(tx, recipient["channel_id"], "message.received", body, actor=sender["member_id"],
                             depends_on=source["id"])
@@ -2041,8 +2547,8 @@ def send_group_message(tx: Tx, group_id: str, req: dict) -> dict:
         "INSERT INTO group_messages (id, group_id, from_member_id, to_member_id, type, payload, causal_context,"
         " source_event_id, delivery_event_id, status, operation_id, request_hash, created_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'delivered', ?, ?, ?)",
-        (message_id, group_id, sender["member_id"], recipient["member_id"], req["type"], dump(req["payload"]),
-         dump(req["causal_context"]), source["id"], delivery["id"], req["operation_id"], hashed, tx.ts))
+        (message_id, group_id, sender["member_id"], recipient["member_id"], req.type, dump(req.payload),
+         dump(req.causal_context), source["id"], delivery["id"], req.operation_id, hashed, tx.ts))
     return message_json(tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone())
 
 
@@ -2071,12 +2577,12 @@ def acknowledge_message(tx: Tx, message_id: str, owner_id: str, generation: int)
     return message_json(tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone())
 
 
-def fork_execution_group(tx: Tx, req: dict) -> dict:
+def fork_execution_group(tx: Tx, req: ForkExecutionGroup) -> dict:
     """Fork a whole group: the intervention member at its cursor, the others at their latest state
     (or shared as-is with policy "share"); one receipt, recovered as-is when asked again."""
-    fork_id, source_id = req["fork_group_id"], req["source_group_id"]
-    definition = {k: req[k] for k in ("source_group_id", "intervention_member_id", "intervention_cursor",
-                                      "member_policies", "tool_policies")}
+    fork_id, source_id = req.fork_group_id, req.source_group_id
+    definition = {k: getattr(req, k) for k in ("source_group_id", "intervention_member_id", "intervention_cursor",
+                                               "member_policies", "tool_policies")}
     existing = tx.conn.execute("SELECT * FROM execution_groups WHERE id = ?", (fork_id,)).fetchone()
     if existing is not None:
         receipt = load(existing["fork"])
@@ -2087,27 +2593,26 @@ def fork_execution_group(tx: Tx, req: dict) -> dict:
     members = tx.conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? ORDER BY member_id",
                               (source_id,)).fetchall()
     member_ids = {m["member_id"] for m in members}
-    if req["intervention_member_id"] not in member_ids:
-        raise NotFound(f"member {req['intervention_member_id']} of execution group {source_id} not found")
-    unknown = sorted(set(req["member_policies"]) - member_ids)
+    if req.intervention_member_id not in member_ids:
+        raise NotFound(f"member {req.intervention_member_id} of execution group {source_id} not found")
+    unknown = sorted(set(req.member_policies) - member_ids)
     if unknown:
         raise BadRequest(f"member_policies name members that {source_id} does not have: {', '.join(unknown)}")
-    if req["member_policies"].get(req["intervention_member_id"], "fork") != "fork":
+    if req.member_policies.get(req.intervention_member_id, "fork") != "fork":
         raise BadRequest("the intervention member is always forked (at intervention_cursor); it cannot be shared")
     create_execution_group(tx, fork_id, {"forked_from": source_id})
     forked = {}
     for member in members:
-        policy = req["member_policies"].get(member["member_id"], "fork")
+        policy = req.member_policies.get(member["member_id"], "fork")
         channel_id = member["channel_id"]
         receipt = None
         if policy == "fork":
-            at = req["intervention_cursor"] if member["member_id"] == req["intervention_member_id"] else 0
-            receipt = fork_channel(tx, {
-                "source_channel_id": channel_id, "new_channel_id": valid_channel(f"{fork_id}.{member['member_id']}"),
-                "at_cursor": at, "operation_id": None, "display_name": f"{fork_id}/{member['member_id']}",
-                "reason": f"group fork {fork_id} of {source_id}", "experiment_metadata": None,
-                "manifest": {"group_fork": fork_id}, "tool_policies": req["tool_policies"] or None,
-                "expected_version": None, "expected_cursor": None})
+            at = req.intervention_cursor if member["member_id"] == req.intervention_member_id else 0
+            receipt = fork_channel(tx, Fork(
+                source_channel_id=channel_id, new_channel_id=valid_channel(f"{fork_id}.{member['member_id']}"),
+                at_cursor=at, display_name=f"{fork_id}/{member['member_id']}",
+                reason=f"group fork {fork_id} of {source_id}", manifest={"group_fork": fork_id},
+                tool_policies=req.tool_policies or None))
             channel_id = receipt["child_channel_id"]
         add_group_member(tx, fork_id, member["member_id"], channel_id, member["role"], load(member["metadata"]))
         forked[member["member_id"]] = {"policy": policy, "source_channel_id": member["channel_id"],
@@ -2161,7 +2666,10 @@ def issue_key(tx: Tx, *, revoke_others: bool) -> str:
 
 
 def rotate_key(tx: Tx) -> str:
-    return issue_key(tx, revoke_others=True)
+    """A new key; the old ones and every dashboard session they opened end now."""
+    key = issue_key(tx, revoke_others=True)
+    tx.conn.execute("DELETE FROM sessions WHERE key_ref IN (SELECT key_hash FROM api_keys WHERE revoked_at IS NOT NULL)")
+    return key
 
 
 def first_key(tx: Tx) -> Optional[str]:
@@ -2171,101 +2679,45 @@ def first_key(tx: Tx) -> Optional[str]:
     return issue_key(tx, revoke_others=False)
 
 
-def session_secret(tx: Tx) -> str:
-    tx.conn.execute("INSERT INTO settings (name, value) VALUES ('session_secret', ?) ON CONFLICT (name) DO NOTHING",
-                    (secrets.token_hex(32),))
-    return tx.conn.execute("SELECT value FROM settings WHERE name = 'session_secret'").fetchone()[0]
-
-
 def active_key_id(conn: sqlite3.Connection, hashed: str) -> Optional[str]:
     row = conn.execute("SELECT prefix FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL", (hashed,)).fetchone()
     return row["prefix"] if row else None
 
 
+def open_session(tx: Tx, key_ref: str) -> str:
+    """A dashboard session for the key named by `key_ref` ("env" or its hash); returns the cookie's id.
+
+    Only the id's hash is stored: a copy of the database opens no session.
+    """
+    session_id = secrets.token_urlsafe(32)
+    tx.conn.execute("DELETE FROM sessions WHERE expires_at <= ?", (tx.ts,))
+    tx.conn.execute("INSERT INTO sessions (id_hash, key_ref, created_at, expires_at) VALUES (?, ?, ?, ?)",
+                    (sha256_hex(session_id), key_ref, tx.ts, iso(tx.now + timedelta(seconds=SESSION_MAX_AGE))))
+    return session_id
+
+
+def close_session(tx: Tx, session_id: str) -> None:
+    tx.conn.execute("DELETE FROM sessions WHERE id_hash = ?", (sha256_hex(session_id),))
+
+
+def session_key_ref(conn: sqlite3.Connection, session_id: str, now: str) -> Optional[str]:
+    """The key a live session was opened with ("env" or a hash of a key still valid), else None."""
+    row = conn.execute("SELECT key_ref FROM sessions WHERE id_hash = ? AND expires_at > ?",
+                       (sha256_hex(session_id), now)).fetchone()
+    if row is None or (row["key_ref"] != "env" and active_key_id(conn, row["key_ref"]) is None):
+        return None
+    return row["key_ref"]
+
+
 # =============================================================================
-# HTTP API: input validation
+# HTTP API: handlers, named after their routes
 # =============================================================================
+# A handler gets the request and the records its route declares (`path`, `query`, `body`),
+# already decoded and checked, and returns the JSON value to answer with.
 
 
-def checked_document(value: Any, what: str) -> Any:
-    """Payloads and states: at most 1 MiB once serialised."""
-    try:
-        size = len(dump(value).encode("utf-8")) if value is not None else 0
-    except RecursionError:
-        raise BadRequest(f"{what} is nested too deeply")
-    if size > MAX_DOCUMENT_BYTES:
-        raise TooLarge(f"{what} is larger than {MAX_DOCUMENT_BYTES} bytes")
-    return value
-
-
-class Body:
-    """Typed access to a JSON object body; each problem is a BadRequest that names the field."""
-
-    def __init__(self, data: Any):
-        if not isinstance(data, dict):
-            raise BadRequest("request body must be a JSON object")
-        self.data = data
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.data.get(key, default)
-
-    def text(self, key: str, *, required: bool = True, default: Optional[str] = None,
-             max_bytes: Optional[int] = None) -> Optional[str]:
-        value = self.data.get(key)
-        if value is None:
-            if required:
-                raise BadRequest(f"{key} is required")
-            return default
-        if not isinstance(value, str) or (required and not value):
-            raise BadRequest(f"{key} must be a non-empty string")
-        if max_bytes is not None and len(value.encode("utf-8")) > max_bytes:
-            raise BadRequest(f"{key} must be at most {max_bytes} bytes")
-        return value
-
-    def integer(self, key: str, *, default: Optional[int] = None, minimum: Optional[int] = None,
-                maximum: Optional[int] = None, required: bool = False) -> Optional[int]:
-        value = self.data.get(key)
-        if value is None:
-            if required:
-                raise BadRequest(f"{key} is required")
-            return default
-        if not is_int(value) or abs(value) > INT64_MAX:
-            raise BadRequest(f"{key} must be an integer (64-bit)")
-        if minimum is not None and value < minimum:
-            raise BadRequest(f"{key} must be at least {minimum}")
-        if maximum is not None and value > maximum:
-            raise BadRequest(f"{key} must be at most {maximum}")
-        return value
-
-    def number(self, key: str) -> Optional[float]:
-        value = self.data.get(key)
-        if value is not None and (not is_number(value) or abs(value) > sys.float_info.max):
-            raise BadRequest(f"{key} must be a number")
-        return value
-
-    def channel(self, key: str = "channel_id") -> str:
-        return valid_channel(self.data.get(key), key)
-
-    def obj(self, key: str) -> Optional[dict]:
-        value = self.data.get(key)
-        if value is not None and not isinstance(value, dict):
-            raise BadRequest(f"{key} must be a JSON object")
-        return value
-
-    def strings(self, key: str) -> Optional[list]:
-        value = self.data.get(key)
-        if value is not None and (not isinstance(value, list) or not all(isinstance(v, str) for v in value)):
-            raise BadRequest(f"{key} must be a list of strings")
-        return value
-
-    def document(self, key: str) -> Any:
-        return checked_document(self.data.get(key), key)
-
-    def choice(self, key: str, choices: tuple, *, default: Optional[str] = None) -> Optional[str]:
-        value = self.data.get(key, default)
-        if value is not None and value not in choices:
-            raise BadRequest(f"{key} must be one of {', '.join(choices)}")
-        return value
+def db_of(request) -> Database:
+    return request.app.state.db
 
 
 async def read_capped(request: Request) -> bytes:
@@ -2283,564 +2735,287 @@ async def read_capped(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-async def read_json(request: Request, *, empty_ok: bool = False) -> Body:
-    """The request body as a JSON object; 413 past 4 MiB, 400 for anything that is not strict JSON."""
-    raw = await read_capped(request)
-    if not raw.strip():
-        if empty_ok:
-            return Body({})
-        raise BadRequest("request body is empty; a JSON object is required")
-    return Body(parse_json(raw))
-
-
-def query_int(request: Request, name: str, default: Optional[int], *, minimum: int = 0,
-              maximum: Optional[int] = None, clamp: bool = False) -> Optional[int]:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    digits = raw[1:] if raw.startswith("-") else raw
-    if not (digits.isascii() and digits.isdigit()):
-        raise BadRequest(f"query parameter {name} must be an integer")
-    # int() refuses more than 4300 digits; anything past 19 is clamped or out of range anyway.
-    value = int(raw) if len(digits) <= 19 else (INT64_MAX + 1) * (-1 if raw.startswith("-") else 1)
-    if value < minimum:
-        raise BadRequest(f"query parameter {name} must be >= {minimum}")
-    if maximum is not None and value > maximum:
-        if not clamp:
-            raise BadRequest(f"query parameter {name} must be <= {maximum}")
-        value = maximum
-    if value > INT64_MAX:
-        raise BadRequest(f"query parameter {name} is out of range")
-    return value
-
-
-def path_channel(request: Request, name: str = "channel_id") -> str:
-    return valid_channel(request.path_params[name], name)
-
-
-def query_channel(request: Request, name: str) -> str:
-    return valid_channel(request.query_params.get(name), name)
-
-
-def parse_count(raw: str, what: str) -> int:
-    """A non-negative 64-bit integer written in ASCII digits."""
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 19 or int(raw) > INT64_MAX:
-        raise BadRequest(f"{what} must be a non-negative integer")
-    return int(raw)
-
-
-def path_version(request: Request) -> int:
-    return parse_count(request.path_params["version"], "version")
-
-
-def path_step(request: Request) -> int:
-    step = parse_count(request.path_params["step_number"], "step_number")
-    if step < 1:
-        raise BadRequest("step_number must be an integer >= 1")
-    return step
-
-
-def path_group(request: Request, name: str = "group_id") -> str:
-    return valid_channel(request.path_params[name], name)
-
-
-def body_matches_path(body: Body, channel_id: str) -> None:
+def same_channel(body_channel: Optional[str], path_channel: str) -> None:
     """The SDK repeats the path's channel in some bodies; a different one is a client bug."""
-    if body.get("channel_id") not in (None, channel_id):
-        raise BadRequest(f"body channel_id {body.get('channel_id')!r} differs from the path's {channel_id!r}")
+    if body_channel not in (None, path_channel):
+        raise BadRequest(f"body channel_id {body_channel!r} differs from the path's {path_channel!r}")
 
 
-def operation_id_of(body: Body) -> Optional[str]:
-    """The idempotency key; an empty one counts as none."""
-    return body.text("operation_id", required=False, max_bytes=512) or None
-
-
-def tool_policies_from(body: Body) -> Optional[dict]:
-    policies = body.obj("tool_policies")
-    for tool, policy in (policies or {}).items():
-        if policy not in TOOL_POLICIES:
-            raise BadRequest(f"tool_policies[{tool!r}] must be one of {', '.join(TOOL_POLICIES)}")
-    return policies or None
-
-
-def event_fields(body: Body, type_key: str) -> dict:
-    """The fields record and transition share; metadata is {actor, agent_id, user_id, metadata}."""
-    if not isinstance(body.get("metadata") or {}, dict):
-        raise BadRequest("metadata must be a JSON object")
-    meta = Body(body.get("metadata") or {})
-    event_type = body.get(type_key)
-    if not isinstance(event_type, str) or not event_type:
-        raise BadRequest(f"{type_key} must be a non-empty string")
-    return {
-        "channel_id": body.channel(), "payload": body.document("payload"),
-        "actor": meta.text("actor", required=False, default="system") or "system",
-        "agent_id": meta.text("agent_id", required=False), "user_id": meta.text("user_id", required=False),
-        "metadata": meta.obj("metadata"),
-        "operation_id": operation_id_of(body),
-        type_key: event_type,
-    }
+async def api_events_record(request: Request, body: RecordEvent) -> dict:
+    return {"event": await db_of(request).write(record_event, body)}
 
 
-def json_ok(value: Any, status: int = 200) -> JSONResponse:
-    return JSONResponse(value, status_code=status)
+async def api_events_replay(request: Request, path, query: ReplayQuery) -> dict:
+    events = await db_of(request).read(replay_events, path.channel_id, query.cursor, query.limit, query.event_type)
+    return {"events": events}
 
 
-# =============================================================================
-# HTTP API: handlers, named after their routes
-# =============================================================================
+async def api_events_query(request: Request, body: EventQuery) -> dict:
+    return {"events": await db_of(request).read(query_events, body)}
 
 
-def db_of(request) -> Database:
-    return request.app.state.db
+async def api_events_cursor(request: Request, path) -> dict:
+    return {"latest_cursor": await db_of(request).read(latest_cursor, path.channel_id)}
 
 
-async def api_events_record(request: Request) -> Response:
-    body = await read_json(request)
-    req = event_fields(body, "event_type")
-    dependencies = body.get("dependencies")
-    if dependencies is not None and (not isinstance(dependencies, list) or not all(
-            isinstance(d, dict) and all(isinstance(v, str) for v in d.values()) for d in dependencies)):
-        raise BadRequest('dependencies must be a list of {"event_id": str, "dependency_type": str} objects')
-    req.update(step_number=body.integer("step_number", minimum=1), dependencies=dependencies)
-    return json_ok({"event": await db_of(request).write(record_event, req)})
+async def api_events_transition(request: Request, body: Transition) -> dict:
+    return await db_of(request).write(transition, body)
 
 
-async def api_events_replay(request: Request) -> Response:
-    channel_id = path_channel(request)
-    after = query_int(request, "cursor", 0)
-    limit = query_int(request, "limit", 100, minimum=1, maximum=REPLAY_LIMIT_MAX, clamp=True)
-    events = await db_of(request).read(replay_events, channel_id, after, limit, request.query_params.get("event_type"))
-    return json_ok({"events": events})
+async def api_events_causal_graph(request: Request, path, query: CausalQuery) -> dict:
+    return await db_of(request).read(causal_graph, path.event_id, query.max_nodes)
 
 
-async def api_events_query(request: Request) -> Response:
-    body = await read_json(request)
-    channel_ids = body.strings("channel_ids")
-    for cid in channel_ids or []:
-        valid_channel(cid, "channel_ids[]")
-    q = {
-        "channel_ids": channel_ids, "event_type": body.text("event_type", required=False),
-        "actor": body.text("actor", required=False),
-        "cursor_start": body.integer("cursor_start", minimum=0), "cursor_end": body.integer("cursor_end", minimum=0),
-        "from": iso(parse_iso(body.get("from"))) if body.get("from") is not None else None,
-        "to": iso(parse_iso(body.get("to"))) if body.get("to") is not None else None,
-        "offset": body.integer("offset", default=0, minimum=0),
-        "limit": min(body.integer("limit", default=100, minimum=1), REPLAY_LIMIT_MAX),
-    }
-    return json_ok({"events": await db_of(request).read(query_events, q)})
+async def api_state_save(request: Request, path, body: SaveState) -> dict:
+    same_channel(body.channel_id, path.channel_id)
+    return {"version": await db_of(request).write(save_state, path.channel_id, body)}
 
 
-async def api_events_cursor(request: Request) -> Response:
-    return json_ok({"latest_cursor": await db_of(request).read(latest_cursor, path_channel(request))})
+async def api_state_latest(request: Request, path) -> dict:
+    return state_json(await db_of(request).read(state_row_at, path.channel_id, None))
 
 
-async def api_events_transition(request: Request) -> Response:
-    body = await read_json(request)
-    req = event_fields(body, "type")
-    req.update(state=body.document("state"), expected_version=body.integer("expected_version", minimum=0),
-               expected_cursor=body.integer("expected_cursor", minimum=0))
-    return json_ok(await db_of(request).write(transition, req))
+async def api_state_versions(request: Request, path, query: PageQuery) -> dict:
+    return {"versions": await db_of(request).read(list_states, path.channel_id, query.limit, query.offset)}
 
 
-async def api_events_causal_graph(request: Request) -> Response:
-    max_nodes = query_int(request, "max_nodes", 1000, minimum=1, maximum=10_000, clamp=True)
-    return json_ok(await db_of(request).read(causal_graph, request.path_params["event_id"], max_nodes))
+async def api_state_version(request: Request, path) -> dict:
+    return await db_of(request).read(get_state_version, path.channel_id, path.version)
 
 
-async def api_state_save(request: Request) -> Response:
-    channel_id = path_channel(request)
-    body = await read_json(request)
-    body_matches_path(body, channel_id)
-    req = {
-        "channel_id": channel_id, "cursor": body.integer("cursor", minimum=0, required=True),
-        "state": body.document("state"), "operation_id": operation_id_of(body),
-        "expected_version": body.integer("expected_version", minimum=0),
-        "expected_cursor": body.integer("expected_cursor", minimum=0),
-    }
-    return json_ok({"version": await db_of(request).write(save_state, req)})
+async def api_state_delete(request: Request, path) -> dict:
+    return await db_of(request).write(delete_state_version, path.channel_id, path.version)
 
 
-async def api_state_latest(request: Request) -> Response:
-    row = await db_of(request).read(state_row_at, path_channel(request), None)
-    return json_ok(state_json(row))
+async def api_channels_list(request: Request) -> dict:
+    return {"channels": await db_of(request).read(list_channels)}
 
 
-async def api_state_versions(request: Request) -> Response:
-    limit = query_int(request, "limit", 100, minimum=1, maximum=REPLAY_LIMIT_MAX, clamp=True)
-    offset = query_int(request, "offset", 0)
-    return json_ok({"versions": await db_of(request).read(list_states, path_channel(request), limit, offset)})
+async def api_channels_metadata(request: Request, path) -> dict:
+    return await db_of(request).read(get_metadata, path.channel_id)
 
 
-async def api_state_version(request: Request) -> Response:
-    return json_ok(await db_of(request).read(get_state_version, path_channel(request), path_version(request)))
+async def api_channels_metadata_put(request: Request, path, body: PutMetadata) -> dict:
+    same_channel(body.channel_id, path.channel_id)
+    return await db_of(request).write(put_metadata, path.channel_id, body)
 
 
-async def api_state_delete(request: Request) -> Response:
-    return json_ok(await db_of(request).write(delete_state_version, path_channel(request), path_version(request)))
+async def api_channels_forks(request: Request, path) -> dict:
+    return {"forks": await db_of(request).read(list_forks, path.channel_id)}
 
 
-async def api_channels_list(request: Request) -> Response:
-    return json_ok({"channels": await db_of(request).read(list_channels)})
+async def api_channels_step(request: Request, path) -> dict:
+    return await db_of(request).read(resolve_step, path.channel_id, path.step_number)
 
 
-async def api_channels_metadata(request: Request) -> Response:
-    return json_ok(await db_of(request).read(get_metadata, path_channel(request)))
+async def api_channels_steps(request: Request, path) -> dict:
+    return {"channel_id": path.channel_id,
+            "last_step_number": await db_of(request).read(last_step_number, path.channel_id)}
 
 
-async def api_channels_metadata_put(request: Request) -> Response:
-    channel_id = path_channel(request)
-    body = await read_json(request)
-    body_matches_path(body, channel_id)
-    changes = {}
-    for key in ("display_name", "reason"):
-        if key in body.data:
-            changes[key] = body.text(key, required=False)
-    if "experiment_metadata" in body.data:
-        changes["experiment_metadata"] = dump(checked_document(body.obj("experiment_metadata"), "experiment_metadata"))
-    return json_ok(await db_of(request).write(put_metadata, channel_id, changes))
+async def api_channels_fork(request: Request, body: Fork) -> dict:
+    return await db_of(request).write(fork_channel, body)
 
 
-async def api_channels_forks(request: Request) -> Response:
-    return json_ok({"forks": await db_of(request).read(list_forks, path_channel(request))})
+async def api_channels_receipt(request: Request, path) -> dict:
+    return await db_of(request).read(get_receipt, path.channel_id)
 
 
-async def api_channels_step(request: Request) -> Response:
-    return json_ok(await db_of(request).read(resolve_step, path_channel(request), path_step(request)))
+async def api_channels_fork_tree(request: Request, path) -> dict:
+    return await db_of(request).read(fork_tree, path.channel_id)
 
 
-async def api_channels_steps(request: Request) -> Response:
-    channel_id = path_channel(request)
-    return json_ok({"channel_id": channel_id,
-                    "last_step_number": await db_of(request).read(last_step_number, channel_id)})
+async def api_channels_diff(request: Request, query: PairQuery) -> dict:
+    return await db_of(request).read(diff_channels, query.left, query.right)
 
 
-def fork_request(body: Body) -> dict:
-    return {
-        "source_channel_id": body.channel("source_channel_id"), "new_channel_id": body.channel("new_channel_id"),
-        "at_cursor": body.integer("at_cursor", default=0, minimum=0),
-        "operation_id": operation_id_of(body),
-        "display_name": body.text("display_name", required=False), "reason": body.text("reason", required=False),
-        "experiment_metadata": checked_document(body.obj("experiment_metadata"), "experiment_metadata"),
-        "manifest": checked_document(body.obj("manifest"), "manifest"),
-        "tool_policies": tool_policies_from(body),
-        "expected_version": body.integer("expected_version", minimum=0),
-        "expected_cursor": body.integer("expected_cursor", minimum=0),
-    }
+async def api_channels_compare(request: Request, query: PairQuery) -> dict:
+    return await db_of(request).read(compare_channels, query.left, query.right)
 
 
-async def api_channels_fork(request: Request) -> Response:
-    return json_ok(await db_of(request).write(fork_channel, fork_request(await read_json(request))))
+async def api_channels_trail(request: Request, path) -> dict:
+    return await db_of(request).read(decision_trail, path.channel_id)
 
 
-async def api_channels_receipt(request: Request) -> Response:
-    return json_ok(await db_of(request).read(get_receipt, path_channel(request)))
+async def api_channels_outcome(request: Request, path, body: SetOutcome) -> dict:
+    return await db_of(request).write(set_outcome, path.channel_id, body.outcome, body.score)
 
 
-async def api_channels_fork_tree(request: Request) -> Response:
-    return json_ok(await db_of(request).read(fork_tree, path_channel(request)))
+async def api_channels_promote(request: Request, path, body: Empty) -> dict:
+    return await db_of(request).write(promote_channel, path.channel_id)
 
 
-async def api_channels_diff(request: Request) -> Response:
-    left, right = query_channel(request, "left"), query_channel(request, "right")
-    return json_ok(await db_of(request).read(diff_channels, left, right))
+async def api_channels_delete(request: Request, path, query: DeleteQuery) -> dict:
+    return await db_of(request).write(delete_channel, path.channel_id, query.recursive)
 
 
-async def api_channels_compare(request: Request) -> Response:
-    left, right = query_channel(request, "left"), query_channel(request, "right")
-    return json_ok(await db_of(request).read(compare_channels, left, right))
+async def api_experiments_create(request: Request, body: CreateExperiment) -> dict:
+    return await db_of(request).write(create_experiment, body.name, body.description, body.baseline_channel_id)
 
 
-async def api_channels_trail(request: Request) -> Response:
-    return json_ok(await db_of(request).read(decision_trail, path_channel(request)))
+async def api_experiments_list(request: Request) -> dict:
+    return {"experiments": await db_of(request).read(list_experiments)}
 
 
-async def api_channels_outcome(request: Request) -> Response:
-    channel_id = path_channel(request)
-    body = await read_json(request)
-    outcome = body.choice("outcome", OUTCOMES)
-    if outcome is None:
-        raise BadRequest(f"outcome is required: one of {', '.join(OUTCOMES)}")
-    return json_ok(await db_of(request).write(set_outcome, channel_id, outcome, body.number("score")))
+async def api_experiments_get(request: Request, path) -> dict:
+    return await db_of(request).read(get_experiment, path.group_id)
 
 
-async def api_channels_promote(request: Request) -> Response:
-    channel_id = path_channel(request)
-    await read_json(request, empty_ok=True)     # the SDK sends no body at all
-    return json_ok(await db_of(request).write(promote_channel, channel_id))
+async def api_experiments_member(request: Request, path, body: AddExperimentMember) -> dict:
+    return await db_of(request).write(add_experiment_member, path.group_id, body.channel_id,
+                                      body.role or "variant", body.declared_delta)
 
 
-async def api_channels_delete(request: Request) -> Response:
-    recursive = request.query_params.get("recursive", "false").lower()
-    if recursive not in ("true", "false", "1", "0"):
-        raise BadRequest("recursive must be true or false")
-    return json_ok(await db_of(request).write(delete_channel, path_channel(request), recursive in ("true", "1")))
+async def api_experiments_rank(request: Request, path) -> dict:
+    return await db_of(request).read(rank_experiment, path.group_id)
 
 
-async def api_experiments_create(request: Request) -> Response:
-    body = await read_json(request)
-    baseline = body.get("baseline_channel_id")
-    if baseline is not None:
-        valid_channel(baseline, "baseline_channel_id")
-    return json_ok(await db_of(request).write(create_experiment, body.text("name"),
-                                              body.text("description", required=False), baseline))
+async def api_executions_claim(request: Request, body: Claim) -> dict:
+    outcome = await db_of(request).write(claim_execution, body)
+    if isinstance(outcome, Refused):
+        raise outcome.error
+    return outcome
 
 
-async def api_experiments_list(request: Request) -> Response:
-    return json_ok({"experiments": await db_of(request).read(list_experiments)})
+async def api_executions_complete(request: Request, path, body: Complete) -> dict:
+    execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "completed",
+                                           body.result)
+    return {"execution": execution}
 
 
-async def api_experiments_get(request: Request) -> Response:
-    return json_ok(await db_of(request).read(get_experiment, request.path_params["group_id"]))
+async def api_executions_fail(request: Request, path, body: Fail) -> dict:
+    error = {"message": body.message or "", "error_type": body.error_type, "stack": body.stack}
+    execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "failed",
+                                           None, error)
+    return {"execution": execution}
 
 
-async def api_experiments_member(request: Request) -> Response:
-    body = await read_json(request)
-    return json_ok(await db_of(request).write(
-        add_experiment_member, request.path_params["group_id"], body.channel(),
-        body.text("role", required=False, default="variant"), body.obj("declared_delta")))
+async def api_executions_heartbeat(request: Request, path, body: Heartbeat) -> dict:
+    execution = await db_of(request).write(heartbeat_execution, path.execution_id, body.claim_token,
+                                           body.lease_seconds)
+    return {"execution": execution}
 
 
-async def api_experiments_rank(request: Request) -> Response:
-    return json_ok(await db_of(request).read(rank_experiment, request.path_params["group_id"]))
+async def api_executions_cancel(request: Request, path, body: ClaimToken) -> dict:
+    return {"execution": await db_of(request).write(cancel_execution, path.execution_id, body.claim_token)}
 
 
-async def api_executions_claim(request: Request) -> Response:
-    body = await read_json(request)
-    dedup_fields = body.strings("dedup_fields")
-    emit = body.get("emit_replay_event", False)
-    if not isinstance(emit, bool):
-        raise BadRequest("emit_replay_event must be a boolean")
-    req = {
-        "channel_id": body.channel(), "key_name": body.text("key_name", max_bytes=KEY_NAME_MAX_BYTES),
-        "tool_name": body.text("tool_name", max_bytes=512), "params": body.document("params"),
-        "dedup_fields": dedup_fields,
-        "lease_seconds": body.integer("lease_seconds", default=LEASE_DEFAULT, minimum=LEASE_MIN, maximum=LEASE_MAX),
-        "emit_replay_event": emit, "actor": body.text("actor", required=False),
-    }
-    outcome = await db_of(request).write(claim_execution, req)
-    if outcome["status"] == "blocked":
-        raise Conflict("fork_tool_blocked", outcome["error"])
-    return json_ok(outcome)
+async def api_executions_get(request: Request, path) -> dict:
+    return {"execution": execution_json(await db_of(request).read(require_execution, path.execution_id))}
 
 
-def claim_token_of(body: Body) -> Optional[str]:
-    return body.text("claim_token", required=False)
+async def api_executions_list(request: Request, query: ExecutionsQuery) -> dict:
+    return {"executions": await db_of(request).read(list_executions, query.channel_id, query.limit)}
 
 
-async def api_executions_complete(request: Request) -> Response:
-    body = await read_json(request, empty_ok=True)
-    execution = await db_of(request).write(finish_execution, request.path_params["execution_id"],
-                                           claim_token_of(body), "completed", body.document("result"))
-    return json_ok({"execution": execution})
+async def api_executions_delete(request: Request, path) -> dict:
+    return await db_of(request).write(delete_execution, path.execution_id)
 
 
-async def api_executions_fail(request: Request) -> Response:
-    body = await read_json(request, empty_ok=True)
-    error = {"message": body.text("message", required=False, default=""),
-             "error_type": body.text("error_type", required=False), "stack": body.text("stack", required=False)}
-    execution = await db_of(request).write(finish_execution, request.path_params["execution_id"],
-                                           claim_token_of(body), "failed", None, checked_document(error, "error"))
-    return json_ok({"execution": execution})
-
-
-async def api_executions_heartbeat(request: Request) -> Response:
-    body = await read_json(request, empty_ok=True)
-    lease = body.integer("lease_seconds", minimum=LEASE_MIN, maximum=LEASE_MAX)
-    execution = await db_of(request).write(heartbeat_execution, request.path_params["execution_id"],
-                                           claim_token_of(body), lease)
-    return json_ok({"execution": execution})
-
-
-async def api_executions_cancel(request: Request) -> Response:
-    body = await read_json(request, empty_ok=True)
-    execution = await db_of(request).write(cancel_execution, request.path_params["execution_id"], claim_token_of(body))
-    return json_ok({"execution": execution})
-
-
-async def api_executions_get(request: Request) -> Response:
-    row = await db_of(request).read(require_execution, request.path_params["execution_id"])
-    return json_ok({"execution": execution_json(row)})
-
-
-async def api_executions_list(request: Request) -> Response:
-    channel_id = request.query_params.get("channel_id")
-    if channel_id is not None:
-        valid_channel(channel_id)
-    limit = query_int(request, "limit", 50, minimum=1, maximum=EXECUTIONS_LIMIT_MAX)
-    return json_ok({"executions": await db_of(request).read(list_executions, channel_id, limit)})
-
-
-async def api_executions_delete(request: Request) -> Response:
-    return json_ok(await db_of(request).write(delete_execution, request.path_params["execution_id"]))
-
-
-async def api_wakeups_schedule(request: Request) -> Response:
-    body = await read_json(request)
-    run_at = body.get("run_at")
-    if not isinstance(run_at, str):
-        raise BadRequest("run_at must be an RFC 3339 timestamp string")
-    wakeup = await db_of(request).write(schedule_wakeup, body.channel(), iso(parse_iso(run_at)),
-                                        checked_document(body.obj("payload"), "payload"))
+async def api_wakeups_schedule(request: Request, body: ScheduleWakeup) -> dict:
+    wakeup = await db_of(request).write(schedule_wakeup, body.channel_id, iso(body.run_at), body.payload)
     request.app.state.scheduler.nudge()
-    return json_ok(wakeup)
+    return wakeup
 
 
-async def api_wakeups_list(request: Request) -> Response:
-    channel_id = request.query_params.get("channel_id")
-    status = request.query_params.get("status")
-    if channel_id is not None:
-        valid_channel(channel_id)
-    if status is not None and status not in WAKEUP_STATUSES:
-        raise BadRequest(f"status must be one of {', '.join(WAKEUP_STATUSES)}")
-    return json_ok({"wakeups": await db_of(request).read(list_wakeups, channel_id, status)})
+async def api_wakeups_list(request: Request, query: WakeupsQuery) -> dict:
+    return {"wakeups": await db_of(request).read(list_wakeups, query.channel_id, query.status)}
 
 
-async def api_wakeups_get(request: Request) -> Response:
-    return json_ok(wakeup_json(await db_of(request).read(require_wakeup, request.path_params["wakeup_id"])))
+async def api_wakeups_get(request: Request, path) -> dict:
+    return wakeup_json(await db_of(request).read(require_wakeup, path.wakeup_id))
 
 
-async def api_wakeups_cancel(request: Request) -> Response:
-    return json_ok(await db_of(request).write(cancel_wakeup, request.path_params["wakeup_id"]))
+async def api_wakeups_cancel(request: Request, path) -> dict:
+    return await db_of(request).write(cancel_wakeup, path.wakeup_id)
 
 
-async def api_groups_create(request: Request) -> Response:
-    body = await read_json(request)
-    return json_ok(await db_of(request).write(create_consumer_group, body.channel("group_id"), body.channel(),
-                                              checked_document(body.obj("metadata"), "metadata")))
+async def api_groups_create(request: Request, body: CreateConsumerGroup) -> dict:
+    return await db_of(request).write(create_consumer_group, body.group_id, body.channel_id, body.metadata)
 
 
-async def api_groups_list(request: Request) -> Response:
-    channel_id = request.query_params.get("channel_id")
-    if channel_id is not None:
-        valid_channel(channel_id)
-    return json_ok({"groups": await db_of(request).read(list_consumer_groups, channel_id)})
+async def api_groups_list(request: Request, query: ChannelFilter) -> dict:
+    return {"groups": await db_of(request).read(list_consumer_groups, query.channel_id)}
 
 
-async def api_groups_delete(request: Request) -> Response:
-    return json_ok(await db_of(request).write(delete_consumer_group, path_group(request)))
+async def api_groups_delete(request: Request, path) -> dict:
+    return await db_of(request).write(delete_consumer_group, path.group_id)
 
 
-def consumer_of(body: Body) -> str:
-    return body.text("consumer_id", max_bytes=512)
+async def api_groups_join(request: Request, path, body: Consumer) -> dict:
+    return await db_of(request).write(join_group, path.group_id, body.consumer_id, body.lease_seconds)
 
 
-def lease_of(body: Body) -> int:
-    return body.integer("lease_seconds", default=LEASE_DEFAULT, minimum=LEASE_MIN, maximum=LEASE_MAX)
+async def api_groups_work(request: Request, path, body: ClaimWork) -> dict:
+    return await db_of(request).write(claim_work, path.group_id, body.consumer_id, body.limit)
 
 
-async def api_groups_join(request: Request) -> Response:
-    body = await read_json(request)
-    return json_ok(await db_of(request).write(join_group, path_group(request), consumer_of(body), lease_of(body)))
+async def api_groups_ack(request: Request, path, body: AckWork) -> dict:
+    return await db_of(request).write(ack_work, path.group_id, body.consumer_id, body.cursor)
 
 
-async def api_groups_work(request: Request) -> Response:
-    body = await read_json(request)
-    limit = min(body.integer("limit", default=100, minimum=1), REPLAY_LIMIT_MAX)
-    return json_ok(await db_of(request).write(claim_work, path_group(request), consumer_of(body), limit))
+async def api_groups_heartbeat(request: Request, path, body: Consumer) -> dict:
+    return await db_of(request).write(heartbeat_consumer, path.group_id, body.consumer_id, body.lease_seconds)
 
 
-async def api_groups_ack(request: Request) -> Response:
-    body = await read_json(request)
-    cursor = body.integer("cursor", minimum=0, required=True)
-    return json_ok(await db_of(request).write(ack_work, path_group(request), consumer_of(body), cursor))
+async def api_groups_offsets(request: Request, path) -> dict:
+    return {"offsets": await db_of(request).read(group_offsets, path.group_id)}
 
 
-async def api_groups_heartbeat(request: Request) -> Response:
-    body = await read_json(request)
-    return json_ok(await db_of(request).write(heartbeat_consumer, path_group(request), consumer_of(body),
-                                              lease_of(body)))
+async def api_execution_groups_create(request: Request, body: CreateExecutionGroup) -> dict:
+    return await db_of(request).write(create_execution_group, body.group_id, body.metadata)
 
 
-async def api_groups_offsets(request: Request) -> Response:
-    return json_ok({"offsets": await db_of(request).read(group_offsets, path_group(request))})
+async def api_execution_groups_list(request: Request) -> dict:
+    return {"groups": await db_of(request).read(list_execution_groups)}
 
 
-async def api_execution_groups_create(request: Request) -> Response:
-    body = await read_json(request)
-    return json_ok(await db_of(request).write(create_execution_group, body.channel("group_id"),
-                                              checked_document(body.obj("metadata"), "metadata")))
+async def api_execution_groups_add_member(request: Request, path, body: AddGroupMember) -> dict:
+    return await db_of(request).write(add_group_member, path.group_id, body.member_id, body.channel_id,
+                                      body.role, body.metadata)
 
 
-async def api_execution_groups_list(request: Request) -> Response:
-    return json_ok({"groups": await db_of(request).read(list_execution_groups)})
+async def api_execution_groups_members(request: Request, path) -> dict:
+    return {"members": await db_of(request).read(list_group_members, path.group_id)}
 
 
-async def api_execution_groups_add_member(request: Request) -> Response:
-    body = await read_json(request)
-    return json_ok(await db_of(request).write(
-        add_group_member, path_group(request), body.channel("member_id"), body.channel(),
-        body.text("role", required=False), checked_document(body.obj("metadata"), "metadata")))
+async def api_execution_groups_claim(request: Request, path, body: LeaseClaim) -> dict:
+    return await db_of(request).write(claim_member, path.group_id, path.member_id, body.owner_id, body.lease_seconds)
 
 
-async def api_execution_groups_members(request: Request) -> Response:
-    return json_ok({"members": await db_of(request).read(list_group_members, path_group(request))})
+async def api_execution_groups_heartbeat(request: Request, path, body: LeaseHolder) -> dict:
+    return await db_of(request).write(heartbeat_member, path.group_id, path.member_id, body.owner_id,
+                                      body.generation, body.lease_seconds)
 
 
-def lease_holder(body: Body) -> tuple:
-    return body.text("owner_id", max_bytes=512), body.integer("generation", minimum=0, required=True)
+async def api_execution_groups_release(request: Request, path, body: LeaseHolder) -> dict:
+    return await db_of(request).write(release_member, path.group_id, path.member_id, body.owner_id,
+                                      body.generation)
 
 
-async def api_execution_groups_claim(request: Request) -> Response:
-    body = await read_json(request)
-    return json_ok(await db_of(request).write(claim_member, path_group(request), path_group(request, "member_id"),
-                                              body.text("owner_id", max_bytes=512), lease_of(body)))
+async def api_execution_groups_send(request: Request, path, body: SendMessage) -> dict:
+    return await db_of(request).write(send_group_message, path.group_id, body)
 
 
-async def api_execution_groups_heartbeat(request: Request) -> Response:
-    body = await read_json(request)
-    return json_ok(await db_of(request).write(heartbeat_member, path_group(request), path_group(request, "member_id"),
-                                              *lease_holder(body), lease_of(body)))
+async def api_execution_groups_inbox(request: Request, path, query: InboxQuery) -> dict:
+    messages = await db_of(request).read(member_inbox, path.group_id, path.member_id, query.after, query.limit)
+    return {"messages": messages}
 
 
-async def api_execution_groups_release(request: Request) -> Response:
-    body = await read_json(request)
-    return json_ok(await db_of(request).write(release_member, path_group(request), path_group(request, "member_id"),
-                                              *lease_holder(body)))
+async def api_execution_group_messages_ack(request: Request, path, body: LeaseHolder) -> dict:
+    return await db_of(request).write(acknowledge_message, path.message_id, body.owner_id, body.generation)
 
 
-async def api_execution_groups_send(request: Request) -> Response:
-    body = await read_json(request)
-    req = {"from_member_id": body.channel("from_member_id"), "to_member_id": body.channel("to_member_id"),
-           "type": body.text("type"), "payload": body.document("payload"),
-           "causal_context": checked_document(body.obj("causal_context"), "causal_context"),
-           "operation_id": operation_id_of(body)}
-    return json_ok(await db_of(request).write(send_group_message, path_group(request), req))
+async def api_execution_group_forks_create(request: Request, body: ForkExecutionGroup) -> dict:
+    return {"fork": await db_of(request).write(fork_execution_group, body)}
 
 
-async def api_execution_groups_inbox(request: Request) -> Response:
-    limit = query_int(request, "limit", 100, minimum=1, maximum=REPLAY_LIMIT_MAX, clamp=True)
-    messages = await db_of(request).read(member_inbox, path_group(request), path_group(request, "member_id"),
-                                         request.query_params.get("after"), limit)
-    return json_ok({"messages": messages})
+async def api_execution_group_forks_get(request: Request, path) -> dict:
+    return {"fork": await db_of(request).read(require_group_fork, path.fork_group_id)}
 
 
-async def api_execution_group_messages_ack(request: Request) -> Response:
-    body = await read_json(request)
-    return json_ok(await db_of(request).write(acknowledge_message, request.path_params["message_id"],
-                                              *lease_holder(body)))
-
-
-async def api_execution_group_forks_create(request: Request) -> Response:
-    body = await read_json(request)
-    member_policies = body.obj("member_policies") or {}
-    for member, policy in member_policies.items():
-        if policy not in MEMBER_POLICIES:
-            raise BadRequest(f"member_policies[{member!r}] must be one of {', '.join(MEMBER_POLICIES)}")
-    req = {"fork_group_id": body.channel("fork_group_id"), "source_group_id": body.channel("source_group_id"),
-           "intervention_member_id": body.channel("intervention_member_id"),
-           "intervention_cursor": body.integer("intervention_cursor", minimum=0, required=True),
-           "member_policies": member_policies, "tool_policies": tool_policies_from(body) or {}}
-    return json_ok({"fork": await db_of(request).write(fork_execution_group, req)})
-
-
-async def api_execution_group_forks_get(request: Request) -> Response:
-    return json_ok({"fork": await db_of(request).read(require_group_fork, path_group(request, "fork_group_id"))})
-
-
-async def api_execution_group_forks_promote(request: Request) -> Response:
-    await read_json(request, empty_ok=True)
-    return json_ok({"fork": await db_of(request).write(promote_group_fork_member, path_group(request, "fork_group_id"),
-                                                       path_group(request, "member_id"))})
+async def api_execution_group_forks_promote(request: Request, path, body: Empty) -> dict:
+    return {"fork": await db_of(request).write(promote_group_fork_member, path.fork_group_id, path.member_id)}
 
 
 # --- health, metrics, capabilities ------------------------------------------------
@@ -2859,29 +3034,29 @@ def health_body(request: Request, started: float, extra: dict) -> dict:
             "check_duration_ms": int((time.perf_counter() - started) * 1000), **extra}
 
 
-async def healthz(request: Request) -> Response:
+async def healthz(request: Request) -> dict:
     started = time.perf_counter()
     ok = await database_ready(db_of(request))
     hub = request.app.state.hub
-    return json_ok(health_body(request, started, {
+    return health_body(request, started, {
         "_status": "ok" if ok else "degraded", "version": __version__,
         "components": {"database": {"status": "ok" if ok else "error"},
                        "websocket": {"status": "ok", "connections": len(hub.connections)}},
-    }))
+    })
 
 
-async def readyz(request: Request) -> Response:
+async def readyz(request: Request) -> dict:
     # 200 with readiness in the body: the SDK raises on 503, and users should be able to read why.
     started = time.perf_counter()
     ok = await database_ready(db_of(request))
-    hub = request.app.state.hub
-    return json_ok(health_body(request, started, {
+    hub, limit = request.app.state.hub, request.app.state.settings.max_connections
+    return health_body(request, started, {
         "_status": "ok" if ok else "unavailable",
-        "readiness_checks": {"database_ready": ok, "capacity_available": True,
+        "readiness_checks": {"database_ready": ok, "capacity_available": len(hub.connections) < limit,
                              "uptime_seconds": int(time.monotonic() - request.app.state.started),
-                             "connection_utilization": len(hub.connections) / 10_000,
-                             "active_connections": len(hub.connections), "max_connections": 10_000},
-    }))
+                             "connection_utilization": len(hub.connections) / limit,
+                             "active_connections": len(hub.connections), "max_connections": limit},
+    })
 
 
 def metric_values(app) -> dict:
@@ -2905,9 +3080,9 @@ async def metrics_text(request: Request) -> Response:
     return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
 
-async def metrics_json(request: Request) -> Response:
+async def metrics_json(request: Request) -> dict:
     hub, values = request.app.state.hub, metric_values(request.app)
-    return json_ok({
+    return {
         "status": "ok", "timestamp": iso(utc_now()), "uptime_seconds": values["actae_uptime_seconds"],
         "websocket": {"connections": len(hub.connections), "topics": len(hub.topics),
                       "messages_sent": hub.messages_sent, "messages_received": hub.messages_received,
@@ -2915,20 +3090,23 @@ async def metrics_json(request: Request) -> Response:
                       "back_pressure": {"queue_limit": WS_QUEUE_MAX, "dropped_connections": hub.dropped}},
         "database": {"write_batches": values["actae_write_batches_total"],
                      "write_jobs": values["actae_write_jobs_total"]},
-    })
+    }
 
 
-async def api_auth_capabilities(request: Request) -> Response:
+async def api_auth_capabilities(request: Request) -> dict:
     everything = ["*"]
-    return json_ok({"permissions": {"read": everything, "write": everything, "delete": everything,
-                                    "admin": everything},
-                    "auth_method": "api_key", "key_id": request.state.key_id,
-                    "key_source": "environment" if request.state.key_id == "env" else "database",
-                    "expires_at": None})
+    return {"permissions": {"read": everything, "write": everything, "delete": everything, "admin": everything},
+            "auth_method": "api_key", "key_id": request.state.key_id,
+            "key_source": "environment" if request.state.key_id == "env" else "database",
+            "expires_at": None}
+
+
+async def openapi_json(request: Request) -> dict:
+    return request.app.state.openapi
 
 
 # =============================================================================
-# Authentication: API keys for the API, a signed cookie for the dashboard
+# Authentication: API keys for the API, server-side sessions for the dashboard
 # =============================================================================
 
 
@@ -2937,7 +3115,7 @@ async def check_key(app, key: Any) -> str:
     if not isinstance(key, str) or not key:
         raise Unauthorized("missing API key: send it in the x-api-key header")
     env_key = app.state.env_key
-    if env_key and hmac.compare_digest(key.encode(), env_key.encode()):
+    if env_key and same_secret(key, env_key):
         return "env"
     key_id = await app.state.db.read(active_key_id, key_hash(key))
     if key_id is None:
@@ -2945,40 +3123,255 @@ async def check_key(app, key: Any) -> str:
     return key_id
 
 
-def protected(handler: Callable) -> Callable:
-    """Every API route but /healthz needs `x-api-key`; checked per request so a rotation applies at once."""
+def key_ref(app, key: str) -> str:
+    """How a session names the key it was opened with: "env", or the key's hash."""
+    return "env" if app.state.env_key and same_secret(key, app.state.env_key) else key_hash(key)
+
+
+def form_token(session_id: str) -> str:
+    """The per-session token every dashboard form carries; only the session's own pages can know it."""
+    return sha256_hex("form:" + session_id)
+
+
+async def current_session(request: Request) -> Optional[str]:
+    """The session id of the request's cookie when it names a live session of a valid key."""
+    session_id = request.cookies.get(SESSION_COOKIE)
+    if not session_id:
+        return None
+    ref = await db_of(request).read(session_key_ref, session_id, iso(utc_now()))
+    if ref is None or (ref == "env" and not request.app.state.env_key):
+        return None
+    return session_id
+
+
+# --- what a page may be asked by another origin: nothing --------------------------------------
+
+
+def served_origin(request: Request) -> str:
+    return f"{request.url.scheme}://{request.headers.get('host', '')}"
+
+
+def require_same_origin(request: Request) -> None:
+    """A state-changing dashboard POST must come from one of our own pages (Origin, else Referer).
+
+    SameSite cookies do not separate two ports of 127.0.0.1, so the origin is checked as well.
+    """
+    origin = request.headers.get("origin")
+    if origin is None:
+        referer = urlsplit(request.headers.get("referer", ""))
+        origin = f"{referer.scheme}://{referer.netloc}" if referer.netloc else None
+    if origin != served_origin(request):
+        raise Forbidden("this form can only be sent from the dashboard's own pages")
+
+
+def require_form_token(request: Request, form: dict) -> None:
+    expected = form_token(request.state.session_id)
+    if not same_secret(form.get("csrf_token", ""), expected):
+        raise Forbidden("the form's token is missing or stale: reload the page and submit again")
+
+
+# =============================================================================
+# HTTP API: the route table, and the OpenAPI document generated from it
+# =============================================================================
+
+
+@dataclass(frozen=True)
+class Api:
+    """One API route: how to call it, what it takes, who may."""
+
+    method: str
+    path: str
+    handler: Callable
+    body: Optional[type] = None        # the JSON body's record
+    query: Optional[type] = None       # the query string's record
+    body_optional: bool = False        # the SDK may send no body at all
+    public: bool = False               # answered without a key (probes, the API description)
+
+    @property
+    def path_params(self) -> Optional[type]:
+        return path_record(self.path)
+
+    @property
+    def tag(self) -> str:
+        parts = self.path.split("/")
+        return parts[3] if len(parts) > 3 and parts[1] == "api" else "server"
+
+    @property
+    def summary(self) -> str:
+        doc = (self.handler.__doc__ or "").strip().splitlines()
+        return doc[0] if doc else self.handler.__name__.replace("_", " ")
+
+
+API_ROUTES = [
+    Api("POST", "/api/v1/events/record", api_events_record, body=RecordEvent),
+    Api("GET", "/api/v1/events/replay/{channel_id}", api_events_replay, query=ReplayQuery),
+    Api("POST", "/api/v1/events/query", api_events_query, body=EventQuery),
+    Api("GET", "/api/v1/events/cursor/{channel_id}", api_events_cursor),
+    Api("POST", "/api/v1/events/transition", api_events_transition, body=Transition),
+    Api("GET", "/api/v1/events/{event_id}/causal-graph", api_events_causal_graph, query=CausalQuery),
+    Api("POST", "/api/v1/state/{channel_id}", api_state_save, body=SaveState),
+    Api("GET", "/api/v1/state/{channel_id}", api_state_latest),
+    Api("GET", "/api/v1/state/{channel_id}/versions", api_state_versions, query=PageQuery),
+    Api("GET", "/api/v1/state/{channel_id}/version/{version}", api_state_version),
+    Api("DELETE", "/api/v1/state/{channel_id}/version/{version}", api_state_delete),
+    Api("GET", "/api/v1/channels", api_channels_list),
+    Api("POST", "/api/v1/channels/fork", api_channels_fork, body=Fork),
+    Api("GET", "/api/v1/channels/diff", api_channels_diff, query=PairQuery),
+    Api("GET", "/api/v1/channels/compare", api_channels_compare, query=PairQuery),
+    Api("GET", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata),
+    Api("PUT", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata_put, body=PutMetadata),
+    Api("GET", "/api/v1/channels/{channel_id}/forks", api_channels_forks),
+    Api("GET", "/api/v1/channels/{channel_id}/steps", api_channels_steps),
+    Api("GET", "/api/v1/channels/{channel_id}/steps/{step_number}", api_channels_step),
+    Api("GET", "/api/v1/channels/{channel_id}/receipt", api_channels_receipt),
+    Api("GET", "/api/v1/channels/{channel_id}/fork-tree", api_channels_fork_tree),
+    Api("GET", "/api/v1/channels/{channel_id}/trail", api_channels_trail),
+    Api("PATCH", "/api/v1/channels/{channel_id}/outcome", api_channels_outcome, body=SetOutcome),
+    Api("POST", "/api/v1/channels/{channel_id}/promote", api_channels_promote, body=Empty, body_optional=True),
+    Api("DELETE", "/api/v1/channels/{channel_id}", api_channels_delete, query=DeleteQuery),
+    Api("POST", "/api/v1/experiments", api_experiments_create, body=CreateExperiment),
+    Api("GET", "/api/v1/experiments", api_experiments_list),
+    Api("GET", "/api/v1/experiments/{group_id}", api_experiments_get),
+    Api("POST", "/api/v1/experiments/{group_id}/members", api_experiments_member, body=AddExperimentMember),
+    Api("GET", "/api/v1/experiments/{group_id}/rank", api_experiments_rank),
+    Api("POST", "/api/v1/executions/claim", api_executions_claim, body=Claim),
+    Api("GET", "/api/v1/executions", api_executions_list, query=ExecutionsQuery),
+    Api("GET", "/api/v1/executions/{execution_id}", api_executions_get),
+    Api("DELETE", "/api/v1/executions/{execution_id}", api_executions_delete),
+    Api("POST", "/api/v1/executions/{execution_id}/complete", api_executions_complete, body=Complete,
+        body_optional=True),
+    Api("POST", "/api/v1/executions/{execution_id}/fail", api_executions_fail, body=Fail, body_optional=True),
+    Api("POST", "/api/v1/executions/{execution_id}/heartbeat", api_executions_heartbeat, body=Heartbeat,
+        body_optional=True),
+    Api("POST", "/api/v1/executions/{execution_id}/cancel", api_executions_cancel, body=ClaimToken,
+        body_optional=True),
+    Api("POST", "/api/v1/groups", api_groups_create, body=CreateConsumerGroup),
+    Api("GET", "/api/v1/groups", api_groups_list, query=ChannelFilter),
+    Api("DELETE", "/api/v1/groups/{group_id}", api_groups_delete),
+    Api("POST", "/api/v1/groups/{group_id}/join", api_groups_join, body=Consumer),
+    Api("POST", "/api/v1/groups/{group_id}/work", api_groups_work, body=ClaimWork),
+    Api("POST", "/api/v1/groups/{group_id}/ack", api_groups_ack, body=AckWork),
+    Api("POST", "/api/v1/groups/{group_id}/heartbeat", api_groups_heartbeat, body=Consumer),
+    Api("GET", "/api/v1/groups/{group_id}/offsets", api_groups_offsets),
+    Api("POST", "/api/v1/execution-groups", api_execution_groups_create, body=CreateExecutionGroup),
+    Api("GET", "/api/v1/execution-groups", api_execution_groups_list),
+    Api("POST", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_add_member, body=AddGroupMember),
+    Api("GET", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_members),
+    Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/claim", api_execution_groups_claim,
+        body=LeaseClaim),
+    Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/heartbeat", api_execution_groups_heartbeat,
+        body=LeaseHolder),
+    Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/release", api_execution_groups_release,
+        body=LeaseHolder),
+    Api("POST", "/api/v1/execution-groups/{group_id}/messages", api_execution_groups_send, body=SendMessage),
+    Api("GET", "/api/v1/execution-groups/{group_id}/members/{member_id}/messages", api_execution_groups_inbox,
+        query=InboxQuery),
+    Api("POST", "/api/v1/execution-group-messages/{message_id}/ack", api_execution_group_messages_ack,
+        body=LeaseHolder),
+    Api("POST", "/api/v1/execution-group-forks", api_execution_group_forks_create, body=ForkExecutionGroup),
+    Api("GET", "/api/v1/execution-group-forks/{fork_group_id}", api_execution_group_forks_get),
+    Api("POST", "/api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote",
+        api_execution_group_forks_promote, body=Empty, body_optional=True),
+    Api("POST", "/api/v1/scheduler/wakeups", api_wakeups_schedule, body=ScheduleWakeup),
+    Api("GET", "/api/v1/scheduler/wakeups", api_wakeups_list, query=WakeupsQuery),
+    Api("GET", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_get),
+    Api("DELETE", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_cancel),
+    Api("GET", "/api/v1/auth/capabilities", api_auth_capabilities),
+    Api("GET", "/readyz", readyz),
+    Api("GET", "/metrics", metrics_text),
+    Api("GET", "/metrics.json", metrics_json),
+    Api("GET", "/healthz", healthz, public=True),
+    Api("GET", "/openapi.json", openapi_json, public=True),
+]
+
+ERROR_RESPONSES = {
+    "400": "bad input: malformed JSON, a wrong type, a value out of range, a bad channel id",
+    "401": "missing, invalid or revoked API key",
+    "404": "the named channel, execution, group or route does not exist",
+    "409": "a conflict the SDK raises as its own exception: idempotency_conflict, version_conflict, "
+           "fork_tool_blocked, execution_not_owned, channel_conflict, ...",
+    "413": "the body is over 4 MiB, or one document over 1 MiB",
+}
+
+
+def ecma_patterns(schema: Any) -> Any:
+    """JSON Schema patterns are ECMA-262: `\\Z` (our exact end) becomes `$`, which ECMA anchors there."""
+    if isinstance(schema, dict):
+        return {k: (v[:-2] + "$" if k == "pattern" and isinstance(v, str) and v.endswith("\\Z") else ecma_patterns(v))
+                for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [ecma_patterns(v) for v in schema]
+    return schema
+
+
+def record_parameters(kind: Optional[type], where: str, components: dict) -> list:
+    """OpenAPI parameters (in: path or query) from a record's fields."""
+    if kind is None:
+        return []
+    (ref,), defs = msgspec.json.schema_components([kind], ref_template="#/components/schemas/{name}")
+    schema = defs[ref["$ref"].rsplit("/", 1)[1]]
+    components.update({k: v for k, v in defs.items() if k != kind.__name__})
+    required = set(schema.get("required", ()))
+    return [{"name": name, "in": where, "required": where == "path" or name in required, "schema": prop}
+            for name, prop in schema.get("properties", {}).items()]
+
+
+def openapi_document(routes: list) -> dict:
+    """OpenAPI 3.1 for the route table: every path, body, query and error shape."""
+    bodies = sorted({r.body for r in routes if r.body is not None}, key=lambda k: k.__name__)
+    refs, components = msgspec.json.schema_components([*bodies, ErrorBody], ref_template="#/components/schemas/{name}")
+    body_refs = dict(zip(bodies, refs))
+    error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+    paths: dict = {}
+    for route in routes:
+        operation = {
+            "operationId": route.handler.__name__, "summary": route.summary, "tags": [route.tag],
+            "parameters": record_parameters(route.path_params, "path", components)
+                          + record_parameters(route.query, "query", components),
+            "responses": {"200": {"description": "the answer", "content": {"application/json": {"schema": {}}}},
+                          **{code: {"description": text, **error} for code, text in ERROR_RESPONSES.items()}},
+        }
+        if route.body is not None:
+            operation["requestBody"] = {"required": not route.body_optional,
+                                        "content": {"application/json": {"schema": body_refs[route.body]}}}
+        if route.public:
+            operation["security"] = []
+        paths.setdefault(route.path, {})[route.method.lower()] = operation
+    return ecma_patterns({
+        "openapi": "3.1.0",
+        "info": {"title": "Actae community server", "version": __version__,
+                 "description": "Record agent runs, fork them at an exact step, never fire a side effect twice."},
+        "paths": paths,
+        "components": {"schemas": components,
+                       "securitySchemes": {"apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}},
+        "security": [{"apiKey": []}],
+    })
+
+
+def api_response(value: Any) -> Response:
+    if isinstance(value, Response):
+        return value
+    return Response(msgspec.json.encode(value), media_type="application/json")
+
+
+def api_endpoint(route: Api) -> Callable:
+    """The Starlette endpoint of a route: key check, then the declared records decoded, then the handler."""
+    path_kind = route.path_params
+
     async def endpoint(request: Request) -> Response:
-        request.state.key_id = await check_key(request.app, request.headers.get("x-api-key"))
-        return await handler(request)
-    endpoint.__name__ = handler.__name__
+        if not route.public:
+            request.state.key_id = await check_key(request.app, request.headers.get("x-api-key"))
+        parts = {}
+        if path_kind is not None:
+            parts["path"] = decode_params(request.path_params, path_kind, "path")
+        if route.query is not None:
+            parts["query"] = decode_params(request.query_params, route.query, "query string")
+        if route.body is not None:
+            parts["body"] = decode_body(await read_capped(request), route.body, optional=route.body_optional)
+        return api_response(await route.handler(request, **parts))
+
+    endpoint.__name__ = route.handler.__name__
     return endpoint
-
-
-def sign(secret: str, text: str) -> str:
-    return hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()
-
-
-def session_cookie_for(app, key: str) -> str:
-    """`<payload>.<hmac>`: names the key by hash (or "env") so revoking the key ends the session."""
-    ref = "env" if app.state.env_key and hmac.compare_digest(key, app.state.env_key) else key_hash(key)
-    payload = base64.urlsafe_b64encode(json.dumps({"k": ref, "t": int(time.time())}).encode()).decode()
-    return f"{payload}.{sign(app.state.session_secret, payload)}"
-
-
-async def session_is_valid(request: Request) -> bool:
-    cookie = request.cookies.get(SESSION_COOKIE, "")
-    payload, _, signature = cookie.partition(".")
-    if not payload or not hmac.compare_digest(signature, sign(request.app.state.session_secret, payload)):
-        return False
-    try:
-        data = json.loads(base64.urlsafe_b64decode(payload.encode()))
-    except ValueError:
-        return False
-    if time.time() - data.get("t", 0) > SESSION_MAX_AGE:
-        return False
-    if data.get("k") == "env":
-        return bool(request.app.state.env_key)
-    return await request.app.state.db.read(active_key_id, data.get("k", "")) is not None
 
 
 # =============================================================================
@@ -3087,12 +3480,9 @@ class Hub:
         self.connections.discard(conn)
 
 
-async def ws_subscribe(conn: WsConnection, db: Database, frame: dict) -> None:
+async def ws_subscribe(conn: WsConnection, db: Database, frame: SubscribeFrame) -> None:
     """Confirm, replay `cursor > N` from the log, then hand over to live delivery without gaps."""
-    topic = valid_channel(frame.get("topic"), "topic")
-    start = frame.get("cursor")
-    if start is not None and (not is_int(start) or start < 0):
-        raise BadRequest("cursor must be a non-negative integer")
+    topic, start = frame.topic, frame.cursor
     sub = conn.hub.watch(conn, topic, start or 0)
     latest = await db.read(latest_cursor, topic)
     conn.send({"type": "subscription", "event": "subscribed", "topic": topic, "cursor": latest,
@@ -3111,29 +3501,25 @@ async def ws_subscribe(conn: WsConnection, db: Database, frame: dict) -> None:
     sub.pending.clear()
 
 
-async def ws_publish(conn: WsConnection, db: Database, frame: dict) -> None:
-    topic = valid_channel(frame.get("topic"), "topic")
-    operation_id = frame.get("operation_id")
-    if operation_id is not None and not isinstance(operation_id, str):
-        raise BadRequest("operation_id must be a string")
-    req = {"channel_id": topic, "event_type": "broadcast", "payload": checked_document(frame.get("payload"), "payload"),
-           "actor": "websocket", "agent_id": None, "user_id": None, "metadata": None,
-           "operation_id": operation_id, "step_number": None, "dependencies": None}
+async def ws_publish(conn: WsConnection, db: Database, frame: PublishFrame) -> None:
+    req = RecordEvent(channel_id=frame.topic, event_type="broadcast", payload=frame.payload,
+                      metadata=EventMeta(actor="websocket"), operation_id=frame.operation_id)
     event = await db.write(record_event, req, exclude=conn)
     # The event's own "type" must not overwrite the frame kind: the SDK reads the type from event_type.
-    conn.send({**event, "event_type": event["type"], "type": "ack", "request_id": frame.get("request_id")})
+    conn.send({**event, "event_type": event["type"], "type": "ack", "request_id": frame.request_id})
 
 
 async def ws_authenticate(websocket: WebSocket, conn: WsConnection, app) -> bool:
     try:
-        message = await asyncio.wait_for(websocket.receive(), timeout=30)
+        message = await asyncio.wait_for(websocket.receive(), timeout=app.state.settings.header_timeout)
         if message["type"] == "websocket.disconnect":
             return False
-        frame = loads_strict(message.get("text") or "null")
-        key = frame.get("api_key") if isinstance(frame, dict) and frame.get("type") == "auth" else None
-        await check_key(app, key)
-        conn.key = key
-    except (asyncio.TimeoutError, ValueError, ActaeError) as exc:
+        frame = decode_frame(message.get("text") or "null")
+        if not isinstance(frame, AuthFrame):
+            raise BadRequest("expected {\"type\": \"auth\", \"api_key\": ...} first")
+        await check_key(app, frame.api_key)
+        conn.key = frame.api_key
+    except (asyncio.TimeoutError, ActaeError) as exc:
         reason = exc.message if isinstance(exc, ActaeError) else "expected {\"type\": \"auth\", \"api_key\": ...} first"
         await websocket.send_text(json.dumps({"type": "error", "message": reason}))
         await websocket.close(code=1008)
@@ -3186,29 +3572,38 @@ async def ws_read_frames(conn: WsConnection, db: Database) -> None:
         await ws_handle_frame(conn, db, message["text"])
 
 
+def frame_request_id(text: str) -> Any:
+    """The request_id of a frame that failed to decode, so the SDK can match the error to its call."""
+    try:
+        frame = msgspec.json.decode(text)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    request_id = frame.get("request_id") if isinstance(frame, dict) else None
+    return request_id if isinstance(request_id, str) and len(request_id) <= 256 else None
+
+
 async def ws_handle_frame(conn: WsConnection, db: Database, text: str) -> None:
     try:
-        frame = loads_strict(text)
-        if not isinstance(frame, dict):
-            raise BadRequest("frames must be JSON objects")
-        kind = frame.get("type")
-        if kind == "subscribe":
+        frame = decode_frame(text)
+        if isinstance(frame, SubscribeFrame):
             await ws_subscribe(conn, db, frame)
-        elif kind == "unsubscribe":
-            topic = valid_channel(frame.get("topic"), "topic")
-            conn.hub.unwatch(conn, topic)
-            conn.send({"type": "subscription", "event": "unsubscribed", "topic": topic, "payload": {"topic": topic}})
-        elif kind == "broadcast":
+        elif isinstance(frame, UnsubscribeFrame):
+            conn.hub.unwatch(conn, frame.topic)
+            conn.send({"type": "subscription", "event": "unsubscribed", "topic": frame.topic,
+                       "payload": {"topic": frame.topic}})
+        elif isinstance(frame, PublishFrame):
             await ws_publish(conn, db, frame)
-        elif kind == "ping":
+        elif isinstance(frame, PingFrame):
             conn.send({"type": "connection", "event": "pong", "payload": {"connection_id": conn.id}})
         else:
-            raise BadRequest(f"unknown frame type {kind!r}")
-    except ValueError as exc:
-        conn.send({"type": "error", "message": f"invalid JSON frame: {exc}"})
+            raise BadRequest("already authenticated")
     except ActaeError as exc:
+        request_id = frame_request_id(text)
         conn.send({"type": "error", "message": exc.message, "status": exc.code,
-                   **({"request_id": frame.get("request_id")} if isinstance(frame, dict) else {})})
+                   **({"request_id": request_id} if request_id is not None else {})})
+    except Exception:  # noqa: BLE001 - a bug answers this frame with an error; the socket stays up
+        log.exception("WebSocket frame failed")
+        conn.send({"type": "error", "message": "internal error", "status": "internal"})
 
 
 # =============================================================================
@@ -3849,7 +4244,8 @@ def template_env() -> jinja2.Environment:
 def is_page(request) -> bool:
     """Dashboard requests get HTML errors; the API, probes and JSON twins get the JSON error body."""
     path = request.url.path
-    return not (path.startswith(("/api/", "/ws")) or path in ("/healthz", "/readyz", "/metrics", "/metrics.json")
+    return not (path.startswith(("/api/", "/ws")) or path in ("/healthz", "/readyz", "/metrics", "/metrics.json",
+                                                               "/openapi.json")
                 or request.query_params.get("format") == "json")
 
 
@@ -3865,22 +4261,37 @@ def render(request: Request, template: str, context: dict, status: int = 200) ->
 
 
 def dashboard(handler: Callable) -> Callable:
-    """Pages need the session cookie; without it a browser goes to /login, a JSON twin gets 401."""
+    """Pages need a session; without one a browser goes to /login, a JSON twin gets 401.
+
+    A POST must also come from our own origin and carry the session's form token.
+    """
     async def endpoint(request: Request) -> Response:
-        if not await session_is_valid(request):
+        session_id = await current_session(request)
+        if session_id is None:
             if request.query_params.get("format") == "json":
                 raise Unauthorized("log in at /login first")
             return RedirectResponse("/login", status_code=303)
-        request.state.logged_in = True
+        request.state.logged_in, request.state.session_id = True, session_id
+        request.state.csrf_token = form_token(session_id)
+        if request.method == "POST":
+            require_same_origin(request)
+            require_form_token(request, await read_form(request))
         return await handler(request)
     endpoint.__name__ = handler.__name__
     return endpoint
 
 
 async def read_form(request: Request) -> dict:
-    """URL-encoded form fields (python-multipart is not needed for this one content type)."""
-    raw = await read_capped(request)
-    return {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True).items()}
+    """URL-encoded form fields (python-multipart is not needed for this one content type), read once."""
+    if not hasattr(request.state, "form"):
+        raw = await read_capped(request)
+        request.state.form = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace"),
+                                                           keep_blank_values=True).items()}
+    return request.state.form
+
+
+def path_channel(request: Request, name: str = "channel_id") -> str:
+    return valid_channel(request.path_params[name], name)
 
 
 class FlashStore:
@@ -3921,21 +4332,39 @@ async def page_login(request: Request) -> Response:
 
 
 async def page_login_submit(request: Request) -> Response:
+    require_same_origin(request)
     key = (await read_form(request)).get("api_key", "").strip()
     try:
         await check_key(request.app, key)
     except Unauthorized:
         return render(request, "login.html", {"title": "Log in", "error": "That key is not valid."}, status=401)
+    session_id = await db_of(request).write(open_session, key_ref(request.app, key))
     response = RedirectResponse("/", status_code=303)
-    response.set_cookie(SESSION_COOKIE, session_cookie_for(request.app, key), max_age=SESSION_MAX_AGE,
+    response.set_cookie(SESSION_COOKIE, session_id, max_age=SESSION_MAX_AGE,
                         httponly=True, samesite="strict", secure=request.url.scheme == "https")
     return response
 
 
 async def page_logout(request: Request) -> Response:
+    await db_of(request).write(close_session, request.state.session_id)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="strict")
     return response
+
+
+class RunsPageQuery(Record, kw_only=True):
+    count: Count = 0                  # how many runs the delete just before removed
+
+
+class RunPageQuery(TimelineQuery, kw_only=True):
+    type: Annotated[str, Meta(max_length=256)] = ""     # only events of this type ("steps": only steps)
+    step: Optional[Positive] = None                       # jump to this step
+    fork_step: Optional[Positive] = None                  # open the fork form at this step
+
+
+def page_query(request: Request, kind: type) -> Struct:
+    """The page's query parameters as a record; a form's blank field counts as absent."""
+    return decode_params({k: v for k, v in request.query_params.items() if v != ""}, kind, "query string")
 
 
 async def page_runs(request: Request) -> Response:
@@ -3949,7 +4378,7 @@ async def page_runs(request: Request) -> Response:
     return render(request, "runs.html", {"title": "Runs", "runs": runs, "q": q, "status": status,
                                          "statuses": list(RUN_STATUSES), "next_url": next_url,
                                          "grouped": not q and not status, "deleted": deleted,
-                                         "deleted_count": query_int(request, "count", 0)})
+                                         "deleted_count": page_query(request, RunsPageQuery).count})
 
 
 def timeline_links(channel_id: str, start: int, total: int, event_type: str, more: Optional[int]) -> dict:
@@ -3997,7 +4426,7 @@ def fork_form_values(request: Request, data: dict, flash: Optional[dict]) -> dic
     """The fork form's fields: what was typed (after an error), else the step asked for (the failure
     banner's button), else the last good step of a failed run, else its last step; a free name."""
     typed = dict(flash["form"]) if flash else {}
-    asked = query_int(request, "fork_step", None, minimum=1)
+    asked = page_query(request, RunPageQuery).fork_step
     steps = [s["step_number"] for s in data["steps"]]
     failure = data["failure"]
     default = failure["last_good_step"] if failure and failure["last_good_step"] else (steps[-1] if steps else None)
@@ -4007,8 +4436,8 @@ def fork_form_values(request: Request, data: dict, flash: Optional[dict]) -> dic
 
 
 async def run_context(request: Request, channel_id: str, jump_error: Optional[str] = None) -> dict:
-    start = query_int(request, "start", 1, minimum=1)
-    event_type = request.query_params.get("type", "")[:256]
+    query = page_query(request, RunPageQuery)
+    start, event_type = query.start, query.type
     data = await db_of(request).read(run_page, channel_id, start, event_type)
     total, more = data.pop("total"), data.pop("more")
     page = {**timeline_links(channel_id, start, total, event_type, more), "start": data.pop("start"),
@@ -4026,7 +4455,7 @@ async def run_context(request: Request, channel_id: str, jump_error: Optional[st
 async def jump_to_step(request: Request, channel_id: str) -> Response:
     """`?step=n`: to the timeline page holding step n, on the run that recorded it (a fork's inherited
     steps are on an ancestor's page)."""
-    step = query_int(request, "step", None, minimum=1)
+    step = page_query(request, RunPageQuery).step
     try:
         hit = await db_of(request).read(resolve_step, channel_id, step)
     except NotFound as exc:
@@ -4104,11 +4533,9 @@ def form_json_object(form: dict, field_name: str, label: str) -> Optional[dict]:
     if not text:
         return None
     try:
-        value = parse_json(text.encode())
+        value = decode_json(text.encode("utf-8", "surrogatepass"), Any, label)
     except ActaeError as exc:
-        # parse_json speaks of a request body; here it is one field of the form
-        detail = exc.message.removeprefix("invalid JSON body: ")
-        raise FormError(field_name, f"{label} is not valid JSON: {detail}")
+        raise FormError(field_name, exc.message)
     if not isinstance(value, dict):
         raise FormError(field_name, f"{label} must be a JSON object, like {{\"model\": \"slow\"}}")
     return value
@@ -4122,7 +4549,26 @@ def form_tool_policies(form: dict) -> Optional[dict]:
     return policies
 
 
-def dashboard_fork_request(conn: sqlite3.Connection, channel_id: str, form: dict) -> dict:
+def api_groups(document: dict) -> list:
+    """The OpenAPI document's operations as rows for the API page, grouped by tag in route order."""
+    groups: dict = {}
+    for path, methods in document["paths"].items():
+        for method, op in methods.items():
+            body = op.get("requestBody")
+            ref = body["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1] if body else None
+            groups.setdefault(op["tags"][0], []).append({
+                "method": method.upper(), "path": path, "public": op.get("security") == [],
+                "parameters": op["parameters"], "body": ref, "body_required": bool(body and body["required"])})
+    return list(groups.items())
+
+
+async def page_api(request: Request) -> Response:
+    document = request.app.state.openapi
+    return render(request, "api.html", {"title": "API", "groups": api_groups(document),
+                                        "schemas": document["components"]["schemas"]})
+
+
+def dashboard_fork_request(conn: sqlite3.Connection, channel_id: str, form: dict) -> Fork:
     """Turn the run page's fork form into the same request the SDK sends; each problem names its field."""
     step_text = form.get("step", "").strip()
     if not (step_text.isascii() and step_text.isdigit()) or int(step_text) < 1:
@@ -4147,12 +4593,12 @@ def dashboard_fork_request(conn: sqlite3.Connection, channel_id: str, form: dict
                   "forked_at_cursor": boundary["cursor"], "status": "created"}
     if intervention is not None:
         experiment["intervention"] = intervention
-    return fork_request(Body({
+    return record_from(Fork, {
         "source_channel_id": boundary["channel_id"], "new_channel_id": name, "at_cursor": boundary["cursor"],
         "operation_id": str(uuid.uuid4()), "display_name": name,
         "reason": f"Forked from {channel_id} after step {step} (dashboard)", "experiment_metadata": experiment,
         "manifest": {"source": "dashboard"}, "tool_policies": policies,
-    }))
+    }, "fork form")
 
 
 def form_field_of(exc: ActaeError) -> Optional[str]:
@@ -4186,7 +4632,7 @@ async def page_fork(request: Request) -> Response:
         typed = {k: form.get(k, "")[:FLASH_VALUE_MAX] for k in ("step", "name", "intervention", "tool_policies")}
         flash_id = flash_store(request.app).put({"form": typed, "error": message, "field": field_name})
         return RedirectResponse(f"/runs/{channel_id}?{urlencode({'fork_error': flash_id})}#fork", status_code=303)
-    return RedirectResponse(f"/runs/{req['new_channel_id']}?created=1#continue", status_code=303)
+    return RedirectResponse(f"/runs/{req.new_channel_id}?created=1#continue", status_code=303)
 
 
 async def page_delete_confirm(request: Request) -> Response:
@@ -4254,6 +4700,203 @@ class Scheduler:
 
 
 # =============================================================================
+# Connections: uvicorn's HTTP protocol with bounds an unauthenticated client cannot pass
+# =============================================================================
+# uvicorn has a keep-alive timeout and a concurrency limit, but no bound on header size, no
+# deadline for headers or body, and it waits for a silent connection for ever. These live here.
+
+
+REFUSALS = {
+    408: ("Request Timeout", "request_timeout", "the request did not arrive in time"),
+    431: ("Request Header Fields Too Large", "headers_too_large", "the request's headers are too large or too many"),
+}
+
+
+def refusal(status: int) -> bytes:
+    """A complete response with the JSON error body, written by the protocol itself."""
+    reason, code, message = REFUSALS[status]
+    body = msgspec.json.encode({"status": code, "error": message})
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n")
+    return head.encode("ascii") + body
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    """HttpToolsProtocol plus: header bytes and count capped (431), a deadline for a request's
+    headers (from the connection, or from the next request's first byte) and for each body chunk
+    (408). `settings` is set on the subclass that `guarded_protocol` makes."""
+
+    settings: Settings
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self.reading_headers, self.header_bytes, self.header_count = True, 0, 0
+        self.deadline: Optional[asyncio.TimerHandle] = None
+        self.arm(self.settings.header_timeout, self.headers_timed_out)
+
+    def arm(self, seconds: float, callback: Callable) -> None:
+        self.disarm()
+        self.deadline = self.loop.call_later(seconds, callback)
+
+    def disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def refuse(self, status: int) -> None:
+        """Answer (when no response has started) and close: the client broke a bound."""
+        self.disarm()
+        if not self.transport.is_closing():
+            if self.cycle is None or not self.cycle.response_started:
+                self.transport.write(refusal(status))
+            self.transport.close()
+
+    def connection_lost(self, exc) -> None:
+        self.disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if not self.reading_headers or self.transport.is_closing():
+            super().data_received(data)
+            return
+        if self.deadline is None:                 # the first byte of the next request on this connection
+            self.arm(self.settings.header_timeout, self.headers_timed_out)
+        room = self.settings.max_header_bytes - self.header_bytes
+        head, rest = data[:room], data[room:]
+        self.header_bytes += len(head)
+        if head:
+            super().data_received(head)           # may finish the headers (on_headers_complete)
+        if rest and not self.transport.is_closing():
+            if self.reading_headers:
+                self.refuse(431)
+            else:
+                super().data_received(rest)
+
+    def send_400_response(self, msg: str) -> None:
+        if not self.transport.is_closing():      # refuse() may have answered already
+            super().send_400_response(msg)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.header_count += 1
+        if self.header_count > self.settings.max_headers:
+            self.refuse(431)
+            raise ValueError("too many headers")  # stops the parser; httptools reports it as a parse error
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self.reading_headers = False
+        self.disarm()
+        super().on_headers_complete()
+        if not self.parser.should_upgrade() and self.expects_body():
+            self.arm(self.settings.body_timeout, self.body_timed_out)
+
+    def expects_body(self) -> bool:
+        for name, value in self.headers:
+            if name == b"transfer-encoding" or (name == b"content-length" and value.strip() not in (b"", b"0")):
+                return True
+        return False
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        self.arm(self.settings.body_timeout, self.body_timed_out)
+
+    def on_message_complete(self) -> None:
+        self.disarm()
+        super().on_message_complete()
+        self.reading_headers, self.header_bytes, self.header_count = True, 0, 0
+
+    def headers_timed_out(self) -> None:
+        self.deadline = None
+        if self.reading_headers:
+            if self.header_bytes:
+                self.refuse(408)
+            elif not self.transport.is_closing():
+                self.transport.close()            # a silent connection gets no answer, just closed
+
+    def body_timed_out(self) -> None:
+        self.deadline = None
+        if self.flow.read_paused:                 # we stopped reading (the app is slow), not the client
+            self.arm(self.settings.body_timeout, self.body_timed_out)
+        else:
+            self.refuse(408)
+
+
+def guarded_protocol(settings: Settings) -> type:
+    return type("ActaeHttpProtocol", (GuardedHttpProtocol,), {"settings": settings})
+
+
+def raise_open_file_limit() -> None:
+    """Each connection is a file descriptor: the default soft limit (often 1024) starves new clients."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
+    except (ImportError, ValueError, OSError):
+        pass                                      # not on this platform, or not allowed: keep the default
+
+
+# --- the outermost ASGI layer: Host allow-list and security headers ---------------------------
+
+SECURITY_HEADERS = [
+    (b"content-security-policy", b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                                 b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'"),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+]
+
+
+def host_name(host: str) -> str:
+    """The name part of a Host header, lower-case: `[::1]:8002` -> `[::1]`, `Localhost:80` -> `localhost`."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    return host.partition(":")[0]
+
+
+def served_hosts(settings: Settings) -> frozenset:
+    bound = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return frozenset({"localhost", "127.0.0.1", "[::1]", bound.lower(), *(h.lower() for h in settings.allow_hosts)})
+
+
+class Guard:
+    """Refuses Host names we do not serve (a DNS-rebinding page names its own), adds the security headers."""
+
+    def __init__(self, app, settings: Settings):
+        self.app = app
+        self.hosts = served_hosts(settings)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+        if host_name(host) not in self.hosts:
+            await self.refuse_host(scope, send, host)
+            return
+
+        async def send_with_headers(message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers if scope["type"] == "http" else send)
+
+    @staticmethod
+    async def refuse_host(scope, send, host: str) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})
+            return
+        body = msgspec.json.encode({"status": "bad_request", "error": f"host {host[:100]!r} is not served here; "
+                                    "start the server with --allow-host NAME to serve it"})
+        await send({"type": "http.response.start", "status": 400,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+                                *SECURITY_HEADERS]})
+        await send({"type": "http.response.body", "body": body})
+
+
+# =============================================================================
 # App factory: one route table, one error mapping
 # =============================================================================
 
@@ -4279,82 +4922,25 @@ async def on_http_error(request, exc: HTTPException) -> Response:
     return error_response(request, exc.status_code, code, message)
 
 
-async def on_unexpected_error(request, exc: Exception) -> Response:
-    log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return JSONResponse({"status": "internal", "error": f"internal error: {type(exc).__name__}"}, status_code=500)
+def converting_bugs(endpoint: Callable) -> Callable:
+    """An unexpected exception is logged once and answered as an Internal error.
 
+    Starlette's last-resort handler re-raises after answering, and uvicorn then drops the
+    keep-alive connection without `Connection: close`; answering here keeps the connection sound.
+    """
+    async def guarded(request: Request) -> Response:
+        try:
+            return await endpoint(request)
+        except (ActaeError, HTTPException):
+            raise
+        except ClientDisconnect:
+            return Response(status_code=499)    # nobody is left to read it: not a bug, nothing to log
+        except Exception as exc:  # noqa: BLE001 - a bug; the client still gets the JSON error body
+            log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+            raise Internal(f"internal error ({type(exc).__name__}); the server log has the details") from None
+    guarded.__name__ = endpoint.__name__
+    return guarded
 
-API_ROUTES = [
-    ("POST", "/api/v1/events/record", api_events_record),
-    ("GET", "/api/v1/events/replay/{channel_id}", api_events_replay),
-    ("POST", "/api/v1/events/query", api_events_query),
-    ("GET", "/api/v1/events/cursor/{channel_id}", api_events_cursor),
-    ("POST", "/api/v1/events/transition", api_events_transition),
-    ("GET", "/api/v1/events/{event_id}/causal-graph", api_events_causal_graph),
-    ("POST", "/api/v1/state/{channel_id}", api_state_save),
-    ("GET", "/api/v1/state/{channel_id}", api_state_latest),
-    ("GET", "/api/v1/state/{channel_id}/versions", api_state_versions),
-    ("GET", "/api/v1/state/{channel_id}/version/{version}", api_state_version),
-    ("DELETE", "/api/v1/state/{channel_id}/version/{version}", api_state_delete),
-    ("GET", "/api/v1/channels", api_channels_list),
-    ("POST", "/api/v1/channels/fork", api_channels_fork),
-    ("GET", "/api/v1/channels/diff", api_channels_diff),
-    ("GET", "/api/v1/channels/compare", api_channels_compare),
-    ("GET", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata),
-    ("PUT", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata_put),
-    ("GET", "/api/v1/channels/{channel_id}/forks", api_channels_forks),
-    ("GET", "/api/v1/channels/{channel_id}/steps", api_channels_steps),
-    ("GET", "/api/v1/channels/{channel_id}/steps/{step_number}", api_channels_step),
-    ("GET", "/api/v1/channels/{channel_id}/receipt", api_channels_receipt),
-    ("GET", "/api/v1/channels/{channel_id}/fork-tree", api_channels_fork_tree),
-    ("GET", "/api/v1/channels/{channel_id}/trail", api_channels_trail),
-    ("PATCH", "/api/v1/channels/{channel_id}/outcome", api_channels_outcome),
-    ("POST", "/api/v1/channels/{channel_id}/promote", api_channels_promote),
-    ("DELETE", "/api/v1/channels/{channel_id}", api_channels_delete),
-    ("POST", "/api/v1/experiments", api_experiments_create),
-    ("GET", "/api/v1/experiments", api_experiments_list),
-    ("GET", "/api/v1/experiments/{group_id}", api_experiments_get),
-    ("POST", "/api/v1/experiments/{group_id}/members", api_experiments_member),
-    ("GET", "/api/v1/experiments/{group_id}/rank", api_experiments_rank),
-    ("POST", "/api/v1/executions/claim", api_executions_claim),
-    ("GET", "/api/v1/executions", api_executions_list),
-    ("GET", "/api/v1/executions/{execution_id}", api_executions_get),
-    ("DELETE", "/api/v1/executions/{execution_id}", api_executions_delete),
-    ("POST", "/api/v1/executions/{execution_id}/complete", api_executions_complete),
-    ("POST", "/api/v1/executions/{execution_id}/fail", api_executions_fail),
-    ("POST", "/api/v1/executions/{execution_id}/heartbeat", api_executions_heartbeat),
-    ("POST", "/api/v1/executions/{execution_id}/cancel", api_executions_cancel),
-    ("POST", "/api/v1/groups", api_groups_create),
-    ("GET", "/api/v1/groups", api_groups_list),
-    ("DELETE", "/api/v1/groups/{group_id}", api_groups_delete),
-    ("POST", "/api/v1/groups/{group_id}/join", api_groups_join),
-    ("POST", "/api/v1/groups/{group_id}/work", api_groups_work),
-    ("POST", "/api/v1/groups/{group_id}/ack", api_groups_ack),
-    ("POST", "/api/v1/groups/{group_id}/heartbeat", api_groups_heartbeat),
-    ("GET", "/api/v1/groups/{group_id}/offsets", api_groups_offsets),
-    ("POST", "/api/v1/execution-groups", api_execution_groups_create),
-    ("GET", "/api/v1/execution-groups", api_execution_groups_list),
-    ("POST", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_add_member),
-    ("GET", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_members),
-    ("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/claim", api_execution_groups_claim),
-    ("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/heartbeat", api_execution_groups_heartbeat),
-    ("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/release", api_execution_groups_release),
-    ("POST", "/api/v1/execution-groups/{group_id}/messages", api_execution_groups_send),
-    ("GET", "/api/v1/execution-groups/{group_id}/members/{member_id}/messages", api_execution_groups_inbox),
-    ("POST", "/api/v1/execution-group-messages/{message_id}/ack", api_execution_group_messages_ack),
-    ("POST", "/api/v1/execution-group-forks", api_execution_group_forks_create),
-    ("GET", "/api/v1/execution-group-forks/{fork_group_id}", api_execution_group_forks_get),
-    ("POST", "/api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote",
-     api_execution_group_forks_promote),
-    ("POST", "/api/v1/scheduler/wakeups", api_wakeups_schedule),
-    ("GET", "/api/v1/scheduler/wakeups", api_wakeups_list),
-    ("GET", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_get),
-    ("DELETE", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_cancel),
-    ("GET", "/api/v1/auth/capabilities", api_auth_capabilities),
-    ("GET", "/readyz", readyz),
-    ("GET", "/metrics", metrics_text),
-    ("GET", "/metrics.json", metrics_json),
-]
 
 PAGE_ROUTES = [
     ("GET", "/", page_runs),
@@ -4365,10 +4951,21 @@ PAGE_ROUTES = [
     ("POST", "/runs/{channel_id}/delete", page_delete),
     ("GET", "/diff", page_diff),
     ("GET", "/ledger", page_ledger),
+    ("GET", "/api", page_api),
+    ("POST", "/logout", page_logout),
 ]
 
 
-def create_app(data_dir: Path, *, env_key: Optional[str] = None) -> Starlette:
+def app_routes() -> list:
+    routes = [Route(r.path, converting_bugs(api_endpoint(r)), methods=[r.method]) for r in API_ROUTES]
+    routes += [Route(path, converting_bugs(dashboard(handler)), methods=[method]) for method, path, handler in PAGE_ROUTES]
+    return routes + [Route("/login", converting_bugs(page_login), methods=["GET"]),
+                     Route("/login", converting_bugs(page_login_submit), methods=["POST"]),
+                     WebSocketRoute("/ws", ws_endpoint),
+                     Mount("/static", StaticFiles(directory=str(UI_DIR / "static")), name="static")]
+
+
+def create_app(data_dir: Path, *, env_key: Optional[str] = None, settings: Settings = Settings()) -> Starlette:
     """The whole server on one SQLite file in `data_dir`; `env_key` is accepted besides stored keys."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -4378,7 +4975,6 @@ def create_app(data_dir: Path, *, env_key: Optional[str] = None) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await db.open()
-        app.state.session_secret = await db.write(session_secret)
         app.state.scheduler.start()
         try:
             yield
@@ -4386,20 +4982,14 @@ def create_app(data_dir: Path, *, env_key: Optional[str] = None) -> Starlette:
             await app.state.scheduler.stop()
             await db.close()
 
-    routes = [Route("/healthz", healthz, methods=["GET"]),
-              Route("/login", page_login, methods=["GET"]),
-              Route("/login", page_login_submit, methods=["POST"]),
-              Route("/logout", page_logout, methods=["POST"]),
-              WebSocketRoute("/ws", ws_endpoint),
-              Mount("/static", StaticFiles(directory=str(UI_DIR / "static")), name="static")]
-    routes += [Route(path, protected(handler), methods=[method]) for method, path, handler in API_ROUTES]
-    routes += [Route(path, dashboard(handler), methods=[method]) for method, path, handler in PAGE_ROUTES]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={
-        ActaeError: on_actae_error, HTTPException: on_http_error, Exception: on_unexpected_error})
+    app = Starlette(routes=app_routes(), lifespan=lifespan, middleware=[Middleware(Guard, settings=settings)],
+                    exception_handlers={ActaeError: on_actae_error, HTTPException: on_http_error})
     app.state.db, app.state.hub, app.state.env_key = db, hub, env_key or None
+    app.state.settings = settings
     app.state.scheduler = Scheduler(db)
     app.state.instance_id, app.state.started = str(uuid.uuid4()), time.monotonic()
     app.state.templates = template_env()
+    app.state.openapi = openapi_document(API_ROUTES)
     # Pages and JSON answers shrink several times over; small bodies are not worth it.
     app.add_middleware(GZipMiddleware, minimum_size=1024)
     return app
@@ -4423,6 +5013,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"port to listen on; 0 picks a free one (default: {DEFAULT_PORT})")
     parser.add_argument("--version", action="version", version=f"actae {__version__}",
                         help="print the version and exit")
+    limits, default = parser.add_argument_group("who may connect, and for how long"), Settings()
+    limits.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="also answer requests for this Host name (repeatable); loopback names and the "
+                             "bound address are always served, any other name gets 400 (DNS rebinding)")
+    limits.add_argument("--max-connections", type=int, default=default.max_connections, metavar="N",
+                        help=f"open connections before new requests get 503 (default: {default.max_connections})")
+    limits.add_argument("--header-timeout", type=float, default=default.header_timeout, metavar="SECONDS",
+                        help=f"time for a request's headers (default: {default.header_timeout:g})")
+    limits.add_argument("--keepalive-timeout", type=float, default=default.keepalive_timeout, metavar="SECONDS",
+                        help=f"how long an idle connection stays open (default: {default.keepalive_timeout:g})")
+    limits.add_argument("--body-timeout", type=float, default=default.body_timeout, metavar="SECONDS",
+                        help=f"wait for the next piece of a request body (default: {default.body_timeout:g})")
+    limits.add_argument("--max-header-bytes", type=int, default=default.max_header_bytes, metavar="BYTES",
+                        help=f"request line and headers together (default: {default.max_header_bytes})")
     commands = parser.add_subparsers(dest="command", metavar="{key}")
     key = commands.add_parser("key", parents=[common], help="manage the API key: `key rotate`")
     key_commands = key.add_subparsers(dest="key_command", required=True, metavar="{rotate}")
@@ -4465,24 +5069,38 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(host: str, port: int, data_dir: Path) -> int:
+def settings_of(args: argparse.Namespace) -> Settings:
+    return Settings(host=args.host, allow_hosts=tuple(args.allow_host), max_connections=args.max_connections,
+                    header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout,
+                    body_timeout=args.body_timeout, max_header_bytes=args.max_header_bytes)
+
+
+def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
+    """uvicorn under the guarded protocol; what it cannot bound itself is bounded there."""
+    return uvicorn.Config(app, http=guarded_protocol(settings), log_level="warning", access_log=False,
+                          lifespan="on", ws_max_size=MAX_BODY_BYTES, timeout_graceful_shutdown=10,
+                          limit_concurrency=settings.max_connections,
+                          timeout_keep_alive=settings.keepalive_timeout)
+
+
+def serve(port: int, data_dir: Path, settings: Settings) -> int:
     """Bind first (so --port 0 prints the real port), print the two lines, then serve until Ctrl-C."""
+    host = settings.host
     try:
         sock = bind_socket(host, port)
     except OSError as exc:
         print(f"actae: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
         return 1
+    raise_open_file_limit()
     key = write_once(data_dir, first_key)
     shown_host = f"[{host}]" if ":" in host else host
     print(f"Actae {__version__} — data in {data_dir}")
     print(f"Dashboard:   http://{shown_host}:{sock.getsockname()[1]}")
     print_key_line(key)
     sys.stdout.flush()
-    app = create_app(data_dir, env_key=os.environ.get("ACTAE_API_KEY"))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                            ws_max_size=MAX_BODY_BYTES, timeout_graceful_shutdown=10)
+    app = create_app(data_dir, env_key=os.environ.get("ACTAE_API_KEY"), settings=settings)
     try:
-        uvicorn.Server(config).run(sockets=[sock])
+        uvicorn.Server(uvicorn_config(app, settings)).run(sockets=[sock])
     except KeyboardInterrupt:   # uvicorn re-raises Ctrl-C after its graceful shutdown has finished
         pass
     return 0
@@ -4495,7 +5113,7 @@ def main(argv: Optional[list] = None) -> int:
     if args.command == "key":
         print_key_line(write_once(data_dir, rotate_key))
         return 0
-    return serve(args.host, args.port, data_dir)
+    return serve(args.port, data_dir, settings_of(args))
 
 
 if __name__ == "__main__":

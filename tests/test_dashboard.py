@@ -13,6 +13,7 @@ import asyncio
 import concurrent.futures
 import json
 import os
+import re
 import time
 import uuid
 from pathlib import Path
@@ -114,12 +115,22 @@ def demo(server):
 # --- HTTP helpers --------------------------------------------------------------------------
 
 def _login(server) -> httpx.Client:
-    """An httpx client holding a dashboard session cookie (no redirects followed)."""
-    c = httpx.Client(base_url=server.url, follow_redirects=False, timeout=60)
+    """An httpx client holding a dashboard session cookie (no redirects followed).
+
+    It sends the dashboard's own Origin, as a browser does for the dashboard's forms.
+    """
+    c = httpx.Client(base_url=server.url, follow_redirects=False, timeout=60, headers={"Origin": server.url})
     r = c.post("/login", data={"api_key": server.key})
     assert r.status_code == 303, r.text[:500]
     assert "actae_session" in c.cookies
     return c
+
+
+def _form_token(client: httpx.Client) -> str:
+    """The session's form token, as every page renders it into its forms."""
+    match = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/").text)
+    assert match, "no form token on the runs page"
+    return match.group(1)
 
 
 @pytest.fixture(scope="module")
@@ -439,7 +450,7 @@ def test_unauthenticated_page_redirects_to_login(server, demo, path):
 
 
 def test_login_sets_a_safe_cookie_and_logout_clears_it(server):
-    c = httpx.Client(base_url=server.url, follow_redirects=False)
+    c = httpx.Client(base_url=server.url, follow_redirects=False, headers={"Origin": server.url})
     r = c.post("/login", data={"api_key": server.key})
     assert r.status_code == 303 and urlsplit(r.headers["location"]).path == "/"
     assert server.key not in r.headers["location"]
@@ -448,11 +459,12 @@ def test_login_sets_a_safe_cookie_and_logout_clears_it(server):
     assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
     assert server.key not in cookie
     assert c.get("/").status_code == 200
-    out = c.post("/logout")
+    out = c.post("/logout", data={"csrf_token": _form_token(c)})
     assert out.status_code == 303 and urlsplit(out.headers["location"]).path == "/login"
     c.cookies.clear()
     assert c.get("/").status_code == 303
-    bad = httpx.post(server.url + "/login", data={"api_key": "sk-wrong"}, follow_redirects=False)
+    bad = httpx.post(server.url + "/login", data={"api_key": "sk-wrong"}, follow_redirects=False,
+                     headers={"Origin": server.url})
     assert bad.status_code == 401 and "actae_session=" not in bad.headers.get("set-cookie", "")
 
 
@@ -488,7 +500,7 @@ def test_user_data_is_escaped(web, demo, path):
     ({"step": "1", "name": "{fork}"}, "name"),  # the name of a run that exists with another definition
 ])
 def test_fork_form_errors_redirect_back_to_the_form(web, demo, form, field):
-    data = {**form, "name": form["name"].format(**demo)}
+    data = {**form, "name": form["name"].format(**demo), "csrf_token": _form_token(web)}
     r = web.post(f"/runs/{demo['base']}/fork", data=data)
     assert r.status_code == 303, r.text[:300]
     location = r.headers["location"]

@@ -20,7 +20,7 @@ import httpx
 import pytest
 
 from conftest import http
-from test_dashboard import SHOTS, _login, _watch, browser, run_sdk, visits  # noqa: F401  (fixtures)
+from test_dashboard import SHOTS, _form_token, _login, _watch, browser, run_sdk, visits  # noqa: F401  (fixtures)
 
 CRASH_MESSAGE = "the model returned an empty plan"
 DESKTOP, PHONE = {"width": 1280, "height": 800}, {"width": 390, "height": 844}
@@ -310,7 +310,7 @@ def test_delete_a_run_and_its_forks_after_confirming(tab, server, runs):
 
 
 def test_delete_without_the_confirmation_deletes_nothing(web, server, runs):
-    r = web.post(f"/runs/{runs['failed']}/delete", data={})
+    r = web.post(f"/runs/{runs['failed']}/delete", data={"csrf_token": _form_token(web)})
     assert r.status_code == 303 and r.headers["location"] == f"/runs/{runs['failed']}/delete"
     status, _, _ = http("GET", f"{server.url}/api/v1/channels/{runs['failed']}/metadata", key=server.key)
     assert status == 200
