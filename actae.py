@@ -37,12 +37,14 @@ from urllib.parse import parse_qs, urlencode, urlsplit
 
 import aiosqlite
 import jinja2
+import markupsafe
 import msgspec
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
+from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
@@ -3641,7 +3643,180 @@ async def ws_handle_frame(conn: WsConnection, db: Database, text: str) -> None:
 
 RUNS_PAGE_SIZE = 50
 TIMELINE_PAGE_SIZE = 200
-RUN_STATUSES = ("created", "started", "stepping", "completed", "crashed", "recorded")
+GROUP_FORKS_MAX = 100                  # forks listed under one root run; the fork tree has them all
+# What the runs list can filter on. "failed" is every failure, crashes included; "crashed" only those.
+RUN_STATUSES = ("created", "started", "stepping", "completed", "failed", "crashed", "blocked", "recorded")
+FAILED_STATE_STATUSES = ("failed", "error")
+# Event types that say the run itself failed. Exact names, so the (type, created_at) index finds them.
+ERROR_EVENT_TYPES = ("error", "run.error", "run.failed", "session.error", "session.failed",
+                     "step.error", "step.failed", "agent.error", "agent.failed")
+# A run that has not completed and whose last event is one of these is stuck on a refusal or a human.
+BLOCKING_EVENT_TYPES = ("tool.blocked", "approval.requested", "approval.expired")
+EXECUTION_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted", "expired")
+LEDGER_SINCE = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+STEP_CHANGES_SHOWN = 20                # changed keys listed per step (the count says how many in all)
+JSON_TREE_NODES = 3000                 # larger documents are shown as plain JSON text
+JSON_TREE_DEPTH = 24
+PICTURE_BARS_MAX = 240                 # steps are bucketed beyond this, so a 10,000-step run stays small
+FLASH_MAX = 64                         # fork-form errors kept for the redirect that shows them
+FLASH_TTL_SECONDS = 900
+FLASH_VALUE_MAX = 256 * 1024
+
+
+def _sql_names(names: tuple) -> str:
+    """A SQL list of constant names (never user input)."""
+    return ", ".join(f"'{name}'" for name in names)
+
+
+# A run's status in one SQL expression (over `channels c`), so the runs list, its filter, the fork tree
+# and the run page always agree. json_extract is SQLite's; PostgreSQL spells it metadata->>'status'.
+_SDK_STATUS = "json_extract(c.experiment_metadata, '$.status')"
+_LATEST_STATE_STATUS = ("(SELECT json_extract(s.state, '$.status') FROM states s"
+                        " WHERE s.channel_id = c.id ORDER BY s.version DESC LIMIT 1)")
+RUN_STATE_SQL = f"""CASE
+    WHEN {_SDK_STATUS} = 'crashed' OR c.outcome = 'crashed' THEN 'crashed'
+    WHEN {_SDK_STATUS} IN ({_sql_names(FAILED_STATE_STATUSES)})
+      OR {_LATEST_STATE_STATUS} IN ({_sql_names(FAILED_STATE_STATUSES)})
+      OR EXISTS (SELECT 1 FROM events e WHERE e.type IN ({_sql_names(ERROR_EVENT_TYPES)}) AND e.channel_id = c.id)
+      THEN 'failed'
+    WHEN COALESCE({_SDK_STATUS}, '') <> 'completed'
+      AND (SELECT e.type FROM events e WHERE e.channel_id = c.id AND e.cursor = c.last_cursor)
+          IN ({_sql_names(BLOCKING_EVENT_TYPES)}) THEN 'blocked'
+    ELSE COALESCE({_SDK_STATUS}, 'recorded') END"""
+RUN_COLUMNS = (f"c.*, ({RUN_STATE_SQL}) AS run_state,"
+               " (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id) AS last_step,"
+               " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks,"
+               " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = 1) AS first_event_at,"
+               " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = c.last_cursor)"
+               " AS last_event_at")
+
+
+def shown_status(run_state: Any) -> str:
+    """The status a page shows: every failure reads "failed" (the failure's kind says crashed or not)."""
+    return "failed" if run_state in ("crashed", "failed") else str(run_state)
+
+
+def status_filter(where: Where, status: str) -> None:
+    if status == "failed":
+        where.add(f"({RUN_STATE_SQL}) IN ('crashed', 'failed')")
+    elif status:
+        where.add(f"({RUN_STATE_SQL}) = ?", status)
+
+
+def millis_between(earlier: Optional[str], later: Optional[str]) -> Optional[int]:
+    if not earlier or not later:
+        return None
+    return max(0, round((parse_iso(later) - parse_iso(earlier)).total_seconds() * 1000))
+
+
+# --- failures: why a run went wrong, and the step a fork should keep -------------------
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a run shows as failed or blocked; `cursor` is the event that shows it (None: after the last one)."""
+
+    kind: str                        # crashed | failed | blocked
+    message: str
+    last_good_step: Optional[int]    # the fork form's preset; None when not even step 1 completed
+    cursor: Optional[int] = None
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "message": self.message, "last_good_step": self.last_good_step,
+                "cursor": self.cursor}
+
+
+def failure_message(document: Any) -> Optional[str]:
+    """The human message a failed document carries, under the names agents use for it."""
+    if not isinstance(document, dict):
+        return None
+    for name in ("error", "crash_reason", "message", "reason", "exception"):
+        value = document.get(name)
+        if isinstance(value, dict):
+            value = value.get("message") or value.get("error")
+        if isinstance(value, str) and value.strip():
+            return value.strip()[:2000]
+    return None
+
+
+def step_at(conn: sqlite3.Connection, row: sqlite3.Row, cursor: int) -> Optional[int]:
+    """The last step completed at or before `cursor` (a fork's inherited steps count)."""
+    hit = conn.execute("SELECT step_number FROM events WHERE channel_id = ? AND cursor <= ?"
+                       " AND step_number IS NOT NULL ORDER BY cursor DESC LIMIT 1", (row["id"], cursor)).fetchone()
+    if hit is not None:
+        return hit[0]
+    return (row["forked_at_step"] or None) if row["parent_id"] else None
+
+
+def crash_failure(conn: sqlite3.Connection, row: sqlite3.Row) -> Failure:
+    # AgentSession records a crash only in its metadata (status, crash_reason) and the outcome:
+    # no event, so the steps it completed are all the steps there are.
+    reason = experiment_of(row).get("crash_reason")
+    message = str(reason)[:2000] if reason else "the run's process raised; the session recorded a crash"
+    return Failure("crashed", message, last_step_number(conn, row["id"]) or None)
+
+
+def error_event_failure(conn: sqlite3.Connection, row: sqlite3.Row) -> Optional[Failure]:
+    event = conn.execute(f"SELECT * FROM events WHERE type IN ({_sql_names(ERROR_EVENT_TYPES)}) AND channel_id = ?"
+                         " ORDER BY cursor LIMIT 1", (row["id"],)).fetchone()
+    if event is None:
+        return None
+    message = failure_message(load(event["payload"])) or f"the run recorded {event['type']}"
+    return Failure("failed", message, step_at(conn, row, event["cursor"] - 1), event["cursor"])
+
+
+def failed_state_failure(conn: sqlite3.Connection, row: sqlite3.Row) -> Optional[Failure]:
+    """The first snapshot after the last one whose status is not failed/error."""
+    good = conn.execute(
+        "SELECT version, cursor FROM states WHERE channel_id = ? AND COALESCE(json_extract(state, '$.status'), '')"
+        f" NOT IN ({_sql_names(FAILED_STATE_STATUSES)}) ORDER BY version DESC LIMIT 1", (row["id"],)).fetchone()
+    bad = conn.execute("SELECT cursor, state FROM states WHERE channel_id = ? AND version > ? ORDER BY version LIMIT 1",
+                       (row["id"], good["version"] if good else 0)).fetchone()
+    if bad is None:
+        return None
+    state = load(bad["state"])
+    status = state.get("status") if isinstance(state, dict) else None
+    at_step = step_at(conn, row, bad["cursor"])
+    message = failure_message(state) or f'the state saved at step {at_step} has status "{status}"'
+    last_good = step_at(conn, row, good["cursor"]) if good else None
+    return Failure("failed", message, last_good, bad["cursor"])
+
+
+def blocked_failure(conn: sqlite3.Connection, row: sqlite3.Row) -> Failure:
+    event = conn.execute("SELECT * FROM events WHERE channel_id = ? AND cursor = ?",
+                         (row["id"], row["last_cursor"])).fetchone()
+    payload = load(event["payload"])
+    payload = payload if isinstance(payload, dict) else {}
+    if event["type"] == "tool.blocked":
+        message = (f"fork tool policy '{payload.get('policy')}' refused {payload.get('tool_name')} "
+                   f"(key {payload.get('key_name')}): {payload.get('reason')}")
+    else:
+        summary = payload.get("summary") or failure_message(payload) or ""
+        message = f"{event['type'].replace('.', ' ')}{': ' + str(summary) if summary else ''}"
+    return Failure("blocked", message, step_at(conn, row, event["cursor"] - 1), event["cursor"])
+
+
+def run_failure(conn: sqlite3.Connection, row: sqlite3.Row, run_state: str) -> Optional[Failure]:
+    """What went wrong with a run whose status (RUN_STATE_SQL) is crashed, failed or blocked; else None."""
+    if run_state == "crashed":
+        return crash_failure(conn, row)
+    if run_state == "blocked":
+        return blocked_failure(conn, row)
+    if run_state != "failed":
+        return None
+    found = error_event_failure(conn, row) or failed_state_failure(conn, row)
+    if found is not None:
+        return found
+    meta = experiment_of(row)
+    return Failure("failed", failure_message(meta) or f"the session's status is {meta.get('status')}",
+                   last_step_number(conn, row["id"]) or None)
+
+
+def run_state_of(conn: sqlite3.Connection, channel_id: str) -> str:
+    return conn.execute(f"SELECT {RUN_STATE_SQL} FROM channels c WHERE c.id = ?", (channel_id,)).fetchone()[0]
+
+
+# --- the runs list ----------------------------------------------------------------------
 
 
 def after_page_token(token: str, time_column: str, id_column: str) -> tuple:
@@ -3658,27 +3833,6 @@ def next_page_token(rows: list, time_column: str) -> Optional[str]:
     return f"{last[time_column]}|{last['id']}"
 
 
-def runs_page(conn: sqlite3.Connection, q: str, status: str, after: Optional[str]) -> tuple:
-    """One page of runs, most recent activity first (keyset pagination on (updated_at, id))."""
-    where = Where()
-    if q:
-        where.add("(c.id LIKE ? OR c.display_name LIKE ?)", f"%{q}%", f"%{q}%")
-    # json_extract is SQLite's; PostgreSQL spells it experiment_metadata->>'status'.
-    if status == "recorded":
-        where.add("json_extract(c.experiment_metadata, '$.status') IS NULL")
-    elif status:
-        where.add("json_extract(c.experiment_metadata, '$.status') = ?", status)
-    if after:
-        where.add(*after_page_token(after, "c.updated_at", "c.id"))
-    rows = conn.execute(
-        "SELECT c.*, (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id) AS last_step,"
-        " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks"
-        f" FROM channels c{where} ORDER BY c.updated_at DESC, c.id DESC LIMIT ?", (*where.args, RUNS_PAGE_SIZE + 1),
-    ).fetchall()
-    runs = [run_summary(r, r["last_step"], r["forks"]) for r in rows[:RUNS_PAGE_SIZE]]
-    return runs, next_page_token(rows, "updated_at")
-
-
 def run_summary(row: sqlite3.Row, last_own_step: Optional[int], fork_count: int) -> dict:
     """One run as the dashboard lists it; steps count like /steps does (inherited ones included)."""
     meta = experiment_of(row)
@@ -3688,7 +3842,89 @@ def run_summary(row: sqlite3.Row, last_own_step: Optional[int], fork_count: int)
         "step_count": max(last_own_step or 0, (row["forked_at_step"] or 0) if row["parent_id"] else 0),
         "event_count": row["last_cursor"], "last_activity": row["updated_at"], "outcome": row["outcome"],
         "fork_count": fork_count, "parent_channel_id": row["parent_id"], "origin_run_id": row["origin_id"],
+        "forked_at_step": row["forked_at_step"] if row["parent_id"] else None,
     }
+
+
+def listed_run(conn: sqlite3.Connection, row: sqlite3.Row, depth: int = 0) -> dict:
+    """A RUN_COLUMNS row as the list shows it: status as the run page says it, failure, duration."""
+    failure = run_failure(conn, row, row["run_state"])
+    return {**run_summary(row, row["last_step"], row["forks"]), "status": shown_status(row["run_state"]),
+            "sdk_status": experiment_of(row).get("status"),
+            "failure": failure.as_json() if failure else None, "depth": depth,
+            "duration_ms": millis_between(row["first_event_at"], row["last_event_at"])}
+
+
+def fork_group(conn: sqlite3.Connection, root_id: str) -> tuple:
+    """A root's descendants in tree order (each with its depth), at most GROUP_FORKS_MAX; and how many in all."""
+    rows = conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.origin_id = ? AND c.id <> ?"
+                        " ORDER BY c.created_at, c.id LIMIT ?", (root_id, root_id, GROUP_FORKS_MAX)).fetchall()
+    total = conn.execute("SELECT COUNT(*) FROM channels WHERE origin_id = ? AND id <> ?",
+                         (root_id, root_id)).fetchone()[0]
+    children: dict = {}
+    for r in rows:
+        children.setdefault(r["parent_id"], []).append(r)
+    ordered, stack = [], [(r, 1) for r in reversed(children.get(root_id, []))]
+    while stack:
+        r, depth = stack.pop()
+        ordered.append(listed_run(conn, r, depth))
+        stack += [(c, depth + 1) for c in reversed(children.get(r["id"], []))]
+    return ordered, total
+
+
+def mark_shared_names(runs: list) -> None:
+    """A display name two listed runs share (resumed forks keep the parent's) is not enough to tell them apart."""
+    counts: dict = {}
+    for run in runs:
+        counts[run["display_name"]] = counts.get(run["display_name"], 0) + 1
+    for run in runs:
+        run["name_shared"] = counts[run["display_name"]] > 1 and run["display_name"] != run["channel_id"]
+
+
+def runs_page(conn: sqlite3.Connection, q: str, status: str, after: Optional[str]) -> tuple:
+    """One page of runs, most recent activity first (keyset pagination on (updated_at, id)).
+
+    Unfiltered, the page lists root runs, each with its forks grouped under it; a search or a status
+    filter lists every matching run on its own.
+    """
+    where = Where()
+    grouped = not q and not status
+    if grouped:
+        where.add("c.parent_id IS NULL")
+    if q:
+        where.add("(c.id LIKE ? OR c.display_name LIKE ?)", f"%{q}%", f"%{q}%")
+    status_filter(where, status)
+    if after:
+        where.add(*after_page_token(after, "c.updated_at", "c.id"))
+    rows = conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c{where} ORDER BY c.updated_at DESC, c.id DESC LIMIT ?",
+                        (*where.args, RUNS_PAGE_SIZE + 1)).fetchall()
+    runs = [listed_run(conn, r) for r in rows[:RUNS_PAGE_SIZE]]
+    everyone = list(runs)
+    for run in runs:
+        run["group"], run["group_total"] = fork_group(conn, run["channel_id"]) if grouped and run["fork_count"] \
+            else ([], 0)
+        everyone += run["group"]
+    mark_shared_names(everyone)
+    return runs, next_page_token(rows, "updated_at")
+
+
+def deletion_plan(conn: sqlite3.Connection, channel_id: str) -> dict:
+    """The run and every fork below it: what deleting it removes."""
+    row = require_channel(conn, channel_id)
+    doomed = conn.execute(
+        "WITH RECURSIVE tree(id) AS (SELECT ? UNION ALL SELECT k.id FROM channels k JOIN tree t ON k.parent_id = t.id)"
+        " SELECT c.id, c.display_name, c.last_cursor FROM channels c JOIN tree t ON c.id = t.id ORDER BY c.created_at",
+        (channel_id,)).fetchall()
+    executions = conn.execute(
+        "WITH RECURSIVE tree(id) AS (SELECT ? UNION ALL SELECT k.id FROM channels k JOIN tree t ON k.parent_id = t.id)"
+        " SELECT COUNT(*) FROM executions x JOIN tree t ON x.channel_id = t.id", (channel_id,)).fetchone()[0]
+    return {"channel_id": channel_id, "display_name": row["display_name"] or channel_id,
+            "runs": [{"channel_id": r["id"], "display_name": r["display_name"] or r["id"],
+                      "event_count": r["last_cursor"]} for r in doomed],
+            "event_count": sum(r["last_cursor"] for r in doomed), "execution_count": executions}
+
+
+# --- the run page -------------------------------------------------------------------------
 
 
 def execution_marks(execution: dict) -> list:
@@ -3712,50 +3948,327 @@ def blocked_attempts(conn: sqlite3.Connection, channel_id: Optional[str], limit:
     return [event_json(r) for r in rows.fetchall()]
 
 
-def run_page(conn: sqlite3.Connection, channel_id: str, start: int) -> dict:
+def timeline_events(conn: sqlite3.Connection, channel_id: str, start: int, event_type: str) -> tuple:
+    """One page of events from cursor `start` (only steps, or one type, when asked); and the next page's start."""
+    where = Where().add("channel_id = ?", channel_id).add("cursor >= ?", start)
+    if event_type == "steps":
+        where.add("step_number IS NOT NULL")
+    elif event_type:
+        where.add("type = ?", event_type)
+    rows = conn.execute(f"SELECT * FROM events{where} ORDER BY cursor LIMIT ?",
+                        (*where.args, TIMELINE_PAGE_SIZE + 1)).fetchall()
+    more = rows[TIMELINE_PAGE_SIZE]["cursor"] if len(rows) > TIMELINE_PAGE_SIZE else None
+    return rows[:TIMELINE_PAGE_SIZE], more
+
+
+def step_durations(conn: sqlite3.Connection, channel_id: str, first: int, last: int) -> dict:
+    """cursor -> milliseconds since the previous step (the first step: since the run's first event)."""
+    before = conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
+                          " AND cursor < ? ORDER BY cursor DESC LIMIT 1", (channel_id, first)).fetchone() \
+        or conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND cursor = 1", (channel_id,)).fetchone()
+    previous = before["created_at"] if before else None
+    durations = {}
+    for r in conn.execute("SELECT cursor, created_at FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
+                          " AND cursor BETWEEN ? AND ? ORDER BY cursor", (channel_id, first, last)):
+        durations[r["cursor"]] = millis_between(previous, r["created_at"]) if r["cursor"] != 1 else None
+        previous = r["created_at"]
+    return durations
+
+
+def state_changes(before: Any, after: Any) -> dict:
+    """The top-level keys a snapshot changed against the one before it, each with the paths inside it
+    that changed: {keys: [{key, kind, paths}], total}."""
+    changed: dict = {}
+    for entry in diff_values(before if before is not None else {}, after):
+        path = entry["path"]
+        key = path[0] if path else "(whole state)"
+        hit = changed.setdefault(key, {"key": key, "kind": entry["kind"] if len(path) <= 1 else "changed",
+                                       "paths": []})
+        if len(path) > 1 and len(hit["paths"]) < 5:
+            hit["paths"].append(".".join(path[1:]))
+    return {"keys": list(changed.values())[:STEP_CHANGES_SHOWN], "total": len(changed)}
+
+
+def snapshots(conn: sqlite3.Connection, channel_id: str, first: int, last: int) -> dict:
+    """cursor -> {state, version, cursor, changes} for the snapshots saved between two cursors.
+
+    Each is compared with the snapshot before it (for the first on the page, the one saved before
+    `first`; a fork's first own step compares with the state it inherited).
+    """
+    previous_row = state_row_at(conn, channel_id, first - 1) if first > 1 else None
+    previous = load(previous_row["state"]) if previous_row else None
+    latest: dict = {}
+    for r in conn.execute("SELECT * FROM states WHERE channel_id = ? AND cursor BETWEEN ? AND ? ORDER BY cursor, version",
+                          (channel_id, first, last)):
+        latest[r["cursor"]] = r             # a step saved twice: its last snapshot is the step's
+    shown = {}
+    for cursor in sorted(latest):
+        state = load(latest[cursor]["state"])
+        shown[cursor] = {**state_json(latest[cursor]), "changes": state_changes(previous, state)}
+        previous = state
+    return shown
+
+
+def replayed_rows(conn: sqlite3.Connection, channel_id: str) -> list:
+    """Effects a fork replayed from an ancestor without a tool.replayed event (the SDK asks for one only
+    with emit_replay_event), as timeline rows derived from the ledger."""
+    rows = conn.execute("SELECT * FROM executions WHERE channel_id = ? AND inherited_from IS NOT NULL"
+                        " AND replay_emitted = 0 ORDER BY created_at", (channel_id,)).fetchall()
+    return [{"kind": "replayed", "id": r["id"], "type": "tool.replayed", "timestamp": r["created_at"],
+             "tool_name": r["tool_name"], "key_name": r["key_name"], "inherited_from": r["inherited_from"],
+             "result": load(r["result"])} for r in rows]
+
+
+def place_derived(items: list, derived: list, start: int, more: Optional[int]) -> list:
+    """Merge derived rows into the page's event rows by time; rows that belong to another page are left out."""
+    out, pending = [], list(derived)
+    for item in items:
+        while pending and pending[0]["timestamp"] < item["event"]["timestamp"]:
+            row = pending.pop(0)
+            if out or start == 1:
+                out.append(row)
+        out.append(item)
+    return out + (pending if more is None else [])
+
+
+def timeline(conn: sqlite3.Connection, row: sqlite3.Row, start: int, event_type: str,
+             failure: Optional[Failure]) -> tuple:
+    """The timeline rows of one page: events with their step's duration, snapshot and changed keys,
+    plus rows derived from the ledger (replays) and from the metadata (a crash after the last event)."""
+    channel_id = row["id"]
+    events, more = timeline_events(conn, channel_id, start, event_type)
+    if not events:
+        return [], more
+    first, last = events[0]["cursor"], events[-1]["cursor"]
+    durations = step_durations(conn, channel_id, first, last)
+    states = snapshots(conn, channel_id, first, last)
+    items = [{"kind": "event", "event": event_json(e), "step_number": e["step_number"],
+              "state": states.get(e["cursor"]), "duration_ms": durations.get(e["cursor"]),
+              "failure": failure is not None and failure.cursor == e["cursor"]} for e in events]
+    if event_type in ("", "tool.replayed"):
+        items = place_derived(items, replayed_rows(conn, channel_id), start, more)
+    if failure is not None and failure.cursor is None and more is None and not event_type:
+        items.append({"kind": "failure", "failure": failure.as_json(), "timestamp": row["updated_at"]})
+    return items, more
+
+
+def event_types(conn: sqlite3.Connection, channel_id: str) -> list:
+    return [{"type": r[0], "count": r[1]} for r in conn.execute(
+        "SELECT type, COUNT(*) FROM events WHERE channel_id = ? GROUP BY type ORDER BY type LIMIT 200", (channel_id,))]
+
+
+def step_picture(conn: sqlite3.Connection, row: sqlite3.Row, failure: Optional[Failure], forks: list) -> Optional[dict]:
+    """The run's own steps over time as bars (height: time the step took), for a small inline SVG.
+
+    Beyond PICTURE_BARS_MAX steps, neighbouring steps share a bar. Forks of this run and the failure are
+    marked at their step.
+    """
+    steps = conn.execute("SELECT step_number, created_at FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
+                         " ORDER BY cursor", (row["id"],)).fetchall()
+    if not steps:
+        return None
+    origin = conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND cursor = 1", (row["id"],)).fetchone()
+    previous, spans = origin["created_at"], []
+    for s in steps:
+        spans.append((s["step_number"], millis_between(previous, s["created_at"]) or 0))
+        previous = s["created_at"]
+    per = -(-len(spans) // PICTURE_BARS_MAX)
+    buckets = [spans[i:i + per] for i in range(0, len(spans), per)]
+    longest = max(sum(ms for _, ms in b) for b in buckets) or 1
+    width, height, slot = 1000, 60, 1000 / len(buckets)
+    first_step, last_step = spans[0][0], spans[-1][0]
+    bad_after = failure.last_good_step if failure is not None else None
+
+    def x_after(step: int) -> float:
+        """Where "after step k" is: the right edge of the bar holding step k."""
+        return round(min(len(buckets), (max(0, step - first_step) // per) + 1) * slot, 1)
+
+    bars = []
+    for b in buckets:
+        ms = sum(ms for _, ms in b)
+        h = round(2 + (height - 4) * ms / longest, 1)
+        bars.append({"first": b[0][0], "last": b[-1][0], "ms": ms, "x": round(len(bars) * slot, 1),
+                     "y": round(height - h, 1), "width": round(max(slot * 0.8, 0.8), 1), "height": h,
+                     "bad": bad_after is not None and b[-1][0] > bad_after})
+    marks = [{"x": x_after(f["forked_at_step"]), "label": f"fork {f['channel_id']} after step {f['forked_at_step']}"}
+             for f in forks if f.get("forked_at_step")]
+    return {"width": width, "height": height, "bars": bars, "marks": marks, "first_step": first_step,
+            "last_step": last_step, "total_ms": millis_between(origin["created_at"], steps[-1]["created_at"]),
+            "per_bar": per, "any_bad": any(b["bad"] for b in bars)}
+
+
+def default_fork_name(conn: sqlite3.Connection, channel_id: str, fork_count: int) -> str:
+    """`<run>-fork-<n>`, the first n not taken (the name field starts with it)."""
+    stem = channel_id[:240]
+    for n in range(fork_count + 1, fork_count + 50):
+        name = f"{stem}-fork-{n}"
+        if channel_row(conn, name) is None:
+            return name
+    return f"{stem}-fork-{uuid.uuid4().hex[:8]}"
+
+
+def run_page(conn: sqlite3.Connection, channel_id: str, start: int, event_type: str = "") -> dict:
     """Everything the run page shows; the timeline is one page of TIMELINE_PAGE_SIZE events."""
     row = require_channel(conn, channel_id)
     meta = experiment_of(row)
-    end = min(start + TIMELINE_PAGE_SIZE - 1, INT64_MAX)
-    events = conn.execute("SELECT * FROM events WHERE channel_id = ? AND cursor BETWEEN ? AND ? ORDER BY cursor",
-                          (channel_id, start, end)).fetchall()
-    states = {r["cursor"]: state_json(r) for r in conn.execute(
-        "SELECT * FROM states WHERE channel_id = ? AND cursor BETWEEN ? AND ? ORDER BY version",
-        (channel_id, start, end))}
+    run_state = run_state_of(conn, channel_id)
+    failure = run_failure(conn, row, run_state)
+    items, more = timeline(conn, row, start, event_type, failure)
     last_own_step = conn.execute("SELECT MAX(step_number) FROM events WHERE channel_id = ?",
                                  (channel_id,)).fetchone()[0]
     forks = list_forks(conn, channel_id)
-    executions = [with_marks(e) for e in channel_executions(conn, channel_id)]
+    for f in forks:
+        em = f["experiment_metadata"] if isinstance(f["experiment_metadata"], dict) else {}
+        f["forked_at_step"] = em.get("forked_at_step")
+    first_event = conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND cursor = 1",
+                               (channel_id,)).fetchone()
     return {
         "run": {**run_summary(row, last_own_step, len(forks)), "latest_cursor": row["last_cursor"] or None,
+                "status": shown_status(run_state), "sdk_status": meta.get("status"),
                 "metadata": metadata_json(row), "params": meta.get("params"),
-                "intervention": meta.get("intervention")},
+                "intervention": meta.get("intervention"),
+                "duration_ms": millis_between(first_event["created_at"] if first_event else None, row["updated_at"])},
+        "failure": failure.as_json() if failure else None,
         "receipt": receipt_json(row) if row["parent_id"] else None,
-        "timeline": [{"event": event_json(e), "step_number": e["step_number"], "state": states.get(e["cursor"])}
-                     for e in events],
-        "total": row["last_cursor"], "start": start, "end": min(end, row["last_cursor"]),
-        "executions": executions, "blocked": blocked_attempts(conn, channel_id), "forks": forks,
-        "steps": step_list(conn, channel_id),
+        "timeline": items, "more": more, "event_types": event_types(conn, channel_id),
+        "total": row["last_cursor"], "start": start,
+        "end": max((i["event"]["cursor"] for i in items if i["kind"] == "event"), default=start),
+        "executions": [with_marks(e) for e in channel_executions(conn, channel_id)],
+        "blocked": blocked_attempts(conn, channel_id), "forks": forks,
+        "steps": step_list(conn, channel_id), "picture": step_picture(conn, row, failure, forks),
+        "default_fork_name": default_fork_name(conn, channel_id, len(forks)),
     }
 
 
-def ledger_page(conn: sqlite3.Connection, channel_id: Optional[str], before: Optional[str]) -> tuple:
-    where = Where().add_if(channel_id, "channel_id = ?")
+def tree_page(conn: sqlite3.Connection, channel_id: str) -> dict:
+    """The fork tree with each run's status as the runs list shows it, and the picture of its branches."""
+    root = lineage_tree(conn, channel_id)
+    nodes, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack += node["children"]
+    ids = [n["channel_id"] for n in nodes]
+    marks = ", ".join("?" for _ in ids)
+    found = {r["id"]: r for r in conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.id IN ({marks})", ids)}
+    for node in nodes:
+        r = found[node["channel_id"]]
+        failure = run_failure(conn, r, r["run_state"])
+        node.update(status=shown_status(r["run_state"]), failure=failure.as_json() if failure else None,
+                    end_step=max(r["last_step"] or 0, node["forked_at_step"] or 0))
+    return {"root": root, "picture": tree_picture(root)}
+
+
+def tree_picture(root: dict) -> dict:
+    """One horizontal line per run, from the step it forked after to its last step; a branch leaves its
+    parent's line at that step. Rows in tree order."""
+    rows: list = []
+
+    def walk(node: dict, parent_row: Optional[int]) -> None:
+        rows.append({"node": node, "parent_row": parent_row})
+        here = len(rows) - 1
+        for child in node["children"]:
+            walk(child, here)
+    walk(root, None)
+    longest = max(r["node"]["end_step"] for r in rows) or 1
+    left, right, row_height = 12, 408, 40
+
+    def x_of(step: int) -> float:
+        return round(left + (right - left) * step / longest, 1)
+    lines = []
+    for i, r in enumerate(rows):
+        node = r["node"]
+        begin = (node["forked_at_step"] or 0) if r["parent_row"] is not None else 0
+        y = 26 + i * row_height
+        lines.append({"channel_id": node["channel_id"], "label": node["channel_id"],
+                      "status": node["status"], "x1": x_of(begin), "x2": x_of(max(begin, node["end_step"])),
+                      "y": y, "text_y": y - 8, "begin": begin, "end": node["end_step"],
+                      "parent_y": 26 + r["parent_row"] * row_height if r["parent_row"] is not None else None})
+    # 420 units wide: scaled to a phone's width the labels stay readable, and at most 560px on a desktop.
+    return {"width": 420, "height": 16 + len(rows) * row_height, "lines": lines, "longest": longest}
+
+
+def ledger_page(conn: sqlite3.Connection, filters: dict, before: Optional[str]) -> tuple:
+    """One page of ledger rows, newest first, filtered by run, tool, status and age."""
+    where = Where().add_if(filters.get("channel_id"), "channel_id = ?").add_if(filters.get("tool"), "tool_name = ?")
+    where.add_if(filters.get("status"), "status = ?").add_if(filters.get("since_at"), "created_at >= ?")
     if before:
         where.add(*after_page_token(before, "created_at", "id"))
     rows = conn.execute(f"SELECT * FROM executions{where} ORDER BY created_at DESC, id DESC LIMIT ?",
                         (*where.args, RUNS_PAGE_SIZE + 1)).fetchall()
     executions = [with_marks(execution_json(r)) for r in rows[:RUNS_PAGE_SIZE]]
-    return executions, blocked_attempts(conn, channel_id), next_page_token(rows, "created_at")
+    tools = [r[0] for r in conn.execute("SELECT DISTINCT tool_name FROM executions ORDER BY tool_name LIMIT 200")]
+    return executions, blocked_attempts(conn, filters.get("channel_id")), next_page_token(rows, "created_at"), tools
+
+
+# --- rendering --------------------------------------------------------------------------
 
 
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
 
 
+def _json_leaf(value: Any) -> str:
+    kind = "jz" if value is None else "jb" if isinstance(value, bool) else \
+        "jn" if isinstance(value, (int, float)) else "js" if isinstance(value, str) else "jx"
+    return f'<span class="{kind}">{markupsafe.escape(json.dumps(value, ensure_ascii=False, default=str))}</span>'
+
+
+def _json_node(value: Any, key_html: str, comma: str, depth: int, budget: list) -> str:
+    budget[0] -= 1
+    if budget[0] < 0:
+        return ""
+    if isinstance(value, dict) and value and depth < JSON_TREE_DEPTH:
+        opener, closer, unit = "{", "}", "key"
+        items = [(f'<span class="jk">{markupsafe.escape(json.dumps(str(k), ensure_ascii=False))}</span>: ', v)
+                 for k, v in value.items()]
+    elif isinstance(value, list) and value and depth < JSON_TREE_DEPTH:
+        opener, closer, unit = "[", "]", "item"
+        items = [("", v) for v in value]
+    else:
+        return f'<div class="jl">{key_html}{_json_leaf(value)}{comma}</div>'
+    last = len(items) - 1
+    inner = "".join(_json_node(v, k, "," if i < last else "", depth + 1, budget) for i, (k, v) in enumerate(items))
+    count = f"{len(items)} {unit}{'' if len(items) == 1 else 's'}"
+    opened = " open" if depth == 0 or len(items) <= 12 else ""
+    return (f'<details class="jo"{opened}><summary data-n="{count}" data-close="{closer}">{key_html}{opener}</summary>'
+            f'{inner}<div class="jc">{closer}{comma}</div></details>')
+
+
+def json_tree(value: Any) -> markupsafe.Markup:
+    """A JSON value as coloured HTML whose objects and arrays fold (<details>, no JavaScript).
+
+    The element's text is the JSON itself (counts and fold marks come from CSS), so copying it copies
+    valid JSON. Documents over JSON_TREE_NODES values are shown as plain pretty-printed text instead.
+    """
+    budget = [JSON_TREE_NODES]
+    html = _json_node(value, "", "", 0, budget)
+    if budget[0] < 0:
+        return markupsafe.Markup('<pre class="json-box jtext">{}</pre>').format(pretty_json(value))
+    return markupsafe.Markup(f'<div class="jtree">{html}</div>')
+
+
+def duration_text(ms: Any) -> str:
+    """850 ms, 2.4 s, 3 min 12 s, 2 h 5 min."""
+    if ms is None:
+        return "—"
+    if ms < 1000:
+        return f"{ms} ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
 def template_env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(UI_DIR)), autoescape=True)
     env.filters["pretty"] = pretty_json
+    env.filters["jsontree"] = json_tree
+    env.filters["duration"] = duration_text
     return env
 
 
@@ -3771,6 +4284,7 @@ def render(request: Request, template: str, context: dict, status: int = 200) ->
     """A page, or its JSON twin with `?format=json` (the same context the template gets)."""
     if request.query_params.get("format") == "json":
         return JSONResponse(context, status_code=status)
+    # Every POST form carries the session's form token; the request state holds it once issued.
     page = request.app.state.templates.get_template(template).render(
         **context, version=__version__, logged_in=getattr(request.state, "logged_in", False),
         csrf_token=getattr(request.state, "csrf_token", ""))
@@ -3811,6 +4325,39 @@ def path_channel(request: Request, name: str = "channel_id") -> str:
     return valid_channel(request.path_params[name], name)
 
 
+class FlashStore:
+    """What a POST wants the page after its redirect to show (a form's error and typed values).
+
+    In memory and short-lived: at most FLASH_MAX entries for FLASH_TTL_SECONDS each, looked up by a
+    random id in the redirect's query string, so a refresh shows the error again but never re-posts.
+    """
+
+    def __init__(self):
+        self.entries: dict = {}
+
+    def put(self, value: dict) -> str:
+        now = time.monotonic()
+        self.entries = {k: v for k, v in self.entries.items() if now - v[0] < FLASH_TTL_SECONDS}
+        while len(self.entries) >= FLASH_MAX:
+            self.entries.pop(next(iter(self.entries)))
+        flash_id = secrets.token_urlsafe(12)
+        self.entries[flash_id] = (now, value)
+        return flash_id
+
+    def get(self, flash_id: Optional[str]) -> Optional[dict]:
+        hit = self.entries.get(flash_id or "")
+        if hit is None or time.monotonic() - hit[0] >= FLASH_TTL_SECONDS:
+            return None
+        return hit[1]
+
+
+def flash_store(app) -> FlashStore:
+    store = getattr(app.state, "dashboard_flash", None)
+    if store is None:
+        store = app.state.dashboard_flash = FlashStore()
+    return store
+
+
 async def page_login(request: Request) -> Response:
     return render(request, "login.html", {"title": "Log in", "error": None})
 
@@ -3836,6 +4383,21 @@ async def page_logout(request: Request) -> Response:
     return response
 
 
+class RunsPageQuery(Record, kw_only=True):
+    count: Count = 0                  # how many runs the delete just before removed
+
+
+class RunPageQuery(TimelineQuery, kw_only=True):
+    type: Annotated[str, Meta(max_length=256)] = ""     # only events of this type ("steps": only steps)
+    step: Optional[Positive] = None                       # jump to this step
+    fork_step: Optional[Positive] = None                  # open the fork form at this step
+
+
+def page_query(request: Request, kind: type) -> Struct:
+    """The page's query parameters as a record; a form's blank field counts as absent."""
+    return decode_params({k: v for k, v in request.query_params.items() if v != ""}, kind, "query string")
+
+
 async def page_runs(request: Request) -> Response:
     q = request.query_params.get("q", "").strip()
     status = request.query_params.get("status", "")
@@ -3843,13 +4405,21 @@ async def page_runs(request: Request) -> Response:
         raise BadRequest(f"status must be one of {', '.join(RUN_STATUSES)}")
     runs, after = await db_of(request).read(runs_page, q, status, request.query_params.get("after"))
     next_url = f"/?{urlencode({'q': q, 'status': status, 'after': after})}" if after else None
+    deleted = request.query_params.get("deleted", "")[:256]
     return render(request, "runs.html", {"title": "Runs", "runs": runs, "q": q, "status": status,
-                                         "statuses": list(RUN_STATUSES), "next_url": next_url})
+                                         "statuses": list(RUN_STATUSES), "next_url": next_url,
+                                         "grouped": not q and not status, "deleted": deleted,
+                                         "deleted_count": page_query(request, RunsPageQuery).count})
 
 
-def timeline_links(channel_id: str, start: int, total: int) -> dict:
+def timeline_links(channel_id: str, start: int, total: int, event_type: str, more: Optional[int]) -> dict:
+    """Pager links. All events: by cursor ranges (first, previous, next, last). One type: first and next."""
     def at(cursor: int) -> str:
-        return f"/runs/{channel_id}?start={cursor}"
+        query = {"start": cursor, **({"type": event_type} if event_type else {})}
+        return f"/runs/{channel_id}?{urlencode(query)}#timeline"
+    if event_type:
+        return {"first_url": at(1) if start > 1 else None, "prev_url": None,
+                "next_url": at(more) if more else None, "last_url": None}
     last_start = max(1, ((max(total, 1) - 1) // TIMELINE_PAGE_SIZE) * TIMELINE_PAGE_SIZE + 1)
     return {"first_url": at(1) if start > 1 else None,
             "prev_url": at(max(1, start - TIMELINE_PAGE_SIZE)) if start > 1 else None,
@@ -3857,22 +4427,88 @@ def timeline_links(channel_id: str, start: int, total: int) -> dict:
             "last_url": at(last_start) if start < last_start else None}
 
 
-async def run_context(request: Request, channel_id: str, fork_error: Optional[str] = None) -> dict:
-    start = decode_params(request.query_params, TimelineQuery, "query string").start
-    data = await db_of(request).read(run_page, channel_id, start)
-    page = {**timeline_links(channel_id, start, data.pop("total")), "start": data.pop("start"),
-            "end": data.pop("end"), "total": data["run"]["event_count"]}
-    return {"title": data["run"]["display_name"], **data, "page": page, "fork_error": fork_error}
+def continue_snippet(base_url: str, channel_id: str, next_step: int) -> str:
+    """The SDK code that continues a fork: AgentSession.resume picks up after the fork's last step."""
+    return f'''import asyncio
+import os
+
+from actae_client import ActaeClient, AgentSession
+
+
+async def main():
+    client = ActaeClient(endpoint={json.dumps(base_url)}, api_key=os.environ["ACTAE_API_KEY"])
+    try:
+        session = await AgentSession.resume(client, {json.dumps(channel_id)}, state_fn=lambda: state)
+        state = dict(session.inherited_state or {{}})   # the state the fork starts from
+        # session.intervention holds the fork's intervention: apply it to your agent.
+        async with session:
+            # Your agent's next step goes here; it is recorded as step {next_step}.
+            state["resumed_at_step"] = {next_step}
+            await session.step("step-{next_step}", input=None, output={{"resumed": True}})
+    finally:
+        await client.disconnect()
+
+
+asyncio.run(main())
+'''
+
+
+def fork_form_values(request: Request, data: dict, flash: Optional[dict]) -> dict:
+    """The fork form's fields: what was typed (after an error), else the step asked for (the failure
+    banner's button), else the last good step of a failed run, else its last step; a free name."""
+    typed = dict(flash["form"]) if flash else {}
+    asked = page_query(request, RunPageQuery).fork_step
+    steps = [s["step_number"] for s in data["steps"]]
+    failure = data["failure"]
+    default = failure["last_good_step"] if failure and failure["last_good_step"] else (steps[-1] if steps else None)
+    step = asked if asked is not None else (typed.get("step") or default)
+    return {"step": str(step) if step is not None else "", "name": typed.get("name") or data["default_fork_name"],
+            "intervention": typed.get("intervention", ""), "tool_policies": typed.get("tool_policies", "")}
+
+
+async def run_context(request: Request, channel_id: str, jump_error: Optional[str] = None) -> dict:
+    query = page_query(request, RunPageQuery)
+    start, event_type = query.start, query.type
+    data = await db_of(request).read(run_page, channel_id, start, event_type)
+    total, more = data.pop("total"), data.pop("more")
+    page = {**timeline_links(channel_id, start, total, event_type, more), "start": data.pop("start"),
+            "end": data.pop("end"), "total": data["run"]["event_count"], "filtered": bool(event_type)}
+    flash = flash_store(request.app).get(request.query_params.get("fork_error"))
+    run = data["run"]
+    snippet = continue_snippet(str(request.base_url).rstrip("/"), channel_id, run["step_count"] + 1) \
+        if run["parent_channel_id"] else None
+    return {"title": run["display_name"], **data, "page": page, "event_type": event_type,
+            "form": fork_form_values(request, data, flash), "fork_error": flash["error"] if flash else None,
+            "fork_field": flash["field"] if flash else None, "jump_error": jump_error,
+            "created": request.query_params.get("created") == "1", "snippet": snippet}
+
+
+async def jump_to_step(request: Request, channel_id: str) -> Response:
+    """`?step=n`: to the timeline page holding step n, on the run that recorded it (a fork's inherited
+    steps are on an ancestor's page)."""
+    step = page_query(request, RunPageQuery).step
+    try:
+        hit = await db_of(request).read(resolve_step, channel_id, step)
+    except NotFound as exc:
+        if "not indexed" not in exc.message:
+            raise
+        return render(request, "run.html", await run_context(request, channel_id, f"This run has no step {step}."),
+                      status=404)
+    start = (hit["cursor"] - 1) // TIMELINE_PAGE_SIZE * TIMELINE_PAGE_SIZE + 1
+    return RedirectResponse(f"/runs/{hit['channel_id']}?start={start}#cursor-{hit['cursor']}", status_code=303)
 
 
 async def page_run(request: Request) -> Response:
-    return render(request, "run.html", await run_context(request, path_channel(request)))
+    channel_id = path_channel(request)
+    if request.query_params.get("step"):
+        return await jump_to_step(request, channel_id)
+    return render(request, "run.html", await run_context(request, channel_id))
 
 
 async def page_tree(request: Request) -> Response:
     channel_id = path_channel(request)
-    root = await db_of(request).read(lineage_tree, channel_id)
-    return render(request, "tree.html", {"title": f"Fork tree of {channel_id}", "root": root, "current": channel_id})
+    data = await db_of(request).read(tree_page, channel_id)
+    return render(request, "tree.html", {"title": f"Fork tree of {channel_id}", **data, "current": channel_id})
 
 
 async def page_diff(request: Request) -> Response:
@@ -3888,15 +4524,60 @@ async def page_diff(request: Request) -> Response:
                                          "diff": diff, "error": error}, status=400 if error else 200)
 
 
+def ledger_filters(request: Request) -> dict:
+    params = request.query_params
+    filters = {"channel_id": params.get("channel_id") or None, "tool": params.get("tool") or None,
+               "status": params.get("status") or None, "since": params.get("since") or None}
+    if filters["channel_id"]:
+        valid_channel(filters["channel_id"])
+    if filters["status"] and filters["status"] not in EXECUTION_STATUSES:
+        raise BadRequest(f"status must be one of {', '.join(EXECUTION_STATUSES)}")
+    if filters["since"] and filters["since"] not in LEDGER_SINCE:
+        raise BadRequest(f"since must be one of {', '.join(LEDGER_SINCE)}")
+    filters["since_at"] = iso(utc_now() - LEDGER_SINCE[filters["since"]]) if filters["since"] else None
+    return filters
+
+
 async def page_ledger(request: Request) -> Response:
-    channel_id = request.query_params.get("channel_id") or None
-    if channel_id:
-        valid_channel(channel_id)
-    executions, blocked, before = await db_of(request).read(ledger_page, channel_id,
-                                                            request.query_params.get("before"))
-    next_url = f"/ledger?{urlencode({'channel_id': channel_id or '', 'before': before})}" if before else None
-    return render(request, "ledger.html", {"title": "Ledger", "executions": executions, "blocked": blocked,
-                                           "channel_id": channel_id or "", "next_url": next_url})
+    filters = ledger_filters(request)
+    executions, blocked, before, tools = await db_of(request).read(ledger_page, filters,
+                                                                   request.query_params.get("before"))
+    shown = {k: v for k, v in filters.items() if v and k != "since_at"}
+    next_url = f"/ledger?{urlencode({**shown, 'before': before})}" if before else None
+    return render(request, "ledger.html", {
+        "title": "Ledger", "executions": executions, "blocked": blocked, "channel_id": filters["channel_id"] or "",
+        "tool": filters["tool"] or "", "status": filters["status"] or "", "since": filters["since"] or "",
+        "tools": tools, "statuses": list(EXECUTION_STATUSES), "since_choices": list(LEDGER_SINCE),
+        "filtered": bool(shown), "next_url": next_url})
+
+
+class FormError(BadRequest):
+    """A fork-form problem, naming the field it is about (None: the form as a whole)."""
+
+    def __init__(self, field_name: Optional[str], message: str, status: int = 400):
+        super().__init__(message, status=status)
+        self.field = field_name
+
+
+def form_json_object(form: dict, field_name: str, label: str) -> Optional[dict]:
+    text = form.get(field_name, "").strip()
+    if not text:
+        return None
+    try:
+        value = decode_json(text.encode("utf-8", "surrogatepass"), Any, label)
+    except ActaeError as exc:
+        raise FormError(field_name, exc.message)
+    if not isinstance(value, dict):
+        raise FormError(field_name, f"{label} must be a JSON object, like {{\"model\": \"slow\"}}")
+    return value
+
+
+def form_tool_policies(form: dict) -> Optional[dict]:
+    policies = form_json_object(form, "tool_policies", "Tool policies")
+    for tool, policy in (policies or {}).items():
+        if policy not in TOOL_POLICIES:
+            raise FormError("tool_policies", f"Tool policies: {tool!r} must map to one of {', '.join(TOOL_POLICIES)}")
+    return policies
 
 
 def api_groups(document: dict) -> list:
@@ -3919,46 +4600,93 @@ async def page_api(request: Request) -> Response:
 
 
 def dashboard_fork_request(conn: sqlite3.Connection, channel_id: str, form: dict) -> Fork:
-    """Turn the run page's fork form into the same request AgentSession.resume sends."""
-    step_text = form.get("step", "")
-    if not step_text.isdigit() or int(step_text) < 1:
-        raise BadRequest("choose a step to fork at")
+    """Turn the run page's fork form into the same request the SDK sends; each problem names its field."""
+    step_text = form.get("step", "").strip()
+    if not (step_text.isascii() and step_text.isdigit()) or int(step_text) < 1:
+        raise FormError("step", "Choose the step to fork after.")
     step = int(step_text)
-    name = valid_channel(form.get("name", "").strip(), "name")
-    boundary = resolve_step(conn, channel_id, step)
-    extra = {}
-    for field_name in ("intervention", "tool_policies"):
-        text = form.get(field_name, "").strip()
-        value = decode_json(text.encode("utf-8", "surrogatepass"), Any, field_name) if text else None
-        if value is not None and not isinstance(value, dict):
-            raise BadRequest(f"{field_name} must be a JSON object")
-        extra[field_name] = value
+    try:
+        name = valid_channel(form.get("name", "").strip(), "name")
+    except ActaeError:
+        raise FormError("name", "Name: use 1 to 256 letters, digits, '.', '_', ':' or '-'.")
+    if name == channel_id:
+        raise FormError("name", "Name: the fork needs a name of its own.")
+    try:
+        boundary = resolve_step(conn, channel_id, step)
+    except NotFound:
+        require_channel(conn, channel_id)
+        raise FormError("step", f"This run has no step {step} to fork after.")
+    intervention = form_json_object(form, "intervention", "Intervention")
+    policies = form_tool_policies(form)
     source_meta = experiment_of(require_channel(conn, channel_id))
     experiment = {"session_name": name, "params": source_meta.get("params"),
                   "forked_from": boundary["channel_id"], "forked_from_channel": channel_id, "forked_at_step": step,
                   "forked_at_cursor": boundary["cursor"], "status": "created"}
-    if extra["intervention"] is not None:
-        experiment["intervention"] = extra["intervention"]
+    if intervention is not None:
+        experiment["intervention"] = intervention
     return record_from(Fork, {
         "source_channel_id": boundary["channel_id"], "new_channel_id": name, "at_cursor": boundary["cursor"],
         "operation_id": str(uuid.uuid4()), "display_name": name,
-        "reason": f"Forked from {channel_id} at step {step} (dashboard)", "experiment_metadata": experiment,
-        "manifest": {"source": "dashboard"}, "tool_policies": extra["tool_policies"],
+        "reason": f"Forked from {channel_id} after step {step} (dashboard)", "experiment_metadata": experiment,
+        "manifest": {"source": "dashboard"}, "tool_policies": policies,
     }, "fork form")
 
 
+def form_field_of(exc: ActaeError) -> Optional[str]:
+    """Which fork-form field a server refusal is about."""
+    if isinstance(exc, FormError):
+        return exc.field
+    if isinstance(exc, Conflict) and "already exists" in exc.message:
+        return "name"
+    if isinstance(exc, Conflict) and exc.code == "snapshot_boundary_required":
+        return "step"
+    for field_name in ("tool_policies", "intervention", "name"):
+        if field_name in exc.message:
+            return field_name
+    return None
+
+
 async def page_fork(request: Request) -> Response:
+    """POST the fork form, then redirect (so a refresh never posts again): to the new fork, or back to
+    the form with what was typed and the error, kept server-side under a random id."""
     channel_id = path_channel(request)
     form = await read_form(request)
     try:
         req = await db_of(request).read(dashboard_fork_request, channel_id, form)
         await db_of(request).write(fork_channel, req)
     except ActaeError as exc:
-        if isinstance(exc, NotFound) and "not indexed" not in exc.message:
+        if isinstance(exc, NotFound) and not isinstance(exc, FormError):
             raise
-        return render(request, "run.html", await run_context(request, channel_id, fork_error=exc.message),
-                      status=exc.status)
-    return RedirectResponse(f"/runs/{req.new_channel_id}", status_code=303)
+        field_name = form_field_of(exc)
+        message = exc.message if isinstance(exc, FormError) else \
+            f"{field_name.replace('_', ' ').capitalize() + ': ' if field_name else ''}{exc.message}"
+        typed = {k: form.get(k, "")[:FLASH_VALUE_MAX] for k in ("step", "name", "intervention", "tool_policies")}
+        flash_id = flash_store(request.app).put({"form": typed, "error": message, "field": field_name})
+        return RedirectResponse(f"/runs/{channel_id}?{urlencode({'fork_error': flash_id})}#fork", status_code=303)
+    return RedirectResponse(f"/runs/{req.new_channel_id}?created=1#continue", status_code=303)
+
+
+async def page_delete_confirm(request: Request) -> Response:
+    channel_id = path_channel(request)
+    plan = await db_of(request).read(deletion_plan, channel_id)
+    flash = flash_store(request.app).get(request.query_params.get("error"))
+    return render(request, "delete.html", {"title": f"Delete {channel_id}", "plan": plan,
+                                           "error": flash["error"] if flash else None})
+
+
+async def page_delete(request: Request) -> Response:
+    """Delete a run and its forks; only with the confirmation the confirm page's form sends."""
+    channel_id = path_channel(request)
+    form = await read_form(request)
+    if form.get("confirm") != channel_id:
+        return RedirectResponse(f"/runs/{channel_id}/delete", status_code=303)
+    try:
+        result = await db_of(request).write(delete_channel, channel_id, True)
+    except Conflict as exc:
+        flash_id = flash_store(request.app).put({"error": exc.message})
+        return RedirectResponse(f"/runs/{channel_id}/delete?{urlencode({'error': flash_id})}", status_code=303)
+    query = urlencode({"deleted": channel_id, "count": len(result["deleted"])})
+    return RedirectResponse(f"/?{query}", status_code=303)
 
 
 # =============================================================================
@@ -4252,6 +4980,8 @@ PAGE_ROUTES = [
     ("GET", "/runs/{channel_id}", page_run),
     ("GET", "/runs/{channel_id}/tree", page_tree),
     ("POST", "/runs/{channel_id}/fork", page_fork),
+    ("GET", "/runs/{channel_id}/delete", page_delete_confirm),
+    ("POST", "/runs/{channel_id}/delete", page_delete),
     ("GET", "/diff", page_diff),
     ("GET", "/ledger", page_ledger),
     ("GET", "/api", page_api),
@@ -4294,6 +5024,8 @@ def create_app(data_dir: Path, *, env_key: Optional[str] = None, settings: Setti
     app.state.instance_id, app.state.started = str(uuid.uuid4()), time.monotonic()
     app.state.templates = template_env()
     app.state.openapi = openapi_document(API_ROUTES)
+    # Pages and JSON answers shrink several times over; small bodies are not worth it.
+    app.add_middleware(GZipMiddleware, minimum_size=1024)
     return app
 
 

@@ -124,6 +124,7 @@ async def run(args) -> int:
     finally:
         await client.disconnect()
     print_report(report)
+    print(f"Dashboard:   {args.url.rstrip('/')}/?q={args.name}  (the parents and their forks)")
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

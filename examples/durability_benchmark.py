@@ -461,6 +461,8 @@ def main(argv=None) -> int:
     out.write_text(json.dumps(report, indent=2) + "\n")
     bad = sum(not c["ok"] for c in results)
     print(f"\n{len(results) - bad}/{len(results)} cells as expected in {report['seconds']} s; wrote {out}")
+    if args.url:   # a server this script started is gone by now: no page to link to
+        print(f"Dashboard:   {url.rstrip('/')}/?q={ctx['prefix']}  (one run per cell)")
     return 0 if report["ok"] else 1
 
 

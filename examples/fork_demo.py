@@ -219,6 +219,9 @@ async def run(args) -> int:
     failed = sum(not ok for _, ok, _ in checks)
     print(f"\n{len(checks) - failed}/{len(checks)} checks passed "
           f"(channels {args.name}-base, {args.name}-fork)")
+    base_url = args.url.rstrip("/")
+    print(f"Dashboard:   {base_url}/runs/{args.name}-base  (the failed run)")
+    print(f"             {base_url}/runs/{args.name}-fork  (the fork after step {FORK_AFTER})")
     return 1 if failed else 0
 
 

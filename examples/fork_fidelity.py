@@ -296,6 +296,7 @@ async def run(args) -> int:
         },
     }
     print_report(report)
+    print(f"Dashboard:   {args.url.rstrip('/')}/?q={args.name}  (every canonical run, fork and re-run)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")

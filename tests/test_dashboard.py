@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from markupsafe import escape as markup_escape
 
 from conftest import ROOT, http, run
 
@@ -243,7 +244,8 @@ def test_runs_list_shows_the_runs_and_the_fork(page, server, demo):
     fork_row = page.locator(f"tr[data-channel='{demo['fork']}']")
     assert base_row.count() == 1 and fork_row.count() == 1
     assert "fork of" in fork_row.inner_text() and demo["base"] in fork_row.inner_text()
-    assert "completed" in base_row.inner_text()
+    # The base run's session completed, but its final state says failed: the list says failed.
+    assert base_row.get_attribute("data-status") == "failed" and "failed" in base_row.inner_text()
     shot(page, "03-runs")
 
 
@@ -261,7 +263,7 @@ def test_run_page_shows_steps_and_the_state_at_step_3(page, server, demo):
     step3 = page.locator("details.step[data-step='3']")
     assert step3.count() == 1
     assert step3.get_attribute("id", timeout=1000).startswith("cursor-")
-    state = step3.locator(".state pre")
+    state = step3.locator(".state .jtree")
     assert not state.is_visible()
     step3.locator(":scope > summary").click()
     assert state.is_visible()
@@ -303,7 +305,7 @@ def test_fork_tree(page, server, demo):
     assert tree.locator(f"a[href='/runs/{demo['base']}']").count() >= 1
     child = tree.locator(f"li:has(> .node-card a[href='/runs/{demo['fork']}'])")
     assert child.count() == 1
-    assert "forked at step 3" in child.inner_text()
+    assert "forked after step 3" in child.inner_text()
     assert "current" in (child.get_attribute("class") or "")
     shot(page, "06-tree")
 
@@ -393,10 +395,10 @@ def test_fork_form_error_is_shown_on_the_run_page(page, server, demo):
     form = page.locator("form.fork-form")
     form.locator("input[name=name]").fill(demo["tag"] + "-bad")
     form.locator("textarea[name=intervention]").fill("{not json")
-    with page.expect_navigation() as nav:
+    with page.expect_navigation():
         form.locator("button[type=submit]").click()
-    assert nav.value.status == 400
-    assert page.locator(".alert").first.is_visible()
+    assert urlsplit(page.url).path == f"/runs/{demo['base']}" and "fork_error=" in page.url
+    assert page.locator("#fork-error").is_visible()
     assert page.locator("form.fork-form").count() == 1
 
 
@@ -489,19 +491,33 @@ def test_user_data_is_escaped(web, demo, path):
         assert r.text.count("&lt;script&gt;") >= 3  # display name, payload, state
 
 
-@pytest.mark.parametrize("form, status", [
-    ({"step": "2", "name": "{tag}-bad-json", "intervention": "{not json"}, 400),
-    ({"step": "2", "name": "{tag}-bad-policies", "tool_policies": '["block"]'}, 400),
-    ({"step": "2", "name": "{tag}-bad-policy", "tool_policies": '{"charge_customer": "explode"}'}, 400),
-    ({"step": "2", "name": "bad name!"}, 400),
-    ({"step": "1", "name": "{fork}"}, 409),  # the name of a run that exists with another definition
+@pytest.mark.parametrize("form, field", [
+    ({"step": "2", "name": "{tag}-bad-json", "intervention": "{not json"}, "intervention"),
+    ({"step": "2", "name": "{tag}-bad-policies", "tool_policies": '["block"]'}, "tool_policies"),
+    ({"step": "2", "name": "{tag}-bad-policy", "tool_policies": '{"charge_customer": "explode"}'}, "tool_policies"),
+    ({"step": "2", "name": "bad name!"}, "name"),
+    ({"step": "99", "name": "{tag}-no-step"}, "step"),
+    ({"step": "1", "name": "{fork}"}, "name"),  # the name of a run that exists with another definition
 ])
-def test_fork_form_errors_rerender_the_run_page(web, demo, form, status):
+def test_fork_form_errors_redirect_back_to_the_form(web, demo, form, field):
     data = {**form, "name": form["name"].format(**demo), "csrf_token": _form_token(web)}
     r = web.post(f"/runs/{demo['base']}/fork", data=data)
-    assert r.status_code == status, r.text[:300]
-    assert 'class="alert"' in r.text and 'class="fork-form"' in r.text
-    assert demo["base"] in r.text
+    assert r.status_code == 303, r.text[:300]
+    location = r.headers["location"]
+    assert urlsplit(location).path == f"/runs/{demo['base']}" and "fork_error=" in location
+    page = web.get(location)
+    assert page.status_code == 200
+    assert 'id="fork-error"' in page.text and 'class="fork-form"' in page.text
+    # The field in error is marked, and what was typed is back in the form.
+    label = {"step": "select", "name": "input", "intervention": "textarea", "tool_policies": "textarea"}[field]
+    marked = page.text.split('class="has-error"')[1] if field in ("step", "name") else \
+        page.text.split("has-error")[1]
+    assert marked.split(">", 1)[1].lstrip().startswith('<span class="label">')
+    assert f'name="{field}"' in marked.split("</label>")[0] and label in marked.split("</label>")[0]
+    for key, value in data.items():
+        if key != "step":
+            assert str(markup_escape(value)) in page.text
+    assert web.get(location).status_code == 200        # a refresh shows it again, posting nothing
 
 
 @pytest.mark.parametrize("path", PAGES + ["/runs/{fork}"])

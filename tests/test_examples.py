@@ -33,6 +33,9 @@ def test_fork_demo_passes_every_check(server, unique):
     proc = run_example(server, "fork_demo.py", "--name", unique("demo"))
     assert proc.returncode == 0, output(proc)
     assert "FAIL" not in proc.stdout and proc.stdout.count("PASS") >= 10, output(proc)
+    # It links the two runs it made on the dashboard.
+    assert f"{server.url}/runs/{unique('demo')}-base" in proc.stdout, output(proc)
+    assert f"{server.url}/runs/{unique('demo')}-fork" in proc.stdout, output(proc)
 
 
 def test_fork_demo_forks_from_a_new_process_with_resume(server):
@@ -47,6 +50,7 @@ def test_bench_fork_prints_the_ratio(server, unique, tmp_path):
                        "--name", unique("bench"), "--out", str(out))
     assert proc.returncode == 0, output(proc)
     assert re.search(r"ratio slowest/fastest median: \d+\.\d+", proc.stdout), output(proc)
+    assert f"{server.url}/?q={unique('bench')}" in proc.stdout, output(proc)
     report = json.loads(out.read_text())
     assert {(c["steps"], c["fork_at"]) for c in report["cells"]} == {
         (5, "last"), (5, "first"), (60, "last"), (60, "first")}

@@ -1,17 +1,69 @@
 /* Progressive enhancement only: every page works without this file.
-   "Fork from step k" links in the timeline also pick step k in the fork form. */
+   "Fork after step k" links (in the timeline and in a failure banner) pick step k in the fork form
+   here instead of reloading the page with ?fork_step=k. */
 document.addEventListener("click", function (e) {
   var link = e.target.closest && e.target.closest("a[data-fork-step]");
   if (!link) return;
   var field = document.getElementById("fork-step");
-  if (field) field.value = link.getAttribute("data-fork-step");
-  var name = document.querySelector(".fork-form input[name=name]");
-  if (name && !name.value) setTimeout(function () { name.focus(); }, 0);
+  if (!field) return;
+  e.preventDefault();
+  field.value = link.getAttribute("data-fork-step");
+  var form = document.getElementById("fork");
+  if (form) form.scrollIntoView({block: "start"});
+  if (history.replaceState) history.replaceState(null, "", "#fork");
+  var name = document.getElementById("fork-name");
+  if (name) setTimeout(function () { name.focus(); }, 0);
 });
 
+/* Copy buttons on state snapshots and code: a JSON tree's text is the JSON itself. */
+(function () {
+  function copyText(text, button) {
+    function done() {
+      button.textContent = "Copied";
+      setTimeout(function () { button.textContent = "Copy"; }, 1500);
+    }
+    if (navigator.clipboard && window.isSecureContext) {
+      navigator.clipboard.writeText(text).then(done, function () { fallback(text); done(); });
+    } else {
+      fallback(text);
+      done();
+    }
+  }
+  function fallback(text) {
+    var area = document.createElement("textarea");
+    area.value = text;
+    area.setAttribute("readonly", "");
+    area.className = "sr-only";
+    document.body.appendChild(area);
+    area.select();
+    try { document.execCommand("copy"); } catch (err) { /* nothing more to try */ }
+    document.body.removeChild(area);
+  }
+  function addButtons(root) {
+    root.querySelectorAll(".copyable, #continue-snippet").forEach(function (box) {
+      var snippet = box.id === "continue-snippet";
+      var holder = snippet ? box.parentNode : box;
+      if (holder.querySelector(":scope > .copy-btn")) return;
+      var button = document.createElement("button");
+      button.type = "button";
+      button.className = "btn-quiet copy-btn" + (snippet ? " static" : "");
+      button.textContent = "Copy";
+      button.addEventListener("click", function (e) {
+        e.preventDefault();
+        var source = box.id === "continue-snippet" ? box : box.querySelector(".jtree, pre");
+        if (source) copyText(source.textContent, button);
+      });
+      holder.insertBefore(button, snippet ? box : holder.firstChild);
+    });
+  }
+  addButtons(document);
+  window.actaeAddCopyButtons = addButtons;
+})();
+
 /* Live updates on a run page: while the newest events are on screen, events recorded since are
-   appended every few seconds (the same page, fetched again). Rows already shown, and the ones
-   you opened, are left alone. */
+   appended every few seconds (the same page, fetched again), and the header figures, status,
+   failure banner and step picture (marked data-live) are replaced. Rows already shown, and the
+   ones you opened, are left alone. */
 (function () {
   var list = document.querySelector("#timeline .timeline");
   if (!list || document.querySelector('#timeline a[rel="next"]') || !window.fetch) return;
@@ -23,7 +75,15 @@ document.addEventListener("click", function (e) {
         if (!html) return;
         var fresh = new DOMParser().parseFromString(html, "text/html");
         fresh.querySelectorAll("#timeline .timeline details.event").forEach(function (row) {
-          if (!document.getElementById(row.id)) list.appendChild(document.importNode(row, true));
+          if (!document.getElementById(row.id)) {
+            var added = document.importNode(row, true);
+            list.appendChild(added);
+            if (window.actaeAddCopyButtons) window.actaeAddCopyButtons(added);
+          }
+        });
+        document.querySelectorAll("[data-live]").forEach(function (part) {
+          var newer = fresh.getElementById(part.id);
+          if (newer && newer.innerHTML !== part.innerHTML) part.replaceWith(document.importNode(newer, true));
         });
         var ranges = document.querySelectorAll("#timeline .pager .range");
         var newRanges = fresh.querySelectorAll("#timeline .pager .range");
