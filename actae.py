@@ -275,8 +275,8 @@ def chain_step(previous: Optional[str], head: str, cursor: int, tail: str) -> st
     return digest.hexdigest()
 
 
-def row_chain_hash(previous: Optional[str], row: sqlite3.Row) -> str:
-    """The chain hash a stored event row should carry, recomputed from its stored text."""
+def row_chain_hash(previous: Optional[str], row: Any) -> str:
+    """The chain hash a stored event row (a Row or a dict of its columns) should carry, from its stored text."""
     head, tail = chain_parts(
         channel_id=row["channel_id"], event_id=row["id"], event_type=row["type"], payload_text=row["payload"],
         actor=row["actor"], agent_id=row["agent_id"], user_id=row["user_id"], metadata_text=row["metadata"],
@@ -3726,6 +3726,8 @@ async def api_auth_logout(request: Request) -> dict:
     """End the Bearer token now."""
     bearer_user(request)
     claims = token_claims(request.app.state.token_secret, request.state.bearer, utc_now())
+    if claims is None:                     # it expired since it was checked: nothing left to end
+        raise Unauthorized("invalid, expired or logged-out token: log in again")
     await db_of(request).write(drop_token, claims["jti"])
     return {"ok": True}
 

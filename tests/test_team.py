@@ -6,7 +6,6 @@ started with `--open-signup` or restarted where a test needs it.
 """
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import json
 import re
@@ -15,7 +14,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 from urllib.parse import urlencode
 
 import pytest
