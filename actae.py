@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import functools
 import hashlib
@@ -79,6 +80,15 @@ WS_QUEUE_MAX = 10_000
 SESSION_COOKIE = "actae_session"
 SESSION_MAX_AGE = 7 * 24 * 3600
 KEY_REFRESH_SECONDS = 1.0              # a key revoked by another process stops working within this
+KEY_MISS_RELOAD_SECONDS = 0.1          # an unknown key re-reads the keys when they are older than this
+TOKEN_SECRET_FILE = "token_secret"     # signs login tokens; beside the database, never inside it
+TOKEN_TTL_SECONDS = 24 * 3600
+KEY_TOUCH_SECONDS = 60                 # a key's last_used_at is written at most this often
+# scrypt at 2**14 x 8 x 1 costs 16 MiB and tens of milliseconds: slow for a guesser, fine for a login.
+SCRYPT_N, SCRYPT_R, SCRYPT_P, SCRYPT_MAXMEM = 2**14, 8, 1, 64 * 1024 * 1024
+ACTIONS = ("read", "write", "delete", "admin")
+ADMIN_SCOPES = {action: ["*"] for action in ACTIONS}
+CHAIN_GENESIS = "0" * 64               # the "previous hash" of a run's first event
 
 CHANNEL_ID = re.compile(r"[A-Za-z0-9._:-]{1,256}")  # used with fullmatch: "abc\n" must fail
 TOOL_POLICIES = ("auto", "replay", "block", "live")
@@ -102,10 +112,11 @@ class Settings:
     allow_hosts: tuple = ()            # Host names served besides the bound address and loopback names
     max_connections: int = 2048        # beyond this, requests get 503 until connections close
     header_timeout: float = 10.0       # seconds for a request's headers (and for a WebSocket's auth frame)
-    keepalive_timeout: float = 5.0     # seconds an idle keep-alive connection stays open
+    keepalive_timeout: float = 20.0    # idle keep-alive; above the SDK's 15 s pool, or its reused sockets race the close
     body_timeout: float = 30.0         # seconds a request body may take to arrive, all of it
     max_header_bytes: int = 64 * 1024  # request line and headers
     max_headers: int = 100
+    open_signup: bool = False          # anyone may create an account (else only an admin key may)
 
 # =============================================================================
 # Errors: one exception type, mapped to HTTP in one place (error_response)
@@ -172,6 +183,11 @@ def execution_not_found(execution_id: str) -> NotFound:
     return NotFound(f"execution_not_found: execution {execution_id} does not exist", code="execution_not_found")
 
 
+def channel_closed(channel_id: str) -> Conflict:
+    return Conflict("channel_closed", f"run {channel_id} is closed: it takes no more events or states "
+                                      "(reads, forks and diffs still work; fork it to continue)")
+
+
 # =============================================================================
 # Small helpers: time, ids, canonical JSON
 # =============================================================================
@@ -182,8 +198,10 @@ def utc_now() -> datetime:
 
 
 def iso(moment: datetime) -> str:
-    """RFC 3339 UTC with milliseconds; fixed width, so these strings sort like the instants."""
-    return moment.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+    """RFC 3339 UTC with milliseconds; fixed width (year 210 is 0210), so these strings sort like the instants."""
+    m = moment.astimezone(timezone.utc)
+    return (f"{m.year:04d}-{m.month:02d}-{m.day:02d}T{m.hour:02d}:{m.minute:02d}:{m.second:02d}."
+            f"{m.microsecond // 1000:03d}Z")
 
 
 def parse_iso(text: str) -> datetime:
@@ -230,6 +248,47 @@ def dump(value: Any) -> Optional[str]:
 
 def load(text: Optional[str]) -> Any:
     return None if text is None else json.loads(text)
+
+
+def canonical_dump(value: Any) -> Optional[str]:
+    """A stored JSON column in canonical form, so the event chain can hash the stored text as it is."""
+    return None if value is None else canonical_json(value)
+
+
+def chain_parts(*, channel_id: str, event_id: str, event_type: str, payload_text: Optional[str], actor: str,
+                agent_id: Optional[str], user_id: Optional[str], metadata_text: Optional[str],
+                step_number: Optional[int], depends_on: Optional[str], timestamp: str) -> tuple:
+    """The canonical JSON of an event's immutable fields, split around its cursor: (head, tail).
+
+    head + str(cursor) + tail == canonical_json({actor, agent_id, channel_id, cursor, depends_on, id,
+    metadata, payload, step_number, timestamp, type, user_id}) when the payload and metadata texts are
+    canonical (as append_event stores them), so a payload is never encoded twice.
+    """
+    def text(value: Any) -> str:
+        return json.dumps(value, ensure_ascii=False)
+    head = f'{{"actor":{text(actor)},"agent_id":{text(agent_id)},"channel_id":{text(channel_id)},"cursor":'
+    tail = (f',"depends_on":{text(depends_on)},"id":{text(event_id)},"metadata":{metadata_text or "null"},'
+            f'"payload":{payload_text or "null"},"step_number":{text(step_number)},"timestamp":{text(timestamp)},'
+            f'"type":{text(event_type)},"user_id":{text(user_id)}}}')
+    return head, tail
+
+
+def chain_step(previous: Optional[str], head: str, cursor: int, tail: str) -> str:
+    """SHA-256 over the previous chain hash (64 hex characters) then the event's canonical JSON (UTF-8)."""
+    digest = hashlib.sha256((previous or CHAIN_GENESIS).encode("ascii"))
+    digest.update(head.encode("utf-8", "surrogatepass"))
+    digest.update(str(cursor).encode("ascii"))
+    digest.update(tail.encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def row_chain_hash(previous: Optional[str], row: Any) -> str:
+    """The chain hash a stored event row (a Row or a dict of its columns) should carry, from its stored text."""
+    head, tail = chain_parts(
+        channel_id=row["channel_id"], event_id=row["id"], event_type=row["type"], payload_text=row["payload"],
+        actor=row["actor"], agent_id=row["agent_id"], user_id=row["user_id"], metadata_text=row["metadata"],
+        step_number=row["step_number"], depends_on=row["depends_on"], timestamp=row["created_at"])
+    return chain_step(previous, head, row["cursor"], tail)
 
 
 def is_int(value: Any) -> bool:
@@ -563,6 +622,50 @@ class ForkExecutionGroup(Record, kw_only=True):
         self.tool_policies = self.tool_policies or {}
 
 
+# --- keys, accounts, preferences --------------------------------------------------------------
+
+# A scope pattern: "*", a prefix ending in "*", or one exact channel id.
+ScopePattern = Annotated[str, Meta(pattern=r"^(\*|[A-Za-z0-9._:-]{1,256}\*?)\Z",
+                                   description='"*", a prefix ending in "*", or an exact channel id')]
+Patterns = Annotated[list[ScopePattern], Meta(max_length=100)]
+
+
+class Scopes(Record, kw_only=True):
+    """Channel patterns per action; any admin pattern grants every action on what it matches."""
+
+    read: Patterns = msgspec.field(default_factory=list)
+    write: Patterns = msgspec.field(default_factory=list)
+    delete: Patterns = msgspec.field(default_factory=list)
+    admin: Patterns = msgspec.field(default_factory=list)
+
+
+class CreateKey(Record, kw_only=True):
+    name: Annotated[str, Meta(min_length=1, max_length=200)]
+    scopes: Scopes
+    expires_in_days: Optional[Annotated[float, Meta(gt=0, le=36500)]] = None
+
+
+class Signup(Record, kw_only=True):
+    email: Annotated[str, Meta(max_length=320, pattern=r"^[^@\s]+@[^@\s]+\Z")]
+    password: Annotated[str, Meta(min_length=8, max_length=1024)]
+    name: Optional[Label] = None
+    scopes: Optional[Scopes] = None       # only an admin key may grant them; the SDK never sends any
+
+
+class Login(Record, kw_only=True):
+    # Loose on purpose: a malformed address is a wrong login (401), like any other.
+    email: Annotated[str, Meta(max_length=320)]
+    password: Annotated[str, Meta(max_length=1024)]
+
+
+class ApiKeyLogin(Record, kw_only=True):
+    api_key: Optional[Token] = None       # else the x-api-key header's key
+
+
+class PutPreferences(Record, kw_only=True):
+    preferences: JsonObject
+
+
 # --- WebSocket frames (tagged by "type") ------------------------------------------------
 
 
@@ -710,7 +813,7 @@ def decode_frame(text: str) -> Frame:
 PATH_PARAMETERS = {
     "channel_id": ChannelId, "group_id": ChannelId, "member_id": ChannelId, "fork_group_id": ChannelId,
     "version": Count, "step_number": Positive,
-    "event_id": Id, "execution_id": Id, "wakeup_id": Id, "message_id": Id,
+    "event_id": Id, "execution_id": Id, "wakeup_id": Id, "message_id": Id, "key_id": Positive,
 }
 
 
@@ -727,7 +830,39 @@ def path_record(path: str) -> Optional[type]:
 # Schema and migrations: the one place the SQL schema lives
 # =============================================================================
 
+def _backfill_chain(conn: sqlite3.Connection) -> None:
+    """Chain the events written before the chain existed: parents before their forks, payload and
+    metadata rewritten in canonical form (the same JSON values), so every run verifies.
+    """
+    pending = [r for r in conn.execute("SELECT id, parent_id, resolved_cursor FROM channels ORDER BY created_at, id")]
+    done: set = set()
+    while pending:
+        ready = [r for r in pending if r["parent_id"] is None or r["parent_id"] in done
+                 or conn.execute("SELECT 1 FROM channels WHERE id = ?", (r["parent_id"],)).fetchone() is None]
+        if not ready:
+            ready = pending               # a parent cycle cannot be built by the API; do not loop for ever
+        for channel in ready:
+            previous = None
+            if channel["parent_id"] is not None and channel["resolved_cursor"] > 0:
+                at = conn.execute("SELECT chain_hash FROM events WHERE channel_id = ? AND cursor = ?",
+                                  (channel["parent_id"], channel["resolved_cursor"])).fetchone()
+                previous = at["chain_hash"] if at else None
+            for row in conn.execute("SELECT * FROM events WHERE channel_id = ? ORDER BY cursor",
+                                    (channel["id"],)).fetchall():
+                fields = dict(row)
+                fields["payload"], fields["metadata"] = (canonical_dump(load(fields["payload"])),
+                                                         canonical_dump(load(fields["metadata"])))
+                previous = row_chain_hash(previous, fields)
+                conn.execute("UPDATE events SET payload = ?, metadata = ?, chain_hash = ? WHERE channel_id = ?"
+                             " AND cursor = ?", (fields["payload"], fields["metadata"], previous, row["channel_id"],
+                                                 row["cursor"]))
+            conn.execute("UPDATE channels SET chain_head = ? WHERE id = ?", (previous, channel["id"]))
+            done.add(channel["id"])
+        pending = [r for r in pending if r["id"] not in done]
+
+
 # Forward migrations; PRAGMA user_version records how many ran. Append, never edit.
+# Each is a SQL script, or a function of the connection for what SQL cannot compute.
 # Portable SQL where a portable form exists, so a PostgreSQL backend can follow.
 _MIGRATIONS = [
     """
@@ -962,6 +1097,53 @@ _MIGRATIONS = [
     -- A consumer's own last acknowledged cursor (acked_cursor restarts with each reservation).
     ALTER TABLE group_consumers ADD COLUMN last_acked_cursor INTEGER NOT NULL DEFAULT 0;
     """,
+    """
+    -- Scoped keys. scopes is {"read": [pattern...], "write": [...], "delete": [...], "admin": [...]};
+    -- a pattern is "*", a prefix ending in "*", or an exact channel id. Keys issued before scopes
+    -- existed were the one key that could do everything: they stay admin.
+    ALTER TABLE api_keys ADD COLUMN name TEXT;
+    ALTER TABLE api_keys ADD COLUMN scopes TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE api_keys ADD COLUMN expires_at TEXT;          -- NULL: never expires
+    ALTER TABLE api_keys ADD COLUMN last_used_at TEXT;        -- written at most once a minute per key
+    UPDATE api_keys SET name = 'admin', scopes = '{"read":["*"],"write":["*"],"delete":["*"],"admin":["*"]}';
+
+    -- User accounts: a password login that yields a token carrying the scopes an admin granted.
+    CREATE TABLE users (
+        id             TEXT PRIMARY KEY,
+        email          TEXT NOT NULL,          -- as the user typed it
+        email_key      TEXT NOT NULL UNIQUE,   -- lower-cased: one account per address, whatever its case
+        name           TEXT,
+        password_hash  TEXT NOT NULL,          -- scrypt$N$r$p$salt-hex$hash-hex, a salt per user
+        scopes         TEXT NOT NULL DEFAULT '{}',
+        created_at     TEXT NOT NULL,
+        updated_at     TEXT NOT NULL
+    );
+
+    -- Live login tokens, by the token's random id (jti). The token is signed with a secret kept
+    -- outside this database, so the ids stored here cannot be turned into tokens. Logout deletes.
+    CREATE TABLE tokens (
+        jti         TEXT PRIMARY KEY,
+        user_id     TEXT REFERENCES users(id),     -- a password login
+        key_id      INTEGER REFERENCES api_keys(id),  -- or an exchanged API key (api-key-login)
+        created_at  TEXT NOT NULL,
+        expires_at  TEXT NOT NULL,
+        CHECK ((user_id IS NULL) <> (key_id IS NULL))
+    );
+
+    -- One JSON document per owner: 'user:<id>', 'key:<id>' or 'env'.
+    CREATE TABLE preferences (
+        owner       TEXT PRIMARY KEY,
+        document    TEXT NOT NULL,
+        updated_at  TEXT NOT NULL
+    );
+
+    -- The tamper-evident log: each event's chain_hash = SHA-256(previous chain hash || canonical
+    -- JSON of its immutable fields); the channel carries its latest one so appending needs no read.
+    ALTER TABLE events ADD COLUMN chain_hash TEXT;
+    ALTER TABLE channels ADD COLUMN chain_head TEXT;           -- NULL: no event yet (the genesis value)
+    ALTER TABLE channels ADD COLUMN closed_at TEXT;            -- a closed run takes no more events or states
+    """,
+    _backfill_chain,
 ]
 
 
@@ -972,12 +1154,25 @@ def _configure(conn: sqlite3.Connection) -> None:
     conn.execute("PRAGMA foreign_keys=ON")
     conn.execute("PRAGMA busy_timeout=10000")
     conn.row_factory = sqlite3.Row
+    # The chain hash is computed inside the UPDATE that allocates the cursor (see append_event).
+    # PostgreSQL would spell it with pgcrypto: encode(digest(prev || head || cursor || tail, 'sha256'), 'hex').
+    conn.create_function("actae_chain", 4, chain_step, deterministic=True)
 
 
 def _migrate(conn: sqlite3.Connection) -> None:
     current = conn.execute("PRAGMA user_version").fetchone()[0]
-    for number, script in enumerate(_MIGRATIONS[current:], start=current + 1):
-        conn.executescript(f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version={number};\nCOMMIT;")
+    for number, step in enumerate(_MIGRATIONS[current:], start=current + 1):
+        if not callable(step):
+            conn.executescript(f"BEGIN IMMEDIATE;\n{step}\nPRAGMA user_version={number};\nCOMMIT;")
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            step(conn)
+            conn.execute(f"PRAGMA user_version={number}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
 
 # =============================================================================
@@ -1207,26 +1402,40 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                  operation_id: Optional[str] = None, hashed: Optional[str] = None,
                  step_number: Optional[int] = None, depends_on: Optional[str] = None,
                  dependencies: Optional[list] = None) -> dict:
-    """Append one event at the channel's next cursor and return its JSON form."""
+    """Append one event at the channel's next cursor and return its JSON form.
+
+    Raises Conflict(channel_closed) on a closed run.
+    """
     ensure_channel(tx, channel_id)
-    cursor = tx.conn.execute(
-        "UPDATE channels SET last_cursor = last_cursor + 1, updated_at = ? WHERE id = ? RETURNING last_cursor",
-        (tx.ts, channel_id),
-    ).fetchone()[0]
     event_id = uuid7()
     if depends_on is None and dependencies:
         depends_on = next((d.get("event_id") for d in dependencies if isinstance(d, dict) and d.get("event_id")), None)
+    payload_text, metadata_text = canonical_dump(payload), canonical_dump(metadata)
+    head, tail = chain_parts(channel_id=channel_id, event_id=event_id, event_type=event_type,
+                             payload_text=payload_text, actor=actor, agent_id=agent_id, user_id=user_id,
+                             metadata_text=metadata_text, step_number=step_number, depends_on=depends_on,
+                             timestamp=tx.ts)
+    # One statement allocates the cursor and extends the chain: in SET, columns are the old row's.
+    allocated = tx.conn.execute(
+        "UPDATE channels SET last_cursor = last_cursor + 1, chain_head = actae_chain(chain_head, ?, last_cursor + 1, ?),"
+        " updated_at = ? WHERE id = ? AND closed_at IS NULL RETURNING last_cursor, chain_head",
+        (head, tail, tx.ts, channel_id),
+    ).fetchone()
+    if allocated is None:
+        raise channel_closed(channel_id)
+    cursor, chain_hash = allocated
     tx.conn.execute(
         "INSERT INTO events (channel_id, cursor, id, type, payload, actor, agent_id, user_id, metadata,"
-        " operation_id, request_hash, step_number, depends_on, dependencies, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (channel_id, cursor, event_id, event_type, dump(payload), actor, agent_id, user_id, dump(metadata),
-         operation_id, hashed, step_number, depends_on, dump(dependencies), tx.ts),
+        " operation_id, request_hash, step_number, depends_on, dependencies, created_at, chain_hash)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (channel_id, cursor, event_id, event_type, payload_text, actor, agent_id, user_id, metadata_text,
+         operation_id, hashed, step_number, depends_on, dump(dependencies), tx.ts, chain_hash),
     )
     event = {
         "id": event_id, "channel_id": channel_id, "type": event_type, "payload": payload, "actor": actor,
         "cursor": cursor, "channel_cursor": cursor, "timestamp": tx.ts, "agent_id": agent_id,
         "user_id": user_id, "metadata": metadata, "depends_on": depends_on, "step_number": step_number,
+        "chain_hash": chain_hash,
     }
     tx.events.append(event)
     return event
@@ -1239,6 +1448,7 @@ def event_json(row: sqlite3.Row) -> dict:
         "actor": row["actor"], "cursor": row["cursor"], "channel_cursor": row["cursor"],
         "timestamp": row["created_at"], "agent_id": row["agent_id"], "user_id": row["user_id"],
         "metadata": load(row["metadata"]), "depends_on": row["depends_on"], "step_number": row["step_number"],
+        "chain_hash": row["chain_hash"],
     }
 
 
@@ -1333,6 +1543,36 @@ def causal_graph(conn: sqlite3.Connection, event_id: str, max_nodes: int) -> dic
             "dependencies": edges, "truncated": truncated}
 
 
+def verify_chain(conn: sqlite3.Connection, channel_id: str) -> dict:
+    """GET /events/verify/{channel}: recompute the chain from the stored rows, across the lineage.
+
+    The inherited part (each ancestor up to where the line below left it) is checked first, so an
+    edit in a parent's history before the boundary breaks the fork's chain too. Returns `ok` and,
+    when it does not hold, the first channel and cursor whose stored hash disagrees.
+    """
+    segments = list(reversed(lineage(conn, channel_id)))        # root first
+    previous, checked = None, 0
+    for index, (row, leave) in enumerate(segments):
+        child = segments[index + 1][0] if index + 1 < len(segments) else None
+        upto = leave if leave is not None else INT64_MAX
+        boundary_hash = None
+        for event in conn.execute("SELECT * FROM events WHERE channel_id = ? AND cursor <= ? ORDER BY cursor",
+                                  (row["id"], upto)):
+            expected = row_chain_hash(previous, event)
+            if event["chain_hash"] != expected:
+                return {"channel_id": channel_id, "ok": False, "valid": False, "verified_events": checked,
+                        "first_broken_channel_id": row["id"], "first_broken_cursor": event["cursor"],
+                        "head": None, "algorithm": "sha256-chain-v1"}
+            previous, checked = expected, checked + 1
+            if child is not None and event["cursor"] == child["resolved_cursor"]:
+                boundary_hash = expected
+        if child is not None:
+            previous = boundary_hash            # the fork went on from the hash at its boundary cursor
+    return {"channel_id": channel_id, "ok": True, "valid": True, "verified_events": checked,
+            "first_broken_channel_id": None, "first_broken_cursor": None, "head": previous,
+            "algorithm": "sha256-chain-v1"}
+
+
 # --- state -------------------------------------------------------------------
 
 
@@ -1369,10 +1609,14 @@ def check_guards(conn: sqlite3.Connection, channel_id: str, expected_version: Op
 
 def insert_state(tx: Tx, channel_id: str, cursor: int, state_text: str, sha: str,
                  operation_id: Optional[str] = None) -> int:
-    version = tx.conn.execute(
-        "UPDATE channels SET state_version = state_version + 1, updated_at = ? WHERE id = ? RETURNING state_version",
-        (tx.ts, channel_id),
-    ).fetchone()[0]
+    """A new state version; raises Conflict(channel_closed) on a closed run."""
+    allocated = tx.conn.execute(
+        "UPDATE channels SET state_version = state_version + 1, updated_at = ? WHERE id = ? AND closed_at IS NULL"
+        " RETURNING state_version", (tx.ts, channel_id),
+    ).fetchone()
+    if allocated is None:
+        raise channel_closed(channel_id)
+    version = allocated[0]
     tx.conn.execute(
         "INSERT INTO states (channel_id, version, cursor, state, sha256, operation_id, created_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
@@ -1646,21 +1890,23 @@ def fork_channel(tx: Tx, req: Fork) -> dict:
                        f"no state snapshot of {source_id} at or before cursor {at_cursor}; fork at a "
                        "snapshotted step or use boundary_mode='approximate'")
     resolved = snapshot["cursor"] if snapshot else 0
-    boundary_event = conn.execute("SELECT id FROM events WHERE channel_id = ? AND cursor = ?",
+    boundary_event = conn.execute("SELECT id, chain_hash FROM events WHERE channel_id = ? AND cursor = ?",
                                   (source_id, resolved)).fetchone()
     resolved_event_id = boundary_event["id"] if boundary_event else None
     restorable = snapshot is not None
+    # The child's chain goes on from the parent's hash at the boundary (a fork at 0 starts afresh).
     conn.execute(
         "INSERT INTO channels (id, parent_id, origin_id, created_at, updated_at, display_name, reason,"
         " experiment_metadata, forked_at, requested_cursor, resolved_cursor, resolved_event_id, forked_at_step,"
         " source_state_version, source_state_sha256, restorable, manifest, reproducibility, tool_policies,"
-        " fork_operation_id, fork_request_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        " fork_operation_id, fork_request_hash, chain_head)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (child_id, source_id, source["origin_id"], tx.ts, tx.ts, req.display_name, req.reason,
          dump(req.experiment_metadata), tx.ts, at_cursor, resolved, resolved_event_id,
          fork_step_boundary(conn, source, at_cursor or resolved, req.experiment_metadata),
          snapshot["version"] if snapshot else 0, snapshot["sha256"] if snapshot else None, int(restorable),
          dump(req.manifest), reproducibility_grade(restorable, req.manifest), dump(req.tool_policies),
-         req.operation_id, hashed),
+         req.operation_id, hashed, boundary_event["chain_hash"] if boundary_event else None),
     )
     marker = append_event(tx, child_id, "fork.started", {
         "source_channel_id": source_id, "requested_cursor": at_cursor, "resolved_cursor": resolved,
@@ -1850,6 +2096,19 @@ def set_outcome(tx: Tx, channel_id: str, outcome: str, score: Optional[float]) -
                     " WHERE id = ?", (outcome, score, tx.ts, channel_id))
     row = channel_row(tx.conn, channel_id)
     return {"ok": True, "channel_id": channel_id, "outcome": row["outcome"], "result_score": row["result_score"]}
+
+
+def close_channel(tx: Tx, channel_id: str, actor: str) -> dict:
+    """POST /channels/{id}/close: a last `channel.closed` event, then no more events or states.
+
+    Closing a closed run answers the first close again.
+    """
+    row = require_channel(tx.conn, channel_id)
+    if row["closed_at"] is not None:
+        return {"ok": True, "channel_id": channel_id, "closed_at": row["closed_at"], "replayed": True}
+    event = append_event(tx, channel_id, "channel.closed", {"closed_by": actor}, actor=actor)
+    tx.conn.execute("UPDATE channels SET closed_at = ?, updated_at = ? WHERE id = ?", (tx.ts, tx.ts, channel_id))
+    return {"ok": True, "channel_id": channel_id, "closed_at": tx.ts, "replayed": False, "event": event}
 
 
 def promote_channel(tx: Tx, child_id: str) -> dict:
@@ -2646,8 +2905,83 @@ def promote_group_fork_member(tx: Tx, fork_id: str, member_id: str) -> dict:
 
 
 # =============================================================================
-# Domain: API keys and dashboard sessions
+# Domain: principals, API keys, accounts, login tokens, dashboard sessions
 # =============================================================================
+
+
+def pattern_matches(pattern: str, channel_id: str) -> bool:
+    """The SDK's grammar: "*" matches every channel, "abc*" every id starting "abc", else one exact id."""
+    if pattern == "*":
+        return True
+    if pattern.endswith("*"):
+        return channel_id.startswith(pattern[:-1])
+    return pattern == channel_id
+
+
+def scopes_of(stored: Any) -> dict:
+    """Scopes (stored JSON text, a dict or a Scopes record) as {action: [pattern, ...]} for all four actions."""
+    value = load(stored) if isinstance(stored, str) else stored
+    if isinstance(value, Struct):
+        value = msgspec.structs.asdict(value)
+    value = value if isinstance(value, dict) else {}
+    return {action: [p for p in value.get(action) or [] if isinstance(p, str)] for action in ACTIONS}
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling and what they may do: a stored key, the environment key, a user or a login token."""
+
+    key_id: str                        # "env", "<n>" (a stored key), "user:<id>", or "key:<n>" through a token
+    scopes: dict                       # {action: [pattern, ...]} for read, write, delete and admin
+    source: str                        # environment | database | user | token
+    auth_method: str = "api_key"       # api_key | jwt | password (a dashboard session)
+    expires_at: Optional[str] = None
+    user_id: Optional[str] = None
+    key_row: Optional[int] = None      # the api_keys row behind it, if any
+
+    def can(self, action: str, channel_id: str) -> bool:
+        return any(pattern_matches(p, channel_id) for p in (*self.scopes[action], *self.scopes["admin"]))
+
+    def can_everywhere(self, action: str) -> bool:
+        return "*" in self.scopes[action] or "*" in self.scopes["admin"]
+
+    def can_somewhere(self, action: str) -> bool:
+        return bool(self.scopes[action] or self.scopes["admin"])
+
+    @property
+    def is_admin(self) -> bool:
+        return "*" in self.scopes["admin"]
+
+    @property
+    def actor(self) -> str:
+        """How events this principal causes name it (never the key itself)."""
+        return f"key:{self.key_id}" if self.source == "database" else self.key_id
+
+    @property
+    def owner(self) -> str:
+        """Whose preferences these are: the user's, else the key's."""
+        if self.user_id:
+            return f"user:{self.user_id}"
+        return "env" if self.key_id == "env" else f"key:{self.key_row}"
+
+    def require(self, action: str, channel_id: Optional[str]) -> None:
+        """Forbidden unless the scopes allow `action` on the channel (None: on every channel)."""
+        if channel_id is None:
+            if not self.can_everywhere(action):
+                raise Forbidden(f"this credential may not {action} every channel ('*'), which this call needs")
+        elif not self.can(action, channel_id):
+            raise Forbidden(f"this credential may not {action} channel {channel_id}")
+
+    def capabilities(self) -> dict:
+        return {"permissions": {action: list(self.scopes[action]) for action in ACTIONS},
+                "auth_method": self.auth_method, "key_id": self.key_id, "key_source": self.source,
+                "expires_at": self.expires_at}
+
+
+ENV_PRINCIPAL = Principal("env", ADMIN_SCOPES, "environment")
+
+
+# --- API keys --------------------------------------------------------------------------
 
 
 def key_hash(key: str) -> str:
@@ -2655,42 +2989,230 @@ def key_hash(key: str) -> str:
     return sha256_hex(key)
 
 
-def issue_key(tx: Tx, *, revoke_others: bool) -> str:
-    """Create a key and store only its hash; `key rotate` revokes the previous ones."""
+def key_json(row: sqlite3.Row) -> dict:
+    """A key as `key list` and the Keys page show it: never the key itself."""
+    return {"id": row["id"], "name": row["name"], "prefix": row["prefix"], "scopes": scopes_of(row["scopes"]),
+            "created_at": row["created_at"], "last_used_at": row["last_used_at"],
+            "expires_at": row["expires_at"], "revoked_at": row["revoked_at"]}
+
+
+def key_principal(row: sqlite3.Row) -> Principal:
+    return Principal(str(row["id"]), scopes_of(row["scopes"]), "database", expires_at=row["expires_at"],
+                     key_row=row["id"])
+
+
+def issue_key(tx: Tx, *, name: str, scopes: dict, expires_at: Optional[str] = None) -> tuple:
+    """Create a key and store only its hash; returns (id, key)."""
     key = "sk-" + secrets.token_urlsafe(32)
-    if revoke_others:
-        tx.conn.execute("UPDATE api_keys SET revoked_at = ? WHERE revoked_at IS NULL", (tx.ts,))
-    tx.conn.execute("INSERT INTO api_keys (key_hash, prefix, created_at) VALUES (?, ?, ?)",
-                    (key_hash(key), key[:7], tx.ts))
-    return key
+    key_id = tx.conn.execute(
+        "INSERT INTO api_keys (key_hash, prefix, created_at, name, scopes, expires_at) VALUES (?, ?, ?, ?, ?, ?)"
+        " RETURNING id", (key_hash(key), key[:7], tx.ts, name, dump(scopes_of(scopes)), expires_at)).fetchone()[0]
+    return key_id, key
+
+
+def require_key(conn: sqlite3.Connection, key_id: int) -> sqlite3.Row:
+    return fetch_or_raise(conn, NotFound(f"key {key_id} not found"), "SELECT * FROM api_keys WHERE id = ?", key_id)
+
+
+def create_key(tx: Tx, name: str, scopes: Any, expires_in_days: Optional[float]) -> dict:
+    """`key create`: the new key's listing plus, this once, the key itself."""
+    expires_at = iso(tx.now + timedelta(days=expires_in_days)) if expires_in_days else None
+    key_id, key = issue_key(tx, name=name, scopes=scopes_of(scopes), expires_at=expires_at)
+    return {**key_json(require_key(tx.conn, key_id)), "key": key}
+
+
+def list_keys(conn: sqlite3.Connection) -> list:
+    return [key_json(r) for r in conn.execute("SELECT * FROM api_keys WHERE revoked_at IS NULL ORDER BY id")]
+
+
+def revoke_key(tx: Tx, key_id: int) -> dict:
+    """End a key now, with the dashboard sessions and login tokens it opened; revoking twice is fine."""
+    row = require_key(tx.conn, key_id)
+    if row["revoked_at"] is None:
+        tx.conn.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ?", (tx.ts, key_id))
+        tx.conn.execute("DELETE FROM sessions WHERE key_ref = ?", (row["key_hash"],))
+        tx.conn.execute("DELETE FROM tokens WHERE key_id = ?", (key_id,))
+    return key_json(require_key(tx.conn, key_id))
 
 
 def rotate_key(tx: Tx) -> str:
-    """A new key; the old ones and every dashboard session they opened end now."""
-    key = issue_key(tx, revoke_others=True)
-    tx.conn.execute("DELETE FROM sessions WHERE key_ref IN (SELECT key_hash FROM api_keys WHERE revoked_at IS NOT NULL)")
-    return key
+    """A new admin key; the admin keys before it end now (with their sessions). Scoped keys stay."""
+    for row in tx.conn.execute("SELECT id, scopes FROM api_keys WHERE revoked_at IS NULL").fetchall():
+        if "*" in scopes_of(row["scopes"])["admin"]:
+            revoke_key(tx, row["id"])
+    return issue_key(tx, name="admin", scopes=ADMIN_SCOPES)[1]
 
 
 def first_key(tx: Tx) -> Optional[str]:
-    """The one-time key on a fresh data dir; None when a key exists already."""
+    """The one-time admin key on a fresh data dir; None when a key exists already."""
     if tx.conn.execute("SELECT 1 FROM api_keys LIMIT 1").fetchone():
         return None
-    return issue_key(tx, revoke_others=False)
+    return issue_key(tx, name="admin", scopes=ADMIN_SCOPES)[1]
 
 
 def active_keys(conn: sqlite3.Connection) -> dict:
-    """Every valid key as {hash: id}: the whole set the server checks keys against."""
-    return {r["key_hash"]: r["prefix"] for r in conn.execute("SELECT key_hash, prefix FROM api_keys WHERE revoked_at IS NULL")}
+    """Every key that is not revoked, as {hash: row}: the whole set the server checks keys against."""
+    return {r["key_hash"]: dict(r) for r in conn.execute("SELECT * FROM api_keys WHERE revoked_at IS NULL")}
 
 
-def active_key_id(conn: sqlite3.Connection, hashed: str) -> Optional[str]:
-    row = conn.execute("SELECT prefix FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL", (hashed,)).fetchone()
-    return row["prefix"] if row else None
+def active_key(conn: sqlite3.Connection, hashed: str, now: str) -> Optional[sqlite3.Row]:
+    """The stored key with this hash if it is neither revoked nor expired."""
+    return conn.execute("SELECT * FROM api_keys WHERE key_hash = ? AND revoked_at IS NULL"
+                        " AND (expires_at IS NULL OR expires_at > ?)", (hashed, now)).fetchone()
+
+
+def touch_key(tx: Tx, key_id: int) -> None:
+    tx.conn.execute("UPDATE api_keys SET last_used_at = ? WHERE id = ?", (tx.ts, key_id))
+
+
+# --- accounts and login tokens -------------------------------------------------------------
+
+
+def email_key(email: str) -> str:
+    return email.strip().lower()
+
+
+def hash_password(password: str, salt: Optional[bytes] = None) -> str:
+    """scrypt with a random 16-byte salt, stored as scrypt$N$r$p$salt$hash (hex), so parameters can grow."""
+    salt = salt if salt is not None else secrets.token_bytes(16)
+    digest = hashlib.scrypt(password.encode("utf-8", "surrogatepass"), salt=salt, n=SCRYPT_N, r=SCRYPT_R,
+                            p=SCRYPT_P, maxmem=SCRYPT_MAXMEM, dklen=32)
+    return f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${salt.hex()}${digest.hex()}"
+
+
+# Checked when the email is unknown, so a miss runs the same KDF as a wrong password (same time).
+UNKNOWN_USER_HASH = f"scrypt${SCRYPT_N}${SCRYPT_R}${SCRYPT_P}${'00' * 16}${'00' * 32}"
+
+
+def password_matches(stored: str, password: str) -> bool:
+    _, n, r, p, salt, digest = stored.split("$")
+    given = hashlib.scrypt(password.encode("utf-8", "surrogatepass"), salt=bytes.fromhex(salt), n=int(n), r=int(r),
+                           p=int(p), maxmem=SCRYPT_MAXMEM, dklen=len(digest) // 2)
+    return hmac.compare_digest(given, bytes.fromhex(digest))
+
+
+def user_json(row: sqlite3.Row) -> dict:
+    """The SDK's UserInfo."""
+    return {"id": row["id"], "email": row["email"], "email_verified": False, "name": row["name"], "image": None,
+            "created_at": row["created_at"]}
+
+
+def key_user_json(row: sqlite3.Row) -> dict:
+    """A key exchanged for a token (api-key-login) answers as a user without an address."""
+    return {"id": f"key:{row['id']}", "email": None, "email_verified": False, "name": row["name"], "image": None,
+            "created_at": row["created_at"]}
+
+
+def user_principal(row: sqlite3.Row, *, auth_method: str, expires_at: Optional[str] = None) -> Principal:
+    return Principal(f"user:{row['id']}", scopes_of(row["scopes"]), "user", auth_method, expires_at=expires_at,
+                     user_id=row["id"])
+
+
+def user_by_email(conn: sqlite3.Connection, email: str) -> Optional[sqlite3.Row]:
+    return conn.execute("SELECT * FROM users WHERE email_key = ?", (email_key(email),)).fetchone()
+
+
+def create_user(tx: Tx, email: str, name: Optional[str], password_hash: str, scopes: dict) -> sqlite3.Row:
+    """A new account; Conflict(email_taken) when the address (in any case) has one."""
+    user_id = str(uuid.uuid4())
+    created = tx.conn.execute(
+        "INSERT INTO users (id, email, email_key, name, password_hash, scopes, created_at, updated_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (email_key) DO NOTHING RETURNING id",
+        (user_id, email.strip(), email_key(email), name, password_hash, dump(scopes_of(scopes)), tx.ts, tx.ts),
+    ).fetchone()
+    if created is None:
+        raise Conflict("email_taken", "an account with this email exists already; log in instead")
+    return tx.conn.execute("SELECT * FROM users WHERE id = ?", (user_id,)).fetchone()
+
+
+def grant_user(tx: Tx, email: str, scopes: dict) -> dict:
+    """`actae user grant`: replace an account's scopes; its live tokens carry the new ones at once."""
+    row = fetch_or_raise(tx.conn, NotFound(f"no account for {email}"), "SELECT * FROM users WHERE email_key = ?",
+                         email_key(email))
+    tx.conn.execute("UPDATE users SET scopes = ?, updated_at = ? WHERE id = ?", (dump(scopes_of(scopes)), tx.ts, row["id"]))
+    return {**user_json(row), "scopes": scopes_of(scopes)}
+
+
+def b64url(raw: bytes) -> str:
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+TOKEN_HEADER = b64url(b'{"alg":"HS256","typ":"JWT"}')
+
+
+def sign_token(secret: bytes, claims: dict) -> str:
+    """A JWT (HS256): header.claims.signature, each base64url without padding."""
+    body = b64url(json.dumps(claims, separators=(",", ":"), sort_keys=True).encode("utf-8"))
+    signature = hmac.new(secret, f"{TOKEN_HEADER}.{body}".encode("ascii"), hashlib.sha256).digest()
+    return f"{TOKEN_HEADER}.{body}.{b64url(signature)}"
+
+
+def token_claims(secret: bytes, token: str, now: datetime) -> Optional[dict]:
+    """The claims of a token we signed that has not expired, else None (whatever is wrong with it)."""
+    try:
+        header, body, signature = token.split(".")
+        if header != TOKEN_HEADER:         # pins the algorithm: no "none", no other key type
+            return None
+        expected = hmac.new(secret, f"{header}.{body}".encode("ascii"), hashlib.sha256).digest()
+        if not same_secret(signature, b64url(expected)):
+            return None
+        claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    except (ValueError, UnicodeError, TypeError):
+        return None
+    if not isinstance(claims, dict) or not is_int(claims.get("exp")) or claims["exp"] <= now.timestamp():
+        return None
+    return claims if isinstance(claims.get("jti"), str) else None
+
+
+def looks_like_token(credential: str) -> bool:
+    return credential.startswith(TOKEN_HEADER + ".")
+
+
+def store_token(tx: Tx, jti: str, user_id: Optional[str], key_id: Optional[int], expires_at: str) -> None:
+    tx.conn.execute("DELETE FROM tokens WHERE expires_at <= ?", (tx.ts,))
+    tx.conn.execute("INSERT INTO tokens (jti, user_id, key_id, created_at, expires_at) VALUES (?, ?, ?, ?, ?)",
+                    (jti, user_id, key_id, tx.ts, expires_at))
+
+
+def drop_token(tx: Tx, jti: str) -> None:
+    tx.conn.execute("DELETE FROM tokens WHERE jti = ?", (jti,))
+
+
+def token_identity(conn: sqlite3.Connection, jti: str, now: str) -> Optional[tuple]:
+    """(Principal, UserInfo) of a live token, or None once it is logged out, expired or its key revoked."""
+    row = conn.execute("SELECT * FROM tokens WHERE jti = ? AND expires_at > ?", (jti, now)).fetchone()
+    if row is None:
+        return None
+    if row["user_id"] is not None:
+        user = conn.execute("SELECT * FROM users WHERE id = ?", (row["user_id"],)).fetchone()
+        return (user_principal(user, auth_method="jwt", expires_at=row["expires_at"]), user_json(user)) if user else None
+    key = conn.execute("SELECT * FROM api_keys WHERE id = ? AND revoked_at IS NULL AND (expires_at IS NULL"
+                       " OR expires_at > ?)", (row["key_id"], now)).fetchone()
+    if key is None:
+        return None
+    principal = Principal(f"key:{key['id']}", scopes_of(key["scopes"]), "token", "jwt",
+                          expires_at=row["expires_at"], key_row=key["id"])
+    return principal, key_user_json(key)
+
+
+def get_preferences(conn: sqlite3.Connection, owner: str) -> dict:
+    row = conn.execute("SELECT * FROM preferences WHERE owner = ?", (owner,)).fetchone()
+    return {"preferences": load(row["document"]) if row else {}, "updated_at": row["updated_at"] if row else None}
+
+
+def put_preferences(tx: Tx, owner: str, document: dict) -> dict:
+    """Replace the one preferences document of `owner`."""
+    tx.conn.execute("INSERT INTO preferences (owner, document, updated_at) VALUES (?, ?, ?) ON CONFLICT (owner)"
+                    " DO UPDATE SET document = excluded.document, updated_at = excluded.updated_at",
+                    (owner, dump(document), tx.ts))
+    return get_preferences(tx.conn, owner)
+
+
+# --- dashboard sessions ---------------------------------------------------------------------
 
 
 def open_session(tx: Tx, key_ref: str) -> str:
-    """A dashboard session for the key named by `key_ref` ("env" or its hash); returns the cookie's id.
+    """A dashboard session for `key_ref` ("env", a key's hash, or "user:<id>"); returns the cookie's id.
 
     Only the id's hash is stored: a copy of the database opens no session.
     """
@@ -2705,13 +3227,20 @@ def close_session(tx: Tx, session_id: str) -> None:
     tx.conn.execute("DELETE FROM sessions WHERE id_hash = ?", (sha256_hex(session_id),))
 
 
-def session_key_ref(conn: sqlite3.Connection, session_id: str, now: str) -> Optional[str]:
-    """The key a live session was opened with ("env" or a hash of a key still valid), else None."""
+def session_principal(conn: sqlite3.Connection, session_id: str, now: str, env_key: bool) -> Optional[Principal]:
+    """Who a live session acts for (the key or account still valid), else None."""
     row = conn.execute("SELECT key_ref FROM sessions WHERE id_hash = ? AND expires_at > ?",
                        (sha256_hex(session_id), now)).fetchone()
-    if row is None or (row["key_ref"] != "env" and active_key_id(conn, row["key_ref"]) is None):
+    if row is None:
         return None
-    return row["key_ref"]
+    ref = row["key_ref"]
+    if ref == "env":
+        return ENV_PRINCIPAL if env_key else None
+    if ref.startswith("user:"):
+        user = conn.execute("SELECT * FROM users WHERE id = ?", (ref[5:],)).fetchone()
+        return user_principal(user, auth_method="password") if user else None
+    key = active_key(conn, ref, now)
+    return key_principal(key) if key else None
 
 
 # =============================================================================
@@ -2793,7 +3322,11 @@ async def api_state_delete(request: Request, path) -> dict:
 
 
 async def api_channels_list(request: Request) -> dict:
-    return {"channels": await db_of(request).read(list_channels)}
+    """List the channels this credential may read."""
+    principal = request.state.principal
+    channels = await db_of(request).read(list_channels)
+    return {"channels": channels if principal.can_everywhere("read") else
+            [c for c in channels if principal.can("read", c)]}
 
 
 async def api_channels_metadata(request: Request, path) -> dict:
@@ -2852,6 +3385,16 @@ async def api_channels_promote(request: Request, path, body: Empty) -> dict:
 
 async def api_channels_delete(request: Request, path, query: DeleteQuery) -> dict:
     return await db_of(request).write(delete_channel, path.channel_id, query.recursive)
+
+
+async def api_channels_close(request: Request, path, body: Empty) -> dict:
+    """Close a run: it refuses new events and states (409 channel_closed); reads, forks and diffs go on."""
+    return await db_of(request).write(close_channel, path.channel_id, request.state.principal.actor)
+
+
+async def api_events_verify(request: Request, path) -> dict:
+    """Recompute a run's hash chain (with the history it inherited) and name the first broken cursor."""
+    return await db_of(request).read(verify_chain, path.channel_id)
 
 
 async def api_experiments_create(request: Request, body: CreateExperiment) -> dict:
@@ -3099,11 +3642,136 @@ async def metrics_json(request: Request) -> dict:
 
 
 async def api_auth_capabilities(request: Request) -> dict:
-    everything = ["*"]
-    return {"permissions": {"read": everything, "write": everything, "delete": everything, "admin": everything},
-            "auth_method": "api_key", "key_id": request.state.key_id,
-            "key_source": "environment" if request.state.key_id == "env" else "database",
-            "expires_at": None}
+    """The caller's true scopes and expiry, in the grammar the SDK's can_read/can_write evaluate."""
+    return request.state.principal.capabilities()
+
+
+INSTANCE_FEATURES = ["events", "state", "forks", "ledger", "scheduler", "consumer_groups", "execution_groups",
+                     "experiments", "websocket", "scoped_keys", "accounts", "event_chain", "close"]
+
+
+async def api_instance(request: Request) -> dict:
+    """This server: version, instance id, storage backend, start time and features."""
+    state = request.app.state
+    return {"version": __version__, "api_version": "v1", "instance_id": state.instance_id, "backend": "sqlite",
+            "started_at": state.started_at, "uptime_seconds": int(time.monotonic() - state.started),
+            "features": INSTANCE_FEATURES, "open_signup": state.settings.open_signup}
+
+
+# --- accounts, login tokens, preferences, keys ------------------------------------------------
+
+
+async def issue_token(request: Request, *, user_id: Optional[str] = None, key_row: Optional[int] = None,
+                      not_after: Optional[str] = None) -> str:
+    """A signed token for an account (or an exchanged key), live until it expires or is logged out."""
+    now = utc_now()
+    expires = now + timedelta(seconds=TOKEN_TTL_SECONDS)
+    if not_after is not None:
+        expires = min(expires, parse_iso(not_after))
+    jti = secrets.token_urlsafe(18)
+    token = sign_token(request.app.state.token_secret, {
+        "iss": "actae", "sub": f"user:{user_id}" if user_id else f"key:{key_row}", "jti": jti,
+        "iat": int(now.timestamp()), "exp": int(expires.timestamp())})
+    await db_of(request).write(store_token, jti, user_id, key_row, iso(expires))
+    return token
+
+
+async def api_auth_signup(request: Request, body: Signup) -> dict:
+    """Create an account (an admin key is needed unless the server runs with --open-signup)."""
+    principal = request.state.principal
+    if not request.app.state.settings.open_signup:
+        if principal is None:
+            raise Unauthorized("signup needs an admin key in x-api-key (or a server started with --open-signup)")
+        if not principal.is_admin:
+            raise Forbidden("only an admin key may create accounts on this server")
+    if body.scopes is not None and not (principal is not None and principal.is_admin):
+        raise Forbidden("only an admin key may grant scopes to an account")
+    password_hash = await asyncio.to_thread(hash_password, body.password)
+    user = await db_of(request).write(create_user, body.email, body.name, password_hash, scopes_of(body.scopes))
+    return {"user": user_json(user), "token": await issue_token(request, user_id=user["id"])}
+
+
+async def api_auth_login(request: Request, body: Login) -> dict:
+    """Log in with email and password; the token carries the scopes an admin granted the account."""
+    user = await db_of(request).read(user_by_email, body.email)
+    # An unknown email runs the same KDF as a wrong password: same answer, same time.
+    stored = user["password_hash"] if user is not None else UNKNOWN_USER_HASH
+    matches = await asyncio.to_thread(password_matches, stored, body.password)
+    if user is None or not matches:
+        raise Unauthorized("wrong email or password")
+    return {"user": user_json(user), "token": await issue_token(request, user_id=user["id"])}
+
+
+async def api_auth_api_key_login(request: Request, body: ApiKeyLogin) -> dict:
+    """Exchange a stored API key for a login token with the key's scopes (never beyond its expiry)."""
+    key = body.api_key or request.headers.get("x-api-key") or ""
+    row = await db_of(request).read(active_key, key_hash(key), iso(utc_now())) if key else None
+    if row is None:
+        raise Unauthorized("invalid, expired or revoked API key")
+    token = await issue_token(request, key_row=row["id"], not_after=row["expires_at"])
+    return {"user": key_user_json(row), "token": token}
+
+
+async def api_auth_config(request: Request) -> dict:
+    """How this server lets people in."""
+    open_signup = request.app.state.settings.open_signup
+    return {"methods": ["api_key", "password"], "signup": "open" if open_signup else "admin",
+            "open_signup": open_signup, "token_type": "jwt", "token_ttl_seconds": TOKEN_TTL_SECONDS,
+            "password_min_length": 8, "email_verification": False}
+
+
+def bearer_user(request: Request) -> dict:
+    user = getattr(request.state, "user", None)
+    if user is None:
+        raise Unauthorized("send the login token as `authorization: Bearer <token>`")
+    return user
+
+
+async def api_auth_me(request: Request) -> dict:
+    """The account behind the Bearer token."""
+    return {"user": bearer_user(request)}
+
+
+async def api_auth_logout(request: Request) -> dict:
+    """End the Bearer token now."""
+    bearer_user(request)
+    claims = token_claims(request.app.state.token_secret, request.state.bearer, utc_now())
+    if claims is None:                     # it expired since it was checked: nothing left to end
+        raise Unauthorized("invalid, expired or logged-out token: log in again")
+    await db_of(request).write(drop_token, claims["jti"])
+    return {"ok": True}
+
+
+async def api_preferences_get(request: Request) -> dict:
+    """The caller's preferences document (the Bearer account's, else the key's)."""
+    return await db_of(request).read(get_preferences, request.state.principal.owner)
+
+
+async def api_preferences_put(request: Request, body: PutPreferences) -> dict:
+    """Replace the caller's preferences document."""
+    return await db_of(request).write(put_preferences, request.state.principal.owner, body.preferences)
+
+
+async def api_keys_list(request: Request) -> dict:
+    """Active keys with their scopes, creation, last use and expiry; never the key."""
+    return {"keys": await db_of(request).read(list_keys)}
+
+
+async def change_keys(request: Request, work: Callable, *args) -> Any:
+    """A write to the keys, then the in-memory key ring reloaded: this server applies it at once."""
+    result = await db_of(request).write(work, *args)
+    await request.app.state.keys.reload()
+    return result
+
+
+async def api_keys_create(request: Request, body: CreateKey) -> dict:
+    """Create a scoped key; the answer holds the key, this once."""
+    return await change_keys(request, create_key, body.name, body.scopes, body.expires_in_days)
+
+
+async def api_keys_revoke(request: Request, path) -> dict:
+    """Revoke a key now, with the sessions and tokens it opened."""
+    return await change_keys(request, revoke_key, path.key_id)
 
 
 async def openapi_json(request: Request) -> dict:
@@ -3116,11 +3784,13 @@ async def openapi_json(request: Request) -> dict:
 
 
 class KeyRing:
-    """The valid API keys by hash, in memory, so that checking a key reads nothing from the database.
+    """The valid API keys by hash, as principals, in memory: checking a key reads nothing from disk.
 
-    `key rotate` runs in another process, so the set is read again when it is more than
-    KEY_REFRESH_SECONDS old (one read, shared by every request that finds it stale); a change made
-    by this server calls `reload` itself and takes effect at once.
+    `key rotate`, `key create` and `key revoke` may run in another process, so the set is read
+    again when it is more than KEY_REFRESH_SECONDS old, and on a miss when it is more than
+    KEY_MISS_RELOAD_SECONDS old (so a key just created elsewhere works at once, and a flood of
+    wrong keys costs at most a few reads a second); each read is shared by every request waiting
+    on it. A change made by this server calls `reload` itself and takes effect at once.
     """
 
     def __init__(self, db: Database):
@@ -3130,28 +3800,70 @@ class KeyRing:
         self.loading: Optional[asyncio.Future] = None
 
     async def reload(self) -> None:
-        self.by_hash = await self.db.read(active_keys)
+        rows = await self.db.read(active_keys)
+        self.by_hash = {hashed: key_principal(row) for hashed, row in rows.items()}
         self.loaded_at = time.monotonic()
 
-    async def lookup(self, hashed: str) -> Optional[str]:
-        if time.monotonic() - self.loaded_at > KEY_REFRESH_SECONDS:
+    async def fresh(self, max_age: float) -> None:
+        if time.monotonic() - self.loaded_at > max_age:
             if self.loading is None or self.loading.done():
                 self.loading = asyncio.ensure_future(self.reload())
             await asyncio.shield(self.loading)
-        return self.by_hash.get(hashed)
+
+    async def lookup(self, hashed: str) -> Optional[Principal]:
+        await self.fresh(KEY_REFRESH_SECONDS)
+        found = self.by_hash.get(hashed)
+        if found is None:
+            await self.fresh(KEY_MISS_RELOAD_SECONDS)
+            found = self.by_hash.get(hashed)
+        return found
 
 
-async def check_key(app, key: Any) -> str:
-    """The id of a valid key (its prefix, or "env"); Unauthorized otherwise."""
+async def check_key(app, key: Any) -> Principal:
+    """Who a credential (an API key, or a login token) is; Unauthorized when it is missing, wrong,
+    expired or revoked."""
     if not isinstance(key, str) or not key:
         raise Unauthorized("missing API key: send it in the x-api-key header")
+    if looks_like_token(key):
+        return (await check_token(app, key))[0]
     env_key = app.state.env_key
     if env_key and same_secret(key, env_key):
-        return "env"
-    key_id = await app.state.keys.lookup(key_hash(key))
-    if key_id is None:
-        raise Unauthorized("invalid or revoked API key")
-    return key_id
+        return ENV_PRINCIPAL
+    found = await app.state.keys.lookup(key_hash(key))
+    if found is None or (found.expires_at is not None and found.expires_at <= iso(utc_now())):
+        raise Unauthorized("invalid, expired or revoked API key")
+    note_key_use(app, found.key_row)
+    return found
+
+
+async def check_token(app, token: str) -> tuple:
+    """(Principal, UserInfo) of a live login token; Unauthorized otherwise."""
+    claims = token_claims(app.state.token_secret, token, utc_now())
+    identity = await app.state.db.read(token_identity, claims["jti"], iso(utc_now())) if claims else None
+    if identity is None:
+        raise Unauthorized("invalid, expired or logged-out token: log in again")
+    return identity
+
+
+def note_key_use(app, key_id: int) -> None:
+    """Record a key's last use at most once a minute, off the request's path (never a write per request)."""
+    now, touched = time.monotonic(), app.state.key_touched
+    if now - touched.get(key_id, -KEY_TOUCH_SECONDS) < KEY_TOUCH_SECONDS:
+        return
+    touched[key_id] = now
+    task = asyncio.get_running_loop().create_task(app.state.db.write(touch_key, key_id))
+    app.state.background.add(task)
+
+    def done(finished: asyncio.Task) -> None:
+        app.state.background.discard(finished)
+        if not finished.cancelled() and not isinstance(finished.exception(), (ShuttingDown, type(None))):
+            log.warning("recording a key's last use failed: %s", finished.exception())
+    task.add_done_callback(done)
+
+
+def bearer_token(request: Request) -> Optional[str]:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
 def key_ref(app, key: str) -> str:
@@ -3165,13 +3877,16 @@ def form_token(session_id: str) -> str:
 
 
 async def current_session(request: Request) -> Optional[str]:
-    """The session id of the request's cookie when it names a live session of a valid key."""
+    """The session id of the request's cookie when it names a live session of a valid key or account;
+    sets request.state.principal to whom it acts for."""
     session_id = request.cookies.get(SESSION_COOKIE)
     if not session_id:
         return None
-    ref = await db_of(request).read(session_key_ref, session_id, iso(utc_now()))
-    if ref is None or (ref == "env" and not request.app.state.env_key):
+    principal = await db_of(request).read(session_principal, session_id, iso(utc_now()),
+                                          bool(request.app.state.env_key))
+    if principal is None:
         return None
+    request.state.principal = principal
     return session_id
 
 
@@ -3206,6 +3921,39 @@ def require_form_token(request: Request, form: dict) -> None:
 # =============================================================================
 
 
+EVERY = "*"            # a call that is not about one channel needs the action on every channel
+SOMEWHERE = "any"      # ... or only some pattern for it (the answer is filtered to what the scopes match)
+
+
+def reads(*where: str) -> tuple:
+    return tuple(("read", w) for w in where)
+
+
+def writes(*where: str) -> tuple:
+    return tuple(("write", w) for w in where)
+
+
+def deletes(*where: str) -> tuple:
+    return tuple(("delete", w) for w in where)
+
+
+ADMIN = (("admin", EVERY),)
+
+# Where a route's channel is when it is not in the request: one row away.
+CHANNEL_LOOKUPS = {
+    "event": "SELECT channel_id FROM events WHERE id = ?",
+    "execution": "SELECT channel_id FROM executions WHERE id = ?",
+    "wakeup": "SELECT channel_id FROM wakeups WHERE id = ?",
+    "group": "SELECT channel_id FROM consumer_groups WHERE id = ?",
+    "parent": "SELECT parent_id FROM channels WHERE id = ?",
+}
+
+
+def looked_up_channel(conn: sqlite3.Connection, sql: str, value: Any) -> Optional[str]:
+    row = conn.execute(sql, (value,)).fetchone()
+    return row[0] if row else None
+
+
 @dataclass(frozen=True)
 class Api:
     """One API route: how to call it, what it takes, who may."""
@@ -3216,7 +3964,17 @@ class Api:
     body: Optional[type] = None        # the JSON body's record
     query: Optional[type] = None       # the query string's record
     body_optional: bool = False        # the SDK may send no body at all
-    public: bool = False               # answered without a key (probes, the API description)
+    # (action, where) pairs the credential's scopes must allow; () = any valid credential. `where`
+    # names the channel: "path.channel_id", "body.source_channel_id", "query.left", a lookup
+    # ("execution.execution_id" finds the execution's channel), EVERY or SOMEWHERE.
+    scopes: tuple = ()
+    # key: x-api-key (a key or a login token); user: the Bearer login token when one is sent;
+    # optional: a key if one is valid (signup); public: none (probes, logins, the API description).
+    auth: str = "key"
+
+    @property
+    def public(self) -> bool:
+        return self.auth == "public"
 
     @property
     def path_params(self) -> Optional[type]:
@@ -3233,91 +3991,123 @@ class Api:
         return doc[0] if doc else self.handler.__name__.replace("_", " ")
 
 
+P, B = "path.channel_id", "body.channel_id"
 API_ROUTES = [
-    Api("POST", "/api/v1/events/record", api_events_record, body=RecordEvent),
-    Api("GET", "/api/v1/events/replay/{channel_id}", api_events_replay, query=ReplayQuery),
-    Api("POST", "/api/v1/events/query", api_events_query, body=EventQuery),
-    Api("GET", "/api/v1/events/cursor/{channel_id}", api_events_cursor),
-    Api("POST", "/api/v1/events/transition", api_events_transition, body=Transition),
-    Api("GET", "/api/v1/events/{event_id}/causal-graph", api_events_causal_graph, query=CausalQuery),
-    Api("POST", "/api/v1/state/{channel_id}", api_state_save, body=SaveState),
-    Api("GET", "/api/v1/state/{channel_id}", api_state_latest),
-    Api("GET", "/api/v1/state/{channel_id}/versions", api_state_versions, query=PageQuery),
-    Api("GET", "/api/v1/state/{channel_id}/version/{version}", api_state_version),
-    Api("DELETE", "/api/v1/state/{channel_id}/version/{version}", api_state_delete),
-    Api("GET", "/api/v1/channels", api_channels_list),
-    Api("POST", "/api/v1/channels/fork", api_channels_fork, body=Fork),
-    Api("GET", "/api/v1/channels/diff", api_channels_diff, query=PairQuery),
-    Api("GET", "/api/v1/channels/compare", api_channels_compare, query=PairQuery),
-    Api("GET", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata),
-    Api("PUT", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata_put, body=PutMetadata),
-    Api("GET", "/api/v1/channels/{channel_id}/forks", api_channels_forks),
-    Api("GET", "/api/v1/channels/{channel_id}/steps", api_channels_steps),
-    Api("GET", "/api/v1/channels/{channel_id}/steps/{step_number}", api_channels_step),
-    Api("GET", "/api/v1/channels/{channel_id}/receipt", api_channels_receipt),
-    Api("GET", "/api/v1/channels/{channel_id}/fork-tree", api_channels_fork_tree),
-    Api("GET", "/api/v1/channels/{channel_id}/trail", api_channels_trail),
-    Api("PATCH", "/api/v1/channels/{channel_id}/outcome", api_channels_outcome, body=SetOutcome),
-    Api("POST", "/api/v1/channels/{channel_id}/promote", api_channels_promote, body=Empty, body_optional=True),
-    Api("DELETE", "/api/v1/channels/{channel_id}", api_channels_delete, query=DeleteQuery),
-    Api("POST", "/api/v1/experiments", api_experiments_create, body=CreateExperiment),
-    Api("GET", "/api/v1/experiments", api_experiments_list),
-    Api("GET", "/api/v1/experiments/{group_id}", api_experiments_get),
-    Api("POST", "/api/v1/experiments/{group_id}/members", api_experiments_member, body=AddExperimentMember),
-    Api("GET", "/api/v1/experiments/{group_id}/rank", api_experiments_rank),
-    Api("POST", "/api/v1/executions/claim", api_executions_claim, body=Claim),
-    Api("GET", "/api/v1/executions", api_executions_list, query=ExecutionsQuery),
-    Api("GET", "/api/v1/executions/{execution_id}", api_executions_get),
-    Api("DELETE", "/api/v1/executions/{execution_id}", api_executions_delete),
+    Api("POST", "/api/v1/events/record", api_events_record, body=RecordEvent, scopes=writes(B)),
+    Api("GET", "/api/v1/events/replay/{channel_id}", api_events_replay, query=ReplayQuery, scopes=reads(P)),
+    Api("POST", "/api/v1/events/query", api_events_query, body=EventQuery, scopes=reads("body.channel_ids")),
+    Api("GET", "/api/v1/events/cursor/{channel_id}", api_events_cursor, scopes=reads(P)),
+    Api("POST", "/api/v1/events/transition", api_events_transition, body=Transition, scopes=writes(B)),
+    Api("GET", "/api/v1/events/verify/{channel_id}", api_events_verify, scopes=reads(P)),
+    Api("GET", "/api/v1/events/{event_id}/causal-graph", api_events_causal_graph, query=CausalQuery,
+        scopes=reads("event.event_id")),
+    Api("POST", "/api/v1/state/{channel_id}", api_state_save, body=SaveState, scopes=writes(P)),
+    Api("GET", "/api/v1/state/{channel_id}", api_state_latest, scopes=reads(P)),
+    Api("GET", "/api/v1/state/{channel_id}/versions", api_state_versions, query=PageQuery, scopes=reads(P)),
+    Api("GET", "/api/v1/state/{channel_id}/version/{version}", api_state_version, scopes=reads(P)),
+    Api("DELETE", "/api/v1/state/{channel_id}/version/{version}", api_state_delete, scopes=deletes(P)),
+    Api("GET", "/api/v1/channels", api_channels_list, scopes=reads(SOMEWHERE)),
+    Api("POST", "/api/v1/channels/fork", api_channels_fork, body=Fork,
+        scopes=writes("body.source_channel_id", "body.new_channel_id")),
+    Api("GET", "/api/v1/channels/diff", api_channels_diff, query=PairQuery, scopes=reads("query.left", "query.right")),
+    Api("GET", "/api/v1/channels/compare", api_channels_compare, query=PairQuery,
+        scopes=reads("query.left", "query.right")),
+    Api("GET", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata, scopes=reads(P)),
+    Api("PUT", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata_put, body=PutMetadata,
+        scopes=writes(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/forks", api_channels_forks, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/steps", api_channels_steps, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/steps/{step_number}", api_channels_step, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/receipt", api_channels_receipt, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/fork-tree", api_channels_fork_tree, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/trail", api_channels_trail, scopes=reads(P)),
+    Api("PATCH", "/api/v1/channels/{channel_id}/outcome", api_channels_outcome, body=SetOutcome, scopes=writes(P)),
+    Api("POST", "/api/v1/channels/{channel_id}/promote", api_channels_promote, body=Empty, body_optional=True,
+        scopes=writes(P, "parent.channel_id")),
+    Api("POST", "/api/v1/channels/{channel_id}/close", api_channels_close, body=Empty, body_optional=True,
+        scopes=writes(P)),
+    Api("DELETE", "/api/v1/channels/{channel_id}", api_channels_delete, query=DeleteQuery, scopes=deletes(P)),
+    Api("POST", "/api/v1/experiments", api_experiments_create, body=CreateExperiment, scopes=writes(EVERY)),
+    Api("GET", "/api/v1/experiments", api_experiments_list, scopes=reads(EVERY)),
+    Api("GET", "/api/v1/experiments/{group_id}", api_experiments_get, scopes=reads(EVERY)),
+    Api("POST", "/api/v1/experiments/{group_id}/members", api_experiments_member, body=AddExperimentMember,
+        scopes=writes(EVERY)),
+    Api("GET", "/api/v1/experiments/{group_id}/rank", api_experiments_rank, scopes=reads(EVERY)),
+    Api("POST", "/api/v1/executions/claim", api_executions_claim, body=Claim, scopes=writes(B)),
+    Api("GET", "/api/v1/executions", api_executions_list, query=ExecutionsQuery, scopes=reads("query.channel_id")),
+    Api("GET", "/api/v1/executions/{execution_id}", api_executions_get, scopes=reads("execution.execution_id")),
+    Api("DELETE", "/api/v1/executions/{execution_id}", api_executions_delete,
+        scopes=deletes("execution.execution_id")),
     Api("POST", "/api/v1/executions/{execution_id}/complete", api_executions_complete, body=Complete,
-        body_optional=True),
-    Api("POST", "/api/v1/executions/{execution_id}/fail", api_executions_fail, body=Fail, body_optional=True),
+        body_optional=True, scopes=writes("execution.execution_id")),
+    Api("POST", "/api/v1/executions/{execution_id}/fail", api_executions_fail, body=Fail, body_optional=True,
+        scopes=writes("execution.execution_id")),
     Api("POST", "/api/v1/executions/{execution_id}/heartbeat", api_executions_heartbeat, body=Heartbeat,
-        body_optional=True),
+        body_optional=True, scopes=writes("execution.execution_id")),
     Api("POST", "/api/v1/executions/{execution_id}/cancel", api_executions_cancel, body=ClaimToken,
-        body_optional=True),
-    Api("POST", "/api/v1/groups", api_groups_create, body=CreateConsumerGroup),
-    Api("GET", "/api/v1/groups", api_groups_list, query=ChannelFilter),
-    Api("DELETE", "/api/v1/groups/{group_id}", api_groups_delete),
-    Api("POST", "/api/v1/groups/{group_id}/join", api_groups_join, body=Consumer),
-    Api("POST", "/api/v1/groups/{group_id}/work", api_groups_work, body=ClaimWork),
-    Api("POST", "/api/v1/groups/{group_id}/ack", api_groups_ack, body=AckWork),
-    Api("POST", "/api/v1/groups/{group_id}/heartbeat", api_groups_heartbeat, body=Consumer),
-    Api("GET", "/api/v1/groups/{group_id}/offsets", api_groups_offsets),
-    Api("POST", "/api/v1/execution-groups", api_execution_groups_create, body=CreateExecutionGroup),
-    Api("GET", "/api/v1/execution-groups", api_execution_groups_list),
-    Api("POST", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_add_member, body=AddGroupMember),
-    Api("GET", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_members),
+        body_optional=True, scopes=writes("execution.execution_id")),
+    Api("POST", "/api/v1/groups", api_groups_create, body=CreateConsumerGroup, scopes=writes(B)),
+    Api("GET", "/api/v1/groups", api_groups_list, query=ChannelFilter, scopes=reads("query.channel_id")),
+    Api("DELETE", "/api/v1/groups/{group_id}", api_groups_delete, scopes=deletes("group.group_id")),
+    Api("POST", "/api/v1/groups/{group_id}/join", api_groups_join, body=Consumer, scopes=writes("group.group_id")),
+    Api("POST", "/api/v1/groups/{group_id}/work", api_groups_work, body=ClaimWork, scopes=writes("group.group_id")),
+    Api("POST", "/api/v1/groups/{group_id}/ack", api_groups_ack, body=AckWork, scopes=writes("group.group_id")),
+    Api("POST", "/api/v1/groups/{group_id}/heartbeat", api_groups_heartbeat, body=Consumer,
+        scopes=writes("group.group_id")),
+    Api("GET", "/api/v1/groups/{group_id}/offsets", api_groups_offsets, scopes=reads("group.group_id")),
+    # Execution groups span their members' channels: they need the action on every channel.
+    Api("POST", "/api/v1/execution-groups", api_execution_groups_create, body=CreateExecutionGroup,
+        scopes=writes(EVERY)),
+    Api("GET", "/api/v1/execution-groups", api_execution_groups_list, scopes=reads(EVERY)),
+    Api("POST", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_add_member, body=AddGroupMember,
+        scopes=writes(EVERY)),
+    Api("GET", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_members, scopes=reads(EVERY)),
     Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/claim", api_execution_groups_claim,
-        body=LeaseClaim),
+        body=LeaseClaim, scopes=writes(EVERY)),
     Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/heartbeat", api_execution_groups_heartbeat,
-        body=LeaseHolder),
+        body=LeaseHolder, scopes=writes(EVERY)),
     Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/release", api_execution_groups_release,
-        body=LeaseHolder),
-    Api("POST", "/api/v1/execution-groups/{group_id}/messages", api_execution_groups_send, body=SendMessage),
+        body=LeaseHolder, scopes=writes(EVERY)),
+    Api("POST", "/api/v1/execution-groups/{group_id}/messages", api_execution_groups_send, body=SendMessage,
+        scopes=writes(EVERY)),
     Api("GET", "/api/v1/execution-groups/{group_id}/members/{member_id}/messages", api_execution_groups_inbox,
-        query=InboxQuery),
+        query=InboxQuery, scopes=reads(EVERY)),
     Api("POST", "/api/v1/execution-group-messages/{message_id}/ack", api_execution_group_messages_ack,
-        body=LeaseHolder),
-    Api("POST", "/api/v1/execution-group-forks", api_execution_group_forks_create, body=ForkExecutionGroup),
-    Api("GET", "/api/v1/execution-group-forks/{fork_group_id}", api_execution_group_forks_get),
+        body=LeaseHolder, scopes=writes(EVERY)),
+    Api("POST", "/api/v1/execution-group-forks", api_execution_group_forks_create, body=ForkExecutionGroup,
+        scopes=writes(EVERY)),
+    Api("GET", "/api/v1/execution-group-forks/{fork_group_id}", api_execution_group_forks_get, scopes=reads(EVERY)),
     Api("POST", "/api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote",
-        api_execution_group_forks_promote, body=Empty, body_optional=True),
-    Api("POST", "/api/v1/scheduler/wakeups", api_wakeups_schedule, body=ScheduleWakeup),
-    Api("GET", "/api/v1/scheduler/wakeups", api_wakeups_list, query=WakeupsQuery),
-    Api("GET", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_get),
-    Api("DELETE", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_cancel),
+        api_execution_group_forks_promote, body=Empty, body_optional=True, scopes=writes(EVERY)),
+    Api("POST", "/api/v1/scheduler/wakeups", api_wakeups_schedule, body=ScheduleWakeup, scopes=writes(B)),
+    Api("GET", "/api/v1/scheduler/wakeups", api_wakeups_list, query=WakeupsQuery, scopes=reads("query.channel_id")),
+    Api("GET", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_get, scopes=reads("wakeup.wakeup_id")),
+    Api("DELETE", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_cancel, scopes=deletes("wakeup.wakeup_id")),
     Api("GET", "/api/v1/auth/capabilities", api_auth_capabilities),
+    Api("POST", "/api/v1/auth/signup", api_auth_signup, body=Signup, auth="optional"),
+    Api("POST", "/api/v1/auth/login", api_auth_login, body=Login, auth="public"),
+    Api("POST", "/api/v1/auth/api-key-login", api_auth_api_key_login, body=ApiKeyLogin, body_optional=True,
+        auth="public"),
+    Api("GET", "/api/v1/auth/config", api_auth_config, auth="public"),
+    Api("GET", "/api/v1/auth/me", api_auth_me, auth="user"),
+    Api("POST", "/api/v1/auth/logout", api_auth_logout, auth="user"),
+    Api("GET", "/api/v1/user/preferences", api_preferences_get, auth="user"),
+    Api("PUT", "/api/v1/user/preferences", api_preferences_put, body=PutPreferences, auth="user"),
+    Api("GET", "/api/v1/keys", api_keys_list, scopes=ADMIN),
+    Api("POST", "/api/v1/keys", api_keys_create, body=CreateKey, scopes=ADMIN),
+    Api("DELETE", "/api/v1/keys/{key_id}", api_keys_revoke, scopes=ADMIN),
+    Api("GET", "/api/v1/instance", api_instance),
     Api("GET", "/readyz", readyz),
     Api("GET", "/metrics", metrics_text),
     Api("GET", "/metrics.json", metrics_json),
-    Api("GET", "/healthz", healthz, public=True),
-    Api("GET", "/openapi.json", openapi_json, public=True),
+    Api("GET", "/healthz", healthz, auth="public"),
+    Api("GET", "/openapi.json", openapi_json, auth="public"),
 ]
 
 ERROR_RESPONSES = {
     "400": "bad input: malformed JSON, a wrong type, a value out of range, a bad channel id",
-    "401": "missing, invalid or revoked API key",
+    "401": "missing, invalid, expired or revoked API key (or login token)",
+    "403": "the credential is valid but its scopes do not allow this call on this channel",
     "404": "the named channel, execution, group or route does not exist",
     "409": "a conflict the SDK raises as its own exception: idempotency_conflict, version_conflict, "
            "fork_tool_blocked, execution_not_owned, channel_conflict, ...",
@@ -3365,8 +4155,10 @@ def openapi_document(routes: list) -> dict:
         if route.body is not None:
             operation["requestBody"] = {"required": not route.body_optional,
                                         "content": {"application/json": {"schema": body_refs[route.body]}}}
-        if route.public:
-            operation["security"] = []
+        if route.scopes:
+            operation["x-actae-scopes"] = [{"action": action, "channel": where} for action, where in route.scopes]
+        operation["security"] = {"public": [], "optional": [{}, {"apiKey": []}],
+                                 "user": [{"bearer": []}, {"apiKey": []}]}.get(route.auth, [{"apiKey": []}])
         paths.setdefault(route.path, {})[route.method.lower()] = operation
     return ecma_patterns({
         "openapi": "3.1.0",
@@ -3374,7 +4166,8 @@ def openapi_document(routes: list) -> dict:
                  "description": "Record agent runs, fork them at an exact step, never fire a side effect twice."},
         "paths": paths,
         "components": {"schemas": components,
-                       "securitySchemes": {"apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}},
+                       "securitySchemes": {"apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+                                           "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}},
         "security": [{"apiKey": []}],
     })
 
@@ -3385,13 +4178,58 @@ def api_response(value: Any) -> Response:
     return Response(msgspec.json.encode(value), media_type="application/json")
 
 
+async def authenticate(request: Request, route: Api) -> Optional[Principal]:
+    """The route's principal (None where none is needed); Unauthorized when a needed one is missing."""
+    if route.auth == "public":
+        return None
+    if route.auth == "user":
+        bearer = bearer_token(request)
+        if bearer is not None:
+            principal, request.state.user = await check_token(request.app, bearer)
+            request.state.bearer = bearer
+            return principal
+    try:
+        return await check_key(request.app, request.headers.get("x-api-key"))
+    except Unauthorized:
+        if route.auth == "optional":
+            return None
+        raise
+
+
+async def channels_named(request: Request, where: str, parts: dict) -> list:
+    """The channels a route acts on, per its table entry; [None] when it names none (every channel)."""
+    kind, _, name = where.partition(".")
+    if kind in ("path", "query", "body"):
+        value = getattr(parts.get(kind), name, None)
+        if not value:
+            return [None]
+        return list(value) if isinstance(value, list) else [value]
+    found = await db_of(request).read(looked_up_channel, CHANNEL_LOOKUPS[kind], getattr(parts["path"], name))
+    return [] if found is None else [found]      # nothing there: the handler answers 404 (or 400)
+
+
+async def authorize(request: Request, route: Api, parts: dict) -> None:
+    """Forbidden (403) unless the principal's scopes cover every (action, channel) the route declares."""
+    principal = request.state.principal
+    if principal is None:                  # optional auth: the handler decides
+        return
+    for action, where in route.scopes:
+        if principal.can_everywhere(action):
+            continue                       # the usual admin key: no channel to find
+        if where == SOMEWHERE:
+            if not principal.can_somewhere(action):
+                raise Forbidden(f"this credential may not {action} any channel")
+            continue
+        for channel in ([None] if where == EVERY else await channels_named(request, where, parts)):
+            principal.require(action, channel)
+
+
 def api_endpoint(route: Api) -> Callable:
     """The Starlette endpoint of a route: key check, then the declared records decoded, then the handler."""
     path_kind = route.path_params
 
     async def endpoint(request: Request) -> Response:
-        if not route.public:
-            request.state.key_id = await check_key(request.app, request.headers.get("x-api-key"))
+        request.state.principal = await authenticate(request, route)
         parts = {}
         if path_kind is not None:
             parts["path"] = decode_params(request.path_params, path_kind, "path")
@@ -3399,6 +4237,8 @@ def api_endpoint(route: Api) -> Callable:
             parts["query"] = decode_params(request.query_params, route.query, "query string")
         if route.body is not None:
             parts["body"] = decode_body(await read_capped(request), route.body, optional=route.body_optional)
+        if route.scopes:
+            await authorize(request, route, parts)
         return api_response(await route.handler(request, **parts))
 
     endpoint.__name__ = route.handler.__name__
@@ -3433,6 +4273,7 @@ class WsConnection:
         self.pump_task: Optional[asyncio.Task] = None
         self.cut = False
         self.key: Optional[str] = None
+        self.principal: Optional[Principal] = None   # re-read on every frame: revoking a key ends it
 
     def send(self, frame: dict) -> None:
         """Queue a frame; a client too slow to drain WS_QUEUE_MAX frames is cut off (it catches up on reconnect)."""
@@ -3514,6 +4355,7 @@ class Hub:
 async def ws_subscribe(conn: WsConnection, db: Database, frame: SubscribeFrame) -> None:
     """Confirm, replay `cursor > N` from the log, then hand over to live delivery without gaps."""
     topic, start = frame.topic, frame.cursor
+    conn.principal.require("read", topic)
     sub = conn.hub.watch(conn, topic, start or 0)
     latest = await db.read(latest_cursor, topic)
     conn.send({"type": "subscription", "event": "subscribed", "topic": topic, "cursor": latest,
@@ -3533,6 +4375,7 @@ async def ws_subscribe(conn: WsConnection, db: Database, frame: SubscribeFrame) 
 
 
 async def ws_publish(conn: WsConnection, db: Database, frame: PublishFrame) -> None:
+    conn.principal.require("write", frame.topic)
     req = RecordEvent(channel_id=frame.topic, event_type="broadcast", payload=frame.payload,
                       metadata=EventMeta(actor="websocket"), operation_id=frame.operation_id)
     event = await db.write(record_event, req, exclude=conn)
@@ -3548,7 +4391,7 @@ async def ws_authenticate(websocket: WebSocket, conn: WsConnection, app) -> bool
         frame = decode_frame(message.get("text") or "null")
         if not isinstance(frame, AuthFrame):
             raise BadRequest("expected {\"type\": \"auth\", \"api_key\": ...} first")
-        await check_key(app, frame.api_key)
+        conn.principal = await check_key(app, frame.api_key)
         conn.key = frame.api_key
     except (asyncio.TimeoutError, ActaeError) as exc:
         reason = exc.message if isinstance(exc, ActaeError) else "expected {\"type\": \"auth\", \"api_key\": ...} first"
@@ -3595,8 +4438,8 @@ async def ws_read_frames(conn: WsConnection, db: Database) -> None:
         if message.get("text") is None:
             conn.send({"type": "error", "message": "binary frames are not supported: send JSON text"})
             continue
-        try:                            # a key revoked by `key rotate` stops working here too
-            await check_key(conn.websocket.app, conn.key)
+        try:                            # a key revoked (or expired) stops working here too
+            conn.principal = await check_key(conn.websocket.app, conn.key)
         except Unauthorized as exc:
             conn.send({"type": "error", "message": exc.message})
             return
@@ -3843,6 +4686,7 @@ def run_summary(row: sqlite3.Row, last_own_step: Optional[int], fork_count: int)
         "event_count": row["last_cursor"], "last_activity": row["updated_at"], "outcome": row["outcome"],
         "fork_count": fork_count, "parent_channel_id": row["parent_id"], "origin_run_id": row["origin_id"],
         "forked_at_step": row["forked_at_step"] if row["parent_id"] else None,
+        "closed_at": row["closed_at"],
     }
 
 
@@ -4285,9 +5129,10 @@ def render(request: Request, template: str, context: dict, status: int = 200) ->
     if request.query_params.get("format") == "json":
         return JSONResponse(context, status_code=status)
     # Every POST form carries the session's form token; the request state holds it once issued.
+    principal = getattr(request.state, "principal", None)
     page = request.app.state.templates.get_template(template).render(
         **context, version=__version__, logged_in=getattr(request.state, "logged_in", False),
-        csrf_token=getattr(request.state, "csrf_token", ""))
+        csrf_token=getattr(request.state, "csrf_token", ""), is_admin=bool(principal and principal.is_admin))
     return HTMLResponse(page, status_code=status)
 
 
@@ -4362,14 +5207,35 @@ async def page_login(request: Request) -> Response:
     return render(request, "login.html", {"title": "Log in", "error": None})
 
 
+async def login_principal(request: Request, form: dict) -> tuple:
+    """(principal, session key_ref) for the login form's key, or its email and password."""
+    email = form.get("email", "").strip()
+    if email:
+        user = await db_of(request).read(user_by_email, email)
+        stored = user["password_hash"] if user is not None else UNKNOWN_USER_HASH
+        if not await asyncio.to_thread(password_matches, stored, form.get("password", "")) or user is None:
+            raise Unauthorized("That email and password do not match an account.")
+        return user_principal(user, auth_method="password"), f"user:{user['id']}"
+    key = form.get("api_key", "").strip()
+    if looks_like_token(key):
+        raise Unauthorized("Log in with an API key, or with your email and password.")
+    try:
+        return await check_key(request.app, key), key_ref(request.app, key)
+    except Unauthorized:
+        raise Unauthorized("That key is not valid.") from None
+
+
 async def page_login_submit(request: Request) -> Response:
     require_same_origin(request)
-    key = (await read_form(request)).get("api_key", "").strip()
     try:
-        await check_key(request.app, key)
-    except Unauthorized:
-        return render(request, "login.html", {"title": "Log in", "error": "That key is not valid."}, status=401)
-    session_id = await db_of(request).write(open_session, key_ref(request.app, key))
+        principal, ref = await login_principal(request, await read_form(request))
+    except Unauthorized as exc:
+        return render(request, "login.html", {"title": "Log in", "error": exc.message}, status=401)
+    if not principal.can_everywhere("read"):
+        # Every page lists runs across the server; a narrower credential would see beyond its scopes.
+        return render(request, "login.html", {"title": "Log in", "error": "The dashboard needs read access to "
+                                              "every run ('*'); this credential has less."}, status=403)
+    session_id = await db_of(request).write(open_session, ref)
     response = RedirectResponse("/", status_code=303)
     response.set_cookie(SESSION_COOKIE, session_id, max_age=SESSION_MAX_AGE,
                         httponly=True, samesite="strict", secure=request.url.scheme == "https")
@@ -4653,6 +5519,8 @@ async def page_fork(request: Request) -> Response:
     form = await read_form(request)
     try:
         req = await db_of(request).read(dashboard_fork_request, channel_id, form)
+        for target in (req.source_channel_id, req.new_channel_id):
+            request.state.principal.require("write", target)
         await db_of(request).write(fork_channel, req)
     except ActaeError as exc:
         if isinstance(exc, NotFound) and not isinstance(exc, FormError):
@@ -4689,9 +5557,63 @@ async def page_delete(request: Request) -> Response:
     return RedirectResponse(f"/?{query}", status_code=303)
 
 
+def require_admin_page(request: Request) -> None:
+    if not request.state.principal.is_admin:
+        raise Forbidden("only an admin may manage keys")
+
+
+def scopes_from_form(form: dict) -> dict:
+    """Comma- or space-separated patterns per action, checked like the API's scopes."""
+    fields = {action: [p for p in re.split(r"[\s,]+", form.get(action, "")) if p] for action in ACTIONS[:3]}
+    fields["admin"] = ["*"] if form.get("admin") else []
+    return msgspec.structs.asdict(record_from(Scopes, fields, "scopes"))
+
+
+async def keys_context(request: Request, created: Optional[dict] = None, error: Optional[str] = None) -> dict:
+    return {"title": "Keys", "active": "keys", "keys": await db_of(request).read(list_keys), "created": created,
+            "error": error}
+
+
+async def page_keys(request: Request) -> Response:
+    require_admin_page(request)
+    return render(request, "keys.html", await keys_context(request))
+
+
+async def page_keys_create(request: Request) -> Response:
+    require_admin_page(request)
+    form = await read_form(request)
+    try:
+        name = form.get("name", "").strip()
+        if not name:
+            raise BadRequest("give the key a name")
+        days_text = form.get("expires_in_days", "").strip()
+        days = record_from(CreateKey, {"name": name, "scopes": {}, "expires_in_days": float(days_text)},
+                           "key").expires_in_days if days_text else None
+        created = await change_keys(request, create_key, name, scopes_from_form(form), days)
+    except (ActaeError, ValueError) as exc:
+        message = exc.message if isinstance(exc, ActaeError) else "expiry must be a number of days"
+        return render(request, "keys.html", await keys_context(request, error=message), status=400)
+    return render(request, "keys.html", await keys_context(request, created=created))
+
+
+async def page_keys_revoke(request: Request) -> Response:
+    require_admin_page(request)
+    key_id = decode_params(request.path_params, path_record("/{key_id}"), "path").key_id
+    await change_keys(request, revoke_key, key_id)
+    return RedirectResponse("/keys", status_code=303)
+
+
 # =============================================================================
 # Scheduler: fires persisted wake-ups (so they survive restarts)
 # =============================================================================
+
+
+def seconds_until(stamp: str) -> float:
+    """Seconds from now to a stored timestamp; one that cannot be read counts as a second away."""
+    try:
+        return (parse_iso(stamp) - utc_now()).total_seconds()
+    except ActaeError:
+        return 1.0
 
 
 class Scheduler:
@@ -4708,8 +5630,12 @@ class Scheduler:
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # noqa: BLE001 - shutting down must still close the database
+                log.exception("the wake-up scheduler had failed")
 
     def nudge(self) -> None:
         """A new wake-up may be due sooner than the one we sleep for."""
@@ -4725,7 +5651,7 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - a failed round is retried; the loop must not die
                 log.exception("firing wake-ups failed")
                 upcoming = None
-            delay = 1.0 if upcoming is None else (parse_iso(upcoming) - utc_now()).total_seconds()
+            delay = 1.0 if upcoming is None else seconds_until(upcoming)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._nudged.wait(), timeout=min(max(delay, 0.01), 1.0))
 
@@ -4755,8 +5681,9 @@ def refusal(status: int) -> bytes:
 class GuardedHttpProtocol(HttpToolsProtocol):
     """HttpToolsProtocol plus: header bytes and count capped (431), a deadline for a request's
     headers (from the connection, or from the next request's first byte) and one for its whole
-    body (408), so dripping a byte at a time holds nothing for long. `settings` is set on the
-    subclass that `guarded_protocol` makes."""
+    body (408), so dripping a byte at a time holds nothing for long. A request answered before
+    its body arrived keeps the connection: the rest of the body is read and dropped, within the
+    same deadline. `settings` is set on the subclass that `guarded_protocol` makes."""
 
     settings: Settings
 
@@ -4827,11 +5754,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             if name == b"transfer-encoding" or (name == b"content-length" and value.strip() not in (b"", b"0")):
                 return True
         return False
-
-    def on_response_complete(self) -> None:
-        super().on_response_complete()
-        if not self.reading_headers and not self.transport.is_closing():
-            self.refuse(408)        # answered before its body arrived: stop reading a body nobody needs
 
     def on_message_complete(self) -> None:
         self.disarm()
@@ -4985,6 +5907,9 @@ PAGE_ROUTES = [
     ("GET", "/diff", page_diff),
     ("GET", "/ledger", page_ledger),
     ("GET", "/api", page_api),
+    ("GET", "/keys", page_keys),
+    ("POST", "/keys", page_keys_create),
+    ("POST", "/keys/{key_id}/revoke", page_keys_revoke),
     ("POST", "/logout", page_logout),
 ]
 
@@ -4998,6 +5923,28 @@ def app_routes() -> list:
                      Mount("/static", StaticFiles(directory=str(UI_DIR / "static")), name="static")]
 
 
+def token_secret(data_dir: Path) -> bytes:
+    """The login tokens' signing secret: a file beside the database (mode 0600), made on first start.
+
+    Kept out of the database so that a copy of it (or a backup) cannot mint tokens.
+    """
+    path = data_dir / TOKEN_SECRET_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return bytes.fromhex(path.read_text().strip())
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32))
+    return bytes.fromhex(path.read_text().strip())
+
+
+def instance_identity(tx: Tx) -> str:
+    """This data dir's instance id, made once and kept across restarts."""
+    tx.conn.execute("INSERT INTO settings (name, value) VALUES ('instance_id', ?) ON CONFLICT (name) DO NOTHING",
+                    (str(uuid.uuid4()),))
+    return tx.conn.execute("SELECT value FROM settings WHERE name = 'instance_id'").fetchone()[0]
+
+
 def create_app(data_dir: Path, *, env_key: Optional[str] = None, settings: Settings = Settings()) -> Starlette:
     """The whole server on one SQLite file in `data_dir`; `env_key` is accepted besides stored keys."""
     data_dir = Path(data_dir)
@@ -5008,6 +5955,7 @@ def create_app(data_dir: Path, *, env_key: Optional[str] = None, settings: Setti
     @contextlib.asynccontextmanager
     async def lifespan(app):
         await db.open()
+        app.state.instance_id = await db.write(instance_identity)
         app.state.scheduler.start()
         try:
             yield
@@ -5022,6 +5970,9 @@ def create_app(data_dir: Path, *, env_key: Optional[str] = None, settings: Setti
     app.state.settings = settings
     app.state.scheduler = Scheduler(db)
     app.state.instance_id, app.state.started = str(uuid.uuid4()), time.monotonic()
+    app.state.started_at = iso(utc_now())
+    app.state.token_secret = token_secret(data_dir)
+    app.state.key_touched, app.state.background = {}, set()
     app.state.templates = template_env()
     app.state.openapi = openapi_document(API_ROUTES)
     # Pages and JSON answers shrink several times over; small bodies are not worth it.
@@ -5061,11 +6012,85 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"time for a request's whole body (default: {default.body_timeout:g})")
     limits.add_argument("--max-header-bytes", type=int, default=default.max_header_bytes, metavar="BYTES",
                         help=f"request line and headers together (default: {default.max_header_bytes})")
-    commands = parser.add_subparsers(dest="command", metavar="{key}")
-    key = commands.add_parser("key", parents=[common], help="manage the API key: `key rotate`")
-    key_commands = key.add_subparsers(dest="key_command", required=True, metavar="{rotate}")
-    key_commands.add_parser("rotate", parents=[common], help="issue and print a new key; the old one stops working")
+    parser.add_argument("--open-signup", action="store_true",
+                        help="let anyone create an account (by default only an admin key may)")
+    # The same scope flags for a key and for an account.
+    scoped = argparse.ArgumentParser(add_help=False)
+    for action in ACTIONS[:3]:
+        scoped.add_argument(f"--{action}", action="append", default=[], metavar="PATTERN",
+                            help=f"channels it may {action}: '*', a prefix ending in '*', or an id (repeatable)")
+    scoped.add_argument("--admin", action="store_true", help="every action on every channel, plus keys and users")
+    commands = parser.add_subparsers(dest="command", metavar="{key,user}")
+    key = commands.add_parser("key", parents=[common], help="manage API keys: create, list, revoke, rotate")
+    key_commands = key.add_subparsers(dest="key_command", required=True, metavar="{create,list,revoke,rotate}")
+    create = key_commands.add_parser("create", parents=[common, scoped], help="issue a scoped key and print it once")
+    create.add_argument("--name", required=True, help="what the key is for (shown by `key list`)")
+    create.add_argument("--expires-in", type=float, metavar="DAYS", help="the key stops working after DAYS days")
+    listing = key_commands.add_parser("list", parents=[common], help="the active keys (never the keys themselves)")
+    listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    revoke = key_commands.add_parser("revoke", parents=[common], help="end a key now")
+    revoke.add_argument("key_id", type=int, metavar="ID", help="the id `key list` shows")
+    key_commands.add_parser("rotate", parents=[common],
+                            help="issue and print a new admin key; the old admin key stops working")
+    user = commands.add_parser("user", parents=[common], help="manage accounts: grant")
+    user_commands = user.add_subparsers(dest="user_command", required=True, metavar="{grant}")
+    grant = user_commands.add_parser("grant", parents=[common, scoped],
+                                     help="set the scopes an account's login tokens carry")
+    grant.add_argument("email")
     return parser
+
+
+def scopes_of_args(args: argparse.Namespace) -> dict:
+    """The scope flags as checked scopes; exits with a message on a bad pattern."""
+    fields = {action: getattr(args, action) for action in ACTIONS[:3]}
+    fields["admin"] = ["*"] if args.admin else []
+    try:
+        return msgspec.structs.asdict(record_from(Scopes, fields, "scopes"))
+    except BadRequest as exc:
+        raise SystemExit(f"actae: {exc.message}")
+
+
+def scopes_text(scopes: dict) -> str:
+    return "; ".join(f"{action}={','.join(scopes[action])}" for action in ACTIONS if scopes[action]) or "(none)"
+
+
+def key_command(args: argparse.Namespace, data_dir: Path) -> int:
+    """`actae key create|list|revoke|rotate`."""
+    if args.key_command == "rotate":
+        print_key_line(write_once(data_dir, rotate_key))
+    elif args.key_command == "create":
+        if args.expires_in is not None and args.expires_in <= 0:
+            raise SystemExit("actae: --expires-in must be a positive number of days")
+        created = write_once(data_dir, create_key, args.name, scopes_of_args(args), args.expires_in)
+        print(f"Key {created['id']} ({created['name']}): {scopes_text(created['scopes'])}"
+              + (f", expires {created['expires_at']}" if created["expires_at"] else ""))
+        print_key_line(created["key"])
+    elif args.key_command == "list":
+        keys = read_once(data_dir, list_keys)
+        if args.json:
+            print(json.dumps({"keys": keys}, indent=2))
+            return 0
+        print(f"{'ID':>4}  {'NAME':<20} {'SCOPES':<40} {'CREATED':<25} {'LAST USED':<25} EXPIRES")
+        for k in keys:
+            print(f"{k['id']:>4}  {k['name'] or '':<20} {scopes_text(k['scopes']):<40} {k['created_at']:<25} "
+                  f"{k['last_used_at'] or 'never':<25} {k['expires_at'] or 'never'}")
+    else:
+        try:
+            revoked = write_once(data_dir, revoke_key, args.key_id)
+        except NotFound as exc:
+            raise SystemExit(f"actae: {exc.message}")
+        print(f"Key {revoked['id']} ({revoked['name']}) revoked at {revoked['revoked_at']}")
+    return 0
+
+
+def user_command(args: argparse.Namespace, data_dir: Path) -> int:
+    """`actae user grant EMAIL [scope flags]`."""
+    try:
+        granted = write_once(data_dir, grant_user, args.email, scopes_of_args(args))
+    except NotFound as exc:
+        raise SystemExit(f"actae: {exc.message}")
+    print(f"{granted['email']}: {scopes_text(granted['scopes'])}")
+    return 0
 
 
 def data_dir_of(args: argparse.Namespace) -> Path:
@@ -5087,6 +6112,14 @@ def write_once(data_dir: Path, work: Callable, *args):
     return result
 
 
+def read_once(data_dir: Path, work: Callable, *args):
+    conn = Database.connect_sync(data_dir / DB_FILE)
+    try:
+        return work(conn, *args)
+    finally:
+        conn.close()
+
+
 def print_key_line(key: Optional[str]) -> None:
     if key:
         print(f"API key:     {key}   (shown once — store it now)")
@@ -5106,7 +6139,8 @@ def bind_socket(host: str, port: int) -> socket.socket:
 def settings_of(args: argparse.Namespace) -> Settings:
     return Settings(host=args.host, allow_hosts=tuple(args.allow_host), max_connections=args.max_connections,
                     header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout,
-                    body_timeout=args.body_timeout, max_header_bytes=args.max_header_bytes)
+                    body_timeout=args.body_timeout, max_header_bytes=args.max_header_bytes,
+                    open_signup=args.open_signup)
 
 
 def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
@@ -5145,8 +6179,9 @@ def main(argv: Optional[list] = None) -> int:
     args = build_parser().parse_args(argv)
     data_dir = data_dir_of(args)
     if args.command == "key":
-        print_key_line(write_once(data_dir, rotate_key))
-        return 0
+        return key_command(args, data_dir)
+    if args.command == "user":
+        return user_command(args, data_dir)
     return serve(args.port, data_dir, settings_of(args))
 
 
