@@ -30,6 +30,7 @@ import sqlite3
 import sys
 import time
 import uuid
+import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -248,6 +249,30 @@ def dump(value: Any) -> Optional[str]:
 
 def load(text: Optional[str]) -> Any:
     return None if text is None else json.loads(text)
+
+
+STATE_PACK_MIN = 256                   # shorter states are stored as text: compression would not pay
+
+
+def pack_state(text: Optional[str]) -> Union[str, bytes, None]:
+    """A state snapshot as stored: zlib-compressed when that is smaller (agent states are wordy and
+    repetitive, and a snapshot per step dominates the disk). The API, the canonical JSON and the
+    sha256 are computed from the JSON, never from these bytes."""
+    if text is None or len(text) < STATE_PACK_MIN:
+        return text
+    raw = text.encode("utf-8")
+    packed = zlib.compress(raw, 1)
+    return packed if len(packed) < len(raw) else text
+
+
+def load_state(stored: Union[str, bytes, None]) -> Any:
+    return json.loads(zlib.decompress(stored)) if isinstance(stored, bytes) else load(stored)
+
+
+def state_status(state: Any) -> Optional[str]:
+    """A snapshot's top-level "status", kept beside it so pages can filter without unpacking it."""
+    status = state.get("status") if isinstance(state, dict) else None
+    return status if isinstance(status, str) else None
 
 
 def canonical_dump(value: Any) -> Optional[str]:
@@ -1144,6 +1169,17 @@ _MIGRATIONS = [
     ALTER TABLE channels ADD COLUMN closed_at TEXT;            -- a closed run takes no more events or states
     """,
     _backfill_chain,
+    """
+    -- Step lookups (resume at step k) walk (channel, step) then the cursor: no scan of the channel.
+    DROP INDEX events_by_step;
+    CREATE INDEX events_by_step ON events (channel_id, step_number, cursor);
+
+    -- States may be stored zlib-compressed (a BLOB) from now on; their top-level "status" is kept
+    -- beside them so the pages can find failed runs without unpacking every snapshot.
+    ALTER TABLE states ADD COLUMN status TEXT;
+    UPDATE states SET status = json_extract(state, '$.status')
+     WHERE json_valid(state) AND json_type(state, '$.status') = 'text';
+    """,
 ]
 
 
@@ -1591,7 +1627,7 @@ def state_row_at(conn: sqlite3.Connection, channel_id: str, cursor: Optional[int
 def state_json(row: Optional[sqlite3.Row]) -> dict:
     if row is None:
         return {"cursor": None, "state": None}
-    return {"cursor": row["cursor"], "state": load(row["state"]), "version": row["version"]}
+    return {"cursor": row["cursor"], "state": load_state(row["state"]), "version": row["version"]}
 
 
 def check_guards(conn: sqlite3.Connection, channel_id: str, expected_version: Optional[int],
@@ -1607,9 +1643,12 @@ def check_guards(conn: sqlite3.Connection, channel_id: str, expected_version: Op
         raise Conflict("version_conflict", f"expected state cursor {expected_cursor}, latest is {cursor}")
 
 
-def insert_state(tx: Tx, channel_id: str, cursor: int, state_text: str, sha: str,
-                 operation_id: Optional[str] = None) -> int:
-    """A new state version; raises Conflict(channel_closed) on a closed run."""
+def insert_state(tx: Tx, channel_id: str, cursor: int, stored: Union[str, bytes, None], sha: str,
+                 status: Optional[str], operation_id: Optional[str] = None) -> int:
+    """A new state version from a stored (packed) state; raises Conflict(channel_closed) on a closed run.
+
+    Forks and promotions copy a snapshot's stored form as it is: no decoding, no re-encoding.
+    """
     allocated = tx.conn.execute(
         "UPDATE channels SET state_version = state_version + 1, updated_at = ? WHERE id = ? AND closed_at IS NULL"
         " RETURNING state_version", (tx.ts, channel_id),
@@ -1618,9 +1657,9 @@ def insert_state(tx: Tx, channel_id: str, cursor: int, state_text: str, sha: str
         raise channel_closed(channel_id)
     version = allocated[0]
     tx.conn.execute(
-        "INSERT INTO states (channel_id, version, cursor, state, sha256, operation_id, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (channel_id, version, cursor, state_text, sha, operation_id, tx.ts),
+        "INSERT INTO states (channel_id, version, cursor, state, sha256, status, operation_id, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (channel_id, version, cursor, stored, sha, status, operation_id, tx.ts),
     )
     return version
 
@@ -1636,7 +1675,8 @@ def save_state(tx: Tx, channel_id: str, req: SaveState) -> int:
             require_same_request(f"{row['cursor']}:{row['sha256']}", f"{req.cursor}:{sha}", req.operation_id, "state")
             return row["version"]
     check_guards(tx.conn, channel_id, req.expected_version, req.expected_cursor)
-    return insert_state(tx, channel_id, req.cursor, dump(req.state), sha, req.operation_id)
+    return insert_state(tx, channel_id, req.cursor, pack_state(dump(req.state)), sha, state_status(req.state),
+                        req.operation_id)
 
 
 def transition(tx: Tx, req: Transition) -> dict:
@@ -1655,7 +1695,8 @@ def transition(tx: Tx, req: Transition) -> dict:
     meta = req.meta()
     event = append_event(tx, channel_id, req.type, req.payload, actor=req.actor(), metadata=meta.metadata,
                          agent_id=meta.agent_id, user_id=meta.user_id, operation_id=req.operation_id, hashed=hashed)
-    version = insert_state(tx, channel_id, event["cursor"], dump(req.state), sha256_hex(canonical_json(req.state)))
+    version = insert_state(tx, channel_id, event["cursor"], pack_state(dump(req.state)),
+                           sha256_hex(canonical_json(req.state)), state_status(req.state))
     return {"event": event, "state_version": version}
 
 
@@ -1913,7 +1954,7 @@ def fork_channel(tx: Tx, req: Fork) -> dict:
         "source_state_version": snapshot["version"] if snapshot else 0, "restorable": restorable,
     }, depends_on=resolved_event_id)
     if snapshot is not None:
-        insert_state(tx, child_id, marker["cursor"], snapshot["state"], snapshot["sha256"])
+        insert_state(tx, child_id, marker["cursor"], snapshot["state"], snapshot["sha256"], snapshot["status"])
     return receipt_json(channel_row(conn, child_id))
 
 
@@ -1992,7 +2033,7 @@ def diff_channels(conn: sqlite3.Connection, left_id: str, right_id: str) -> dict
     if ancestor:
         at = state_row_at(conn, ancestor["channel_id"], ancestor["cursor"])
         cursor = ancestor["cursor"] if ancestor["cursor"] is not None else (at["cursor"] if at else 0)
-        common = {"channel_id": ancestor["channel_id"], "cursor": cursor, "state": load(at["state"]) if at else None}
+        common = {"channel_id": ancestor["channel_id"], "cursor": cursor, "state": load_state(at["state"]) if at else None}
     entries = diff_values(left["state"], right["state"])
     return {
         "left_channel_id": left_id, "right_channel_id": right_id,
@@ -2029,7 +2070,7 @@ def decision_trail(conn: sqlite3.Connection, channel_id: str) -> dict:
     if row["parent_id"] is not None:
         at = state_row_at(conn, row["parent_id"], row["resolved_cursor"]) if row["restorable"] else None
         boundary = {"channel_id": row["parent_id"], "cursor": row["resolved_cursor"],
-                    "state": load(at["state"]) if at else None}
+                    "state": load_state(at["state"]) if at else None}
     return {
         "channel_id": channel_id, "origin_run_id": row["origin_id"],
         "ancestry": [{"channel_id": r["id"], "parent_channel_id": r["parent_id"], "forked_at_cursor": r["resolved_cursor"],
@@ -2133,7 +2174,8 @@ def promote_channel(tx: Tx, child_id: str) -> dict:
         "child_channel_id": child_id, "child_state_version": latest_version,
         "child_latest_cursor": child["last_cursor"],
     })
-    version = insert_state(tx, parent_id, event["cursor"], latest["state"], latest["sha256"]) if latest else None
+    version = insert_state(tx, parent_id, event["cursor"], latest["state"], latest["sha256"],
+                           latest["status"]) if latest else None
     tx.conn.execute("UPDATE channels SET outcome = 'promoted', promoted_event_id = ?, promoted_version = ?,"
                     " updated_at = ? WHERE id = ?", (event["id"], latest_version, tx.ts, child_id))
     return {"ok": True, "replayed": False, "parent_channel_id": parent_id, "child_channel_id": child_id,
@@ -4514,7 +4556,7 @@ def _sql_names(names: tuple) -> str:
 # A run's status in one SQL expression (over `channels c`), so the runs list, its filter, the fork tree
 # and the run page always agree. json_extract is SQLite's; PostgreSQL spells it metadata->>'status'.
 _SDK_STATUS = "json_extract(c.experiment_metadata, '$.status')"
-_LATEST_STATE_STATUS = ("(SELECT json_extract(s.state, '$.status') FROM states s"
+_LATEST_STATE_STATUS = ("(SELECT s.status FROM states s"
                         " WHERE s.channel_id = c.id ORDER BY s.version DESC LIMIT 1)")
 RUN_STATE_SQL = f"""CASE
     WHEN {_SDK_STATUS} = 'crashed' OR c.outcome = 'crashed' THEN 'crashed'
@@ -4611,13 +4653,13 @@ def error_event_failure(conn: sqlite3.Connection, row: sqlite3.Row) -> Optional[
 def failed_state_failure(conn: sqlite3.Connection, row: sqlite3.Row) -> Optional[Failure]:
     """The first snapshot after the last one whose status is not failed/error."""
     good = conn.execute(
-        "SELECT version, cursor FROM states WHERE channel_id = ? AND COALESCE(json_extract(state, '$.status'), '')"
+        "SELECT version, cursor FROM states WHERE channel_id = ? AND COALESCE(status, '')"
         f" NOT IN ({_sql_names(FAILED_STATE_STATUSES)}) ORDER BY version DESC LIMIT 1", (row["id"],)).fetchone()
     bad = conn.execute("SELECT cursor, state FROM states WHERE channel_id = ? AND version > ? ORDER BY version LIMIT 1",
                        (row["id"], good["version"] if good else 0)).fetchone()
     if bad is None:
         return None
-    state = load(bad["state"])
+    state = load_state(bad["state"])
     status = state.get("status") if isinstance(state, dict) else None
     at_step = step_at(conn, row, bad["cursor"])
     message = failure_message(state) or f'the state saved at step {at_step} has status "{status}"'
@@ -4840,14 +4882,14 @@ def snapshots(conn: sqlite3.Connection, channel_id: str, first: int, last: int) 
     `first`; a fork's first own step compares with the state it inherited).
     """
     previous_row = state_row_at(conn, channel_id, first - 1) if first > 1 else None
-    previous = load(previous_row["state"]) if previous_row else None
+    previous = load_state(previous_row["state"]) if previous_row else None
     latest: dict = {}
     for r in conn.execute("SELECT * FROM states WHERE channel_id = ? AND cursor BETWEEN ? AND ? ORDER BY cursor, version",
                           (channel_id, first, last)):
         latest[r["cursor"]] = r             # a step saved twice: its last snapshot is the step's
     shown = {}
     for cursor in sorted(latest):
-        state = load(latest[cursor]["state"])
+        state = load_state(latest[cursor]["state"])
         shown[cursor] = {**state_json(latest[cursor]), "changes": state_changes(previous, state)}
         previous = state
     return shown
