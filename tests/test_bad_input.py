@@ -1,4 +1,4 @@
-"""Bad input over raw HTTP (issue 2, PRODUCT §5, CONTRACT §1.2, §3.1, §18).
+"""Bad input over raw HTTP: every malformed request gets the JSON error body, nothing else.
 
 Every rejection must be the right 4xx with `Content-Type: application/json` and the body
 `{"status": <code>, "error": <message>}`, must write nothing, and must leave the server serving.
@@ -24,7 +24,7 @@ BAD_IDS = {"slash": "a/b", "space": "a b", "newline": "abc\n", "257 chars": "a" 
 def call(server, method, path, *, key="default", **kw):
     """Raw request against the shared server (the server's key unless `key` is given)."""
     status, headers, body = http(method, server.url + path, key=server.key if key == "default" else key, **kw)
-    assert status != 204, f"{method} {path} answered 204 (the SDK cannot read it, §1.2)"
+    assert status != 204, f"{method} {path} answered 204 (the SDK cannot read it)"
     return status, headers, body
 
 
@@ -62,7 +62,7 @@ def existing(server):
 
 
 # --------------------------------------------------------------------------------------------
-# Channel ids (§18.1)
+# Channel ids
 # --------------------------------------------------------------------------------------------
 
 PATH_ROUTES = [
@@ -117,7 +117,7 @@ def test_channel_ids_at_the_edge_of_the_grammar_are_accepted(server, channel):
 
 
 # --------------------------------------------------------------------------------------------
-# Malformed bodies, wrong types, bad query parameters (§18.2, §18.6)
+# Malformed bodies, wrong types, bad query parameters
 # --------------------------------------------------------------------------------------------
 
 def json_routes(channel):
@@ -197,7 +197,7 @@ def test_wrong_types_are_rejected_and_nothing_is_written(server, unique, route, 
 
 
 def test_state_body_naming_another_channel_never_writes_there(server, unique):
-    """§18.7: the body's channel_id must match the path: 400, or the body copy is ignored."""
+    """The body's channel_id must match the path: 400, or the body copy is ignored."""
     path_channel, body_channel = unique("path"), unique("body")
     status, _, body = call(server, "POST", f"/api/v1/state/{path_channel}",
                            body={"channel_id": body_channel, "cursor": 0, "state": {"v": 1}})
@@ -228,7 +228,7 @@ HUGE_INTEGERS = [
     "query offset 2^70", "replay cursor 2^70", "versions offset 2^70", "get state version 2^70",
     "delete state version 2^70", "resolve step 2^70"])
 def test_integers_past_64_bits_never_cause_a_5xx(server, existing, method, path, body):
-    """PRODUCT §5: no 5xx on bad input. A 400, or an honest empty answer, is fine."""
+    """No 5xx on bad input. A 400, or an honest empty answer, is fine."""
     status, headers, answer = call(server, method, path, body=body)
     assert status < 500, answer
     if status >= 400:
@@ -248,7 +248,7 @@ def test_huge_replay_and_query_limits_are_clamped_not_rejected(server, existing)
 
 
 # --------------------------------------------------------------------------------------------
-# Size limits (PRODUCT §5)
+# Size limits: 4 MiB per body, 1 MiB per document
 # --------------------------------------------------------------------------------------------
 
 def _big(n):
@@ -303,7 +303,7 @@ def test_payload_just_under_the_limit_is_accepted(server, unique):
 
 
 # --------------------------------------------------------------------------------------------
-# Authentication, routes, content types (§1.2, §2, §13, PRODUCT §2)
+# Authentication, routes, content types
 # --------------------------------------------------------------------------------------------
 
 AUTH_ROUTES = [
@@ -351,7 +351,7 @@ def test_unknown_routes_methods_and_ids_answer_json(server, existing, method, pa
 
 
 def test_unknown_page_outside_the_api_is_404(server):
-    """Outside /api the dashboard may answer with its HTML error page (STYLE §2); still a 404."""
+    """Outside /api the dashboard may answer with its HTML error page; still a 404."""
     assert call(server, "GET", "/definitely/not/here")[0] == 404
 
 
@@ -382,7 +382,7 @@ def test_server_still_serves_and_no_bad_id_was_stored(server, unique):
 
 
 def test_keys_never_appear_in_the_server_output(server):
-    """PRODUCT §2: the key is printed once at first start and never logged, nor are wrong keys."""
+    """The key is printed once at first start and never logged, nor are wrong keys."""
     assert call(server, "GET", "/api/v1/channels")[0] == 200
     banner = [line for line in server.lines if line.startswith("API key:")]
     assert len(banner) == 1

@@ -1,6 +1,6 @@
 """The dashboard in a real browser (Debian's Chromium driven by Playwright) against the real server.
 
-The module builds the walkthrough of PRODUCT.md §1 with the real SDK once (a 6-step base run that
+The module builds the fork walkthrough (examples/fork_demo.py) with the real SDK once (a 6-step base run that
 charges `inv-1` at step 4, and a fork at step 3 whose charge is blocked), then walks the pages the
 way a user would: log in, runs list, run page with step 3's state, fork tree, diff, ledger, a fork
 made from the page. Screenshots of every page go to `screenshots/` (git-ignored). Raw HTTP checks

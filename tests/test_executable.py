@@ -1,4 +1,4 @@
-"""The one-file executable (issue 5): build `dist/actae` with PyInstaller from build.spec, then
+"""The one-file executable: build `dist/actae` with PyInstaller from build.spec, then
 run it exactly as users would and check it behaves like `python actae.py`.
 
 Slow (a full PyInstaller build, ~30 s) but it runs in CI by default; it is skipped only when

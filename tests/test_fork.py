@@ -1,9 +1,7 @@
-"""Issue 4: forks — the PRODUCT.md §1 walkthrough, boundaries, tool policies, resume, idempotency
+"""Forks: the six-step walkthrough, boundaries, tool policies, resume, idempotency
 and the lineage surface (receipt, lists, tree, trail, outcome, promote, delete, compare, experiments).
 
 Real `actae-client` SDK against the real server subprocess (`server` fixture).
-Contract references: CONTRACT.md §7 (channels and forks), §9.7 (fork tool policies), §15
-(AgentSession), PRODUCT.md §1 and §3.
 """
 from __future__ import annotations
 
@@ -29,7 +27,7 @@ CHARGE = ("inv-1", "charge_customer", {"amount_cents": 4900})
 
 
 def state_sha256(state):
-    """PRODUCT.md §3: sha256 of canonical JSON (sorted keys, `,`/`:` separators, UTF-8)."""
+    """The documented state hash: sha256 of canonical JSON (sorted keys, `,`/`:` separators, UTF-8)."""
     text = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -606,7 +604,7 @@ def test_an_operation_id_reused_for_another_fork_creates_nothing(with_client, un
         other_cursor = await parent_with_state(c, other)
         op = str(uuid.uuid4())
         first = await c.fork(parent, child, cursor, operation_id=op)
-        # CONTRACT §7.5.5: a different request under the same operation id is a 409
+        # A different request under the same operation id is a 409
         # (Go docs: or the ORIGINAL child is returned). Never a second fork.
         try:
             again = await c.fork(other, second, other_cursor, operation_id=op)
@@ -869,7 +867,7 @@ def test_compare_channels(with_client, unique):
 
 
 def ranked_channel_ids(ranking):
-    """The channel ids of a rank response, in rank order (the shape is server-defined, CONTRACT §8)."""
+    """The channel ids of a rank response, in rank order (the shape is server-defined)."""
     members = ranking if isinstance(ranking, list) else next(
         ranking[k] for k in ("ranking", "ranked", "results", "members") if isinstance(ranking.get(k), list))
     return [m["channel_id"] for m in members]

@@ -1,9 +1,9 @@
-"""The foundation, through the real `actae-client` SDK against the real server (issue 2).
+"""The foundation, through the real `actae-client` SDK against the real server.
 
 Covers: an `AgentSession` run end to end (events, states, metadata, step index), record and
 transition idempotency and guards, the WebSocket (catch-up then live, publish, fan-out without
-echo, auth), the edge cases users hit (PRODUCT §3), durability across SIGKILL, restart and key
-rotation, and the command line. Contract references are to `CONTRACT.md`.
+echo, auth), the edge cases users hit, durability across SIGKILL, restart and key
+rotation, and the command line.
 """
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ async def replay_all(client, channel):
 
 
 # --------------------------------------------------------------------------------------------
-# AgentSession end to end (§15, §5.2, §5.3, §6, §7.2, §7.4)
+# AgentSession end to end
 # --------------------------------------------------------------------------------------------
 
 def test_agent_session_six_steps_records_states_metadata_and_step_index(make_client, unique):
@@ -67,7 +67,7 @@ def test_agent_session_six_steps_records_states_metadata_and_step_index(make_cli
         stepped, snapshots = [], []
         session = AgentSession(client, channel, state_fn=state_fn, snapshot_interval=1)
         async with session:
-            assert session.channel_id == channel  # taken from the record response (§5.1)
+            assert session.channel_id == channel  # taken from the record response
             for number, name in enumerate(STEP_NAMES, 1):
                 agent["step"] = number
                 agent["notes"].append(name)
@@ -93,7 +93,7 @@ def test_agent_session_six_steps_records_states_metadata_and_step_index(make_cli
     for number, (name, event) in enumerate(zip(STEP_NAMES, steps), 1):
         assert event.payload == {"step_number": number, "input": {"n": number}, "output": {"done": name}}
         assert event.actor == "agent_session"
-        assert event.metadata == {"step_number": number}  # the inner user metadata (§5.1)
+        assert event.metadata == {"step_number": number}  # the inner user metadata
     assert events[-1].payload == {"session_name": channel, "total_steps": 6}
     assert cursor == 8
 
@@ -105,7 +105,7 @@ def test_agent_session_six_steps_records_states_metadata_and_step_index(make_cli
     assert all(isinstance(v.get("timestamp"), str) and v["timestamp"] for v in versions)
     assert state3 == {"cursor": steps[2].cursor, "state": snapshots[2], "version": 3}
 
-    # experiment_metadata comes back exactly as the SDK last wrote it (§15.3).
+    # experiment_metadata comes back exactly as the SDK last wrote it.
     assert meta.experiment_metadata == {
         "session_name": channel, "params": {}, "status": "completed",
         "started_at": events[0].timestamp, "step_count": 6,
@@ -115,13 +115,13 @@ def test_agent_session_six_steps_records_states_metadata_and_step_index(make_cli
     assert (meta.origin_run_id, meta.forked_at_cursor) == (channel, 0)
 
     assert step3 == (channel, steps[2].cursor, steps[2].id)
-    assert step7 is None  # not indexed -> 404 -> None (§7.4)
+    assert step7 is None  # not indexed -> 404 -> None
     assert last_step == 6
     assert channel in channels
 
 
 def test_crashed_session_is_marked_and_resumes_at_the_next_step(make_client, unique):
-    """§15.8/§15.9: a crash records status and outcome; `resume` continues the numbering."""
+    """A crash records status and outcome; `resume` continues the numbering."""
     channel = unique("crash")
 
     async def scenario(client):
@@ -149,7 +149,7 @@ def test_crashed_session_is_marked_and_resumes_at_the_next_step(make_client, uni
 
 @pytest.mark.parametrize("where", ["event payload", "state", "experiment_metadata"])
 def test_json_values_round_trip_exactly(make_client, unique, where):
-    """§1.3: payloads, states and metadata come back exactly: big ints, int vs float, unicode."""
+    """Payloads, states and metadata come back exactly: big ints, int vs float, unicode."""
     channel = unique(where.replace(" ", "-").replace("_", "-"))
     value = {"big": 2**63 + 11, "neg_big": -(2**70), "one": 1, "one_float": 1.0, "tiny": 1e-7,
              "text": "é ✓ <a&b> \u2028", "nested": {"list": [1, None, True, "x", {}]}, "empty": []}
@@ -174,7 +174,7 @@ def test_json_values_round_trip_exactly(make_client, unique, where):
 
 
 def test_metadata_put_is_partial_and_replaces_experiment_metadata(make_client, unique):
-    """§7.2: only keys present change; `experiment_metadata` is replaced wholesale."""
+    """Only keys present change; `experiment_metadata` is replaced wholesale."""
     channel = unique("meta")
 
     async def scenario(client):
@@ -190,7 +190,7 @@ def test_metadata_put_is_partial_and_replaces_experiment_metadata(make_client, u
 
 
 # --------------------------------------------------------------------------------------------
-# Idempotency and guards (§4.2, §5.6, §6.1, PRODUCT §3)
+# Idempotency and guards
 # --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("retry", ["identical", "keys reordered"])
@@ -264,7 +264,7 @@ def test_transition_is_idempotent_and_guarded(make_client, unique):
 
 
 # --------------------------------------------------------------------------------------------
-# Events API details and the edge cases users hit (§5.3-5.7, §6, §7.2, PRODUCT §3)
+# Events API details and the edge cases users hit
 # --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kwargs, expected", [
@@ -429,7 +429,7 @@ def test_health_readiness_and_metrics_parse(make_client, unique):
 
 
 def test_capabilities_grant_the_single_key_everything(make_client, server, unique):
-    """§2.4: the one community key may do everything; the preview never leaks the key."""
+    """The first key may do everything; the preview never leaks the key."""
     caps = with_client(make_client, lambda client: client.capabilities())
     channel = unique("caps")
     assert caps.auth_method == "api_key"
@@ -438,7 +438,7 @@ def test_capabilities_grant_the_single_key_everything(make_client, server, uniqu
 
 
 # --------------------------------------------------------------------------------------------
-# WebSocket (§14)
+# WebSocket
 # --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("start", [0, 2])
@@ -462,7 +462,7 @@ def test_stream_delivers_earlier_events_then_live_ones_in_cursor_order(make_clie
 
 
 def test_subscribing_while_writers_are_busy_loses_and_reorders_nothing(make_client, unique):
-    """The catch-up replay hands over to live delivery without a gap (§14.5)."""
+    """The catch-up replay hands over to live delivery without a gap."""
     channel, writers, each = unique("handover"), 4, 600
     total = writers * each
 
@@ -516,7 +516,7 @@ def test_publish_acks_and_reaches_other_subscribers_but_not_the_publisher(make_c
                 acks[who].append(await (alice if who == "alice" else bob).publish(channel, {"n": n}))
             received = {who: [await asyncio.wait_for(q.get(), WS_WAIT) for _ in range(2)]
                         for who, q in inbox.items()}
-            assert confirmed == [(channel, 1)]  # the topic's latest cursor (§14.4)
+            assert confirmed == [(channel, 1)]  # the topic's latest cursor
             return acks, received, await alice.replay(channel, cursor=0)
 
     acks, received, events = run(scenario())
@@ -565,7 +565,7 @@ def test_wrong_key_raises_auth_error(server, unique, call):
             await client.disconnect()
 
     message = run(scenario())
-    # A server that stays silent on a bad key makes the SDK time out instead (§14.2 step 6).
+    # A server that stays silent on a bad key makes the SDK time out instead.
     assert "timed out" not in message.lower()
 
 
@@ -590,7 +590,7 @@ def test_unsubscribe_stops_delivery(make_client, unique):
 
 
 def test_hundred_concurrent_writers_keep_cursors_gapless(make_client, unique):
-    """PRODUCT §5: 100 concurrent clients on one channel: gapless cursors, no 5xx, no lost write."""
+    """100 concurrent clients on one channel: gapless cursors, no 5xx, no lost write."""
     channel, writers, each = unique("hundred"), 100, 5
 
     async def write(number):
@@ -611,7 +611,7 @@ def test_hundred_concurrent_writers_keep_cursors_gapless(make_client, unique):
 
 
 # --------------------------------------------------------------------------------------------
-# Durability, restart, key rotation, command line (PRODUCT §2, §4)
+# Durability, restart, key rotation, command line
 # --------------------------------------------------------------------------------------------
 
 def test_acknowledged_writes_survive_sigkill(tmp_path):

@@ -48,7 +48,7 @@ from conftest import ROOT, ServerProcess, http, run
 if str(ROOT) not in sys.path:          # `import actae` (the module under test) from the repository root
     sys.path.insert(0, str(ROOT))
 
-CONTRACT_DEPTH_MAX = 64
+DEPTH_MAX = 64
 SESSION_COOKIE = "actae_session"
 INT64_MAX = 2**63 - 1
 CSRF_INPUT = re.compile(r"<input\b[^>]*\bname=[\"']csrf_token[\"'][^>]*>", re.I)
@@ -64,8 +64,8 @@ def depth_max() -> int:
     try:
         import actae
     except Exception:   # noqa: BLE001 - the module may be mid-edit; the contract's value then
-        return CONTRACT_DEPTH_MAX
-    return getattr(actae, "DOCUMENT_DEPTH_MAX", CONTRACT_DEPTH_MAX)
+        return DEPTH_MAX
+    return getattr(actae, "DOCUMENT_DEPTH_MAX", DEPTH_MAX)
 
 
 def api(server, method, path, *, body=None, raw=None, headers=None):
@@ -367,7 +367,7 @@ def test_deep_documents_are_refused_and_change_nothing(server, web, other_run, u
 
 def test_document_depth_max_is_a_module_constant_of_64():
     import actae
-    assert getattr(actae, "DOCUMENT_DEPTH_MAX", None) == CONTRACT_DEPTH_MAX
+    assert getattr(actae, "DOCUMENT_DEPTH_MAX", None) == DEPTH_MAX
 
 
 def test_rich_doc_has_the_depth_it_claims():

@@ -1,8 +1,7 @@
-"""Issue 3: the side-effect ledger (`/api/v1/executions/*`) and the session fence built on it.
+"""The side-effect ledger (`/api/v1/executions/*`) and the session fence built on it.
 
 Real `actae-client` SDK against the real server subprocess (`server` fixture). Lease-expiry cases
 use `lease_seconds=1` and sleep 1.2 s, so the whole file stays within a few seconds of sleeping.
-Contract references: CONTRACT.md §9 (ledger), §15.4 (fence), §18 (validation), PRODUCT.md §3.
 """
 from __future__ import annotations
 
