@@ -1,0 +1,1246 @@
+"""Actae against LangGraph (SqliteSaver) and DBOS (SQLite) on one machine and one disk.
+
+    pip install -r requirements.txt -r examples/requirements-bench.txt
+    python examples/bench.py                  # the full run: about 7 minutes on 2 cores
+    python examples/bench.py --quick          # every figure at small sizes, about 25 s
+    python examples/bench.py --json PATH      # where the report goes (default examples/out/bench.json)
+
+One invocation starts `python actae.py --port 0` on a fresh data directory, a bare Starlette
+JSON endpoint under uvicorn, and one worker process per measured system, all inside one
+temporary folder, so everything writes to the same disk (`--dir` picks where that folder goes):
+
+  ours       the real `actae-client` SDK talking to the server: AgentSession for runs,
+             ActaeClient for forks and the execution ledger
+  langgraph  one StateGraph node looping N times; SqliteSaver on its own sqlite3 connection
+             with journal_mode=WAL and synchronous=FULL set explicitly; invoked with
+             durability="sync", so each checkpoint is committed before the next step runs
+  dbos       one DBOS workflow of N steps on a SQLite system database exactly as DBOS
+             configures it: a rollback journal and SQLite's default synchronous=FULL (fsync of
+             journal and database on every commit); 64 executor threads so 32 workflows can
+             really run at once
+  dbos_wal   the same on a system database file switched to WAL before DBOS opens it;
+             synchronous stays FULL, so every commit still fsyncs the WAL
+
+Every system fsyncs on commit: our server runs WAL with synchronous=FULL and answers each
+write after its commit. The pragmas are read back from each peer's own connection and stored
+in the report under meta.
+
+Each round runs every timed phase once per system, in an order that rotates from round to
+round so drift hits every system alike; the table shows medians over rounds (B2: median over
+its samples; disk: one dedicated run per system after the rounds). Every step hands every
+system the same document: seeded, varied JSON text of about 2 KB (sentences from a fixed word
+list, numbers, nested lists), the same bytes for all of them.
+
+Figures
+  B1a steps/s      one run of N steps, wall time of the whole run (setup and completion
+                   included): AgentSession with snapshot_interval=1 (a step event and a state
+                   snapshot per step), LangGraph's loop, DBOS's N-step workflow.
+  B1a floor        the best a client/server design can do for one run: the SDK's own CPU per
+                   step (time.process_time of the client process over the run, ÷ steps) plus two
+                   commit latencies (a step is two sequential writes: record, then save_state).
+  B1b steps/s      32 concurrent runs of M steps: 32 AgentSessions on one asyncio loop, 32
+                   LangGraph threads sharing one SqliteSaver, 32 DBOS workflows started at once;
+                   and our write requests/s over the same window.
+  GET req/s        32 concurrent loops of GET on the bare endpoint and on our lightest
+                   authenticated GET (/api/v1/auth/capabilities: the key is checked, no other
+                   work), one aiohttp load generator for both; server CPU ms per request.
+  SQLite commits/s one connection, WAL, synchronous=FULL, one 2 KB row per transaction, same
+                   disk; commit latency is the median commit.
+  SDK CPU          client process CPU ms per request (and per step) during B1a.
+  server CPU       our server's CPU (utime + stime of the process, all threads, from
+                   /proc/<pid>/stat) during B1b ÷ write requests sent; the few reads each
+                   session makes are charged to the writes. The same during B1a, as a context
+                   row, and CPU per step of each system (ours: client + server).
+  peak RSS         the server's VmHWM (/proc/<pid>/status), reset before B1b and read after.
+  B2 fork ms       fork a parent of N steps at k = N/2. Ours: ActaeClient.fork at the cursor
+                   of step k (one request; the child inherits the snapshot at k). LangGraph:
+                   update_state on the checkpoint of step k (a new branch checkpoint). DBOS:
+                   fork_workflow(id, k) (a new workflow with the steps before k copied), parked
+                   under an application version no executor serves, so the fork does not then
+                   re-run in the background while other systems are measured. Context row:
+                   AgentSession.resume(parent, fork_at_step=k), which also resolves the step and
+                   loads the inherited state (four requests).
+  B3 pairs/s       claim_execution + complete_execution pairs per second with 1, 8 and 64
+                   pairs in flight, a new key per pair. The probe claims a used key with other
+                   params (we must raise IdempotencyKeyMismatchError) and runs a DBOS workflow
+                   again under a used workflow id with another input.
+  disk per step    used bytes of a database ((page_count - freelist_count) × page_size) plus
+                   its WAL file after a TRUNCATE checkpoint (ours: every file of the data
+                   directory), before and after one more B1a run of D steps, ÷ D; then ÷ the bytes
+                   handed in (the compact JSON of a step's document).
+
+Under the table come the performance targets, each with its value and PASS or FAIL. Nothing
+exits non-zero on a FAIL: absolute figures move with the machine, the ratios are the point.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import os
+import platform
+import queue
+import random
+import re
+import shutil
+import signal
+import socket
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import urllib.request
+import zlib
+from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Optional
+
+# =============================================================================
+# Constants and plans
+# =============================================================================
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_JSON = ROOT / "examples" / "out" / "bench.json"
+SYSTEMS = ("ours", "langgraph", "dbos", "dbos_wal")
+PEER_MODULES = ("langgraph", "langgraph.checkpoint.sqlite", "dbos")
+PARKED_VERSION = "bench-parked"          # no executor serves it: a parked fork stays ENQUEUED
+URL_LINE = re.compile(r"^Dashboard:\s+(http://\S+)")
+KEY_LINE = re.compile(r"^API key:\s+(\S+)")
+BARE_LINE = re.compile(r"^Bare:\s+(http://\S+)")
+OP_TIMEOUT = 900.0                      # one worker operation; the largest is a 10,000-step build
+BATCH = 64                              # requests in flight while building a B2 parent
+
+
+@dataclass
+class Plan:
+    """Sizes of one invocation."""
+
+    rounds: int = 5
+    steps: int = 2000                     # B1a: steps of the one run
+    runs: int = 32                        # B1b: concurrent runs, also the GET load's concurrency
+    run_steps: int = 50                   # B1b: steps of each run
+    get_requests: int = 4000
+    commits: int = 300                    # raw SQLite commits per round
+    b3_pairs: dict = field(default_factory=lambda: {1: 150, 8: 600, 64: 2000})
+    sizes: tuple = (10, 1000, 10000)      # B2 parents
+    forks: int = 15                       # B2 samples per system and size
+    disk_steps: int = 1000
+
+
+QUICK = Plan(rounds=2, steps=100, run_steps=5, get_requests=500, commits=60,
+             b3_pairs={1: 10, 8: 40, 64: 128}, sizes=(10, 100, 1000), forks=3, disk_steps=100)
+
+# =============================================================================
+# The state every system is handed
+# =============================================================================
+
+WORDS = """the a an agent tool call result plan step memory context token model prompt search file
+read write answer user query retrieve rank score summary error retry cache vector index chunk page
+document source citation claim evidence check verify draft revise review approve reject budget limit
+timeout latency request response server client database table row column key value list item order
+invoice customer account payment refund ticket issue bug fix patch test build deploy release branch
+commit merge report chart metric trend week month year price cost revenue growth risk market region
+team owner because while after before until unless although therefore however instead meanwhile
+finally quickly carefully briefly clearly often rarely never always again only also still found need
+should could would might will must can may not more less most least first last next previous new old
+large small fast slow high low open closed pending done failed ready""".split()
+TOOLS = ("web_search", "sql_query", "read_file", "write_file", "http_get", "send_email", "calculator",
+         "vector_lookup")
+ROLES = ("planner", "researcher", "critic", "writer", "executor")
+DOC_BYTES = 2048
+
+
+def compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
+def make_doc(seed: int, step: int) -> dict:
+    """One step's agent state: varied JSON of about DOC_BYTES compact bytes, fixed by (seed, step)."""
+    rng = random.Random(seed * 1_000_003 + step)
+
+    def sentence() -> str:
+        words = " ".join(rng.choice(WORDS) for _ in range(rng.randint(6, 16)))
+        return words.capitalize() + rng.choice(".....?!")
+
+    def paragraph(low: int, high: int) -> str:
+        return " ".join(sentence() for _ in range(rng.randint(low, high)))
+
+    doc = {
+        "step": step,
+        "role": rng.choice(ROLES),
+        "thought": paragraph(2, 4),
+        "messages": [{"role": rng.choice(("user", "assistant", "tool")), "content": paragraph(1, 2),
+                      "tokens": rng.randint(5, 900)} for _ in range(rng.randint(2, 3))],
+        "tool_call": {"name": rng.choice(TOOLS),
+                      "args": {"query": sentence(), "top_k": rng.randint(1, 20),
+                               "filters": [rng.choice(WORDS) for _ in range(rng.randint(0, 4))]},
+                      "latency_ms": round(rng.uniform(3, 2500), 2), "ok": rng.random() > 0.1},
+        "scores": [round(rng.random(), 4) for _ in range(rng.randint(6, 14))],
+        "matrix": [[rng.randint(-500, 50_000) for _ in range(rng.randint(2, 5))]
+                   for _ in range(rng.randint(2, 5))],
+        "usage": {"prompt_tokens": rng.randint(200, 8000), "completion_tokens": rng.randint(10, 1200),
+                  "cost_usd": round(rng.uniform(0, 0.2), 6)},
+        "notes": [],
+    }
+    size = len(compact(doc).encode())
+    while size < DOC_BYTES - 60:
+        note = sentence()
+        size += len(compact(note).encode()) + (1 if doc["notes"] else 0)
+        doc["notes"].append(note)
+    return doc
+
+
+def make_docs(key: str, count: int) -> list[dict]:
+    """The documents of run `key`: the same list in every process that asks."""
+    seed = zlib.crc32(key.encode())
+    return [make_doc(seed, i) for i in range(count)]
+
+
+def doc_bytes(docs: list[dict]) -> int:
+    return sum(len(compact(d).encode()) for d in docs)
+
+
+# =============================================================================
+# Measured systems, one per worker process
+# =============================================================================
+
+
+def measured(steps: int, bytes_in: int, run) -> dict:
+    """Run `run()`; return its wall seconds and this process's CPU seconds with the counts given."""
+    cpu, started = time.process_time(), time.perf_counter()
+    run()
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return {"seconds": seconds, "steps": steps, "cpu_seconds": cpu, "bytes_in": bytes_in}
+
+
+class OursBench:
+    """The real SDK against the server: AgentSession runs, ActaeClient forks and ledger pairs."""
+
+    def __init__(self, url: str, key: str):
+        from actae_client import ActaeClient, ActaeConnectionError
+
+        self.url, self.key = url, key
+        self.loop = asyncio.new_event_loop()
+        self.client = ActaeClient(endpoint=url, api_key=key, timeout=300)
+        self.requests: Counter = Counter()
+        self.connection_errors = 0
+        self.parents: dict[int, tuple[str, dict[int, int]]] = {}
+        send = self.client._request
+
+        async def counted(method, path, **kwargs):
+            self.requests[method] += 1
+            try:
+                return await send(method, path, **kwargs)
+            except ActaeConnectionError:
+                self.connection_errors += 1     # AgentSession retries these after a pause: show them
+                raise
+
+        # Every SDK call goes through this one method, so this counts what reached the wire.
+        self.client._request = counted
+        self.loop.run_until_complete(self._pool())
+        self.loop.run_until_complete(self.client.health_check())
+
+    async def _pool(self) -> None:
+        """Give the SDK the connection pool it would make, but one that drops a connection after 2
+        idle seconds: the server closes one after 5, the SDK's default pool keeps it 15, and a
+        request written while the server closes its connection fails. The other systems are
+        measured in between our phases, so our connections sit idle for long stretches."""
+        import aiohttp
+
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=2.0))
+        self.client._sessions_by_loop[id(self.loop)] = session
+
+    def info(self) -> dict:
+        return {"actae-client": importlib.metadata.version("actae-client")}
+
+    def call(self, op: str, args: dict) -> dict:
+        return self.loop.run_until_complete(getattr(self, "op_" + op)(**args))
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.client.disconnect())
+        self.loop.close()
+
+    async def _measure(self, steps: int, bytes_in: int, coro) -> dict:
+        """`measured` for a coroutine, plus the requests it sent (writes: anything but GET)."""
+        before, errors = Counter(self.requests), self.connection_errors
+        cpu, started = time.process_time(), time.perf_counter()
+        await coro
+        seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+        sent = self.requests - before
+        return {"seconds": seconds, "steps": steps, "cpu_seconds": cpu, "bytes_in": bytes_in,
+                "requests": sum(sent.values()), "writes": sum(n for m, n in sent.items() if m != "GET"),
+                "connection_errors": self.connection_errors - errors}
+
+    async def _run(self, name: str, docs: list[dict]) -> None:
+        from actae_client import AgentSession
+
+        current = [None]
+        async with AgentSession(self.client, name, state_fn=lambda: current[0], snapshot_interval=1) as session:
+            for i, doc in enumerate(docs):
+                current[0] = doc
+                await session.step("agent.step", input={"step": i}, output={"role": doc["role"]})
+
+    async def op_b1a(self, n: int, tag: str) -> dict:
+        docs = make_docs(tag, n)
+        return await self._measure(n, doc_bytes(docs), self._run(tag, docs))
+
+    async def op_b1b(self, runs: int, n: int, tag: str) -> dict:
+        docs = {f"{tag}-{j}": make_docs(f"{tag}-{j}", n) for j in range(runs)}
+        every = asyncio.gather(*(self._run(name, d) for name, d in docs.items()))
+        return await self._measure(runs * n, sum(map(doc_bytes, docs.values())), every)
+
+    async def op_b3(self, inflight: int, pairs: int, tag: str) -> dict:
+        channel, keys = f"{tag}-{inflight}", iter(range(pairs))
+
+        async def lane():
+            for i in keys:
+                claim = await self.client.claim_execution(channel, f"k{i}", "charge",
+                                                          {"amount": i, "currency": "EUR"})
+                if claim.status != "claimed":
+                    raise RuntimeError(f"a fresh key was {claim.status}, not claimed")
+                await self.client.complete_execution(claim.execution.id, claim.claim_token,
+                                                     {"ok": True, "receipt": f"r{i}"})
+
+        return await self._measure(pairs, 0, asyncio.gather(*(lane() for _ in range(inflight))))
+
+    async def op_probe(self, tag: str) -> dict:
+        from actae_client import IdempotencyKeyMismatchError
+
+        channel, params = f"{tag}-ledger", {"amount": 100, "currency": "EUR"}
+        claim = await self.client.claim_execution(channel, "charge-1", "charge", params)
+        await self.client.complete_execution(claim.execution.id, claim.claim_token, {"receipt": "r1"})
+        try:
+            other = await self.client.claim_execution(channel, "charge-1", "charge", {**params, "amount": 999})
+            mismatch = f"accepted: status {other.status}"
+        except IdempotencyKeyMismatchError as exc:
+            mismatch = f"rejected: IdempotencyKeyMismatchError ({exc})"
+        again = await self.client.claim_execution(channel, "charge-1", "charge", params)
+        return {"mismatch_rejected": mismatch.startswith("rejected"), "mismatch": mismatch,
+                "same_params": again.status, "same_params_result": again.result}
+
+    async def op_load(self, url: str, concurrency: int, requests: int, with_key: bool) -> dict:
+        import aiohttp
+
+        headers = {"x-api-key": self.key} if with_key else {}
+        statuses: Counter = Counter()
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
+            async def lane(count: int):
+                for _ in range(count):
+                    async with http.get(url, headers=headers) as response:
+                        await response.read()
+                        statuses[response.status] += 1
+
+            await asyncio.gather(*(lane(2) for _ in range(concurrency)))  # open every connection
+            shares = [requests // concurrency + (i < requests % concurrency) for i in range(concurrency)]
+            started = time.perf_counter()
+            await asyncio.gather(*(lane(n) for n in shares))
+            seconds = time.perf_counter() - started
+        if set(statuses) != {200}:
+            raise RuntimeError(f"GET {url}: statuses {dict(statuses)}")
+        return {"seconds": seconds, "requests": requests, "sent": requests + 2 * concurrency}
+
+    async def op_build(self, sizes: list[int], tag: str) -> dict:
+        """Parents shaped like an AgentSession run: a numbered step event and a snapshot per step."""
+        for size in sizes:
+            channel, docs, cursors = f"{tag}-n{size}", make_docs(f"{tag}-n{size}", size), {}
+            for start in range(1, size + 1, BATCH):
+                numbers = range(start, min(start + BATCH, size + 1))
+                events = await asyncio.gather(*(
+                    self.client.record(channel, "agent.step", {"step_number": n, "input": {"step": n - 1},
+                                                               "output": {"role": docs[n - 1]["role"]}},
+                                       actor="agent_session", step_number=n) for n in numbers))
+                cursors.update((n, e.cursor) for n, e in zip(numbers, events))
+                await asyncio.gather(*(self.client.save_state(channel, cursors[n], docs[n - 1]) for n in numbers))
+            self.parents[size] = (channel, cursors)
+        return {"steps": sum(sizes)}
+
+    async def op_fork(self, size: int, child: str) -> dict:
+        channel, cursors = self.parents[size]
+        cursor = cursors[size // 2]
+        started = time.perf_counter()
+        receipt = await self.client.fork(channel, child, cursor)
+        ms = (time.perf_counter() - started) * 1000
+        if receipt.resolved_cursor != cursor or not receipt.restorable:
+            raise RuntimeError(f"fork of {channel} at {cursor} resolved to {receipt.resolved_cursor}")
+        return {"ms": ms}
+
+    async def op_session_fork(self, size: int, child: str) -> dict:
+        from actae_client import AgentSession
+
+        channel, _ = self.parents[size]
+        started = time.perf_counter()
+        session = await AgentSession.resume(self.client, channel, fork_at_step=size // 2, name=child)
+        ms = (time.perf_counter() - started) * 1000
+        if (session.inherited_state or {}).get("step") != size // 2 - 1:
+            raise RuntimeError(f"fork of {channel} at step {size // 2} inherited the wrong state")
+        return {"ms": ms}
+
+
+class LangGraphBench:
+    """One StateGraph node that loops N times, checkpointed by SqliteSaver with durability="sync"."""
+
+    def __init__(self, folder: Path):
+        from typing import TypedDict
+
+        from langgraph.checkpoint.sqlite import SqliteSaver
+        from langgraph.graph import END, START, StateGraph
+
+        self.path = folder / "langgraph.db"
+        self.conn = sqlite3.connect(self.path, check_same_thread=False)
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=FULL")
+        self.saver = SqliteSaver(self.conn)
+        self.saver.setup()
+        self.docs: dict[str, list[dict]] = {}
+        self.parents: dict[int, dict] = {}
+
+        class State(TypedDict):
+            i: int
+            n: int
+            key: str
+            doc: dict
+
+        def agent_step(state: State) -> dict:
+            return {"i": state["i"] + 1, "doc": self.docs[state["key"]][state["i"]]}
+
+        builder = StateGraph(State)
+        builder.add_node("agent_step", agent_step)
+        builder.add_edge(START, "agent_step")
+        builder.add_conditional_edges("agent_step", lambda s: END if s["i"] >= s["n"] else "agent_step")
+        self.graph = builder.compile(checkpointer=self.saver)
+
+    def info(self) -> dict:
+        return {"langgraph": importlib.metadata.version("langgraph"),
+                "langgraph-checkpoint-sqlite": importlib.metadata.version("langgraph-checkpoint-sqlite"),
+                "journal_mode": self.conn.execute("PRAGMA journal_mode").fetchone()[0],
+                "synchronous": self.conn.execute("PRAGMA synchronous").fetchone()[0],
+                "durability": "sync", "path": str(self.path)}
+
+    def call(self, op: str, args: dict) -> dict:
+        return getattr(self, "op_" + op)(**args)
+
+    def close(self) -> None:
+        self.conn.close()
+
+    def _run(self, key: str, n: int) -> None:
+        config = {"configurable": {"thread_id": key}, "recursion_limit": n + 10}
+        out = self.graph.invoke({"i": 0, "n": n, "key": key, "doc": {}}, config, durability="sync")
+        if out["i"] != n:
+            raise RuntimeError(f"graph stopped at {out['i']} of {n}")
+
+    def op_b1a(self, n: int, tag: str) -> dict:
+        self.docs = {tag: make_docs(tag, n)}
+        return measured(n, doc_bytes(self.docs[tag]), lambda: self._run(tag, n))
+
+    def op_b1b(self, runs: int, n: int, tag: str) -> dict:
+        self.docs = {f"{tag}-{j}": make_docs(f"{tag}-{j}", n) for j in range(runs)}
+
+        def every():
+            with ThreadPoolExecutor(max_workers=runs) as pool:
+                list(pool.map(lambda key: self._run(key, n), list(self.docs)))
+
+        return measured(runs * n, sum(map(doc_bytes, self.docs.values())), every)
+
+    def op_build(self, sizes: list[int], tag: str) -> dict:
+        for size in sizes:
+            key = f"{tag}-n{size}"
+            self.docs = {key: make_docs(key, size)}
+            self._run(key, size)
+            k = size // 2
+            found = [t.config for t in self.saver.list({"configurable": {"thread_id": key}})
+                     if t.metadata.get("step") == k]
+            if len(found) != 1:
+                raise RuntimeError(f"no single checkpoint at step {k} of {key}")
+            self.parents[size] = found[0]
+        self.docs = {}
+        return {"steps": sum(sizes)}
+
+    def op_fork(self, size: int, child: str) -> dict:
+        started = time.perf_counter()
+        self.graph.update_state(self.parents[size], {"n": size + 1})
+        return {"ms": (time.perf_counter() - started) * 1000}
+
+
+class DbosBench:
+    """One DBOS workflow of N steps, each step returning that step's document."""
+
+    def __init__(self, folder: Path, wal: bool):
+        from dbos import DBOS, SetWorkflowID
+
+        self.path = folder / ("dbos-wal.db" if wal else "dbos.db")
+        if wal:
+            with contextlib.closing(sqlite3.connect(self.path)) as conn:
+                conn.execute("PRAGMA journal_mode=WAL")   # a file property: DBOS's connections inherit it
+        self.DBOS, self.SetWorkflowID = DBOS, SetWorkflowID
+        DBOS(config={"name": "actae-bench", "system_database_url": f"sqlite:///{self.path}",
+                     "log_level": "WARNING", "max_executor_threads": 64})
+        docs = self.docs = {}
+
+        @DBOS.step()
+        def agent_step(key: str, i: int) -> dict:
+            return docs[key][i]
+
+        @DBOS.workflow()
+        def agent_run(key: str, n: int) -> int:
+            for i in range(n):
+                agent_step(key, i)
+            return n
+
+        @DBOS.workflow()
+        def charge(params: dict) -> dict:
+            return {"charged": params}
+
+        self.agent_run, self.charge = agent_run, charge
+        self.parents: dict[int, str] = {}
+        DBOS.launch()
+
+    def info(self) -> dict:
+        from dbos import _dbos
+
+        pragmas = {}
+        try:
+            engine = _dbos._dbos_global_instance._sys_db.engine
+            with engine.connect() as conn:
+                for name in ("journal_mode", "synchronous"):
+                    pragmas[name] = conn.exec_driver_sql(f"PRAGMA {name}").fetchone()[0]
+        except Exception as exc:  # a private attribute: report, never fail the bench on it
+            pragmas["error"] = repr(exc)
+        return {"dbos": importlib.metadata.version("dbos"), "path": str(self.path), **pragmas}
+
+    def call(self, op: str, args: dict) -> dict:
+        return getattr(self, "op_" + op)(**args)
+
+    def close(self) -> None:
+        self.DBOS.destroy()
+
+    def op_b1a(self, n: int, tag: str) -> dict:
+        self.docs.clear()
+        self.docs[tag] = make_docs(tag, n)
+        return measured(n, doc_bytes(self.docs[tag]), lambda: self.agent_run(tag, n))
+
+    def op_b1b(self, runs: int, n: int, tag: str) -> dict:
+        self.docs.clear()
+        self.docs.update({f"{tag}-{j}": make_docs(f"{tag}-{j}", n) for j in range(runs)})
+
+        def every():
+            handles = [self.DBOS.start_workflow(self.agent_run, key, n) for key in list(self.docs)]
+            if [h.get_result() for h in handles] != [n] * runs:
+                raise RuntimeError("a workflow returned the wrong step count")
+
+        return measured(runs * n, sum(map(doc_bytes, self.docs.values())), every)
+
+    def op_build(self, sizes: list[int], tag: str) -> dict:
+        for size in sizes:
+            key = f"{tag}-n{size}"
+            self.docs.clear()
+            self.docs[key] = make_docs(key, size)
+            with self.SetWorkflowID(key):
+                self.agent_run(key, size)
+            self.parents[size] = key
+        self.docs.clear()
+        return {"steps": sum(sizes)}
+
+    def op_fork(self, size: int, child: str) -> dict:
+        started = time.perf_counter()
+        handle = self.DBOS.fork_workflow(self.parents[size], size // 2, application_version=PARKED_VERSION)
+        ms = (time.perf_counter() - started) * 1000
+        return {"ms": ms, "status": handle.get_status().status}
+
+    def op_probe(self, tag: str) -> dict:
+        workflow_id = f"{tag}-charge"
+        with self.SetWorkflowID(workflow_id):
+            first = self.charge({"amount": 100, "currency": "EUR"})
+        try:
+            with self.SetWorkflowID(workflow_id):
+                second = self.charge({"amount": 999, "currency": "EUR"})
+            raised = None
+        except Exception as exc:
+            second, raised = None, f"{type(exc).__name__}: {exc}"
+        if raised:
+            what = f"raised {raised}"
+        elif second == first:
+            what = "no error: returned the first run's result, the new input was ignored"
+        else:
+            what = f"no error: ran again and returned {second!r}"
+        return {"raised": raised, "first_result": first, "second_result": second, "behaviour": what}
+
+
+# =============================================================================
+# Worker process side
+# =============================================================================
+
+
+def serve_worker(args: argparse.Namespace) -> int:
+    """Answer one JSON line per operation read from stdin until `quit` or end of input."""
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # whatever the libraries print goes to stderr, never into the replies
+    sys.stdout = sys.stderr
+
+    def reply(message: dict) -> None:
+        replies.write(json.dumps(message, default=str) + "\n")
+
+    try:
+        if args.worker == "ours":
+            bench = OursBench(args.url, args.key)
+        elif args.worker == "langgraph":
+            bench = LangGraphBench(Path(args.dir))
+        else:
+            bench = DbosBench(Path(args.dir), wal=args.worker == "dbos_wal")
+        reply({"ready": bench.info()})
+    except Exception:
+        reply({"error": traceback.format_exc()})
+        return 1
+    for line in sys.stdin:
+        message = json.loads(line)
+        op = message.pop("op")
+        if op == "quit":
+            break
+        try:
+            reply({"result": bench.call(op, message)})
+        except Exception:
+            reply({"error": traceback.format_exc()})
+    bench.close()
+    return 0
+
+
+def serve_bare() -> int:
+    """A bare Starlette JSON endpoint under uvicorn, the same loop and HTTP parser our server uses."""
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    async def hello(request):
+        return JSONResponse({"status": "ok"})
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(2048)
+    print(f"Bare: http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
+    config = uvicorn.Config(Starlette(routes=[Route("/json", hello)]), http="httptools", loop="auto",
+                            log_level="warning", access_log=False, lifespan="off")
+    with contextlib.suppress(KeyboardInterrupt):
+        uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+# =============================================================================
+# Bench process side: child processes, /proc, SQLite
+# =============================================================================
+
+STARTED = time.monotonic()
+
+
+def say(message: str) -> None:
+    print(f"[{time.monotonic() - STARTED:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def child_env() -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("ACTAE_API_KEY", "ACTAE_DATA_DIR")}
+    return {**env, "PYTHONUNBUFFERED": "1"}
+
+
+class Server:
+    """A server child process; its output is drained on a thread, `found` holds the named lines."""
+
+    def __init__(self, name: str, argv: list[str], patterns: dict[str, re.Pattern]):
+        self.name, self.patterns = name, patterns
+        self.lines: deque = deque(maxlen=200)
+        self.found: dict[str, str] = {}
+        self.ready = threading.Event()
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     env=child_env(), cwd=str(ROOT))
+        threading.Thread(target=self._drain, daemon=True).start()
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            line = line.rstrip("\n")
+            self.lines.append(line)
+            for name, pattern in self.patterns.items():
+                if name not in self.found and (m := pattern.match(line)):
+                    self.found[name] = m.group(1).rstrip("/")
+            if len(self.found) == len(self.patterns):
+                self.ready.set()
+        self.ready.set()
+
+    def wait(self, timeout: float = 60.0) -> "Server":
+        if not self.ready.wait(timeout) or len(self.found) != len(self.patterns):
+            raise RuntimeError(f"{self.name} did not start:\n" + "\n".join(self.lines))
+        url = self.found["url"]
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                with urllib.request.urlopen(url + self.probe_path, timeout=2) as response:
+                    if response.status == 200:
+                        return self
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.name} never answered:\n" + "\n".join(self.lines))
+
+    probe_path = "/healthz"
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+class Worker:
+    """A measured system in its own process: one JSON line per operation in, one reply out."""
+
+    def __init__(self, name: str, argv: list[str]):
+        self.name = name
+        self.replies: queue.Queue = queue.Queue()
+        self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--worker", name, *argv],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     env=child_env(), cwd=str(ROOT))
+        threading.Thread(target=self._read, daemon=True).start()
+        self.info: dict = {}
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.replies.put(line)
+        self.replies.put(None)
+
+    def _next(self, timeout: float) -> dict:
+        try:
+            line = self.replies.get(timeout=timeout)
+        except queue.Empty:
+            raise RuntimeError(f"{self.name} worker: no reply in {timeout:.0f} s") from None
+        if line is None:
+            raise RuntimeError(f"{self.name} worker exited with {self.proc.wait()}")
+        message = json.loads(line)
+        if "error" in message:
+            raise RuntimeError(f"{self.name} worker failed:\n{message['error']}")
+        return message
+
+    def wait_ready(self, timeout: float = 120.0) -> "Worker":
+        self.info = self._next(timeout)["ready"]
+        return self
+
+    def send(self, op: str, **args) -> None:
+        self.proc.stdin.write(json.dumps({"op": op, **args}) + "\n")
+        self.proc.stdin.flush()
+
+    def recv(self, timeout: float = OP_TIMEOUT) -> dict:
+        return self._next(timeout)["result"]
+
+    def call(self, op: str, **args) -> dict:
+        self.send(op, **args)
+        return self.recv()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError, ValueError):
+                self.send("quit")
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a process, all its threads, from /proc/<pid>/stat."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM for {pid}")
+
+
+def reset_peak_rss(pid: int) -> bool:
+    """Set the process's VmHWM back to its current RSS; False where the kernel refuses."""
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def used_bytes(path: Path) -> dict:
+    """Bytes a SQLite database holds: in-use pages plus the WAL file, after a TRUNCATE checkpoint."""
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn:
+        busy = 1
+        for _ in range(50):  # the owner may be finishing a read; it is idle otherwise
+            busy = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+            if not busy:
+                break
+            time.sleep(0.1)
+        pages = conn.execute("PRAGMA page_count").fetchone()[0] - conn.execute("PRAGMA freelist_count").fetchone()[0]
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    wal = Path(f"{path}-wal")
+    wal_bytes = wal.stat().st_size if wal.exists() else 0
+    return {"bytes": pages * page_size + wal_bytes, "wal_bytes": wal_bytes, "checkpointed": not busy}
+
+
+def store_bytes(path: Path) -> dict:
+    """`used_bytes` of a database file, or summed over every file of a data directory (a file that
+    is not a SQLite database counts by its size; -shm files are an index in shared memory)."""
+    files = [path] if path.is_file() else sorted(p for p in path.iterdir() if p.is_file())
+    total, checkpointed = 0, True
+    for file in files:
+        if file.name.endswith(("-wal", "-shm", "-journal")):
+            continue
+        with file.open("rb") as handle:
+            is_sqlite = handle.read(16) == b"SQLite format 3\x00"
+        if is_sqlite:
+            used = used_bytes(file)
+            total, checkpointed = total + used["bytes"], checkpointed and used["checkpointed"]
+        else:
+            total += file.stat().st_size
+    return {"bytes": total, "checkpointed": checkpointed}
+
+
+def raw_commits(path: Path, count: int, texts: list[str]) -> dict:
+    """`count` transactions of one 2 KB row each on a WAL, synchronous=FULL database."""
+    with contextlib.closing(sqlite3.connect(path, isolation_level=None)) as conn:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("CREATE TABLE IF NOT EXISTS raw (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+        latencies = []
+        for i in range(count):
+            started = time.perf_counter()
+            conn.execute("BEGIN IMMEDIATE")
+            conn.execute("INSERT INTO raw (body) VALUES (?)", (texts[i % len(texts)],))
+            conn.execute("COMMIT")
+            latencies.append(time.perf_counter() - started)
+    return {"commits_per_s": count / sum(latencies), "latency_ms": statistics.median(latencies) * 1000}
+
+
+# =============================================================================
+# Phases
+# =============================================================================
+
+
+class Bench:
+    """Everything one invocation starts, and the raw results of its phases."""
+
+    def __init__(self, plan: Plan, folder: Path):
+        self.plan, self.folder = plan, folder
+        self.rounds: list[dict] = []
+        self.once: dict = {}
+
+    def start(self) -> None:
+        data_dir = self.folder / "actae"
+        self.server = Server("actae", [sys.executable, str(ROOT / "actae.py"), "--port", "0",
+                                       "--data-dir", str(data_dir)], {"url": URL_LINE, "key": KEY_LINE})
+        self.bare = Server("bare endpoint", [sys.executable, str(Path(__file__).resolve()), "--bare-server"],
+                           {"url": BARE_LINE})
+        self.bare.probe_path = "/json"
+        peers = {name: Worker(name, ["--dir", str(self.folder)]) for name in SYSTEMS[1:]}
+        self.server.wait()
+        self.bare.wait()
+        self.url, self.key = self.server.found["url"], self.server.found["key"]
+        if not self.key.startswith("sk-"):
+            raise RuntimeError(f"the server printed no new key: {self.key!r}")
+        ours = Worker("ours", ["--url", self.url, "--key", self.key])
+        self.workers = {"ours": ours, **peers}
+        for worker in self.workers.values():
+            worker.wait_ready()
+        self.paths = {"ours": data_dir, **{name: Path(w.info["path"]) for name, w in peers.items()}}
+        say(f"started: server {self.url} (pid {self.server.pid}), bare endpoint {self.bare.found['url']}, "
+            f"workers {', '.join(self.workers)}")
+
+    def stop(self) -> None:
+        for child in [*getattr(self, "workers", {}).values(), getattr(self, "server", None),
+                      getattr(self, "bare", None)]:
+            if child is not None:
+                with contextlib.suppress(Exception):
+                    child.stop()
+
+    def _ours(self, op: str, **args) -> tuple[dict, float]:
+        """Run an op of ours; return its result and the server CPU seconds it cost."""
+        before = cpu_seconds(self.server.pid)
+        result = self.workers["ours"].call(op, **args)
+        return result, cpu_seconds(self.server.pid) - before
+
+    def run_round(self, number: int) -> None:
+        plan, tag = self.plan, f"r{number}"
+        order = SYSTEMS[number % len(SYSTEMS):] + SYSTEMS[:number % len(SYSTEMS)]
+        got: dict = {"order": list(order)}
+
+        texts = [compact(d) for d in make_docs(f"{tag}-raw", 50)]
+        got["raw"] = raw_commits(self.folder / "raw.db", plan.commits, texts)
+        loads = [("bare", self.bare.found["url"] + "/json", False, self.bare.pid),
+                 ("ours", self.url + "/api/v1/auth/capabilities", True, self.server.pid)]
+        got["get"] = {}
+        for name, url, with_key, pid in (loads if number % 2 else loads[::-1]):
+            before = cpu_seconds(pid)
+            result = self.workers["ours"].call("load", url=url, concurrency=plan.runs,
+                                               requests=plan.get_requests, with_key=with_key)
+            got["get"][name] = {**result, "server_cpu": cpu_seconds(pid) - before}
+        say(f"round {number}: raw SQLite {got['raw']['commits_per_s']:.0f} commits/s, GET "
+            + ", ".join(f"{n} {r['requests'] / r['seconds']:.0f}/s" for n, r in got["get"].items()))
+
+        got["b1a"], got["b1b"] = {}, {}
+        for name in order:
+            if name == "ours":
+                result, server_cpu = self._ours("b1a", n=plan.steps, tag=f"{tag}-b1a")
+                result["server_cpu"] = server_cpu
+            else:
+                result = self.workers[name].call("b1a", n=plan.steps, tag=f"{tag}-b1a")
+            got["b1a"][name] = result
+        say(f"round {number}: B1a " + ", ".join(f"{n} {r['steps'] / r['seconds']:.0f}" for n, r in got["b1a"].items())
+            + " steps/s")
+
+        for name in order:
+            if name == "ours":
+                got["rss_reset"] = reset_peak_rss(self.server.pid)
+                result, server_cpu = self._ours("b1b", runs=plan.runs, n=plan.run_steps, tag=f"{tag}-b1b")
+                result.update(server_cpu=server_cpu, peak_rss_mb=peak_rss_mb(self.server.pid))
+            else:
+                result = self.workers[name].call("b1b", runs=plan.runs, n=plan.run_steps, tag=f"{tag}-b1b")
+            got["b1b"][name] = result
+        say(f"round {number}: B1b " + ", ".join(f"{n} {r['steps'] / r['seconds']:.0f}" for n, r in got["b1b"].items())
+            + " steps/s")
+
+        got["b3"] = {}
+        for inflight, pairs in plan.b3_pairs.items():
+            result, server_cpu = self._ours("b3", inflight=inflight, pairs=pairs, tag=f"{tag}-b3")
+            got["b3"][str(inflight)] = {**result, "server_cpu": server_cpu}
+        say(f"round {number}: B3 " + ", ".join(f"{k} in flight {r['steps'] / r['seconds']:.0f}"
+                                                for k, r in got["b3"].items()) + " pairs/s")
+        self.rounds.append(got)
+
+    def run_forks(self) -> None:
+        """B2: build every parent at once (untimed), then time the forks, interleaved."""
+        plan, sizes = self.plan, list(self.plan.sizes)
+        forkers = ("ours", "langgraph", "dbos")
+        for name in forkers:
+            self.workers[name].send("build", sizes=sizes, tag="b2")
+        for name in forkers:
+            self.workers[name].recv()
+        say(f"B2: built parents of {', '.join(map(str, sizes))} steps")
+        samples: dict = {(name, size): [] for name in (*forkers, "ours_session") for size in sizes}
+        statuses = set()
+        for rep in range(-1, plan.forks):  # rep -1 warms every path up and is not kept
+            for size in sizes:
+                order = forkers[rep % 3:] + forkers[:rep % 3]
+                for name in order:
+                    result = self.workers[name].call("fork", size=size, child=f"b2-n{size}-f{rep + 1}")
+                    statuses.add(result.get("status", "-"))
+                    if rep >= 0:
+                        samples[name, size].append(result["ms"])
+                result = self.workers["ours"].call("session_fork", size=size, child=f"b2-n{size}-s{rep + 1}")
+                if rep >= 0:
+                    samples["ours_session", size].append(result["ms"])
+        self.once["b2"] = {f"{name}:{size}": ms for (name, size), ms in samples.items()}
+        self.once["dbos_fork_statuses"] = sorted(statuses - {"-"})
+        say("B2: " + ", ".join(f"N={size} " + "/".join(f"{statistics.median(samples[n, size]):.1f}"
+                                                        for n in forkers) for size in sizes)
+            + " ms (ours/LangGraph/DBOS)")
+
+    def run_probes(self) -> None:
+        self.once["probe"] = {"ours": self.workers["ours"].call("probe", tag="probe"),
+                              "dbos": self.workers["dbos"].call("probe", tag="probe")}
+        say(f"probe: ours {self.once['probe']['ours']['mismatch']}; "
+            f"DBOS {self.once['probe']['dbos']['behaviour']}")
+
+    def run_disk(self) -> None:
+        disk = {}
+        for name in SYSTEMS:
+            before = store_bytes(self.paths[name])
+            result = self.workers[name].call("b1a", n=self.plan.disk_steps, tag="disk")
+            after = store_bytes(self.paths[name])
+            disk[name] = {"bytes": after["bytes"] - before["bytes"], "steps": result["steps"],
+                          "bytes_in": result["bytes_in"],
+                          "checkpointed": before["checkpointed"] and after["checkpointed"]}
+        self.once["disk"] = disk
+        say("disk per step / bytes in: " + ", ".join(f"{n} {d['bytes'] / d['bytes_in']:.2f}" for n, d in disk.items()))
+
+
+# =============================================================================
+# Report
+# =============================================================================
+
+LIMIT_COLUMNS = ("floor", "bare", "raw")
+COLUMNS = (*SYSTEMS, *LIMIT_COLUMNS)
+
+
+def per_round(got: dict, plan: Plan) -> dict:
+    """The figures of one round: {figure: {column: value}}."""
+    b1a, b1b, get = got["b1a"], got["b1b"], got["get"]
+    ours_a, ours_b = b1a["ours"], b1b["ours"]
+    sdk_ms_per_step = ours_a["cpu_seconds"] * 1000 / ours_a["steps"]
+    floor_ms = sdk_ms_per_step + 2 * got["raw"]["latency_ms"]
+    figures = {
+        "b1a_steps_per_s": {**{n: r["steps"] / r["seconds"] for n, r in b1a.items()}, "floor": 1000 / floor_ms},
+        "b1a_floor_ms_per_step": {"floor": floor_ms},
+        "sdk_cpu_ms_per_request": {"ours": ours_a["cpu_seconds"] * 1000 / ours_a["requests"]},
+        "sdk_cpu_ms_per_step": {"ours": sdk_ms_per_step},
+        "b1b_steps_per_s": {n: r["steps"] / r["seconds"] for n, r in b1b.items()},
+        "b1b_write_requests_per_s": {"ours": ours_b["writes"] / ours_b["seconds"]},
+        "server_cpu_ms_per_write": {"ours": ours_b["server_cpu"] * 1000 / ours_b["writes"]},
+        "server_cpu_ms_per_write_b1a": {"ours": ours_a["server_cpu"] * 1000 / ours_a["writes"]},
+        "cpu_ms_per_step_b1b": {n: (r["cpu_seconds"] + r.get("server_cpu", 0)) * 1000 / r["steps"]
+                                for n, r in b1b.items()},
+        "peak_rss_mb": {"ours": ours_b["peak_rss_mb"]},
+        "get_requests_per_s": {"ours": get["ours"]["requests"] / get["ours"]["seconds"],
+                               "bare": get["bare"]["requests"] / get["bare"]["seconds"]},
+        "get_cpu_ms_per_request": {"ours": get["ours"]["server_cpu"] * 1000 / get["ours"]["sent"],
+                                   "bare": get["bare"]["server_cpu"] * 1000 / get["bare"]["sent"]},
+        "sqlite_commits_per_s": {"raw": got["raw"]["commits_per_s"]},
+        "commit_latency_ms": {"raw": got["raw"]["latency_ms"]},
+    }
+    for inflight, r in got["b3"].items():
+        figures[f"b3_pairs_per_s_{inflight}"] = {"ours": r["steps"] / r["seconds"]}
+    return figures
+
+
+def labels(plan: Plan) -> dict:
+    """Figure name -> (label, unit), in table order."""
+    small, mid, large = plan.sizes
+    rows = {
+        "b1a_steps_per_s": (f"B1a one run of {plan.steps:,} steps", "steps/s"),
+        "b1a_floor_ms_per_step": ("B1a floor: SDK CPU per step + 2 commit latencies", "ms/step"),
+        "b1b_steps_per_s": (f"B1b {plan.runs} concurrent runs x {plan.run_steps} steps", "steps/s"),
+        "b1b_write_requests_per_s": ("B1b our write requests", "req/s"),
+        "get_requests_per_s": (f"GET at {plan.runs} in flight (ours: /api/v1/auth/capabilities)", "req/s"),
+        "get_cpu_ms_per_request": ("server CPU per GET", "ms"),
+        "sqlite_commits_per_s": ("SQLite WAL FULL commits of a 2 KB row", "commits/s"),
+        "commit_latency_ms": ("commit latency (median)", "ms"),
+        "sdk_cpu_ms_per_request": ("SDK CPU per request (B1a)", "ms"),
+        "sdk_cpu_ms_per_step": ("SDK CPU per step (B1a)", "ms"),
+        "server_cpu_ms_per_write": ("server CPU per write request (B1b)", "ms"),
+        "server_cpu_ms_per_write_b1a": ("server CPU per write request (B1a)", "ms"),
+        "cpu_ms_per_step_b1b": ("CPU per step, all processes (B1b)", "ms"),
+        "peak_rss_mb": ("server peak RSS under B1b", "MB"),
+        "b3_pairs_per_s_1": ("B3 ledger claim+complete, 1 in flight", "pairs/s"),
+        "b3_pairs_per_s_8": ("B3 ledger claim+complete, 8 in flight", "pairs/s"),
+        "b3_pairs_per_s_64": ("B3 ledger claim+complete, 64 in flight", "pairs/s"),
+    }
+    for which, n in (("small", small), ("mid", mid), ("large", large)):
+        rows[f"b2_fork_ms_{which}"] = (f"B2 fork at k=N/2, N={n:,}", "ms")
+    for which, n in (("small", small), ("mid", mid), ("large", large)):
+        rows[f"b2_session_fork_ms_{which}"] = (f"B2 AgentSession.resume(fork_at_step=k), N={n:,}", "ms")
+    rows["bytes_in_per_step"] = ("bytes handed in per step", "bytes")
+    rows["disk_bytes_per_step"] = ("bytes on disk per step", "bytes")
+    rows["disk_per_step_over_bytes_in"] = ("disk per step / bytes handed in", "x")
+    return rows
+
+
+def summarise(bench: Bench) -> dict:
+    """Medians of every figure, with their samples."""
+    plan = bench.plan
+    samples: dict = {}
+    for got in bench.rounds:
+        for name, columns in per_round(got, plan).items():
+            for column, value in columns.items():
+                samples.setdefault(name, {}).setdefault(column, []).append(value)
+    for which, size in zip(("small", "mid", "large"), plan.sizes):
+        samples[f"b2_fork_ms_{which}"] = {n: bench.once["b2"][f"{n}:{size}"] for n in ("ours", "langgraph", "dbos")}
+        samples[f"b2_session_fork_ms_{which}"] = {"ours": bench.once["b2"][f"ours_session:{size}"]}
+    disk = bench.once["disk"]
+    samples["bytes_in_per_step"] = {n: [d["bytes_in"] / d["steps"]] for n, d in disk.items()}
+    samples["disk_bytes_per_step"] = {n: [d["bytes"] / d["steps"]] for n, d in disk.items()}
+    samples["disk_per_step_over_bytes_in"] = {n: [d["bytes"] / d["bytes_in"]] for n, d in disk.items()}
+    figures = {}
+    for name, (label, unit) in labels(plan).items():
+        columns = samples[name]
+        figures[name] = {"label": label, "unit": unit,
+                         "values": {c: statistics.median(columns[c]) for c in COLUMNS if c in columns},
+                         "samples": {c: columns[c] for c in COLUMNS if c in columns}}
+    return figures
+
+
+def ratios(figures: dict, plan: Plan) -> dict:
+    """The performance targets: {name: {label, value, op, target, pass}}."""
+    v = {name: f["values"] for name, f in figures.items()}
+    best_dbos = max(v["b1b_steps_per_s"]["dbos"], v["b1b_steps_per_s"]["dbos_wal"])
+    small, _, large = plan.sizes
+    checks = [
+        ("server_cpu_ms_per_write", "server CPU per write request, ms", v["server_cpu_ms_per_write"]["ours"], "<=", 0.3),
+        ("server_cpu_write_over_bare", "server CPU per write / bare endpoint CPU per request",
+         v["server_cpu_ms_per_write"]["ours"] / v["get_cpu_ms_per_request"]["bare"], "<=", 3),
+        ("b1a_over_langgraph", "B1a ours / LangGraph", v["b1a_steps_per_s"]["ours"] / v["b1a_steps_per_s"]["langgraph"],
+         ">=", 0.8),
+        ("b1a_time_over_floor", "B1a our time per step / the floor's",
+         1000 / v["b1a_steps_per_s"]["ours"] / v["b1a_floor_ms_per_step"]["floor"],
+         "<=", 1.3),
+        ("b1b_over_langgraph", "B1b ours / LangGraph threads",
+         v["b1b_steps_per_s"]["ours"] / v["b1b_steps_per_s"]["langgraph"], ">=", 2),
+        ("b1b_over_dbos", "B1b ours / DBOS (the faster of its two setups)", v["b1b_steps_per_s"]["ours"] / best_dbos,
+         ">=", 4),
+        ("b3_pairs_per_s_64", "B3 pairs/s at 64 in flight", v["b3_pairs_per_s_64"]["ours"], ">=", 1000),
+    ]
+    for which, n in zip(("small", "mid", "large"), plan.sizes):
+        fork = v[f"b2_fork_ms_{which}"]
+        checks.append((f"b2_over_langgraph_{which}", f"B2 our fork / LangGraph update_state, N={n:,}",
+                       fork["ours"] / fork["langgraph"], "<=", 1))
+    checks += [
+        ("b2_large_over_small", f"B2 our fork N={large:,} / N={small:,}",
+         v["b2_fork_ms_large"]["ours"] / v["b2_fork_ms_small"]["ours"], "<=", 1.2),
+        ("peak_rss_mb", "server peak RSS under B1b, MB", v["peak_rss_mb"]["ours"], "<=", 150),
+        ("disk_over_bytes_in", "our disk per step / bytes handed in", v["disk_per_step_over_bytes_in"]["ours"],
+         "<=", 1.5),
+    ]
+    return {name: {"label": label, "value": value, "op": op, "target": target,
+                   "pass": value <= target if op == "<=" else value >= target}
+            for name, label, value, op, target in checks}
+
+
+def number(value: Optional[float]) -> str:
+    if value is None:
+        return "-"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def table(figures: dict, checks: dict) -> str:
+    heads = ["figure", "unit", "ours", "LangGraph", "DBOS", "DBOS (WAL)", "bare / raw / floor"]
+    rows = []
+    for f in figures.values():
+        values = f["values"]
+        limit = next((f"{c} {number(values[c])}" for c in LIMIT_COLUMNS if c in values), "-")
+        rows.append([f["label"], f["unit"], *(number(values.get(s)) for s in SYSTEMS), limit])
+    lines = [markdown(heads, rows), ""]
+    lines.append(markdown(["target", "value", "target", "result"],
+                          [[c["label"], number(c["value"]), f"{c['op']} {c['target']:g}",
+                            "PASS" if c["pass"] else "FAIL"] for c in checks.values()]))
+    return "\n".join(lines)
+
+
+def markdown(heads: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [heads, *rows]) for i in range(len(heads))]
+
+    def line(cells):
+        return "| " + " | ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+    return "\n".join([line(heads), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
+
+
+def meta(bench: Bench, quick: bool, seconds: float) -> dict:
+    cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), platform.processor())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "actae.py"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip())
+    return {
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{os.cpu_count()}-core {platform.machine()}", "cpu": cpu_model,
+        "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
+        "actae_commit": commit + ("+changes" if dirty else ""), "quick": quick, "seconds": round(seconds, 1),
+        "plan": asdict(bench.plan), "workers": {name: w.info for name, w in bench.workers.items()},
+        "rss_reset_worked": all(r.get("rss_reset") for r in bench.rounds),
+        "ours_connection_errors": sum(r.get("connection_errors", 0) for got in bench.rounds
+                                      for phase in ("b1a", "b1b") for r in [got[phase]["ours"]])
+                                  + sum(r.get("connection_errors", 0) for got in bench.rounds for r in got["b3"].values()),
+        "dbos_fork_statuses": bench.once.get("dbos_fork_statuses"),
+        "disk": bench.once["disk"], "folder_device": os.stat(bench.folder).st_dev,
+    }
+
+
+# =============================================================================
+# Command line
+# =============================================================================
+
+
+def missing_peers() -> list[str]:
+    missing = []
+    for module in PEER_MODULES:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            missing.append(module)
+    return missing
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes, every figure, under a minute")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, metavar="PATH",
+                        help=f"where the report goes (default {DEFAULT_JSON.relative_to(ROOT)})")
+    parser.add_argument("--rounds", type=int, help="rounds of B1a, B1b, B3 and the limits")
+    parser.add_argument("--steps", type=int, help="B1a: steps of the one run")
+    parser.add_argument("--run-steps", type=int, help="B1b: steps of each of the 32 runs")
+    parser.add_argument("--dir", type=Path, help="put the temporary folder (every database) here")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    # The same file runs the measured systems and the bare endpoint as child processes.
+    parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--key", help=argparse.SUPPRESS)
+    parser.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        return serve_worker(args)
+    if args.bare_server:
+        return serve_bare()
+    if missing := missing_peers():
+        print(f"bench: cannot import {', '.join(missing)}; install the peers first:\n"
+              f"    pip install -r examples/requirements-bench.txt", file=sys.stderr)
+        return 2
+    plan = QUICK if args.quick else Plan()
+    plan = replace(plan, **{k: getattr(args, k) for k in ("rounds", "steps", "run_steps") if getattr(args, k)})
+    if args.dir:
+        args.dir.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="actae-bench-", dir=args.dir))
+    bench = Bench(plan, folder)
+    try:
+        bench.start()
+        for number in range(1, plan.rounds + 1):
+            bench.run_round(number)
+        bench.run_forks()
+        bench.run_probes()
+        bench.run_disk()
+        figures = summarise(bench)
+        checks = ratios(figures, plan)
+        report = {"meta": meta(bench, args.quick, time.monotonic() - STARTED), "figures": figures,
+                  "ratios": checks, "probes": bench.once["probe"], "rounds": bench.rounds}
+    except BaseException:
+        if getattr(bench, "server", None) is not None:
+            say("the server's last lines:\n" + "\n".join(bench.server.lines))
+        raise
+    finally:
+        bench.stop()
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    m = report["meta"]
+    print(f"{m['machine']} ({m['cpu']}), {m['date']}, actae {m['actae_commit']}, "
+          f"{'quick' if args.quick else 'full'} run in {m['seconds']:.0f} s, medians of {plan.rounds} rounds\n")
+    print(table(figures, checks))
+    probe = report["probes"]
+    print(f"\nprobe: the same ledger key with other params: ours {probe['ours']['mismatch']}")
+    print(f"probe: the same DBOS workflow id with another input: {probe['dbos']['behaviour']}")
+    print(f"\nreport: {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
