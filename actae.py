@@ -1425,16 +1425,17 @@ def channel_row(conn: sqlite3.Connection, channel_id: str) -> Optional[sqlite3.R
     return conn.execute("SELECT * FROM channels WHERE id = ?", (channel_id,)).fetchone()
 
 
-def fetch_or_raise(conn: sqlite3.Connection, missing: ActaeError, sql: str, *args) -> sqlite3.Row:
-    """The one row `sql` selects; `missing` is raised when there is none."""
+def fetch_or_raise(conn: sqlite3.Connection, missing: Callable[[], ActaeError], sql: str, *args) -> sqlite3.Row:
+    """The one row `sql` selects; `missing()` is raised when there is none (built only then: these
+    lookups sit on every ledger and channel request)."""
     row = conn.execute(sql, args).fetchone()
     if row is None:
-        raise missing
+        raise missing()
     return row
 
 
 def require_channel(conn: sqlite3.Connection, channel_id: str) -> sqlite3.Row:
-    return fetch_or_raise(conn, NotFound(f"channel {channel_id} not found"),
+    return fetch_or_raise(conn, lambda: NotFound(f"channel {channel_id} not found"),
                           "SELECT * FROM channels WHERE id = ?", channel_id)
 
 
@@ -2186,7 +2187,7 @@ def promote_channel(tx: Tx, child_id: str) -> dict:
     latest = state_row_at(tx.conn, child_id, None)
     latest_version = latest["version"] if latest else None
     if child["promoted_event_id"] is not None and child["promoted_version"] == latest_version:
-        event = event_json(fetch_or_raise(tx.conn, NotFound("promotion event is gone"),
+        event = event_json(fetch_or_raise(tx.conn, lambda: NotFound("promotion event is gone"),
                                           "SELECT * FROM events WHERE id = ?", child["promoted_event_id"]))
         version = tx.conn.execute("SELECT MAX(version) FROM states WHERE channel_id = ? AND cursor = ?",
                                   (parent_id, event["cursor"])).fetchone()[0]
@@ -2246,7 +2247,7 @@ def experiment_json(conn: sqlite3.Connection, row: sqlite3.Row) -> dict:
 
 
 def require_experiment(conn: sqlite3.Connection, experiment_id: str) -> sqlite3.Row:
-    return fetch_or_raise(conn, NotFound(f"experiment {experiment_id} not found"),
+    return fetch_or_raise(conn, lambda: NotFound(f"experiment {experiment_id} not found"),
                           "SELECT * FROM experiments WHERE id = ?", experiment_id)
 
 
@@ -2302,7 +2303,7 @@ def execution_identity(tool_name: str, params: Any, dedup_fields: Optional[list]
 
 
 def require_execution(conn: sqlite3.Connection, execution_id: str) -> sqlite3.Row:
-    return fetch_or_raise(conn, execution_not_found(execution_id), "SELECT * FROM executions WHERE id = ?",
+    return fetch_or_raise(conn, lambda: execution_not_found(execution_id), "SELECT * FROM executions WHERE id = ?",
                           execution_id)
 
 
@@ -2521,7 +2522,7 @@ def wakeup_json(row: sqlite3.Row) -> dict:
 
 
 def require_wakeup(conn: sqlite3.Connection, wakeup_id: str) -> sqlite3.Row:
-    return fetch_or_raise(conn, NotFound(f"wake-up {wakeup_id} not found"),
+    return fetch_or_raise(conn, lambda: NotFound(f"wake-up {wakeup_id} not found"),
                           "SELECT * FROM wakeups WHERE id = ?", wakeup_id)
 
 
@@ -2591,7 +2592,7 @@ def consumer_group_json(row: sqlite3.Row) -> dict:
 
 
 def require_consumer_group(conn: sqlite3.Connection, group_id: str) -> sqlite3.Row:
-    return fetch_or_raise(conn, NotFound(f"consumer group {group_id} not found"),
+    return fetch_or_raise(conn, lambda: NotFound(f"consumer group {group_id} not found"),
                           "SELECT * FROM consumer_groups WHERE id = ?", group_id)
 
 
@@ -2769,12 +2770,12 @@ def message_json(row: sqlite3.Row) -> dict:
 
 
 def require_execution_group(conn: sqlite3.Connection, group_id: str) -> sqlite3.Row:
-    return fetch_or_raise(conn, NotFound(f"execution group {group_id} not found"),
+    return fetch_or_raise(conn, lambda: NotFound(f"execution group {group_id} not found"),
                           "SELECT * FROM execution_groups WHERE id = ?", group_id)
 
 
 def require_member(conn: sqlite3.Connection, group_id: str, member_id: str) -> sqlite3.Row:
-    return fetch_or_raise(conn, NotFound(f"member {member_id} of execution group {group_id} not found"),
+    return fetch_or_raise(conn, lambda: NotFound(f"member {member_id} of execution group {group_id} not found"),
                           "SELECT * FROM execution_group_members WHERE group_id = ? AND member_id = ?",
                           group_id, member_id)
 
@@ -3075,7 +3076,7 @@ def issue_key(tx: Tx, *, name: str, scopes: dict, expires_at: Optional[str] = No
 
 
 def require_key(conn: sqlite3.Connection, key_id: int) -> sqlite3.Row:
-    return fetch_or_raise(conn, NotFound(f"key {key_id} not found"), "SELECT * FROM api_keys WHERE id = ?", key_id)
+    return fetch_or_raise(conn, lambda: NotFound(f"key {key_id} not found"), "SELECT * FROM api_keys WHERE id = ?", key_id)
 
 
 def create_key(tx: Tx, name: str, scopes: Any, expires_in_days: Optional[float]) -> dict:
@@ -3191,7 +3192,7 @@ def create_user(tx: Tx, email: str, name: Optional[str], password_hash: str, sco
 
 def grant_user(tx: Tx, email: str, scopes: dict) -> dict:
     """`actae user grant`: replace an account's scopes; its live tokens carry the new ones at once."""
-    row = fetch_or_raise(tx.conn, NotFound(f"no account for {email}"), "SELECT * FROM users WHERE email_key = ?",
+    row = fetch_or_raise(tx.conn, lambda: NotFound(f"no account for {email}"), "SELECT * FROM users WHERE email_key = ?",
                          email_key(email))
     tx.conn.execute("UPDATE users SET scopes = ?, updated_at = ? WHERE id = ?", (dump(scopes_of(scopes)), tx.ts, row["id"]))
     return {**user_json(row), "scopes": scopes_of(scopes)}
