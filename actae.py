@@ -1439,6 +1439,19 @@ def require_channel(conn: sqlite3.Connection, channel_id: str) -> sqlite3.Row:
                           "SELECT * FROM channels WHERE id = ?", channel_id)
 
 
+def bump_channel(tx: Tx, channel_id: str, sql: str, args: tuple) -> tuple:
+    """Run a counter UPDATE ... RETURNING on the channel's row, creating the channel on its first
+    write (most writes find it, so the insert is not tried first). Conflict(channel_closed) when
+    the run is closed."""
+    row = tx.conn.execute(sql, args).fetchone()
+    if row is None and channel_row(tx.conn, channel_id) is None:
+        ensure_channel(tx, channel_id)
+        row = tx.conn.execute(sql, args).fetchone()
+    if row is None:
+        raise channel_closed(channel_id)
+    return tuple(row)
+
+
 def ensure_channel(tx: Tx, channel_id: str) -> None:
     """Channels are created by their first write; there is no 'create channel' call."""
     tx.conn.execute(
@@ -1462,7 +1475,6 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
     `payload_text` is the payload's canonical JSON when the caller has it already (it hashed it).
     Raises Conflict(channel_closed) on a closed run.
     """
-    ensure_channel(tx, channel_id)
     event_id = uuid7()
     if depends_on is None and dependencies:
         depends_on = next((d.get("event_id") for d in dependencies if isinstance(d, dict) and d.get("event_id")), None)
@@ -1473,14 +1485,11 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                              metadata_text=metadata_text, step_number=step_number, depends_on=depends_on,
                              timestamp=tx.ts)
     # One statement allocates the cursor and extends the chain: in SET, columns are the old row's.
-    allocated = tx.conn.execute(
+    cursor, chain_hash = bump_channel(
+        tx, channel_id,
         "UPDATE channels SET last_cursor = last_cursor + 1, chain_head = actae_chain(chain_head, ?, last_cursor + 1, ?),"
         " updated_at = ? WHERE id = ? AND closed_at IS NULL RETURNING last_cursor, chain_head",
-        (head, tail, tx.ts, channel_id),
-    ).fetchone()
-    if allocated is None:
-        raise channel_closed(channel_id)
-    cursor, chain_hash = allocated
+        (head, tail, tx.ts, channel_id))
     tx.conn.execute(
         "INSERT INTO events (channel_id, cursor, id, type, payload, actor, agent_id, user_id, metadata,"
         " operation_id, request_hash, step_number, depends_on, dependencies, created_at, chain_hash)"
@@ -1672,13 +1681,9 @@ def insert_state(tx: Tx, channel_id: str, cursor: int, stored: Union[str, bytes,
 
     Forks and promotions copy a snapshot's stored form as it is: no decoding, no re-encoding.
     """
-    allocated = tx.conn.execute(
-        "UPDATE channels SET state_version = state_version + 1, updated_at = ? WHERE id = ? AND closed_at IS NULL"
-        " RETURNING state_version", (tx.ts, channel_id),
-    ).fetchone()
-    if allocated is None:
-        raise channel_closed(channel_id)
-    version = allocated[0]
+    version = bump_channel(
+        tx, channel_id, "UPDATE channels SET state_version = state_version + 1, updated_at = ? WHERE id = ?"
+                        " AND closed_at IS NULL RETURNING state_version", (tx.ts, channel_id))[0]
     tx.conn.execute(
         "INSERT INTO states (channel_id, version, cursor, state, sha256, status, operation_id, created_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -1689,7 +1694,6 @@ def insert_state(tx: Tx, channel_id: str, cursor: int, stored: Union[str, bytes,
 
 def save_state(tx: Tx, channel_id: str, req: SaveState) -> int:
     """POST /state/{channel}: a new immutable version; an operation id replays its version."""
-    ensure_channel(tx, channel_id)
     sha = sha256_hex(canonical_json(req.state))
     if req.operation_id is not None:
         row = tx.conn.execute("SELECT version, cursor, sha256 FROM states WHERE channel_id = ? AND operation_id = ?",
@@ -1713,7 +1717,6 @@ def transition(tx: Tx, req: Transition) -> dict:
             version = tx.conn.execute("SELECT version FROM states WHERE channel_id = ? AND cursor = ?"
                                       " ORDER BY version LIMIT 1", (channel_id, event["cursor"])).fetchone()
             return {"event": event, "state_version": version["version"] if version else 0}
-    ensure_channel(tx, channel_id)
     check_guards(tx.conn, channel_id, req.expected_version, req.expected_cursor)
     meta = req.meta()
     event = append_event(tx, channel_id, req.type, req.payload, actor=req.actor(), metadata=meta.metadata,
