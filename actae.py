@@ -5885,6 +5885,10 @@ def host_name(host: str) -> str:
     return host.partition(":")[0]
 
 
+def host_header(scope) -> str:
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+
+
 def served_hosts(settings: Settings) -> frozenset:
     bound = f"[{settings.host}]" if ":" in settings.host else settings.host
     return frozenset({"localhost", "127.0.0.1", "[::1]", bound.lower(), *(h.lower() for h in settings.allow_hosts)})
@@ -5901,7 +5905,7 @@ class Guard:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+        host = host_header(scope)
         if host_name(host) not in self.hosts:
             await self.refuse_host(scope, send, host)
             return
@@ -6073,7 +6077,7 @@ class ActaeApp(Starlette):
             await super().__call__(scope, receive, send)
             return
         endpoint, params = found
-        host = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+        host = host_header(scope)
         if host_name(host) not in self.hosts:
             await Guard.refuse_host(scope, send, host)
             return
