@@ -180,6 +180,11 @@ class ShuttingDown(ActaeError):
         super().__init__("the server is shutting down; retry against the next instance")
 
 
+def error_body(code: str, message: str) -> bytes:
+    """The one error shape every refusal carries, whoever writes it (handler, protocol, Host check)."""
+    return msgspec.json.encode({"status": code, "error": message})
+
+
 def execution_not_found(execution_id: str) -> NotFound:
     # The Python SDK looks for this word in the message, the Go SDK in the status: send both.
     return NotFound(f"execution_not_found: execution {execution_id} does not exist", code="execution_not_found")
@@ -860,8 +865,9 @@ PATH_PARAMETERS = {
 }
 
 
+@functools.cache
 def path_record(path: str) -> Optional[type]:
-    """The record of a route's path parameters, built from their names (one type per name)."""
+    """The record of a route's path parameters, built from their names (one type per name), once per path."""
     names = re.findall(r"{(\w+)}", path)
     if not names:
         return None
@@ -3180,6 +3186,10 @@ def user_by_email(conn: sqlite3.Connection, email: str) -> Optional[sqlite3.Row]
     return conn.execute("SELECT * FROM users WHERE email_key = ?", (email_key(email),)).fetchone()
 
 
+def user_by_id(conn: sqlite3.Connection, user_id: str) -> Optional[sqlite3.Row]:
+    return conn.execute("SELECT * FROM users WHERE id = ?", (user_id,)).fetchone()
+
+
 def create_user(tx: Tx, email: str, name: Optional[str], password_hash: str, scopes: dict) -> sqlite3.Row:
     """A new account; Conflict(email_taken) when the address (in any case) has one."""
     user_id = str(uuid.uuid4())
@@ -3190,13 +3200,14 @@ def create_user(tx: Tx, email: str, name: Optional[str], password_hash: str, sco
     ).fetchone()
     if created is None:
         raise Conflict("email_taken", "an account with this email exists already; log in instead")
-    return tx.conn.execute("SELECT * FROM users WHERE id = ?", (user_id,)).fetchone()
+    return user_by_id(tx.conn, user_id)
 
 
 def grant_user(tx: Tx, email: str, scopes: dict) -> dict:
     """`actae user grant`: replace an account's scopes; its live tokens carry the new ones at once."""
-    row = fetch_or_raise(tx.conn, lambda: NotFound(f"no account for {email}"), "SELECT * FROM users WHERE email_key = ?",
-                         email_key(email))
+    row = user_by_email(tx.conn, email)
+    if row is None:
+        raise NotFound(f"no account for {email}")
     tx.conn.execute("UPDATE users SET scopes = ?, updated_at = ? WHERE id = ?", (dump(scopes_of(scopes)), tx.ts, row["id"]))
     return {**user_json(row), "scopes": scopes_of(scopes)}
 
@@ -3252,7 +3263,7 @@ def token_identity(conn: sqlite3.Connection, jti: str, now: str) -> Optional[tup
     if row is None:
         return None
     if row["user_id"] is not None:
-        user = conn.execute("SELECT * FROM users WHERE id = ?", (row["user_id"],)).fetchone()
+        user = user_by_id(conn, row["user_id"])
         return (user_principal(user, auth_method="jwt", expires_at=row["expires_at"]), user_json(user)) if user else None
     key = conn.execute("SELECT * FROM api_keys WHERE id = ? AND revoked_at IS NULL AND (expires_at IS NULL"
                        " OR expires_at > ?)", (row["key_id"], now)).fetchone()
@@ -3305,7 +3316,7 @@ def session_principal(conn: sqlite3.Connection, session_id: str, now: str, env_k
     if ref == "env":
         return ENV_PRINCIPAL if env_key else None
     if ref.startswith("user:"):
-        user = conn.execute("SELECT * FROM users WHERE id = ?", (ref[5:],)).fetchone()
+        user = user_by_id(conn, ref[5:])
         return user_principal(user, auth_method="password") if user else None
     key = active_key(conn, ref, now)
     return key_principal(key) if key else None
@@ -3759,13 +3770,21 @@ async def api_auth_signup(request: Request, body: Signup) -> dict:
     return {"user": user_json(user), "token": await issue_token(request, user_id=user["id"])}
 
 
+async def verified_user(request: Request, email: str, password: str) -> Optional[sqlite3.Row]:
+    """The account whose email and password these are, else None.
+
+    An unknown email runs the same KDF as a wrong password: same answer, same time.
+    """
+    user = await db_of(request).read(user_by_email, email)
+    stored = user["password_hash"] if user is not None else UNKNOWN_USER_HASH
+    matches = await asyncio.to_thread(password_matches, stored, password)
+    return user if user is not None and matches else None
+
+
 async def api_auth_login(request: Request, body: Login) -> dict:
     """Log in with email and password; the token carries the scopes an admin granted the account."""
-    user = await db_of(request).read(user_by_email, body.email)
-    # An unknown email runs the same KDF as a wrong password: same answer, same time.
-    stored = user["password_hash"] if user is not None else UNKNOWN_USER_HASH
-    matches = await asyncio.to_thread(password_matches, stored, body.password)
-    if user is None or not matches:
+    user = await verified_user(request, body.email, body.password)
+    if user is None:
         raise Unauthorized("wrong email or password")
     return {"user": user_json(user), "token": await issue_token(request, user_id=user["id"])}
 
@@ -4730,10 +4749,6 @@ def run_failure(conn: sqlite3.Connection, row: sqlite3.Row, run_state: str) -> O
                    last_step_number(conn, row["id"]) or None)
 
 
-def run_state_of(conn: sqlite3.Connection, channel_id: str) -> str:
-    return conn.execute(f"SELECT {RUN_STATE_SQL} FROM channels c WHERE c.id = ?", (channel_id,)).fetchone()[0]
-
-
 # --- the runs list ----------------------------------------------------------------------
 
 
@@ -5028,25 +5043,22 @@ def default_fork_name(conn: sqlite3.Connection, channel_id: str, fork_count: int
 
 def run_page(conn: sqlite3.Connection, channel_id: str, start: int, event_type: str = "") -> dict:
     """Everything the run page shows; the timeline is one page of TIMELINE_PAGE_SIZE events."""
-    row = require_channel(conn, channel_id)
+    row = fetch_or_raise(conn, lambda: NotFound(f"channel {channel_id} not found"),
+                         f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.id = ?", channel_id)
     meta = experiment_of(row)
-    run_state = run_state_of(conn, channel_id)
+    run_state = row["run_state"]
     failure = run_failure(conn, row, run_state)
     items, more = timeline(conn, row, start, event_type, failure)
-    last_own_step = conn.execute("SELECT MAX(step_number) FROM events WHERE channel_id = ?",
-                                 (channel_id,)).fetchone()[0]
     forks = list_forks(conn, channel_id)
     for f in forks:
         em = f["experiment_metadata"] if isinstance(f["experiment_metadata"], dict) else {}
         f["forked_at_step"] = em.get("forked_at_step")
-    first_event = conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND cursor = 1",
-                               (channel_id,)).fetchone()
     return {
-        "run": {**run_summary(row, last_own_step, len(forks)), "latest_cursor": row["last_cursor"] or None,
+        "run": {**run_summary(row, row["last_step"], len(forks)), "latest_cursor": row["last_cursor"] or None,
                 "status": shown_status(run_state), "sdk_status": meta.get("status"),
                 "metadata": metadata_json(row), "params": meta.get("params"),
                 "intervention": meta.get("intervention"),
-                "duration_ms": millis_between(first_event["created_at"] if first_event else None, row["updated_at"])},
+                "duration_ms": millis_between(row["first_event_at"], row["updated_at"])},
         "failure": failure.as_json() if failure else None,
         "receipt": receipt_json(row) if row["parent_id"] else None,
         "timeline": items, "more": more, "event_types": event_types(conn, channel_id),
@@ -5272,10 +5284,7 @@ class FlashStore:
 
 
 def flash_store(app) -> FlashStore:
-    store = getattr(app.state, "dashboard_flash", None)
-    if store is None:
-        store = app.state.dashboard_flash = FlashStore()
-    return store
+    return app.state.dashboard_flash
 
 
 async def page_login(request: Request) -> Response:
@@ -5286,9 +5295,8 @@ async def login_principal(request: Request, form: dict) -> tuple:
     """(principal, session key_ref) for the login form's key, or its email and password."""
     email = form.get("email", "").strip()
     if email:
-        user = await db_of(request).read(user_by_email, email)
-        stored = user["password_hash"] if user is not None else UNKNOWN_USER_HASH
-        if not await asyncio.to_thread(password_matches, stored, form.get("password", "")) or user is None:
+        user = await verified_user(request, email, form.get("password", ""))
+        if user is None:
             raise Unauthorized("That email and password do not match an account.")
         return user_principal(user, auth_method="password"), f"user:{user['id']}"
     key = form.get("api_key", "").strip()
@@ -5747,7 +5755,7 @@ REFUSALS = {
 def refusal(status: int) -> bytes:
     """A complete response with the JSON error body, written by the protocol itself."""
     reason, code, message = REFUSALS[status]
-    body = msgspec.json.encode({"status": code, "error": message})
+    body = error_body(code, message)
     head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
             "connection: close\r\n\r\n")
     return head.encode("ascii") + body
@@ -5897,17 +5905,15 @@ def served_hosts(settings: Settings) -> frozenset:
 class Guard:
     """Refuses Host names we do not serve (a DNS-rebinding page names its own), adds the security headers."""
 
-    def __init__(self, app, settings: Settings):
+    def __init__(self, app, hosts: frozenset):
         self.app = app
-        self.hosts = served_hosts(settings)
+        self.hosts = hosts
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        host = host_header(scope)
-        if host_name(host) not in self.hosts:
-            await self.refuse_host(scope, send, host)
+        if not await self.admits(self.hosts, scope, send):
             return
 
         async def send_with_headers(message) -> None:
@@ -5918,12 +5924,21 @@ class Guard:
         await self.app(scope, receive, send_with_headers if scope["type"] == "http" else send)
 
     @staticmethod
+    async def admits(hosts: frozenset, scope, send) -> bool:
+        """True for a Host we serve; otherwise the request is refused here (400, or a closed WebSocket)."""
+        host = host_header(scope)
+        if host_name(host) in hosts:
+            return True
+        await Guard.refuse_host(scope, send, host)
+        return False
+
+    @staticmethod
     async def refuse_host(scope, send, host: str) -> None:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
-        body = msgspec.json.encode({"status": "bad_request", "error": f"host {host[:100]!r} is not served here; "
-                                    "start the server with --allow-host NAME to serve it"})
+        body = error_body("bad_request", f"host {host[:100]!r} is not served here; "
+                                         "start the server with --allow-host NAME to serve it")
         await send({"type": "http.response.start", "status": 400,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                                 *SECURITY_HEADERS]})
@@ -5942,7 +5957,7 @@ def error_response(request, status: int, code: str, message: str) -> Response:
                           status=status)
         except jinja2.TemplateError:
             log.exception("error page failed to render")
-    return JSONResponse({"status": code, "error": message}, status_code=status)
+    return Response(error_body(code, message), status_code=status, media_type="application/json")
 
 
 async def on_actae_error(request, exc: ActaeError) -> Response:
@@ -5993,8 +6008,9 @@ PAGE_ROUTES = [
 ]
 
 
-def app_routes() -> list:
-    routes = [Route(r.path, converting_bugs(api_endpoint(r)), methods=[r.method]) for r in API_ROUTES]
+def app_routes(api_endpoints: dict) -> list:
+    """Every route for Starlette; the API's endpoints are the same ones ActaeApp calls directly."""
+    routes = [Route(r.path, endpoint, methods=[r.method]) for r, endpoint in api_endpoints.items()]
     routes += [Route(path, converting_bugs(dashboard(handler)), methods=[method]) for method, path, handler in PAGE_ROUTES]
     return routes + [Route("/login", converting_bugs(page_login), methods=["GET"]),
                      Route("/login", converting_bugs(page_login_submit), methods=["POST"]),
@@ -6034,11 +6050,10 @@ def accepts_gzip(scope) -> bool:
 class ApiIndex:
     """(method, path) -> the route's endpoint and path parameters, matched in route-table order."""
 
-    def __init__(self, routes: list):
+    def __init__(self, endpoints: dict):
         self.static: dict = {}
         self.dynamic: dict = {}
-        for route in routes:
-            endpoint = converting_bugs(api_endpoint(route))
+        for route, endpoint in endpoints.items():
             if "{" in route.path:
                 self.dynamic.setdefault(route.method, []).append((compile_path(route.path)[0], endpoint))
             else:
@@ -6066,10 +6081,10 @@ class ActaeApp(Starlette):
     with the security headers here; anything else, or no match (404/405), goes to Starlette.
     """
 
-    def __init__(self, *args, settings: Settings, **kwargs):
+    def __init__(self, *args, api_endpoints: dict, hosts: frozenset, **kwargs):
         super().__init__(*args, **kwargs)
-        self.api = ApiIndex(API_ROUTES)
-        self.hosts = served_hosts(settings)
+        self.api = ApiIndex(api_endpoints)
+        self.hosts = hosts
 
     async def __call__(self, scope, receive, send) -> None:
         found = self.api.find(scope["method"], scope["path"]) if scope["type"] == "http" else None
@@ -6077,17 +6092,13 @@ class ActaeApp(Starlette):
             await super().__call__(scope, receive, send)
             return
         endpoint, params = found
-        host = host_header(scope)
-        if host_name(host) not in self.hosts:
-            await Guard.refuse_host(scope, send, host)
+        if not await Guard.admits(self.hosts, scope, send):
             return
         scope["app"], scope["path_params"] = self, params
         try:
             response = await endpoint(Request(scope, receive))
         except ActaeError as exc:
-            response = api_response({"status": exc.code, "error": exc.message}, exc.status)
-        except HTTPException as exc:
-            response = api_response({"status": "http_error", "error": str(exc.detail)}, exc.status_code)
+            response = Response(error_body(exc.code, exc.message), exc.status, media_type="application/json")
         headers, body = response.raw_headers, response.body
         if len(body) >= GZIP_MIN_BYTES and accepts_gzip(scope):
             body = gzip.compress(body, compresslevel=5, mtime=0)
@@ -6117,8 +6128,11 @@ def create_app(data_dir: Path, *, env_key: Optional[str] = None, settings: Setti
             await app.state.scheduler.stop()
             await db.close()
 
-    app = ActaeApp(routes=app_routes(), lifespan=lifespan, middleware=[Middleware(Guard, settings=settings)],
-                   exception_handlers={ActaeError: on_actae_error, HTTPException: on_http_error}, settings=settings)
+    api_endpoints = {route: converting_bugs(api_endpoint(route)) for route in API_ROUTES}
+    hosts = served_hosts(settings)
+    app = ActaeApp(routes=app_routes(api_endpoints), lifespan=lifespan, middleware=[Middleware(Guard, hosts=hosts)],
+                   exception_handlers={ActaeError: on_actae_error, HTTPException: on_http_error},
+                   api_endpoints=api_endpoints, hosts=hosts)
     app.state.db, app.state.hub, app.state.env_key = db, hub, env_key or None
     app.state.keys = KeyRing(db)
     app.state.settings = settings
@@ -6128,6 +6142,7 @@ def create_app(data_dir: Path, *, env_key: Optional[str] = None, settings: Setti
     app.state.token_secret = token_secret(data_dir)
     app.state.key_touched, app.state.background = {}, set()
     app.state.templates = template_env()
+    app.state.dashboard_flash = FlashStore()
     app.state.openapi = openapi_document(API_ROUTES)
     # Pages and JSON answers shrink several times over; small bodies are not worth it.
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES)
