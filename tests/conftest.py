@@ -3,14 +3,23 @@
 `ServerProcess` starts `python actae.py --port 0 --data-dir <tmp>` (or any command given, such
 as the built executable), reads the printed URL and key, waits for /healthz, and keeps
 draining the output so the server never blocks on a full pipe.
+
+Backend: with `ACTAE_TEST_DATABASE_URL=postgresql://USER:PW@HOST:PORT/postgres` (a maintenance
+database where CREATE DATABASE is allowed) every server the tests start runs on PostgreSQL: each
+data dir gets its own database (`database_url_for`), created on first use and dropped when the
+session ends, so a restart on the same data dir keeps its data. Without it, SQLite in the data dir.
+`BACKEND` says which; `query_database` reads or edits a server's database on either backend.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import re
+import secrets
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -18,6 +27,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
@@ -25,15 +35,136 @@ ROOT = Path(__file__).resolve().parents[1]
 URL_LINE = re.compile(r"^Dashboard:\s+(http://\S+)")
 KEY_LINE = re.compile(r"^API key:\s+(.*)$")
 
+# --------------------------------------------------------------------------------------------
+# Backend: SQLite in the data dir, or PostgreSQL when ACTAE_TEST_DATABASE_URL is set
+# --------------------------------------------------------------------------------------------
+
+POSTGRES_URL: str | None = os.environ.get("ACTAE_TEST_DATABASE_URL") or None
+BACKEND = "postgresql" if POSTGRES_URL else "sqlite"
+DATABASE_PREFIX = "actae_t_"
+
+_databases_lock = threading.Lock()
+_databases: dict[str, None] = {}      # names made (or found) this session, in order; dropped at the end
+
+
+def _psycopg():
+    import psycopg  # only on the PostgreSQL pass
+
+    return psycopg
+
+
+def _url_of(name: str) -> str:
+    """POSTGRES_URL with its database replaced by `name` (user, password, host, query kept)."""
+    return urlunsplit(urlsplit(POSTGRES_URL)._replace(path="/" + name))
+
+
+def _create_database(name: str) -> str:
+    """CREATE DATABASE `name` (UTF8) unless this session already has it; returns its URL."""
+    with _databases_lock:
+        if name not in _databases:
+            psycopg = _psycopg()
+            from psycopg import sql
+
+            statement = sql.SQL("CREATE DATABASE {} ENCODING 'UTF8' TEMPLATE template0").format(sql.Identifier(name))
+            with psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=10) as conn:
+                try:
+                    conn.execute(statement)
+                except (psycopg.errors.DuplicateDatabase, psycopg.errors.UniqueViolation):
+                    pass                          # already there (made by a concurrent or earlier run)
+            _databases[name] = None
+    return _url_of(name)
+
+
+def database_url_for(data_dir) -> str | None:
+    """The PostgreSQL database a server on `data_dir` uses (created on first use), or None on SQLite.
+
+    One database per resolved data dir: `actae_t_<first 16 hex of its sha1>`."""
+    if not POSTGRES_URL:
+        return None
+    digest = hashlib.sha1(str(Path(data_dir).resolve()).encode()).hexdigest()[:16]
+    return _create_database(DATABASE_PREFIX + digest)
+
+
+def fresh_database_url(tag: str = "db") -> str:
+    """A brand-new, empty PostgreSQL database (for several servers on one database); its URL.
+
+    Skips the calling test on SQLite, where servers cannot share a database this way."""
+    if not POSTGRES_URL:
+        pytest.skip("needs PostgreSQL (set ACTAE_TEST_DATABASE_URL)")
+    safe = re.sub(r"[^a-z0-9_]+", "_", tag.lower()).strip("_")[:24] or "db"
+    return _create_database(f"{DATABASE_PREFIX}{safe}_{secrets.token_hex(6)}")
+
+
+def drop_test_databases() -> None:
+    """DROP (WITH FORCE) every database this session made; failures are ignored."""
+    with _databases_lock:
+        names = list(_databases)
+        _databases.clear()
+    if not names:
+        return
+    try:
+        psycopg = _psycopg()
+        from psycopg import sql
+
+        with psycopg.connect(POSTGRES_URL, autocommit=True, connect_timeout=10) as conn:
+            for name in names:
+                try:
+                    conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+                except Exception:  # noqa: BLE001 - best effort: a leftover database is harmless
+                    pass
+    except Exception:  # noqa: BLE001 - the cluster may already be gone
+        pass
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _drop_databases_at_the_end():
+    """Session cleanup: the PostgreSQL databases created for the tests are dropped afterwards."""
+    yield
+    drop_test_databases()
+
+
+def query_database(target, sql: str, params=None, *, postgresql: str | None = None) -> list[tuple]:
+    """Run one statement on the database behind `target` (a ServerProcess or a data dir), committed.
+
+    Returns the rows (a list of tuples; [] for a statement without result). `sql` is written for
+    SQLite with `?` placeholders; on PostgreSQL each `?` becomes `%s`, unless `postgresql=` gives
+    that backend's own statement (use it where the dialects differ, e.g. catalog queries or casts).
+    Values come back as each driver returns them (PostgreSQL: bytea -> bytes, jsonb -> Python objects)."""
+    if isinstance(target, ServerProcess):
+        data_dir, url = target.data_dir, target.database
+    else:
+        data_dir, url = Path(target), database_url_for(target)
+    if url:
+        psycopg = _psycopg()
+        if postgresql is None:
+            postgresql = sql.replace("%", "%%").replace("?", "%s") if params else sql
+        with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+            cursor = conn.execute(postgresql, params or None)
+            return cursor.fetchall() if cursor.description else []
+    conn = sqlite3.connect((Path(data_dir) / "actae.db").resolve().as_uri() + "?mode=rw", uri=True, timeout=10)
+    try:
+        with conn:
+            cursor = conn.execute(sql, params or ())
+            return cursor.fetchall() if cursor.description else []
+    finally:
+        conn.close()
+
 
 class ServerProcess:
-    """A running Actae server: `.url`, `.key` (None when it printed no new key), `.lines`."""
+    """A running Actae server: `.url`, `.key` (None when it printed no new key), `.lines`.
 
-    def __init__(self, data_dir, *, command=None, env=None, port=0):
+    `.database` is the PostgreSQL URL it gets as `--database` (and as ACTAE_DATABASE_URL in `.env`,
+    so `actae.py key ...` run with that env reaches the same database), or None on SQLite. It is
+    `database=` when given, else the data dir's own database on the PostgreSQL pass."""
+
+    def __init__(self, data_dir, *, command=None, env=None, port=0, database: str | None = None):
         self.data_dir = Path(data_dir)
+        self.database = database if database is not None else database_url_for(self.data_dir)
         self.command = command or [sys.executable, str(ROOT / "actae.py")]
-        inherited = {k: v for k, v in os.environ.items() if k not in ("ACTAE_API_KEY", "ACTAE_DATA_DIR")}
-        self.env = {**inherited, "PYTHONUNBUFFERED": "1", **(env or {})}
+        inherited = {k: v for k, v in os.environ.items()
+                     if k not in ("ACTAE_API_KEY", "ACTAE_DATA_DIR", "ACTAE_DATABASE_URL")}
+        backend = {"ACTAE_DATABASE_URL": self.database} if self.database else {}
+        self.env = {**inherited, "PYTHONUNBUFFERED": "1", **backend, **(env or {})}
         self.port = port
         self.lines: list[str] = []
         self.url: str | None = None
@@ -45,7 +176,8 @@ class ServerProcess:
     def start(self, timeout=30.0) -> "ServerProcess":
         started = time.monotonic()
         self.proc = subprocess.Popen(
-            [*self.command, "--port", str(self.port), "--data-dir", str(self.data_dir)],
+            [*self.command, "--port", str(self.port), "--data-dir", str(self.data_dir),
+             *(["--database", self.database] if self.database else [])],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env,
             cwd=str(ROOT),
         )

@@ -33,7 +33,6 @@ import math
 import re
 import secrets
 import socket
-import sqlite3
 import sys
 import threading
 import time
@@ -43,7 +42,7 @@ import httpx
 import pytest
 import websockets
 
-from conftest import ROOT, ServerProcess, http, run
+from conftest import ROOT, ServerProcess, http, query_database, run
 
 if str(ROOT) not in sys.path:          # `import actae` (the module under test) from the repository root
     sys.path.insert(0, str(ROOT))
@@ -652,12 +651,14 @@ def test_logout_revokes_the_old_cookie(server):
 # 10. Cookies forged from the database
 # --------------------------------------------------------------------------------------------
 
-def read_db(server, sql):
-    conn = sqlite3.connect(f"file:{server.data_dir / 'actae.db'}?mode=ro", uri=True, timeout=10)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
+def read_db(server, sql, *, postgresql=None):
+    """The rows of one query on the server's database (SQLite or PostgreSQL)."""
+    return query_database(server, sql, postgresql=postgresql)
+
+
+TABLES_SQLITE = "SELECT name FROM sqlite_master WHERE type = 'table'"
+TABLES_POSTGRESQL = ("SELECT table_name FROM information_schema.tables WHERE table_type = 'BASE TABLE' "
+                     "AND table_schema NOT IN ('pg_catalog', 'information_schema')")
 
 
 def cookie_candidates(value):
@@ -674,7 +675,7 @@ def test_cookies_made_from_the_database_are_refused(server, forgery):
     c = login(server)
     try:
         live = c.cookies.get(SESSION_COOKIE)
-        tables = {name for (name,) in read_db(server, "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = {name for (name,) in read_db(server, TABLES_SQLITE, postgresql=TABLES_POSTGRESQL)}
         if forgery == "stored_session_values":
             assert "sessions" in tables, f"no sessions table (tables: {sorted(tables)})"
             rows = read_db(server, "SELECT * FROM sessions")
