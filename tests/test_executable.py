@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, ServerProcess, http, run
+from conftest import BACKEND, ROOT, ServerProcess, database_url_for, http, run
 
 pytest.importorskip("PyInstaller", reason="PyInstaller is not installed (pip install -r requirements-dev.txt)")
 
@@ -169,11 +169,15 @@ def test_bundle_has_ui_and_the_runtime_modules(exe):
         "wsproto",
         "aiosqlite",
         "jinja2",
+        "psycopg",
+        "psycopg_binary",
+        "psycopg_pool",
         "starlette.applications",
         "starlette.staticfiles",
     )
     wanted = {name for name in candidates if importlib.util.find_spec(name) is not None}
-    assert {"uvicorn.protocols.http.h11_impl", "uvicorn.lifespan.on", "aiosqlite", "jinja2"} <= wanted
+    assert {"uvicorn.protocols.http.h11_impl", "uvicorn.lifespan.on", "aiosqlite", "jinja2",
+            "psycopg", "psycopg_binary", "psycopg_pool"} <= wanted
     assert not (wanted - modules), f"missing from the bundle: {sorted(wanted - modules)}"
 
 
@@ -255,6 +259,10 @@ def test_websocket_handshake_with_the_sdk(served):
 
 
 def test_fork_walkthrough(served):
+    """The six-step walkthrough against the executable, on the backend this pass of the suite runs
+    (SQLite, or PostgreSQL when ACTAE_TEST_DATABASE_URL is set: the bundled psycopg is used then)."""
+    status, _, instance = http("GET", served.url + "/api/v1/instance", key=served.key)
+    assert status == 200 and instance["backend"] == BACKEND, instance
     demo = ROOT / "examples" / "fork_demo.py"
     assert demo.is_file(), "examples/fork_demo.py is missing"
     env = {**os.environ, "ACTAE_URL": served.url, "ACTAE_API_KEY": served.key}
@@ -300,7 +308,8 @@ def test_ctrl_c_exits_cleanly(served):
 def test_key_rotate(exe, served, data_dir, meipass_tmp):
     """`actae key rotate` on the executable issues a new key; the old one stops working."""
     served.stop()
-    res = run_exe(exe, "key", "rotate", "--data-dir", str(data_dir))
+    database = database_url_for(data_dir)
+    res = run_exe(exe, "key", "rotate", "--data-dir", str(data_dir), *(["--database", database] if database else []))
     assert res.returncode == 0, res.stdout + res.stderr
     match = re.search(r"^API key:\s+(sk-\S+)", res.stdout, re.M)
     assert match, res.stdout
