@@ -1,6 +1,7 @@
 """Actae community server: record agent runs, fork them at an exact step, never fire a side effect twice.
 
-One Starlette module holds the whole server: storage on WAL-mode SQLite, the HTTP API and
+One Starlette module holds the whole server: storage on WAL-mode SQLite (or on PostgreSQL, shared by
+several servers, with --database postgresql://...), the HTTP API and
 WebSocket that the `actae-client` SDK (1.3.0) speaks, the execution ledger, writer fencing, the
 copy-on-write fork engine, the server-rendered dashboard and the command line.
 
@@ -927,7 +928,6 @@ def _backfill_chain(conn: Conn) -> None:
 
 # SQLite's forward migrations; PRAGMA user_version records how many ran. Append, never edit.
 # Each is a SQL script, or a function of the connection for what SQL cannot compute.
-# Portable SQL where a portable form exists, so a PostgreSQL backend can follow.
 SQLITE_MIGRATIONS = [
     """
     CREATE TABLE settings (
@@ -1771,6 +1771,9 @@ def run_jobs(conn: Any, jobs: list) -> list:
                     raise              # the database aborted the whole transaction (disk full, I/O): all fail
                 conn.execute("ROLLBACK TO job")
                 conn.execute("RELEASE job")
+                if conn.dialect.is_unique_violation(exc):   # a row that exists already: the caller's conflict
+                    log.warning("a unique constraint refused a write: %s", first_line(exc))
+                    exc = Conflict("conflict", f"that already exists: {first_line(exc)}")
                 outcomes.append((exc, None))
         conn.dialect.announce(conn, [event for _, events in outcomes if events for event in events])
         conn.execute("COMMIT")
