@@ -3333,18 +3333,18 @@ def db_of(request) -> Database:
     return request.app.state.db
 
 
-async def read_capped(request: Request) -> bytes:
-    """The request body, at most 4 MiB (413 beyond), read as it streams in."""
+async def read_capped(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, at most `limit` bytes (413 beyond), read as it streams in."""
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size <= MAX_BODY_BYTES:
+        if size <= limit:
             chunks.append(chunk)
         elif size > DRAIN_BYTES_MAX:
             break    # past this, the client is not worth waiting for: the connection just closes
-    if size > MAX_BODY_BYTES:
+    if size > limit:
         # The oversized body was read (and dropped), so the client can read this answer.
-        raise TooLarge(f"request body is larger than {MAX_BODY_BYTES} bytes")
+        raise TooLarge(f"request body is larger than {limit} bytes")
     return b"".join(chunks)
 
 
@@ -4049,6 +4049,17 @@ def looked_up_channel(conn: sqlite3.Connection, sql: str, value: Any) -> Optiona
 
 
 @dataclass(frozen=True)
+class TextBody:
+    """A request body that is a file, not one JSON value: documented as `name`, parsed by `parse`."""
+
+    name: str                          # its schema in /openapi.json (a string)
+    description: str
+    media_types: tuple                 # documented; the body is read whatever content-type it is sent with
+    max_bytes: int
+    parse: Callable[[bytes], Any]      # bytes -> what the handler gets as `body`; BadRequest when bad
+
+
+@dataclass(frozen=True)
 class Api:
     """One API route: how to call it, what it takes, who may."""
 
@@ -4056,7 +4067,9 @@ class Api:
     path: str
     handler: Callable
     body: Optional[type] = None        # the JSON body's record
+    text_body: Optional[TextBody] = None   # or a body in another format
     query: Optional[type] = None       # the query string's record
+    answers: str = "application/json"  # the media type of a 200 answer
     body_optional: bool = False        # the SDK may send no body at all
     # (action, where) pairs the credential's scopes must allow; () = any valid credential. `where`
     # names the channel: "path.channel_id", "body.source_channel_id", "query.left", a lookup
@@ -4243,12 +4256,17 @@ def openapi_document(routes: list) -> dict:
             "operationId": route.handler.__name__, "summary": route.summary, "tags": [route.tag],
             "parameters": record_parameters(route.path_params, "path", components)
                           + record_parameters(route.query, "query", components),
-            "responses": {"200": {"description": "the answer", "content": {"application/json": {"schema": {}}}},
+            "responses": {"200": {"description": "the answer", "content": {route.answers: {"schema": {}}}},
                           **{code: {"description": text, **error} for code, text in ERROR_RESPONSES.items()}},
         }
         if route.body is not None:
             operation["requestBody"] = {"required": not route.body_optional,
                                         "content": {"application/json": {"schema": body_refs[route.body]}}}
+        elif route.text_body is not None:
+            text = route.text_body
+            components[text.name] = {"title": text.name, "type": "string", "description": text.description}
+            operation["requestBody"] = {"required": True, "content": {
+                media: {"schema": {"$ref": f"#/components/schemas/{text.name}"}} for media in text.media_types}}
         if route.scopes:
             operation["x-actae-scopes"] = [{"action": action, "channel": where} for action, where in route.scopes]
         operation["security"] = {"public": [], "optional": [{}, {"apiKey": []}],
@@ -4331,6 +4349,9 @@ def api_endpoint(route: Api) -> Callable:
             parts["query"] = decode_params(request.query_params, route.query, "query string")
         if route.body is not None:
             parts["body"] = decode_body(await read_capped(request), route.body, optional=route.body_optional)
+        elif route.text_body is not None:     # a file may be large: parsed off the event loop
+            parts["body"] = await asyncio.to_thread(route.text_body.parse,
+                                                    await read_capped(request, route.text_body.max_bytes))
         if route.scopes:
             await authorize(request, route, parts)
         return api_response(await route.handler(request, **parts))
@@ -5535,7 +5556,7 @@ def api_groups(document: dict) -> list:
     for path, methods in document["paths"].items():
         for method, op in methods.items():
             body = op.get("requestBody")
-            ref = body["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1] if body else None
+            ref = next(iter(body["content"].values()))["schema"]["$ref"].rsplit("/", 1)[1] if body else None
             groups.setdefault(op["tags"][0], []).append({
                 "method": method.upper(), "path": path, "public": op.get("security") == [],
                 "parameters": op["parameters"], "body": ref, "body_required": bool(body and body["required"])})
