@@ -1517,6 +1517,7 @@ class Dialect:
 
     name: ClassVar[str]
     begin_write: ClassVar[tuple]         # statements that open a write transaction
+    begin_snapshot: ClassVar[str]        # opens a read transaction that sees one committed moment
     like: ClassVar[str]                  # case-insensitive (for ASCII) LIKE
 
     def json_text(self, column: str, key: str) -> str:
@@ -1538,6 +1539,7 @@ class SqliteDialect(Dialect):
     # IMMEDIATE takes the write lock at BEGIN: every write transaction runs alone, so each
     # check-then-act in the domain sees everything committed before it.
     begin_write = ("BEGIN IMMEDIATE",)
+    begin_snapshot = "BEGIN"             # WAL: the first read fixes what the transaction sees
     like = "LIKE"
 
     def json_text(self, column: str, key: str) -> str:
@@ -1560,6 +1562,7 @@ NOTIFY_PAYLOAD_MAX = 7000                      # PostgreSQL refuses payloads of 
 class PostgresDialect(Dialect):
     name = "postgresql"
     begin_write = ("BEGIN", f"SELECT pg_advisory_xact_lock({POSTGRES_WRITE_LOCK})")
+    begin_snapshot = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
     like = "ILIKE"
 
     def json_text(self, column: str, key: str) -> str:
@@ -3956,6 +3959,608 @@ def session_principal(conn: Conn, session_id: str, now: str, env_key: bool) -> O
 
 
 # =============================================================================
+# Moving runs: export and import (one JSON Lines file per run and its lineage)
+# =============================================================================
+# A file is a header line, then one line per stored row: each channel's row, its events (cursor
+# order), its states (version order) and its ledger rows, parents before their forks. A fork's
+# history lives in its ancestors (copy-on-write), so they always come along: a file is complete
+# on its own. JSON columns travel as their stored text, so every event re-chains to the same
+# hash and every state to the same sha256; import checks both, writes everything in one
+# transaction or nothing, and skips a channel that is already here with the same rows.
+
+EXPORT_FORMAT, EXPORT_VERSION = "actae-export", 1
+EXPORT_MEDIA_TYPE = "application/x-ndjson"
+IMPORT_BYTES_MAX = 32 * 1024 * 1024    # an import body: a whole run with its snapshots, so above MAX_BODY_BYTES
+ID_BATCH = 500                         # ids looked up per query when checking that a file's ids are free
+
+Stamp = Annotated[str, Meta(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z\Z",
+                            description="a stored timestamp: RFC 3339 UTC with milliseconds")]
+Sha256 = Annotated[str, Meta(pattern=r"^[0-9a-f]{64}\Z")]
+JsonText = Annotated[str, Meta(min_length=1, max_length=MAX_BODY_BYTES, description="a JSON value as stored")]
+KeyName = Annotated[str, Meta(min_length=1, max_length=KEY_NAME_MAX_BYTES)]
+
+
+class ExportCounts(Struct, kw_only=True, forbid_unknown_fields=True):
+    channels: Count
+    events: Count
+    states: Count
+    executions: Count
+
+
+class ExportHeader(Struct, kw_only=True):
+    """Line 1. `channels` and `counts` say what follows, so a file cut short is noticed."""
+
+    format: str
+    version: int
+    channel_id: ChannelId                  # the channel asked for
+    with_forks: bool
+    channels: list[ChannelId]              # every channel in the file, in file order
+    counts: ExportCounts
+    exported_at: Optional[Stamp] = None
+    exported_by: Optional[Label] = None
+
+
+class ExportLine(Struct, kw_only=True, forbid_unknown_fields=True, tag_field="kind"):
+    """One stored row; `kind` names its table and the fields are its columns, every one of them:
+    a line missing a column, or carrying one we do not know (which would be lost), is refused."""
+
+    TABLE: ClassVar[str]
+    JSON_TEXTS: ClassVar[dict] = {}        # column holding JSON text -> the shape of the value it holds
+    FLAGS: ClassVar[tuple] = ()            # boolean columns (0/1 in the database)
+
+
+class ChannelLine(ExportLine, kw_only=True, tag="channel"):
+    TABLE: ClassVar[str] = "channels"
+    JSON_TEXTS: ClassVar[dict] = {"experiment_metadata": dict[str, Any], "manifest": dict[str, Any],
+                                  "tool_policies": ToolPolicies}
+    FLAGS: ClassVar[tuple] = ("restorable",)
+    id: ChannelId
+    parent_id: Optional[ChannelId]
+    origin_id: ChannelId
+    created_at: Stamp
+    updated_at: Stamp
+    last_cursor: Count
+    state_version: Count
+    display_name: Optional[Label]
+    reason: Optional[LongText]
+    experiment_metadata: Optional[JsonText]
+    forked_at: Optional[Stamp]
+    requested_cursor: Count
+    resolved_cursor: Count
+    resolved_event_id: Optional[Id]
+    forked_at_step: Optional[Count]
+    source_state_version: Count
+    source_state_sha256: Optional[Sha256]
+    restorable: bool
+    manifest: Optional[JsonText]
+    reproducibility: Optional[Literal["state_exact", "context_exact", "execution_replayable", "best_effort"]]
+    tool_policies: Optional[JsonText]
+    fork_operation_id: Optional[Token]
+    fork_request_hash: Optional[Sha256]
+    outcome: Optional[Literal[OUTCOMES]]
+    result_score: Optional[float]
+    promoted_event_id: Optional[Id]
+    promoted_version: Optional[Count]
+    chain_head: Optional[Sha256]
+    closed_at: Optional[Stamp]
+
+
+class EventLine(ExportLine, kw_only=True, tag="event"):
+    TABLE: ClassVar[str] = "events"
+    JSON_TEXTS: ClassVar[dict] = {"payload": Any, "metadata": dict[str, Any], "dependencies": list[dict[str, str]]}
+    channel_id: ChannelId
+    cursor: Positive
+    id: Id
+    type: Name
+    payload: Optional[JsonText]
+    actor: Label
+    agent_id: Optional[Label]
+    user_id: Optional[Label]
+    metadata: Optional[JsonText]
+    operation_id: Optional[Token]
+    request_hash: Optional[Sha256]
+    step_number: Optional[Positive]
+    depends_on: Optional[Id]
+    dependencies: Optional[JsonText]
+    created_at: Stamp
+    chain_hash: Sha256
+
+
+class StateLine(ExportLine, kw_only=True, tag="state"):
+    """`state` is the snapshot's JSON text (a compressed snapshot is unpacked); `sha256` is checked against it."""
+
+    TABLE: ClassVar[str] = "states"
+    channel_id: ChannelId
+    version: Positive
+    cursor: Count
+    state: Optional[JsonText]
+    sha256: Sha256
+    operation_id: Optional[Token]
+    created_at: Stamp
+
+
+class ExecutionLine(ExportLine, kw_only=True, tag="execution"):
+    """A ledger row. The claim token stays behind: it is a live owner's secret, and no owner moves."""
+
+    TABLE: ClassVar[str] = "executions"
+    JSON_TEXTS: ClassVar[dict] = {"params": Any, "result": Any, "error": Any}
+    FLAGS: ClassVar[tuple] = ("replay_emitted",)
+    id: Id
+    channel_id: ChannelId
+    key_name: KeyName
+    tool_name: Name
+    request_hash: Sha256
+    params: Optional[JsonText]
+    status: Literal["running", "completed", "failed", "cancelled", "interrupted", "expired"]
+    lease_seconds: Count
+    lease_until: Optional[Stamp]
+    attempts: Count
+    result: Optional[JsonText]
+    error: Optional[JsonText]
+    started_cursor: Optional[Count]
+    completed_cursor: Optional[Count]
+    started_event_id: Optional[Id]
+    completed_event_id: Optional[Id]
+    replay_emitted: bool
+    inherited_from: Optional[Id]
+    created_at: Stamp
+    updated_at: Stamp
+    completed_at: Optional[Stamp]
+
+
+RowLine = Union[ChannelLine, EventLine, StateLine, ExecutionLine]
+
+
+class ExportQuery(Record, kw_only=True):
+    with_forks: bool = False
+
+
+@dataclass
+class RunRows:
+    """One channel's rows, from the database or from a file (then with the line each came from)."""
+
+    channel: ChannelLine
+    line: int = 0                                   # the channel's line in the file
+    events: dict = field(default_factory=dict)      # cursor -> EventLine
+    states: dict = field(default_factory=dict)      # version -> StateLine
+    executions: dict = field(default_factory=dict)  # key_name -> ExecutionLine
+    lines: dict = field(default_factory=dict)       # (kind, key) -> line number
+
+    def rows(self) -> list:
+        return [self.channel, *self.events.values(), *self.states.values(), *self.executions.values()]
+
+
+@dataclass(frozen=True)
+class ExportFile:
+    """A checked file, ready to import: the header and each channel's rows, parents first."""
+
+    header: ExportHeader
+    runs: list
+
+    @property
+    def channel_ids(self) -> list:           # the route's write scope is checked on each of these
+        return [run.channel.id for run in self.runs]
+
+    def run_of(self, channel_id: str) -> RunRows:
+        return next(run for run in self.runs if run.channel.id == channel_id)
+
+
+@dataclass(frozen=True)
+class Exported:
+    channel_ids: list
+    data: bytes
+
+
+# --- export ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def read_snapshot(conn: Conn):
+    """The SELECTs inside see one committed state (a read transaction): an export never mixes two moments."""
+    if conn.in_transaction:
+        yield
+        return
+    conn.execute(conn.dialect.begin_snapshot)
+    try:
+        yield
+    finally:
+        conn.execute("COMMIT")
+
+
+def descendants(conn: Conn, channel_id: str) -> list:
+    """Every fork below a channel (forks of forks too), each after its parent: depth first, oldest first."""
+    found, pending = [], [(channel_id, 0)]
+    while pending:
+        parent, depth = pending.pop()
+        if parent != channel_id:
+            found.append(parent)
+        if depth < LINEAGE_MAX_DEPTH:
+            children = [r["id"] for r in conn.execute(
+                "SELECT id FROM channels WHERE parent_id = ? ORDER BY created_at, id", (parent,))]
+            pending.extend((child, depth + 1) for child in reversed(children))
+    return found
+
+
+def exported_channels(conn: Conn, channel_id: str, with_forks: bool) -> list:
+    """The channel's ancestors (root first), the channel, and with `with_forks` all its descendants."""
+    lineage_ids = [row["id"] for row, _ in reversed(lineage(conn, channel_id))]
+    return lineage_ids + (descendants(conn, channel_id) if with_forks else [])
+
+
+def state_text(stored: Union[str, bytes, None]) -> Optional[str]:
+    """A snapshot's JSON text as it was saved, whether or not it is stored compressed."""
+    return zlib.decompress(stored).decode("utf-8") if isinstance(stored, bytes) else stored
+
+
+def line_of_row(kind: type, row: Row, **columns) -> ExportLine:
+    values = {name: row[name] for name in kind.__struct_fields__}
+    values.update({name: bool(values[name]) for name in kind.FLAGS}, **columns)
+    return kind(**values)
+
+
+def stored_run(conn: Conn, channel_id: str) -> RunRows:
+    """A channel's rows as export lines."""
+    run = RunRows(line_of_row(ChannelLine, require_channel(conn, channel_id)))
+    for row in conn.execute("SELECT * FROM events WHERE channel_id = ? ORDER BY cursor", (channel_id,)):
+        run.events[row["cursor"]] = line_of_row(EventLine, row)
+    for row in conn.execute("SELECT * FROM states WHERE channel_id = ? ORDER BY version", (channel_id,)):
+        run.states[row["version"]] = line_of_row(StateLine, row, state=state_text(row["state"]))
+    for row in conn.execute("SELECT * FROM executions WHERE channel_id = ? ORDER BY created_at, id", (channel_id,)):
+        run.executions[row["key_name"]] = line_of_row(ExecutionLine, row)
+    return run
+
+
+def export_run(conn: Conn, channel_id: str, with_forks: bool) -> Exported:
+    """`actae export` and GET /channels/{id}/export: the file's bytes, and which channels it holds."""
+    with read_snapshot(conn):
+        runs = [stored_run(conn, c) for c in exported_channels(conn, channel_id, with_forks)]
+    rows = [row for run in runs for row in run.rows()]
+    counts = ExportCounts(channels=len(runs), events=sum(len(r.events) for r in runs),
+                          states=sum(len(r.states) for r in runs), executions=sum(len(r.executions) for r in runs))
+    header = ExportHeader(format=EXPORT_FORMAT, version=EXPORT_VERSION, channel_id=channel_id, with_forks=with_forks,
+                          channels=[r.channel.id for r in runs], counts=counts, exported_at=iso(utc_now()),
+                          exported_by=f"actae {__version__}")
+    return Exported([r.channel.id for r in runs], b"".join(msgspec.json.encode(line) + b"\n"
+                                                         for line in (header, *rows)))
+
+
+# --- reading and checking a file -------------------------------------------------------------
+
+
+def file_lines(raw: bytes) -> list:
+    """The file's lines: UTF-8 text, one JSON object per line, the last newline optional."""
+    if not raw.strip():
+        raise BadRequest("the export file is empty")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest(f"the export file is not UTF-8: {exc.reason} at byte {exc.start}") from None
+    lines = text.split("\n")
+    if lines[-1].strip() == "":
+        lines.pop()
+    return lines
+
+
+def read_header(text: str) -> ExportHeader:
+    found = decode_json(text, Any, "line 1")
+    if not isinstance(found, dict) or found.get("format") != EXPORT_FORMAT:
+        raise BadRequest(f'line 1 is not an export header: an export file starts with {{"format": "{EXPORT_FORMAT}", '
+                         f'"version": {EXPORT_VERSION}, ...}}')
+    if found.get("version") != EXPORT_VERSION:
+        raise BadRequest(f"line 1: export format version {found.get('version')!r:.40} is not one this server "
+                         f"reads (it reads version {EXPORT_VERSION})")
+    return decode_json(text, ExportHeader, "header on line 1")
+
+
+def json_text_value(text: str, kind: Any, what: str) -> Any:
+    """The value a JSON text column holds: strict JSON of the expected shape, at most 64 levels deep."""
+    value = decode_json(text, kind, what)
+    problem = document_problem(value)
+    if problem:
+        raise BadRequest(f"{what} {problem}")
+    return value
+
+
+def check_state_hash(line: StateLine, number: int) -> None:
+    """A snapshot must still be what its sha256 says (receipts and forks quote that hash)."""
+    state = None if line.state is None else json_text_value(line.state, Any, f"state on line {number}")
+    if sha256_hex(canonical_json(state)) != line.sha256:
+        raise BadRequest(f"line {number}: state version {line.version} of {line.channel_id} does not match its "
+                         "sha256 (the line was changed after export)")
+
+
+def read_line(text: str, number: int) -> ExportLine:
+    """One row line, decoded and checked on its own: types, lengths, JSON texts, no NUL."""
+    if not text.strip():
+        raise BadRequest(f"line {number} is empty; each line after the header is one row")
+    line = decode_json(text, RowLine, f"line {number}")
+    for name in line.__struct_fields__:
+        value = getattr(line, name)
+        if isinstance(value, str) and "\x00" in value:
+            raise BadRequest(f"line {number}: {name} contains a NUL character, which cannot be stored")
+    for name, kind in line.JSON_TEXTS.items():
+        if getattr(line, name) is not None:
+            json_text_value(getattr(line, name), kind, f"{name} on line {number}")
+    if isinstance(line, StateLine):
+        check_state_hash(line, number)
+    return line
+
+
+def add_row(runs: dict, line: ExportLine, number: int) -> None:
+    """File the line under its channel, refusing a second row with the same key."""
+    if isinstance(line, ChannelLine):
+        if line.id in runs:
+            raise BadRequest(f"line {number}: channel {line.id} appears twice (line {runs[line.id].line} too)")
+        runs[line.id] = RunRows(line, number)
+        return
+    run = runs.get(line.channel_id)
+    if run is None:
+        raise BadRequest(f"line {number}: a row of channel {line.channel_id} comes before that channel's own line")
+    kind, rows, key = {EventLine: ("event", run.events, "cursor"), StateLine: ("state", run.states, "version"),
+                       ExecutionLine: ("execution", run.executions, "key_name")}[type(line)]
+    value = getattr(line, key)
+    if value in rows:
+        raise BadRequest(f"line {number}: channel {line.channel_id} has a second {kind} with {key} {value!r:.80} "
+                         f"(line {run.lines[(kind, value)]} too)")
+    rows[value] = line
+    run.lines[(kind, value)] = number
+
+
+def check_counts(file: ExportFile) -> None:
+    """The header names what follows: a file cut short at a line boundary is noticed here."""
+    header, runs = file.header, file.runs
+    if not runs:
+        raise BadRequest("the export file holds no channel")
+    found = ExportCounts(channels=len(runs), events=sum(len(r.events) for r in runs),
+                         states=sum(len(r.states) for r in runs), executions=sum(len(r.executions) for r in runs))
+    if found != header.counts:
+        announced, held = msgspec.structs.asdict(header.counts), msgspec.structs.asdict(found)
+        differ = ", ".join(f"{n} {k}" for k, n in announced.items() if held[k] != n)
+        raise BadRequest(f"line 1: the header announces {differ} but the file holds "
+                         f"{', '.join(f'{held[k]} {k}' for k, n in announced.items() if held[k] != n)}: "
+                         "the file is truncated or was edited")
+    if header.channels != file.channel_ids:
+        raise BadRequest("line 1: the header's channels are not the channels the file holds, in file order")
+
+
+def check_counters(run: RunRows) -> None:
+    """The channel's counters match its rows, so its next event and state version follow on from them.
+
+    Cursors are distinct and positive, so n of them with the greatest at n are exactly 1..n.
+    """
+    channel, cursors = run.channel, run.events
+    if len(cursors) != channel.last_cursor or (cursors and max(cursors) != channel.last_cursor):
+        raise BadRequest(f"line {run.line}: channel {channel.id} has last_cursor {channel.last_cursor}, but its "
+                         f"{len(cursors)} events in the file do not run 1..{channel.last_cursor}")
+    if run.states and max(run.states) > channel.state_version:
+        raise BadRequest(f"line {run.line}: channel {channel.id} has state_version {channel.state_version} but a "
+                         f"state version {max(run.states)}")
+
+
+def check_lineage(run: RunRows, runs: dict) -> None:
+    """A fork's parent precedes it in the file, the origin is the lineage's root, and the line is not too deep."""
+    channel, parent = run.channel, runs.get(run.channel.parent_id)
+    if channel.parent_id is not None and (parent is None or parent.line > run.line):
+        raise BadRequest(f"line {run.line}: channel {channel.id} is a fork of {channel.parent_id}, which is not in "
+                         "the file before it (a fork's history lives in its ancestors; export brings them along)")
+    origin = parent.channel.origin_id if parent else channel.id
+    if channel.origin_id != origin:
+        raise BadRequest(f"line {run.line}: channel {channel.id} names origin {channel.origin_id}, but its "
+                         f"lineage starts at {origin}")
+    depth, above = 0, parent
+    while above is not None:
+        depth, above = depth + 1, runs.get(above.channel.parent_id)
+    if depth > LINEAGE_MAX_DEPTH:
+        raise BadRequest(f"line {run.line}: channel {channel.id} is more than {LINEAGE_MAX_DEPTH} forks deep")
+
+
+def check_fork_boundary(run: RunRows, runs: dict) -> None:
+    """What a fork's receipt quotes of its parent (boundary event, source snapshot) is in the parent's rows."""
+    channel = run.channel
+    if channel.parent_id is None:
+        return
+    parent = runs[channel.parent_id]
+    boundary = parent.events.get(channel.resolved_cursor) if channel.resolved_cursor > 0 else None
+    if channel.resolved_event_id != (boundary.id if boundary else None):
+        raise BadRequest(f"line {run.line}: fork {channel.id} names boundary event {channel.resolved_event_id}, "
+                         f"which is not its parent's event at cursor {channel.resolved_cursor}")
+    source = parent.states.get(channel.source_state_version)
+    if source is not None and channel.restorable and source.sha256 != channel.source_state_sha256:
+        raise BadRequest(f"line {run.line}: fork {channel.id} quotes a source state sha256 that is not the one "
+                         f"of {parent.channel.id}'s state version {channel.source_state_version}")
+
+
+def check_unique_ids(file: ExportFile) -> None:
+    """What the schema keeps unique across channels (or within one) is unique in the file too."""
+    seen: dict = {}
+    for run in file.runs:
+        keys = [(("event id", e.id), run.lines[("event", c)]) for c, e in run.events.items()]
+        keys += [(("execution id", x.id), run.lines[("execution", k)]) for k, x in run.executions.items()]
+        keys += [(("event operation_id", run.channel.id, e.operation_id), run.lines[("event", c)])
+                 for c, e in run.events.items() if e.operation_id is not None]
+        keys += [(("state operation_id", run.channel.id, s.operation_id), run.lines[("state", v)])
+                 for v, s in run.states.items() if s.operation_id is not None]
+        if run.channel.fork_operation_id is not None:
+            keys.append((("fork_operation_id", run.channel.fork_operation_id), run.line))
+        for key, number in keys:
+            if key in seen:
+                raise BadRequest(f"line {number}: {key[0]} {key[-1]!r:.80} is used twice (line {seen[key]} too)")
+            seen[key] = number
+
+
+def parse_export(raw: bytes) -> ExportFile:
+    """Read and check a whole export file before anything is written; BadRequest names the line."""
+    lines = file_lines(raw)
+    header = read_header(lines[0])
+    runs: dict = {}
+    for number, text in enumerate(lines[1:], start=2):
+        add_row(runs, read_line(text, number), number)
+    file = ExportFile(header, list(runs.values()))
+    check_counts(file)
+    for run in file.runs:
+        check_lineage(run, runs)
+        check_counters(run)
+        check_fork_boundary(run, runs)
+    check_unique_ids(file)
+    return file
+
+
+# --- importing ---------------------------------------------------------------------------------
+
+
+def first_difference(stored: RunRows, run: RunRows) -> Optional[int]:
+    """The line of the first row of `run` that the stored channel does not have as it is, or None."""
+    if stored.channel != run.channel:
+        return run.line
+    for kind, held, given in (("event", stored.events, run.events), ("state", stored.states, run.states),
+                              ("execution", stored.executions, run.executions)):
+        for key, line in given.items():
+            if held.get(key) != line:
+                return run.lines[(kind, key)]
+        if len(held) != len(given):
+            return run.line                # the server's copy has rows the file lacks
+    return None
+
+
+def already_here(conn: Conn, run: RunRows) -> bool:
+    """True when the channel exists with exactly these rows; Conflict when it exists with others."""
+    if channel_row(conn, run.channel.id) is None:
+        return False
+    differs = first_difference(stored_run(conn, run.channel.id), run)
+    if differs is None:
+        return True
+    raise Conflict("channel_conflict", f"line {differs}: channel {run.channel.id} already exists on this server with "
+                                       "different content; nothing was imported (delete it first, or import "
+                                       "into another server)")
+
+
+def taken_ids(conn: Conn, table: str, ids: list) -> dict:
+    """Of `ids`, those `table` already holds: {id: channel_id}."""
+    taken = {}
+    for start in range(0, len(ids), ID_BATCH):
+        batch = ids[start:start + ID_BATCH]
+        taken.update((r["id"], r["channel_id"]) for r in conn.execute(
+            f"SELECT id, channel_id FROM {table} WHERE id IN ({', '.join('?' * len(batch))})", batch))
+    return taken
+
+
+def check_ids_free(conn: Conn, runs: list) -> None:
+    """The new channels' event and ledger ids (unique across the server) and fork operation ids are unused."""
+    for table, kind, attribute in (("events", "event", "events"), ("executions", "execution", "executions")):
+        where = {row.id: (run, key) for run in runs for key, row in getattr(run, attribute).items()}
+        for row_id, other in taken_ids(conn, table, list(where)).items():
+            run, key = where[row_id]
+            raise Conflict("channel_conflict", f"line {run.lines[(kind, key)]}: {kind} {row_id} already exists on this "
+                                               f"server, in channel {other}; nothing was imported")
+    for run in runs:
+        if run.channel.fork_operation_id is not None:
+            other = conn.execute("SELECT id FROM channels WHERE fork_operation_id = ?",
+                                 (run.channel.fork_operation_id,)).fetchone()
+            if other is not None:
+                raise Conflict("channel_conflict", f"line {run.line}: fork operation id {run.channel.fork_operation_id}"
+                                                   f" already names channel {other['id']} on this server; nothing was "
+                                                   "imported")
+
+
+def insert_line(tx: Tx, line: ExportLine, **columns) -> None:
+    values = msgspec.structs.asdict(line)
+    values.update({name: int(values[name]) for name in line.FLAGS}, **columns)
+    tx.conn.execute(f"INSERT INTO {line.TABLE} ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
+                    tuple(values.values()))
+
+
+def insert_run(tx: Tx, run: RunRows) -> None:
+    insert_line(tx, run.channel)
+    for event in run.events.values():
+        insert_line(tx, event)
+    for state in run.states.values():
+        insert_line(tx, state, state=tx.conn.dialect.pack_state(state.state), status=state_status(load(state.state)))
+    for execution in run.executions.values():
+        insert_line(tx, execution)
+
+
+def check_imported_chain(conn: Conn, run: RunRows, file: ExportFile) -> None:
+    """The imported channel's chain, with the history it inherits, verifies and ends at its chain_head."""
+    verdict = verify_chain(conn, run.channel.id)
+    if not verdict["ok"]:
+        broken, cursor = verdict["first_broken_channel_id"], verdict["first_broken_cursor"]
+        number = file.run_of(broken).lines.get(("event", cursor), run.line)
+        raise BadRequest(f"line {number}: the event chain of {broken} breaks at cursor {cursor} (the line was "
+                         "changed after export); nothing was imported")
+    if verdict["head"] != run.channel.chain_head:
+        raise BadRequest(f"line {run.line}: chain_head of channel {run.channel.id} is not the hash of its last "
+                         "event; nothing was imported")
+
+
+def import_runs(tx: Tx, file: ExportFile) -> dict:
+    """POST /import and `actae import`: the file's new channels, all in this one transaction.
+
+    A channel already here with the same rows is left as it is (importing a file twice changes
+    nothing); one here with other rows refuses the whole file (409). So does an id another
+    channel uses; a chain that does not verify once written refuses it (400).
+    """
+    new = [run for run in file.runs if not already_here(tx.conn, run)]
+    check_ids_free(tx.conn, new)
+    for run in new:
+        insert_run(tx, run)
+    for run in new:
+        check_imported_chain(tx.conn, run, file)
+    fresh = {run.channel.id for run in new}
+    return {"ok": True, "imported": [run.channel.id for run in new],
+            "unchanged": [c for c in file.channel_ids if c not in fresh],
+            "rows": {"events": sum(len(r.events) for r in new), "states": sum(len(r.states) for r in new),
+                     "executions": sum(len(r.executions) for r in new)}}
+
+
+# --- over HTTP and from the command line -----------------------------------------------------------
+
+
+async def api_channels_export(request: Request, path, query: ExportQuery) -> Response:
+    """Export a run with its ancestors (with_forks: and every fork below it) as a JSON Lines file."""
+    exported = await db_of(request).read(export_run, path.channel_id, query.with_forks)
+    for channel_id in exported.channel_ids:
+        request.state.principal.require("read", channel_id)
+    return Response(exported.data, media_type=EXPORT_MEDIA_TYPE,
+                    headers={"content-disposition": f'attachment; filename="{path.channel_id}.jsonl"'})
+
+
+async def api_import(request: Request, body: ExportFile) -> dict:
+    """Import the runs of an export file: every channel in it, or nothing (already-present ones unchanged)."""
+    return await db_of(request).write(import_runs, body)
+
+
+def export_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae export CHANNEL [--with-forks] > run.jsonl`."""
+    try:
+        exported = read_once(location, export_run, valid_channel(args.channel_id, "CHANNEL"), args.with_forks)
+    except ActaeError as exc:
+        raise SystemExit(f"actae: {exc.message}")
+    sys.stdout.buffer.write(exported.data)
+    sys.stdout.flush()
+    return 0
+
+
+def import_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae import FILE` (`-` reads standard input)."""
+    try:
+        raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
+    except OSError as exc:
+        raise SystemExit(f"actae: cannot read {args.file}: {exc.strerror}")
+    try:
+        answer = write_once(location, import_runs, parse_export(raw))
+    except ActaeError as exc:
+        raise SystemExit(f"actae: {exc.message}")
+    if args.json:
+        print(json.dumps(answer, indent=2))
+        return 0
+    rows = answer["rows"]
+    print(f"Imported {len(answer['imported'])} channel(s): {', '.join(answer['imported']) or '-'} "
+          f"({rows['events']} events, {rows['states']} states, {rows['executions']} ledger rows)")
+    print(f"Already here, unchanged: {', '.join(answer['unchanged']) or '-'}")
+    return 0
+
+
+# =============================================================================
 # HTTP API: handlers, named after their routes
 # =============================================================================
 # A handler gets the request and the records its route declares (`path`, `query`, `body`),
@@ -3966,18 +4571,18 @@ def db_of(request) -> Database:
     return request.app.state.db
 
 
-async def read_capped(request: Request) -> bytes:
-    """The request body, at most 4 MiB (413 beyond), read as it streams in."""
+async def read_capped(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, at most `limit` bytes (413 beyond), read as it streams in."""
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        if size <= MAX_BODY_BYTES:
+        if size <= limit:
             chunks.append(chunk)
         elif size > DRAIN_BYTES_MAX:
             break    # past this, the client is not worth waiting for: the connection just closes
-    if size > MAX_BODY_BYTES:
+    if size > limit:
         # The oversized body was read (and dropped), so the client can read this answer.
-        raise TooLarge(f"request body is larger than {MAX_BODY_BYTES} bytes")
+        raise TooLarge(f"request body is larger than {limit} bytes")
     return b"".join(chunks)
 
 
@@ -4683,6 +5288,17 @@ def looked_up_channel(conn: Conn, sql: str, value: Any) -> Optional[str]:
 
 
 @dataclass(frozen=True)
+class TextBody:
+    """A request body that is a file, not one JSON value: documented as `name`, parsed by `parse`."""
+
+    name: str                          # its schema in /openapi.json (a string)
+    description: str
+    media_types: tuple                 # documented; the body is read whatever content-type it is sent with
+    max_bytes: int
+    parse: Callable[[bytes], Any]      # bytes -> what the handler gets as `body`; BadRequest when bad
+
+
+@dataclass(frozen=True)
 class Api:
     """One API route: how to call it, what it takes, who may."""
 
@@ -4690,7 +5306,9 @@ class Api:
     path: str
     handler: Callable
     body: Optional[type] = None        # the JSON body's record
+    text_body: Optional[TextBody] = None   # or a body in another format
     query: Optional[type] = None       # the query string's record
+    answers: str = "application/json"  # the media type of a 200 answer
     body_optional: bool = False        # the SDK may send no body at all
     # (action, where) pairs the credential's scopes must allow; () = any valid credential. `where`
     # names the channel: "path.channel_id", "body.source_channel_id", "query.left", a lookup
@@ -4755,6 +5373,12 @@ API_ROUTES = [
     Api("POST", "/api/v1/channels/{channel_id}/close", api_channels_close, body=Empty, body_optional=True,
         scopes=writes(P)),
     Api("DELETE", "/api/v1/channels/{channel_id}", api_channels_delete, query=DeleteQuery, scopes=deletes(P)),
+    # Export also needs read on each ancestor and fork it carries; import, write on every channel in the file.
+    Api("GET", "/api/v1/channels/{channel_id}/export", api_channels_export, query=ExportQuery, scopes=reads(P),
+        answers=EXPORT_MEDIA_TYPE),
+    Api("POST", "/api/v1/import", api_import, scopes=writes("body.channel_ids"), text_body=TextBody(
+        "ExportFile", "JSON Lines, as GET /api/v1/channels/{channel_id}/export writes it",
+        (EXPORT_MEDIA_TYPE, "text/plain"), IMPORT_BYTES_MAX, parse_export)),
     Api("POST", "/api/v1/experiments", api_experiments_create, body=CreateExperiment, scopes=writes(EVERY)),
     Api("GET", "/api/v1/experiments", api_experiments_list, scopes=reads(EVERY)),
     Api("GET", "/api/v1/experiments/{group_id}", api_experiments_get, scopes=reads(EVERY)),
@@ -4877,12 +5501,17 @@ def openapi_document(routes: list) -> dict:
             "operationId": route.handler.__name__, "summary": route.summary, "tags": [route.tag],
             "parameters": record_parameters(route.path_params, "path", components)
                           + record_parameters(route.query, "query", components),
-            "responses": {"200": {"description": "the answer", "content": {"application/json": {"schema": {}}}},
+            "responses": {"200": {"description": "the answer", "content": {route.answers: {"schema": {}}}},
                           **{code: {"description": text, **error} for code, text in ERROR_RESPONSES.items()}},
         }
         if route.body is not None:
             operation["requestBody"] = {"required": not route.body_optional,
                                         "content": {"application/json": {"schema": body_refs[route.body]}}}
+        elif route.text_body is not None:
+            text = route.text_body
+            components[text.name] = {"title": text.name, "type": "string", "description": text.description}
+            operation["requestBody"] = {"required": True, "content": {
+                media: {"schema": {"$ref": f"#/components/schemas/{text.name}"}} for media in text.media_types}}
         if route.scopes:
             operation["x-actae-scopes"] = [{"action": action, "channel": where} for action, where in route.scopes]
         operation["security"] = {"public": [], "optional": [{}, {"apiKey": []}],
@@ -4965,6 +5594,9 @@ def api_endpoint(route: Api) -> Callable:
             parts["query"] = decode_params(request.query_params, route.query, "query string")
         if route.body is not None:
             parts["body"] = decode_body(await read_capped(request), route.body, optional=route.body_optional)
+        elif route.text_body is not None:     # a file may be large: parsed off the event loop
+            parts["body"] = await asyncio.to_thread(route.text_body.parse,
+                                                    await read_capped(request, route.text_body.max_bytes))
         if route.scopes:
             await authorize(request, route, parts)
         return api_response(await route.handler(request, **parts))
@@ -6226,7 +6858,7 @@ def api_groups(document: dict) -> list:
     for path, methods in document["paths"].items():
         for method, op in methods.items():
             body = op.get("requestBody")
-            ref = body["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[1] if body else None
+            ref = next(iter(body["content"].values()))["schema"]["$ref"].rsplit("/", 1)[1] if body else None
             groups.setdefault(op["tags"][0], []).append({
                 "method": method.upper(), "path": path, "public": op.get("security") == [],
                 "parameters": op["parameters"], "body": ref, "body_required": bool(body and body["required"])})
@@ -6887,7 +7519,7 @@ def build_parser() -> argparse.ArgumentParser:
         scoped.add_argument(f"--{action}", action="append", default=[], metavar="PATTERN",
                             help=f"channels it may {action}: '*', a prefix ending in '*', or an id (repeatable)")
     scoped.add_argument("--admin", action="store_true", help="every action on every channel, plus keys and users")
-    commands = parser.add_subparsers(dest="command", metavar="{key,user}")
+    commands = parser.add_subparsers(dest="command", metavar="{key,user,export,import}")
     key = commands.add_parser("key", parents=[common], help="manage API keys: create, list, revoke, rotate")
     key_commands = key.add_subparsers(dest="key_command", required=True, metavar="{create,list,revoke,rotate}")
     create = key_commands.add_parser("create", parents=[common, scoped], help="issue a scoped key and print it once")
@@ -6904,6 +7536,13 @@ def build_parser() -> argparse.ArgumentParser:
     grant = user_commands.add_parser("grant", parents=[common, scoped],
                                      help="set the scopes an account's login tokens carry")
     grant.add_argument("email")
+    export = commands.add_parser("export", parents=[common],
+                                 help="write a run, with its ancestors, to standard output as JSON Lines")
+    export.add_argument("channel_id", metavar="CHANNEL")
+    export.add_argument("--with-forks", action="store_true", help="also every fork below it, forks of forks too")
+    imports = commands.add_parser("import", parents=[common], help="add the runs of an export file to this server")
+    imports.add_argument("file", metavar="FILE", help="the file `actae export` wrote; - reads standard input")
+    imports.add_argument("--json", action="store_true", help="print the answer as JSON")
     return parser
 
 
@@ -7066,6 +7705,8 @@ def main(argv: Optional[list] = None) -> int:
         return key_command(args, location)
     if args.command == "user":
         return user_command(args, location)
+    if args.command in ("export", "import"):
+        return (export_command if args.command == "export" else import_command)(args, location)
     return serve(args.port, location, settings_of(args))
 
 
