@@ -1468,9 +1468,9 @@ POSTGRES_MIGRATIONS = [
 
     -- The chain step the cursor UPDATE computes (see append_event): chain_step() in SQL, byte for byte.
     CREATE FUNCTION actae_chain(previous TEXT, head TEXT, at_cursor BIGINT, tail TEXT) RETURNS TEXT
-        LANGUAGE sql IMMUTABLE PARALLEL SAFE
-        RETURN encode(sha256(convert_to(COALESCE(previous, '{CHAIN_GENESIS}') || head || at_cursor::text || tail,
-                                        'UTF8')), 'hex');
+        LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+        SELECT encode(sha256(convert_to(COALESCE(previous, '{CHAIN_GENESIS}') || head || at_cursor::text || tail,
+                                        'UTF8')), 'hex') $$;
     """,
 ]
 
@@ -1950,10 +1950,11 @@ class Database:
     channels other servers wrote to (PostgreSQL only).
     """
 
-    def __init__(self, location: Location, *, readers: int = 0):
+    def __init__(self, location: Location):
         self.location = location
-        self.engine = (PostgresEngine(location.url, readers or 4) if location.url
-                       else SqliteEngine(location.sqlite_path, readers or 2))
+        # PostgreSQL readers wait on the network, SQLite's on the disk: more threads pay there.
+        self.engine = (PostgresEngine(location.url, readers=4) if location.url
+                       else SqliteEngine(location.sqlite_path, readers=2))
         self._queue: Optional[asyncio.Queue] = None
         self._writer_task: Optional[asyncio.Task] = None
         self._listener_task: Optional[asyncio.Task] = None
