@@ -1518,6 +1518,8 @@ class Dialect:
     name: ClassVar[str]
     begin_write: ClassVar[tuple]         # statements that open a write transaction
     begin_snapshot: ClassVar[str]        # opens a read transaction that sees one committed moment
+    # Statements cost a network round trip: a batch is first tried pipelined (see run_jobs).
+    pipelined: ClassVar[bool] = False
     like: ClassVar[str]                  # case-insensitive (for ASCII) LIKE
 
     def json_text(self, column: str, key: str) -> str:
@@ -1563,6 +1565,7 @@ class PostgresDialect(Dialect):
     name = "postgresql"
     begin_write = ("BEGIN", f"SELECT pg_advisory_xact_lock({POSTGRES_WRITE_LOCK})")
     begin_snapshot = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+    pipelined = True
     like = "ILIKE"
 
     def json_text(self, column: str, key: str) -> str:
@@ -1671,6 +1674,14 @@ class PostgresConnection:
     def in_transaction(self) -> bool:
         return self.raw.info.transaction_status in (TransactionStatus.INTRANS, TransactionStatus.INERROR)
 
+    def pipeline(self) -> contextlib.AbstractContextManager:
+        """psycopg's pipeline mode: statements go out without waiting; reading a result waits."""
+        return self.raw.pipeline()
+
+    @property
+    def usable(self) -> bool:
+        return not (self.raw.closed or self.raw.broken)
+
     def close(self) -> None:
         self.raw.close()
 
@@ -1752,10 +1763,45 @@ class _Job:
 
 
 def run_jobs(conn: Any, jobs: list) -> list:
-    """Run write jobs in ONE transaction (one fsync); each in a savepoint so one failure rolls back alone.
+    """Run write jobs in ONE transaction (one fsync, one commit); returns, per job, `(result, events)`
+    or `(exception, None)`, and raises if the commit itself fails.
 
-    Returns, per job, `(result, events)` or `(exception, None)`. Raises if the commit itself fails.
+    Where a statement costs a round trip (PostgreSQL), the batch is first run pipelined and without
+    a savepoint per job: statements whose rows no job reads ride along with the next one that is
+    read. Any failure in it rolls the whole batch back, and it runs again isolated, which gives
+    each job exactly the outcome it would have had alone.
     """
+    if conn.dialect.pipelined:
+        try:
+            return run_jobs_pipelined(conn, jobs)
+        except Exception:  # noqa: BLE001 - retried isolated below, which reports each job's own error
+            if not conn.usable:
+                raise          # the connection is gone: nothing committed, nothing to retry on
+    return run_jobs_isolated(conn, jobs)
+
+
+def run_jobs_pipelined(conn: Any, jobs: list) -> list:
+    now = utc_now()
+    ts = iso(now)
+    outcomes = []
+    try:
+        with conn.pipeline():
+            for statement in conn.dialect.begin_write:
+                conn.execute(statement)
+            for job in jobs:
+                tx = Tx(conn, now, ts)
+                outcomes.append((job.work(tx, *job.args), tx.events))
+            conn.dialect.announce(conn, [event for _, events in outcomes for event in events])
+            conn.execute("COMMIT")
+    except BaseException:
+        if conn.usable and conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return outcomes
+
+
+def run_jobs_isolated(conn: Any, jobs: list) -> list:
+    """Each job in a savepoint, so one failure rolls back alone."""
     outcomes = []
     for statement in conn.dialect.begin_write:
         conn.execute(statement)
@@ -2383,8 +2429,9 @@ def get_state_version(conn: Conn, channel_id: str, version: int) -> dict:
 
 
 def delete_state_version(tx: Tx, channel_id: str, version: int) -> dict:
-    deleted = tx.conn.execute("DELETE FROM states WHERE channel_id = ? AND version = ?", (channel_id, version)).rowcount
-    return {"ok": True, "deleted": deleted}
+    deleted = tx.conn.execute("DELETE FROM states WHERE channel_id = ? AND version = ? RETURNING version",
+                              (channel_id, version)).fetchall()
+    return {"ok": True, "deleted": len(deleted)}
 
 
 # --- channel metadata -----------------------------------------------------------

@@ -388,3 +388,36 @@ def test_keys_never_appear_in_the_server_output(server):
     assert len(banner) == 1
     others = [line for line in server.lines if not line.startswith("API key:")]
     assert not [line for line in others if server.key in line or "sk-wrong" in line]
+
+
+def test_a_refused_write_does_not_take_the_writes_batched_with_it_down(server, unique):
+    """Concurrent writes share one transaction; the ones refused (an operation id reused for another
+    payload) get their 409 and the others commit, gapless, as if each had been alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    channel = unique("batch")
+    url = f"{server.url}/api/v1/events/record"
+    for n in range(10):
+        status, _, _ = http("POST", url, key=server.key, body={
+            "channel_id": channel, "event_type": "first", "payload": {"n": n}, "operation_id": f"op-{n}"})
+        assert status == 200
+
+    def write(n):
+        reused = n < 10            # the same operation id with another payload: refused
+        body = {"channel_id": channel, "event_type": "second", "payload": {"n": n, "again": True},
+                "operation_id": f"op-{n}" if reused else f"new-{n}"}
+        status, _, answer = http("POST", url, key=server.key, body=body)
+        return reused, status, answer
+
+    for _ in range(3):             # several rounds: refused and accepted writes meet in one batch
+        with ThreadPoolExecutor(40) as pool:
+            outcomes = list(pool.map(write, range(40)))
+        assert all(status == 409 and answer["status"] == "idempotency_conflict"
+                   for reused, status, answer in outcomes if reused), outcomes
+        assert all(status == 200 for reused, status, _ in outcomes if not reused), outcomes
+    status, _, replay = http("GET", f"{server.url}/api/v1/events/replay/{channel}?limit=1000", key=server.key)
+    assert status == 200
+    events = replay["events"]
+    assert [e["cursor"] for e in events] == list(range(1, 10 + 30 + 1))
+    assert sorted(e["payload"]["n"] for e in events if e["type"] == "second") == list(range(10, 40))
+    assert len({e["id"] for e in events}) == len(events)
