@@ -1557,7 +1557,7 @@ class SqliteDialect(Dialect):
 # without a lock protocol per path. Group commit keeps it cheap: one lock and one commit per batch.
 POSTGRES_WRITE_LOCK = 0x61637461               # "acta"
 POSTGRES_MIGRATION_LOCK = POSTGRES_WRITE_LOCK + 1
-POSTGRES_CHANNEL = "actae_events"              # NOTIFY channel: "channel_id<TAB>cursor" lines
+POSTGRES_CHANNEL = "actae_events"              # NOTIFY: the sending server's id, then "channel_id<TAB>cursor" lines
 NOTIFY_PAYLOAD_MAX = 7000                      # PostgreSQL refuses payloads of 8000 bytes and more
 
 
@@ -1584,14 +1584,14 @@ class PostgresDialect(Dialect):
             latest[event["channel_id"]] = max(event["cursor"], latest.get(event["channel_id"], 0))
         lines = [f"{channel}\t{cursor}" for channel, cursor in latest.items()]
         for chunk in notify_chunks(lines):
-            conn.execute("SELECT pg_notify(?, ?)", (POSTGRES_CHANNEL, chunk))
+            conn.execute("SELECT pg_notify(?, ?)", (POSTGRES_CHANNEL, f"{conn.origin}\n{chunk}"))
 
 
 SQLITE, POSTGRES = SqliteDialect(), PostgresDialect()
 
 
 def notify_chunks(lines: list) -> list:
-    """Newline-joined lines in payloads under NOTIFY's size limit."""
+    """Newline-joined lines in payloads under NOTIFY's size limit (with room for the server id)."""
     chunks, current, size = [], [], 0
     for line in lines:
         if current and size + len(line.encode()) + 1 > NOTIFY_PAYLOAD_MAX:
@@ -1629,13 +1629,28 @@ class PostgresRow:
         return len(self._values)
 
 
-def postgres_rows(cursor: Any) -> Callable:
-    """psycopg row factory making PostgresRow objects (one name index shared by the rows of a result)."""
-    index = {column.name: i for i, column in enumerate(cursor.description or ())}
-    return lambda values: PostgresRow(values, index)
+class RowShape:
+    """psycopg row factory of one statement: its name -> position index is built from the first
+    result and shared by every later one (building it per result was a tenth of the writer's time)."""
+
+    __slots__ = ("index",)
+
+    def __init__(self):
+        self.index: Optional[dict] = None
+
+    def __call__(self, cursor: Any) -> Callable:
+        index = self.index
+        if index is None:
+            index = self.index = {column.name: i for i, column in enumerate(cursor.description or ())}
+        return lambda values: PostgresRow(values, index)
 
 
-@functools.lru_cache(maxsize=2048)
+@functools.lru_cache(maxsize=4096)
+def postgres_statement(sql: str, with_args: bool) -> tuple:
+    """(text, row factory) of a domain statement on PostgreSQL, made once per statement."""
+    return postgres_sql(sql, with_args), RowShape()
+
+
 def postgres_sql(sql: str, with_args: bool) -> str:
     """Domain SQL (qmark placeholders) in psycopg's format style: ? -> %s, % -> %%, not in literals."""
     if not with_args:
@@ -1658,12 +1673,14 @@ class PostgresConnection:
 
     dialect = POSTGRES
 
-    def __init__(self, raw: "psycopg.Connection"):
+    def __init__(self, raw: "psycopg.Connection", origin: str = "cli"):
         self.raw = raw
+        self.origin = origin               # names this server in its NOTIFYs (see PostgresEngine.listen)
 
     def execute(self, sql: str, args: Any = ()) -> Any:
+        text, shape = postgres_statement(sql, bool(args))
         try:
-            return self.raw.execute(postgres_sql(sql, bool(args)), args or None)
+            return self.raw.cursor(row_factory=shape).execute(text, args or None)
         except psycopg.DataError as exc:
             # PostgreSQL text cannot hold NUL characters (SQLite's can); say so instead of a 500.
             if "NUL" in str(exc) or isinstance(exc, psycopg.errors.UntranslatableCharacter):
@@ -1691,10 +1708,9 @@ Row = Union[sqlite3.Row, PostgresRow]                 # what it reads: row["colu
 
 
 def configure_postgres(raw: "psycopg.Connection") -> None:
-    """Every PostgreSQL connection: autocommit (run_jobs says BEGIN), Row results, booleans as
-    integers (SQLite's columns are 0/1 integers, and domain code passes True/False)."""
+    """Every PostgreSQL connection: autocommit (run_jobs says BEGIN); booleans as integers (SQLite's
+    columns are 0/1 integers, and domain code passes True/False); statements prepared early."""
     raw.autocommit = True
-    raw.row_factory = postgres_rows
     raw.adapters.register_dumper(bool, BoolAsInteger)
     raw.prepare_threshold = 2
 
@@ -1921,6 +1937,7 @@ class PostgresEngine:
 
     def __init__(self, url: str, readers: int):
         self.url, self._reader_count = url, readers
+        self.origin = secrets.token_hex(8)
         self._writer_pool = self._reader_pool = None
         self._writer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="actae-pg-writer")
         self._reader_threads = concurrent.futures.ThreadPoolExecutor(readers, thread_name_prefix="actae-pg-reader")
@@ -1945,7 +1962,7 @@ class PostgresEngine:
     def _run(self, pool: "psycopg_pool.ConnectionPool", fn: Callable, args: tuple):
         try:
             with pool.connection() as raw:
-                return fn(PostgresConnection(raw), *args)
+                return fn(PostgresConnection(raw, self.origin), *args)
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise DatabaseUnavailable(f"PostgreSQL is unavailable: {first_line(exc)}") from exc
 
@@ -1959,14 +1976,18 @@ class PostgresEngine:
 
     async def listen(self, on_notify: Callable) -> None:
         """Hear the channels other servers wrote to, until cancelled; after a lost connection,
-        `on_notify(None, None)` says anything may have been missed."""
+        `on_notify(None, None)` says anything may have been missed. This server's own commits are
+        skipped: they reach the hub from the writer, in order, knowing who published them."""
         while True:
             try:
                 async with await psycopg.AsyncConnection.connect(self.url, autocommit=True) as conn:
                     await conn.execute(f"LISTEN {POSTGRES_CHANNEL}")
                     on_notify(None, None)
                     async for note in conn.notifies():
-                        for line in note.payload.split("\n"):
+                        origin, _, lines = note.payload.partition("\n")
+                        if origin == self.origin:
+                            continue
+                        for line in lines.split("\n"):
                             channel_id, _, cursor = line.rpartition("\t")
                             if channel_id and cursor.isdigit():
                                 on_notify(channel_id, int(cursor))
@@ -2127,17 +2148,27 @@ def require_channel(conn: Conn, channel_id: str) -> Row:
                           "SELECT * FROM channels WHERE id = ?", channel_id)
 
 
-def bump_channel(tx: Tx, channel_id: str, sql: str, args: tuple) -> tuple:
+def bump_channel(tx: Tx, channel_id: str, sql: str, args: tuple,
+                 used: Optional[Callable[[], bool]] = None) -> Optional[tuple]:
     """Run a counter UPDATE ... RETURNING on the channel's row, creating the channel on its first
     write (most writes find it, so the insert is not tried first). Conflict(channel_closed) when
-    the run is closed."""
+    the run is closed. With `used`, the UPDATE also refuses when the request's operation id is
+    taken (its WHERE says so): then `used()` confirms it and None is returned, for a replay."""
     row = tx.conn.execute(sql, args).fetchone()
+    if row is None and used is not None and used():
+        return None
     if row is None and channel_row(tx.conn, channel_id) is None:
         ensure_channel(tx, channel_id)
         row = tx.conn.execute(sql, args).fetchone()
     if row is None:
         raise channel_closed(channel_id)
     return tuple(row)
+
+
+def unused_operation(table: str) -> str:
+    """The WHERE clause a counter UPDATE adds so that it allocates nothing for an operation id
+    already used on the channel: the common case (a new operation) then costs no lookup."""
+    return f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE channel_id = ? AND operation_id = ?)"
 
 
 def ensure_channel(tx: Tx, channel_id: str) -> None:
@@ -2157,11 +2188,13 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                  metadata: Any = None, agent_id: Optional[str] = None, user_id: Optional[str] = None,
                  operation_id: Optional[str] = None, hashed: Optional[str] = None,
                  step_number: Optional[int] = None, depends_on: Optional[str] = None,
-                 dependencies: Optional[list] = None, payload_text: Optional[str] = None) -> dict:
+                 dependencies: Optional[list] = None, payload_text: Optional[str] = None,
+                 new_operation: bool = False) -> Optional[dict]:
     """Append one event at the channel's next cursor and return its JSON form.
 
     `payload_text` is the payload's canonical JSON when the caller has it already (it hashed it).
-    Raises Conflict(channel_closed) on a closed run.
+    With `new_operation`, nothing is appended and None is returned when `operation_id` is used
+    already (the caller replays it). Raises Conflict(channel_closed) on a closed run.
     """
     event_id = uuid7()
     if depends_on is None and dependencies:
@@ -2173,11 +2206,17 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                              metadata_text=metadata_text, step_number=step_number, depends_on=depends_on,
                              timestamp=tx.ts)
     # One statement allocates the cursor and extends the chain: in SET, columns are the old row's.
-    cursor, chain_hash = bump_channel(
-        tx, channel_id,
-        "UPDATE channels SET last_cursor = last_cursor + 1, chain_head = actae_chain(chain_head, ?, last_cursor + 1, ?),"
-        " updated_at = ? WHERE id = ? AND closed_at IS NULL RETURNING last_cursor, chain_head",
-        (head, tail, tx.ts, channel_id))
+    sql = ("UPDATE channels SET last_cursor = last_cursor + 1, chain_head = actae_chain(chain_head, ?, last_cursor + 1, ?),"
+           " updated_at = ? WHERE id = ? AND closed_at IS NULL")
+    args: tuple = (head, tail, tx.ts, channel_id)
+    used = None
+    if new_operation and operation_id is not None:
+        sql, args = sql + unused_operation("events"), args + (channel_id, operation_id)
+        used = lambda: event_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
+    bumped = bump_channel(tx, channel_id, sql + " RETURNING last_cursor, chain_head", args, used)
+    if bumped is None:
+        return None
+    cursor, chain_hash = bumped
     tx.conn.execute(
         "INSERT INTO events (channel_id, cursor, id, type, payload, actor, agent_id, user_id, metadata,"
         " operation_id, request_hash, step_number, depends_on, dependencies, created_at, chain_hash)"
@@ -2228,16 +2267,16 @@ def record_event(tx: Tx, req: RecordEvent) -> dict:
     payload_text = canonical_dump(req.payload)
     # == request_hash({"type": ..., "payload": ...}): canonical JSON sorts "payload" before "type".
     hashed = sha256_hex(f'{{"payload":{payload_text or "null"},"type":{json_scalar(req.event_type)}}}')
-    if req.operation_id is not None:
-        existing = event_by_operation(tx.conn, req.channel_id, req.operation_id)
-        if existing is not None:
-            return replay_or_conflict(existing, hashed, "event")
     meta = req.meta()
-    return append_event(
+    event = append_event(
         tx, req.channel_id, req.event_type, req.payload, actor=req.actor(), metadata=meta.metadata,
         agent_id=meta.agent_id, user_id=meta.user_id, operation_id=req.operation_id, hashed=hashed,
         step_number=req.step_number, dependencies=req.dependencies, payload_text=payload_text,
+        new_operation=True,
     )
+    if event is None:
+        return replay_or_conflict(event_by_operation(tx.conn, req.channel_id, req.operation_id), hashed, "event")
+    return event
 
 
 def replay_events(conn: Conn, channel_id: str, after: int, limit: int,
@@ -2364,14 +2403,23 @@ def check_guards(conn: Conn, channel_id: str, expected_version: Optional[int],
 
 
 def insert_state(tx: Tx, channel_id: str, cursor: int, stored: Union[str, bytes, None], sha: str,
-                 status: Optional[str], operation_id: Optional[str] = None) -> int:
+                 status: Optional[str], operation_id: Optional[str] = None, *,
+                 new_operation: bool = False) -> Optional[int]:
     """A new state version from a stored (packed) state; raises Conflict(channel_closed) on a closed run.
+    With `new_operation`, None when `operation_id` is used already (nothing is written).
 
     Forks and promotions copy a snapshot's stored form as it is: no decoding, no re-encoding.
     """
-    version = bump_channel(
-        tx, channel_id, "UPDATE channels SET state_version = state_version + 1, updated_at = ? WHERE id = ?"
-                        " AND closed_at IS NULL RETURNING state_version", (tx.ts, channel_id))[0]
+    sql = "UPDATE channels SET state_version = state_version + 1, updated_at = ? WHERE id = ? AND closed_at IS NULL"
+    args: tuple = (tx.ts, channel_id)
+    used = None
+    if new_operation and operation_id is not None:
+        sql, args = sql + unused_operation("states"), args + (channel_id, operation_id)
+        used = lambda: state_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
+    bumped = bump_channel(tx, channel_id, sql + " RETURNING state_version", args, used)
+    if bumped is None:
+        return None
+    (version,) = bumped
     tx.conn.execute(
         "INSERT INTO states (channel_id, version, cursor, state, sha256, status, operation_id, created_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
@@ -2380,19 +2428,32 @@ def insert_state(tx: Tx, channel_id: str, cursor: int, stored: Union[str, bytes,
     return version
 
 
+def state_by_operation(conn: Conn, channel_id: str, operation_id: str) -> Optional[Row]:
+    return conn.execute("SELECT version, cursor, sha256 FROM states WHERE channel_id = ? AND operation_id = ?",
+                        (channel_id, operation_id)).fetchone()
+
+
+def replayed_state(row: Row, cursor: int, sha: str, operation_id: str) -> int:
+    require_same_request(f"{row['cursor']}:{row['sha256']}", f"{cursor}:{sha}", operation_id, "state")
+    return row["version"]
+
+
 def save_state(tx: Tx, channel_id: str, req: SaveState) -> int:
     """POST /state/{channel}: a new immutable version; an operation id replays its version."""
     sha = sha256_hex(canonical_json(req.state))
-    if req.operation_id is not None:
-        row = tx.conn.execute("SELECT version, cursor, sha256 FROM states WHERE channel_id = ? AND operation_id = ?",
-                              (channel_id, req.operation_id)).fetchone()
+    guarded = req.expected_version is not None or req.expected_cursor is not None
+    if req.operation_id is not None and guarded:      # a replay answers before the guards are checked
+        row = state_by_operation(tx.conn, channel_id, req.operation_id)
         if row is not None:
-            require_same_request(f"{row['cursor']}:{row['sha256']}", f"{req.cursor}:{sha}", req.operation_id, "state")
-            return row["version"]
+            return replayed_state(row, req.cursor, sha, req.operation_id)
     check_guards(tx.conn, channel_id, req.expected_version, req.expected_cursor)
     packed = tx.conn.dialect.pack_state(dump(req.state))
-    return insert_state(tx, channel_id, req.cursor, packed, sha, state_status(req.state),
-                        req.operation_id)
+    version = insert_state(tx, channel_id, req.cursor, packed, sha, state_status(req.state), req.operation_id,
+                           new_operation=True)
+    if version is None:
+        return replayed_state(state_by_operation(tx.conn, channel_id, req.operation_id), req.cursor, sha,
+                              req.operation_id)
+    return version
 
 
 def transition(tx: Tx, req: Transition) -> dict:
