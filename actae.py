@@ -1535,6 +1535,34 @@ class Dialect:
     def announce(self, conn: Any, events: list) -> None:
         """Tell other servers, inside the transaction, which channels got events (no-op on SQLite)."""
 
+    def bump_and_insert(self, conn: Any, update: str, args: tuple, row: CounterRow, values: tuple) -> Optional[tuple]:
+        """Run the counter `update` (no RETURNING clause) and insert `row` with `values` and the
+        counters it returned; the counters, or None when the UPDATE matched nothing (and nothing
+        was inserted)."""
+        bumped = conn.execute(f"{update} RETURNING {', '.join(row.counters)}", args).fetchone()
+        if bumped is not None:
+            conn.execute(row.values_sql, values + tuple(bumped))
+        return None if bumped is None else tuple(bumped)
+
+
+@dataclass(frozen=True, eq=False)        # eq=False: hashed by identity, as the SQL cache needs
+class CounterRow:
+    """A row that takes a channel counter: the counter UPDATE returns `counters` (its RETURNING
+    columns, e.g. the new cursor and chain hash), which fill `counter_columns` of the new row in
+    `table`; the other `columns` come from the caller. `types` names the SQL type of the columns
+    that are not TEXT (PostgreSQL types a parameter of INSERT ... SELECT as text otherwise)."""
+
+    table: str
+    columns: tuple
+    counters: tuple
+    counter_columns: tuple
+    types: dict
+
+    @functools.cached_property
+    def values_sql(self) -> str:
+        return (f"INSERT INTO {self.table} ({', '.join(self.columns + self.counter_columns)})"
+                f" VALUES ({', '.join('?' * (len(self.columns) + len(self.counter_columns)))})")
+
 
 class SqliteDialect(Dialect):
     name = "sqlite"
@@ -1578,6 +1606,12 @@ class PostgresDialect(Dialect):
     def is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.errors.UniqueViolation)
 
+    def bump_and_insert(self, conn: Any, update: str, args: tuple, row: CounterRow, values: tuple) -> Optional[tuple]:
+        # One statement, not two: a statement is a round trip's worth of client and server work,
+        # and an SDK step is two of these.
+        bumped = conn.execute(counter_insert_sql(row, update), args + values).fetchone()
+        return None if bumped is None else tuple(bumped)
+
     def announce(self, conn: Any, events: list) -> None:
         latest: dict = {}
         for event in events:
@@ -1588,6 +1622,15 @@ class PostgresDialect(Dialect):
 
 
 SQLITE, POSTGRES = SqliteDialect(), PostgresDialect()
+
+
+@functools.lru_cache(maxsize=64)
+def counter_insert_sql(row: CounterRow, update: str) -> str:
+    """PostgreSQL: the counter UPDATE and the INSERT of its row as one statement."""
+    given = ", ".join(f"CAST(? AS {row.types[c]})" if c in row.types else "?" for c in row.columns)
+    return (f"WITH bumped AS ({update} RETURNING {', '.join(row.counters)})"
+            f" INSERT INTO {row.table} ({', '.join(row.columns + row.counter_columns)})"
+            f" SELECT {given}, {', '.join(row.counters)} FROM bumped RETURNING {', '.join(row.counter_columns)}")
 
 
 def notify_chunks(lines: list) -> list:
@@ -2148,21 +2191,33 @@ def require_channel(conn: Conn, channel_id: str) -> Row:
                           "SELECT * FROM channels WHERE id = ?", channel_id)
 
 
-def bump_channel(tx: Tx, channel_id: str, sql: str, args: tuple,
+def bump_channel(tx: Tx, channel_id: str, update: str, args: tuple, row: CounterRow, values: tuple,
                  used: Optional[Callable[[], bool]] = None) -> Optional[tuple]:
-    """Run a counter UPDATE ... RETURNING on the channel's row, creating the channel on its first
-    write (most writes find it, so the insert is not tried first). Conflict(channel_closed) when
-    the run is closed. With `used`, the UPDATE also refuses when the request's operation id is
-    taken (its WHERE says so): then `used()` confirms it and None is returned, for a replay."""
-    row = tx.conn.execute(sql, args).fetchone()
-    if row is None and used is not None and used():
+    """Run a counter UPDATE on the channel's row and insert the `row` it makes room for; returns the
+    counters. Creates the channel on its first write (most writes find it, so the insert is not
+    tried first); Conflict(channel_closed) when the run is closed. With `used`, the UPDATE also
+    refuses when the request's operation id is taken (its WHERE says so): then `used()` confirms
+    it and None is returned, for a replay."""
+    dialect = tx.conn.dialect
+    bumped = dialect.bump_and_insert(tx.conn, update, args, row, values)
+    if bumped is None and used is not None and used():
         return None
-    if row is None and channel_row(tx.conn, channel_id) is None:
+    if bumped is None and channel_row(tx.conn, channel_id) is None:
         ensure_channel(tx, channel_id)
-        row = tx.conn.execute(sql, args).fetchone()
-    if row is None:
+        bumped = dialect.bump_and_insert(tx.conn, update, args, row, values)
+    if bumped is None:
         raise channel_closed(channel_id)
-    return tuple(row)
+    return bumped
+
+
+# The rows counters make room for: an event takes the next cursor and the chain, a state its version.
+EVENT_ROW = CounterRow(
+    "events", ("channel_id", "id", "type", "payload", "actor", "agent_id", "user_id", "metadata", "operation_id",
+               "request_hash", "step_number", "depends_on", "dependencies", "created_at"),
+    ("last_cursor", "chain_head"), ("cursor", "chain_hash"), {"step_number": "BIGINT"})
+STATE_ROW = CounterRow(
+    "states", ("channel_id", "cursor", "state", "sha256", "status", "operation_id", "created_at"),
+    ("state_version",), ("version",), {"cursor": "BIGINT", "state": "BYTEA"})
 
 
 def unused_operation(table: str) -> str:
@@ -2205,7 +2260,7 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                              payload_text=payload_text, actor=actor, agent_id=agent_id, user_id=user_id,
                              metadata_text=metadata_text, step_number=step_number, depends_on=depends_on,
                              timestamp=tx.ts)
-    # One statement allocates the cursor and extends the chain: in SET, columns are the old row's.
+    # The UPDATE allocates the cursor and extends the chain: in SET, columns are the old row's.
     sql = ("UPDATE channels SET last_cursor = last_cursor + 1, chain_head = actae_chain(chain_head, ?, last_cursor + 1, ?),"
            " updated_at = ? WHERE id = ? AND closed_at IS NULL")
     args: tuple = (head, tail, tx.ts, channel_id)
@@ -2213,17 +2268,12 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
     if new_operation and operation_id is not None:
         sql, args = sql + unused_operation("events"), args + (channel_id, operation_id)
         used = lambda: event_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
-    bumped = bump_channel(tx, channel_id, sql + " RETURNING last_cursor, chain_head", args, used)
+    values = (channel_id, event_id, event_type, payload_text, actor, agent_id, user_id, metadata_text,
+              operation_id, hashed, step_number, depends_on, dump(dependencies), tx.ts)
+    bumped = bump_channel(tx, channel_id, sql, args, EVENT_ROW, values, used)
     if bumped is None:
         return None
     cursor, chain_hash = bumped
-    tx.conn.execute(
-        "INSERT INTO events (channel_id, cursor, id, type, payload, actor, agent_id, user_id, metadata,"
-        " operation_id, request_hash, step_number, depends_on, dependencies, created_at, chain_hash)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (channel_id, cursor, event_id, event_type, payload_text, actor, agent_id, user_id, metadata_text,
-         operation_id, hashed, step_number, depends_on, dump(dependencies), tx.ts, chain_hash),
-    )
     event = {
         "id": event_id, "channel_id": channel_id, "type": event_type, "payload": payload, "actor": actor,
         "cursor": cursor, "channel_cursor": cursor, "timestamp": tx.ts, "agent_id": agent_id,
@@ -2416,16 +2466,9 @@ def insert_state(tx: Tx, channel_id: str, cursor: int, stored: Union[str, bytes,
     if new_operation and operation_id is not None:
         sql, args = sql + unused_operation("states"), args + (channel_id, operation_id)
         used = lambda: state_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
-    bumped = bump_channel(tx, channel_id, sql + " RETURNING state_version", args, used)
-    if bumped is None:
-        return None
-    (version,) = bumped
-    tx.conn.execute(
-        "INSERT INTO states (channel_id, version, cursor, state, sha256, status, operation_id, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (channel_id, version, cursor, stored, sha, status, operation_id, tx.ts),
-    )
-    return version
+    bumped = bump_channel(tx, channel_id, sql, args, STATE_ROW,
+                          (channel_id, cursor, stored, sha, status, operation_id, tx.ts), used)
+    return None if bumped is None else bumped[0]
 
 
 def state_by_operation(conn: Conn, channel_id: str, operation_id: str) -> Optional[Row]:
