@@ -1539,10 +1539,12 @@ class Dialect:
         """Run the counter `update` (no RETURNING clause) and insert `row` with `values` and the
         counters it returned; the counters, or None when the UPDATE matched nothing (and nothing
         was inserted)."""
-        bumped = conn.execute(f"{update} RETURNING {', '.join(row.counters)}", args).fetchone()
-        if bumped is not None:
-            conn.execute(row.values_sql, values + tuple(bumped))
-        return None if bumped is None else tuple(bumped)
+        bumped = conn.execute(counter_update_sql(row, update), args).fetchone()
+        if bumped is None:
+            return None
+        counters = tuple(bumped)
+        conn.execute(row.values_sql, values + counters)
+        return counters
 
 
 @dataclass(frozen=True, eq=False)        # eq=False: hashed by identity, as the SQL cache needs
@@ -1625,10 +1627,15 @@ SQLITE, POSTGRES = SqliteDialect(), PostgresDialect()
 
 
 @functools.lru_cache(maxsize=64)
+def counter_update_sql(row: CounterRow, update: str) -> str:
+    return f"{update} RETURNING {', '.join(row.counters)}"
+
+
+@functools.lru_cache(maxsize=64)
 def counter_insert_sql(row: CounterRow, update: str) -> str:
     """PostgreSQL: the counter UPDATE and the INSERT of its row as one statement."""
     given = ", ".join(f"CAST(? AS {row.types[c]})" if c in row.types else "?" for c in row.columns)
-    return (f"WITH bumped AS ({update} RETURNING {', '.join(row.counters)})"
+    return (f"WITH bumped AS ({counter_update_sql(row, update)})"
             f" INSERT INTO {row.table} ({', '.join(row.columns + row.counter_columns)})"
             f" SELECT {given}, {', '.join(row.counters)} FROM bumped RETURNING {', '.join(row.counter_columns)}")
 
