@@ -1,9 +1,10 @@
 """Actae against LangGraph (SqliteSaver) and DBOS (SQLite) on one machine and one disk.
 
     pip install -r requirements.txt -r examples/requirements-bench.txt
-    python examples/bench.py                  # the full run: about 7 minutes on 2 cores
-    python examples/bench.py --quick          # every figure at small sizes, about 25 s
+    python examples/bench.py                  # the full run: about 7 minutes on 2 cores (9 with --postgres)
+    python examples/bench.py --quick          # every figure at small sizes, about 25 s (40 with --postgres)
     python examples/bench.py --json PATH      # where the report goes (default examples/out/bench.json)
+    python examples/bench.py --postgres URL   # also B1b on PostgreSQL, one server and three
 
 One invocation starts `python actae.py --port 0` on a fresh data directory, a bare Starlette
 JSON endpoint under uvicorn, and one worker process per measured system, all inside one
@@ -20,6 +21,14 @@ temporary folder, so everything writes to the same disk (`--dir` picks where tha
              really run at once
   dbos_wal   the same on a system database file switched to WAL before DBOS opens it;
              synchronous stays FULL, so every commit still fsyncs the WAL
+
+With a PostgreSQL (`--postgres URL`, else $ACTAE_BENCH_DATABASE_URL, else $ACTAE_TEST_DATABASE_URL:
+a maintenance-database URL whose user may CREATE DATABASE) B1b is also measured on our server
+backed by PostgreSQL, with one server and with three servers sharing one database: each such
+measurement, taking its turn in each round's rotating B1b order, gets a fresh database
+(`bench_<pid>_<round>_<pg1|pg3>`), its servers, an untimed warm-up, the timed B1b, and then the
+servers stop and the database is dropped. Without a URL those rows print as skipped and their
+JSON values (report["postgresql"], and the two PostgreSQL ratios) are null, with the reason.
 
 Every system fsyncs on commit: our server runs WAL with synchronous=FULL and answers each
 write after its commit. The pragmas are read back from each peer's own connection and stored
@@ -41,6 +50,22 @@ Figures
   B1b steps/s      32 concurrent runs of M steps: 32 AgentSessions on one asyncio loop, 32
                    LangGraph threads sharing one SqliteSaver, 32 DBOS workflows started at once;
                    and our write requests/s over the same window.
+  B1b PostgreSQL   the same 32 AgentSessions against `actae.py --database <fresh database>`:
+                   one server, then three servers on one database with the 32 runs spread
+                   round-robin over their URLs (one SDK process, one client per server). Beside
+                   them the SQLite server's figures of the same rounds; server CPU is summed over
+                   the servers; PostgreSQL CPU is that of the client backends connected to the
+                   measured database (utime + stime from /proc/<pid>/stat, so only when PostgreSQL
+                   runs on this machine; the cluster's shared WAL writer and checkpointer are not
+                   counted); cores busy is the CPU of the SDK, the servers and those backends ÷
+                   wall time, and machine cores busy the same from /proc/stat for every process
+                   (other load on the machine included); jobs per commit is write jobs ÷ write
+                   batches from each server's /metrics.json (one batch = one transaction = one
+                   commit). fsync and synchronous_commit are read and printed with the figures.
+                   When fsync is off (pg_virtualenv's clusters) and the user is a superuser, the
+                   bench turns it on for its duration (ALTER SYSTEM + pg_reload_conf(): fsync
+                   needs no restart) and puts the previous setting back at the end; otherwise
+                   the table says commits there are not flushed, so the ratio is not like-for-like.
   GET req/s        32 concurrent loops of GET on the bare endpoint and on our lightest
                    authenticated GET (/api/v1/auth/capabilities: the key is checked, no other
                    work), one aiohttp load generator for both; server CPU ms per request.
@@ -104,6 +129,7 @@ from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Optional
+from urllib.parse import urlsplit, urlunsplit
 
 # =============================================================================
 # Constants and plans
@@ -119,6 +145,10 @@ KEY_LINE = re.compile(r"^API key:\s+(\S+)")
 BARE_LINE = re.compile(r"^Bare:\s+(http://\S+)")
 OP_TIMEOUT = 900.0                      # one worker operation; the largest is a 10,000-step build
 BATCH = 64                              # requests in flight while building a B2 parent
+PG_SERVERS = {"pg1": 1, "pg3": 3}       # a PostgreSQL column: how many servers share its database
+PG_SOURCES = ("ACTAE_BENCH_DATABASE_URL", "ACTAE_TEST_DATABASE_URL")   # after --postgres, in order
+PG_SKIPPED = "skipped: no PostgreSQL (pass --postgres URL)"
+WARM_STEPS = 1                          # steps of each run of the untimed B1b on fresh PostgreSQL servers
 
 
 @dataclass
@@ -227,15 +257,20 @@ class OursBench:
     """The real SDK against the server: AgentSession runs, ActaeClient forks and ledger pairs."""
 
     def __init__(self, url: str, key: str):
-        from actae_client import ActaeClient, ActaeConnectionError
-
         self.url, self.key = url, key
         self.loop = asyncio.new_event_loop()
-        self.client = ActaeClient(endpoint=url, api_key=key, timeout=300)
         self.requests: Counter = Counter()
         self.connection_errors = 0
         self.parents: dict[int, tuple[str, dict[int, int]]] = {}
-        send = self.client._request
+        self.client = self.loop.run_until_complete(self._client(url, key))
+        self.targets: dict[str, list] = {}      # other servers (PostgreSQL ones): name -> a client each
+
+    async def _client(self, url: str, key: str):
+        """An ActaeClient whose requests are counted, with the pool of `_pool`, checked once."""
+        from actae_client import ActaeClient, ActaeConnectionError
+
+        client = ActaeClient(endpoint=url, api_key=key, timeout=300)
+        send = client._request
 
         async def counted(method, path, **kwargs):
             self.requests[method] += 1
@@ -246,11 +281,12 @@ class OursBench:
                 raise
 
         # Every SDK call goes through this one method, so this counts what reached the wire.
-        self.client._request = counted
-        self.loop.run_until_complete(self._pool())
-        self.loop.run_until_complete(self.client.health_check())
+        client._request = counted
+        self._pool(client)
+        await client.health_check()
+        return client
 
-    async def _pool(self) -> None:
+    def _pool(self, client) -> None:
         """Give the SDK the connection pool it would make, but one that drops a connection after 2
         idle seconds: the server closes one after 5, the SDK's default pool keeps it 15, and a
         request written while the server closes its connection fails. The other systems are
@@ -258,7 +294,7 @@ class OursBench:
         import aiohttp
 
         session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(keepalive_timeout=2.0))
-        self.client._sessions_by_loop[id(self.loop)] = session
+        client._sessions_by_loop[id(self.loop)] = session
 
     def info(self) -> dict:
         return {"actae-client": importlib.metadata.version("actae-client")}
@@ -267,8 +303,20 @@ class OursBench:
         return self.loop.run_until_complete(getattr(self, "op_" + op)(**args))
 
     def close(self) -> None:
+        for target in list(self.targets):
+            self.loop.run_until_complete(self.op_disconnect(target))
         self.loop.run_until_complete(self.client.disconnect())
         self.loop.close()
+
+    async def op_connect(self, target: str, urls: list[str], key: str) -> dict:
+        """A client per server of `target` (servers sharing one database and one key)."""
+        self.targets[target] = [await self._client(url, key) for url in urls]
+        return {"servers": len(urls)}
+
+    async def op_disconnect(self, target: str) -> dict:
+        for client in self.targets.pop(target, []):
+            await client.disconnect()
+        return {}
 
     async def _measure(self, steps: int, bytes_in: int, coro) -> dict:
         """`measured` for a coroutine, plus the requests it sent (writes: anything but GET)."""
@@ -281,11 +329,12 @@ class OursBench:
                 "requests": sum(sent.values()), "writes": sum(n for m, n in sent.items() if m != "GET"),
                 "connection_errors": self.connection_errors - errors}
 
-    async def _run(self, name: str, docs: list[dict]) -> None:
+    async def _run(self, name: str, docs: list[dict], client=None) -> None:
         from actae_client import AgentSession
 
         current = [None]
-        async with AgentSession(self.client, name, state_fn=lambda: current[0], snapshot_interval=1) as session:
+        async with AgentSession(client or self.client, name, state_fn=lambda: current[0],
+                                snapshot_interval=1) as session:
             for i, doc in enumerate(docs):
                 current[0] = doc
                 await session.step("agent.step", input={"step": i}, output={"role": doc["role"]})
@@ -294,9 +343,12 @@ class OursBench:
         docs = make_docs(tag, n)
         return await self._measure(n, doc_bytes(docs), self._run(tag, docs))
 
-    async def op_b1b(self, runs: int, n: int, tag: str) -> dict:
+    async def op_b1b(self, runs: int, n: int, tag: str, target: Optional[str] = None) -> dict:
+        """`runs` concurrent runs of `n` steps; on `target`'s servers round-robin when named."""
+        clients = self.targets[target] if target else [self.client]
         docs = {f"{tag}-{j}": make_docs(f"{tag}-{j}", n) for j in range(runs)}
-        every = asyncio.gather(*(self._run(name, d) for name, d in docs.items()))
+        every = asyncio.gather(*(self._run(name, d, clients[j % len(clients)])
+                                 for j, (name, d) in enumerate(docs.items())))
         return await self._measure(runs * n, sum(map(doc_bytes, docs.values())), every)
 
     async def op_b3(self, inflight: int, pairs: int, tag: str) -> dict:
@@ -647,7 +699,8 @@ def say(message: str) -> None:
 
 
 def child_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("ACTAE_API_KEY", "ACTAE_DATA_DIR")}
+    # Without ACTAE_DATABASE_URL the SQLite server stays on SQLite; PostgreSQL ones get --database.
+    env = {k: v for k, v in os.environ.items() if k not in ("ACTAE_API_KEY", "ACTAE_DATA_DIR", "ACTAE_DATABASE_URL")}
     return {**env, "PYTHONUNBUFFERED": "1"}
 
 
@@ -766,6 +819,34 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def machine_ticks() -> tuple[int, int]:
+    """(busy, all) clock ticks of every CPU of the machine since boot, from /proc/stat; busy is all
+    but idle and iowait (guest time is already inside user)."""
+    ticks = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return sum(ticks) - ticks[3] - ticks[4], sum(ticks)
+
+
+def cores_busy(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """How many of the machine's cores were busy between two `machine_ticks`, every process counted."""
+    busy, every = after[0] - before[0], after[1] - before[1]
+    return busy / every * (os.cpu_count() or 1) if every else 0.0
+
+
+def write_batches(url: str, key: str) -> tuple[int, int]:
+    """(write batches committed, write jobs in them) since the server started, from /metrics.json."""
+    request = urllib.request.Request(url + "/metrics.json", headers={"x-api-key": key})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        database = json.loads(response.read())["database"]
+    return database["write_batches"], database["write_jobs"]
+
+
+def batches_between(before: list[tuple[int, int]], after: list[tuple[int, int]]) -> dict:
+    """Write batches (one transaction, one commit each) and write jobs, summed over servers."""
+    jobs = [a[1] - b[1] for a, b in zip(after, before)]
+    return {"write_batches": sum(a[0] - b[0] for a, b in zip(after, before)), "write_jobs": sum(jobs),
+            "write_jobs_each": jobs}
+
+
 def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -832,6 +913,190 @@ def raw_commits(path: Path, count: int, texts: list[str]) -> dict:
     return {"commits_per_s": count / sum(latencies), "latency_ms": statistics.median(latencies) * 1000}
 
 
+def stop_servers(servers: list) -> None:
+    """Stop several servers at once: one SIGINT each (a second one would force uvicorn out), then
+    wait for all, killing any that will not go."""
+    for server in servers:
+        if server.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                server.proc.send_signal(signal.SIGINT)
+    for server in servers:
+        try:
+            server.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            server.proc.kill()
+            server.proc.wait()
+
+
+def is_postgres_process(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().startswith("postgres")
+    except OSError:
+        return False
+
+
+def postgres_url(args: argparse.Namespace) -> tuple[Optional[str], Optional[str]]:
+    """(maintenance-database URL, where it came from): --postgres, else the first variable of
+    PG_SOURCES that is set; (None, None) without any."""
+    if args.postgres:
+        return args.postgres, "--postgres"
+    for name in PG_SOURCES:
+        if os.environ.get(name):
+            return os.environ[name], name
+    return None, None
+
+
+def redacted(url: str) -> str:
+    """The URL without its password."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    return urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@", 1)))
+
+
+class Postgres:
+    """The PostgreSQL the bench was handed: its durability settings (fsync turned on for the bench's
+    duration where it can be), fresh databases, and the CPU of the backends serving one of them."""
+
+    def __init__(self, url: str, source: str):
+        import psycopg
+        from psycopg import sql
+
+        self.psycopg, self.sql = psycopg, sql
+        self.url, self.source = url, source
+        self.made: list[str] = []
+        self.restore = None                  # the statement that puts fsync back, while it is to be done
+        self.fsync_set = False               # whether the bench turned fsync on
+        self.conn = None
+        self.fsync_at_end = None
+
+    def open(self) -> None:
+        """Connect, read the settings, turn fsync on where that is possible; `close` undoes it all,
+        also after a failure here."""
+        self.conn = self._connect()
+        self.version = self._show("server_version")
+        self.superuser = bool(self.conn.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+                              .fetchone()[0])
+        self.cluster_fsync = self._show("fsync")
+        self.fsync_context = self.conn.execute("SELECT context FROM pg_settings WHERE name = 'fsync'").fetchone()[0]
+        self.fsync_note = None
+        if self.cluster_fsync == "off":
+            if not self.superuser:
+                self.fsync_note = "fsync left off: the URL's user is not a superuser, so the bench cannot set it"
+            elif self.fsync_context != "sighup":
+                self.fsync_note = f"fsync left off: changing it here needs a restart (context {self.fsync_context})"
+            else:
+                self._fsync_on()
+        self.fsync = self._fresh_show("fsync")
+        self.synchronous_commit = self._show("synchronous_commit")
+        # The backends' CPU is read from /proc: only if the server's pids are this machine's.
+        self.local = is_postgres_process(self.conn.info.backend_pid)
+        say(f"PostgreSQL {self.version} at {redacted(self.url)} (from {self.source}): fsync={self.fsync}"
+            + (" (turned on by the bench, off in the cluster's configuration)" if self.fsync_set else "")
+            + f", synchronous_commit={self.synchronous_commit}"
+            + ("" if self.local else "; not on this machine: its CPU is not measured"))
+
+    def _connect(self, database: Optional[str] = None):
+        return self.psycopg.connect(self.url_of(database) if database else self.url, autocommit=True,
+                                    connect_timeout=10)
+
+    def _show(self, name: str) -> str:
+        return self.conn.execute(f"SHOW {name}").fetchone()[0]      # names are this file's constants
+
+    def _fresh_show(self, name: str) -> str:
+        """SHOW on a new connection: what a backend started now (a server's) gets."""
+        with contextlib.closing(self._connect()) as conn:
+            return conn.execute(f"SHOW {name}").fetchone()[0]
+
+    def _reload_until(self, fsync: str) -> None:
+        self.conn.execute("SELECT pg_reload_conf()")
+        deadline = time.monotonic() + 10
+        while self._fresh_show("fsync") != fsync:     # the postmaster re-reads its files a moment later
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"PostgreSQL did not take fsync = {fsync} after pg_reload_conf()")
+            time.sleep(0.05)
+
+    def _fsync_on(self) -> None:
+        """ALTER SYSTEM SET fsync = on and reload (fsync is a sighup setting); remember how to undo it:
+        the value postgresql.auto.conf had for fsync, else RESET (back to postgresql.conf's)."""
+        had = self.conn.execute("SELECT setting FROM pg_file_settings WHERE name = 'fsync'"
+                                " AND sourcefile LIKE '%postgresql.auto.conf' ORDER BY seqno DESC LIMIT 1").fetchone()
+        undo = "ALTER SYSTEM SET fsync = '" + had[0].replace("'", "''") + "'" if had else "ALTER SYSTEM RESET fsync"
+        try:
+            self.conn.execute("ALTER SYSTEM SET fsync = on")
+        except self.psycopg.Error as exc:
+            self.fsync_note = f"fsync left off: ALTER SYSTEM failed ({str(exc).strip().splitlines()[0]})"
+            return
+        self.restore, self.fsync_set = undo, True
+        self._reload_until("on")
+
+    def check_fsync(self) -> None:
+        """Read fsync again at the end of the measurements: another client may have changed it."""
+        self.fsync_at_end = self._fresh_show("fsync")
+
+    def settings(self) -> dict:
+        return {"url": redacted(self.url), "source": self.source, "version": self.version,
+                "superuser": self.superuser, "fsync": self.fsync, "cluster_fsync": self.cluster_fsync,
+                "fsync_at_end": self.fsync_at_end,
+                "fsync_set_on_by_bench": self.fsync_set, "fsync_note": self.fsync_note,
+                "synchronous_commit": self.synchronous_commit, "cpu_measured": self.local,
+                "cpu_note": None if self.local else "PostgreSQL is not on this machine: its backends' pids are not in /proc"}
+
+    def url_of(self, database: str) -> str:
+        return urlunsplit(urlsplit(self.url)._replace(path="/" + database))
+
+    def create(self, name: str) -> str:
+        self.conn.execute(self.sql.SQL("CREATE DATABASE {} ENCODING 'UTF8' TEMPLATE template0")
+                          .format(self.sql.Identifier(name)))
+        self.made.append(name)
+        return name
+
+    def drop(self, name: str) -> None:
+        self.conn.execute(self.sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(self.sql.Identifier(name)))
+        self.made.remove(name)
+
+    def backends(self, database: str) -> list[int]:
+        """The pids of the client backends connected to `database` (the servers' pools and listeners)."""
+        rows = self.conn.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s"
+                                 " AND backend_type = 'client backend'", (database,)).fetchall()
+        return [pid for (pid,) in rows]
+
+    def cpu(self, pids: list[int]) -> Optional[dict]:
+        """{pid: CPU seconds} of the backends still there, or None where they cannot be read."""
+        if not self.local:
+            return None
+        seconds = {}
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                seconds[pid] = cpu_seconds(pid)
+        return seconds
+
+    def close(self) -> None:
+        """Drop what is left of our databases and put fsync back; report, never raise."""
+        if not self.made and self.restore is None:
+            if self.conn is not None:
+                with contextlib.suppress(Exception):
+                    self.conn.close()
+            return
+        try:
+            if self.conn is None or self.conn.closed:
+                self.conn = self._connect()
+            for name in list(self.made):
+                self.drop(name)
+            if self.restore is not None:
+                self.conn.execute(self.restore)
+                self._reload_until(self.cluster_fsync)
+                self.restore = None
+                say(f"PostgreSQL: fsync is {self.cluster_fsync} again")
+        except Exception as exc:  # noqa: BLE001 - the bench's figures are already taken
+            say(f"PostgreSQL cleanup failed: {exc!r}; left: databases {self.made}"
+                + (f"; fsync = on in postgresql.auto.conf (undo: {self.restore}; SELECT pg_reload_conf())"
+                   if self.restore is not None else ""))
+        finally:
+            with contextlib.suppress(Exception):
+                self.conn.close()
+
+
 # =============================================================================
 # Phases
 # =============================================================================
@@ -840,8 +1105,8 @@ def raw_commits(path: Path, count: int, texts: list[str]) -> dict:
 class Bench:
     """Everything one invocation starts, and the raw results of its phases."""
 
-    def __init__(self, plan: Plan, folder: Path):
-        self.plan, self.folder = plan, folder
+    def __init__(self, plan: Plan, folder: Path, postgres: Optional[Postgres] = None):
+        self.plan, self.folder, self.postgres = plan, folder, postgres
         self.rounds: list[dict] = []
         self.once: dict = {}
 
@@ -908,15 +1173,25 @@ class Bench:
         say(f"round {number}: B1a " + ", ".join(f"{n} {r['steps'] / r['seconds']:.0f}" for n, r in got["b1a"].items())
             + " steps/s")
 
-        for name in order:
+        b1b_order = [*SYSTEMS, *(PG_SERVERS if self.postgres else ())]
+        b1b_order = b1b_order[number % len(b1b_order):] + b1b_order[:number % len(b1b_order)]
+        got["b1b_order"], got["b1b_pg"] = b1b_order, {}
+        for name in b1b_order:
+            if name in PG_SERVERS:
+                got["b1b_pg"][name] = self.run_postgres(name, tag)
+                continue
             if name == "ours":
                 got["rss_reset"] = reset_peak_rss(self.server.pid)
+                batches, ticks = [write_batches(self.url, self.key)], machine_ticks()
                 result, server_cpu = self._ours("b1b", runs=plan.runs, n=plan.run_steps, tag=f"{tag}-b1b")
-                result.update(server_cpu=server_cpu, peak_rss_mb=peak_rss_mb(self.server.pid))
+                result.update(server_cpu=server_cpu, peak_rss_mb=peak_rss_mb(self.server.pid),
+                              machine_cores_busy=cores_busy(ticks, machine_ticks()),
+                              **batches_between(batches, [write_batches(self.url, self.key)]))
             else:
                 result = self.workers[name].call("b1b", runs=plan.runs, n=plan.run_steps, tag=f"{tag}-b1b")
             got["b1b"][name] = result
-        say(f"round {number}: B1b " + ", ".join(f"{n} {r['steps'] / r['seconds']:.0f}" for n, r in got["b1b"].items())
+        say(f"round {number}: B1b " + ", ".join(f"{n} {r['steps'] / r['seconds']:.0f}"
+                                                for n, r in {**got["b1b"], **got["b1b_pg"]}.items())
             + " steps/s")
 
         got["b3"] = {}
@@ -926,6 +1201,56 @@ class Bench:
         say(f"round {number}: B3 " + ", ".join(f"{k} in flight {r['steps'] / r['seconds']:.0f}"
                                                 for k, r in got["b3"].items()) + " pairs/s")
         self.rounds.append(got)
+
+    def run_postgres(self, column: str, tag: str) -> dict:
+        """B1b on PG_SERVERS[column] servers sharing a fresh database: start them (the first alone,
+        as it issues the key; the others together), connect a client to each, run an untimed
+        warm-up, time B1b with the runs spread round-robin over the servers, then stop the servers
+        and drop the database."""
+        plan, pg, count = self.plan, self.postgres, PG_SERVERS[column]
+        database = pg.create(f"bench_{os.getpid()}_{tag}_{column}")
+        data_dir = self.folder / f"pg-{tag}-{column}"        # one data dir for all, like the scale-out tests
+        argv = [sys.executable, str(ROOT / "actae.py"), "--port", "0", "--data-dir", str(data_dir),
+                "--database", pg.url_of(database)]
+        patterns = {"url": URL_LINE, "key": KEY_LINE}
+        servers: list[Server] = []
+        ours = self.workers["ours"]
+        try:
+            servers.append(Server(f"actae on PostgreSQL ({column}, server 1)", argv, patterns).wait())
+            key = servers[0].found["key"]
+            if not key.startswith("sk-"):
+                raise RuntimeError(f"the first server on {database} printed no new key: {key!r}")
+            others = [Server(f"actae on PostgreSQL ({column}, server {i + 1})", argv, patterns) for i in range(1, count)]
+            servers += others
+            for server in others:
+                server.wait()
+                if server.found["key"].startswith("sk-"):
+                    raise RuntimeError(f"a later server on {database} issued a key as well")
+            ours.call("connect", target=column, urls=[s.found["url"] for s in servers], key=key)
+            try:
+                ours.call("b1b", runs=plan.runs, n=WARM_STEPS, tag=f"{tag}-{column}-warm", target=column)
+                pids, urls = pg.backends(database), [s.found["url"] for s in servers]
+                batches = [write_batches(url, key) for url in urls]
+                server_before, pg_before = [cpu_seconds(s.pid) for s in servers], pg.cpu(pids)
+                ticks = machine_ticks()
+                result = ours.call("b1b", runs=plan.runs, n=plan.run_steps, tag=f"{tag}-b1b", target=column)
+                busy = cores_busy(ticks, machine_ticks())
+                server_cpu = [cpu_seconds(s.pid) - b for s, b in zip(servers, server_before)]
+                pg_after = pg.cpu(pids)
+                result.update(machine_cores_busy=busy,
+                              **batches_between(batches, [write_batches(url, key) for url in urls]))
+            finally:
+                ours.call("disconnect", target=column)
+        finally:
+            stop_servers(servers)
+            pg.drop(database)
+        if pg_after is None:
+            postgres_cpu = None
+        else:   # a backend that went away mid-run (none should: the pools are fixed) is left out
+            postgres_cpu = sum(pg_after[p] - pg_before[p] for p in pg_after if p in pg_before)
+        return {**result, "servers": count, "server_cpu": sum(server_cpu), "server_cpu_each": server_cpu,
+                "postgres_cpu": postgres_cpu, "backends": len(pids),
+                "backends_read": None if pg_after is None else len(set(pg_after) & set(pg_before or {}))}
 
     def run_forks(self) -> None:
         """B2: build every parent at once (untimed), then time the forks, interleaved."""
@@ -1068,9 +1393,77 @@ def summarise(bench: Bench) -> dict:
     return figures
 
 
-def ratios(figures: dict, plan: Plan) -> dict:
-    """The performance targets: {name: {label, value, op, target, pass}}."""
+PG_COLUMNS = ("sqlite", *PG_SERVERS)
+PG_HEADS = {"sqlite": "SQLite server", "pg1": "PostgreSQL 1 server", "pg3": "PostgreSQL 3 servers"}
+
+
+def pg_labels(plan: Plan) -> dict:
+    """PostgreSQL figure name -> (label, unit, whether PostgreSQL's own CPU is in it), in table order."""
+    return {
+        "pg_b1b_steps_per_s": (f"B1b {plan.runs} concurrent runs x {plan.run_steps} steps, by backend",
+                               "steps/s", False),
+        "pg_b1b_write_requests_per_s": ("B1b write requests, by backend", "req/s", False),
+        "pg_server_cpu_ms_per_write": ("server CPU per write request (B1b), summed over the servers", "ms", False),
+        "pg_postgres_cpu_ms_per_write": ("PostgreSQL backends' CPU per write request (B1b)", "ms", True),
+        "pg_cpu_ms_per_step": ("CPU per step: SDK + servers + PostgreSQL backends (B1b)", "ms", True),
+        "pg_cores_busy": ("cores busy in B1b: that CPU / wall time", "cores", True),
+        "pg_machine_cores_busy": (f"machine cores busy in B1b, every process (of {os.cpu_count()})", "cores",
+                                  False),
+        "pg_jobs_per_commit": ("write jobs per commit (group commit; all servers)", "jobs", False),
+    }
+
+
+def pg_round(got: dict) -> dict:
+    """The PostgreSQL figures of one round, with the SQLite server's beside them: {figure: {column: value}}."""
+    runs = {"sqlite": {**got["b1b"]["ours"], "postgres_cpu": 0.0}, **got.get("b1b_pg", {})}
+    figures: dict = {name: {} for name in pg_labels(Plan())}
+    for column, r in runs.items():
+        figures["pg_b1b_steps_per_s"][column] = r["steps"] / r["seconds"]
+        figures["pg_b1b_write_requests_per_s"][column] = r["writes"] / r["seconds"]
+        figures["pg_server_cpu_ms_per_write"][column] = r["server_cpu"] * 1000 / r["writes"]
+        figures["pg_machine_cores_busy"][column] = r["machine_cores_busy"]
+        figures["pg_jobs_per_commit"][column] = r["write_jobs"] / r["write_batches"]
+        if r["postgres_cpu"] is not None:
+            every = r["cpu_seconds"] + r["server_cpu"] + r["postgres_cpu"]
+            if column != "sqlite":
+                figures["pg_postgres_cpu_ms_per_write"][column] = r["postgres_cpu"] * 1000 / r["writes"]
+            figures["pg_cpu_ms_per_step"][column] = every * 1000 / r["steps"]
+            figures["pg_cores_busy"][column] = every / r["seconds"]
+    return figures
+
+
+def summarise_postgres(bench: Bench) -> dict:
+    """The PostgreSQL section: settings, and each figure's medians and samples per column; a column
+    that could not be measured has the value null and the figure says why under `skipped`."""
+    plan, pg = bench.plan, bench.postgres
+    if pg is not None:
+        pg.check_fsync()
+    samples: dict = {}
+    for got in bench.rounds:
+        for name, columns in pg_round(got).items():
+            for column, value in columns.items():
+                samples.setdefault(name, {}).setdefault(column, []).append(value)
+    figures = {}
+    for name, (label, unit, own_cpu) in pg_labels(plan).items():
+        columns = samples.get(name, {})
+        wanted = [c for c in PG_COLUMNS if c != "sqlite" or name != "pg_postgres_cpu_ms_per_write"]
+        skipped = PG_SKIPPED if pg is None else (pg.settings()["cpu_note"] if own_cpu and not pg.local else None)
+        figures[name] = {"label": label, "unit": unit,
+                         "values": {c: statistics.median(columns[c]) if columns.get(c) else None for c in wanted},
+                         "samples": {c: columns.get(c, []) for c in wanted},
+                         "skipped": skipped if any(not columns.get(c) for c in wanted) else None}
+    return {"skipped": PG_SKIPPED if pg is None else None,
+            "settings": pg.settings() if pg is not None else None, "figures": figures,
+            "connection_errors": sum(r.get("connection_errors", 0) for got in bench.rounds
+                                     for r in got.get("b1b_pg", {}).values())}
+
+
+def ratios(figures: dict, plan: Plan, postgresql: Optional[dict] = None) -> dict:
+    """The performance targets: {name: {label, value, op, target, pass}}; a ratio without a target
+    has op, target and pass null; a PostgreSQL one not measured has value null and says why under
+    `skipped`."""
     v = {name: f["values"] for name, f in figures.items()}
+    pg_checks, pg_skipped = postgres_checks(postgresql)
     best_dbos = max(v["b1b_steps_per_s"]["dbos"], v["b1b_steps_per_s"]["dbos_wal"])
     small, _, large = plan.sizes
     checks = [
@@ -1086,6 +1479,7 @@ def ratios(figures: dict, plan: Plan) -> dict:
          v["b1b_steps_per_s"]["ours"] / v["b1b_steps_per_s"]["langgraph"], ">=", 2),
         ("b1b_over_dbos", "B1b ours / DBOS (the faster of its two setups)", v["b1b_steps_per_s"]["ours"] / best_dbos,
          ">=", 4),
+        *pg_checks,
         ("b3_pairs_per_s_64", "B3 pairs/s at 64 in flight", v["b3_pairs_per_s_64"]["ours"], ">=", 1000),
     ]
     for which, n in zip(("small", "mid", "large"), plan.sizes):
@@ -1099,9 +1493,28 @@ def ratios(figures: dict, plan: Plan) -> dict:
         ("disk_over_bytes_in", "our disk per step / bytes handed in", v["disk_per_step_over_bytes_in"]["ours"],
          "<=", 1.5),
     ]
-    return {name: {"label": label, "value": value, "op": op, "target": target,
-                   "pass": value <= target if op == "<=" else value >= target}
-            for name, label, value, op, target in checks}
+    result = {}
+    for name, label, value, op, target in checks:
+        verdict = None if value is None or op is None else (value <= target if op == "<=" else value >= target)
+        result[name] = {"label": label, "value": value, "op": op, "target": target, "pass": verdict}
+        if name in pg_skipped:
+            result[name]["skipped"] = pg_skipped[name]
+    return result
+
+
+def postgres_checks(postgresql: Optional[dict]) -> tuple[list[tuple], dict]:
+    """The two PostgreSQL ratios, 1 server / the SQLite server (target >= 0.5) and 3 servers / 1
+    server (no target), as `ratios` rows; and {name: why it is null, or None}."""
+    postgresql = postgresql or {"skipped": PG_SKIPPED, "settings": None, "figures": {}}
+    settings = postgresql["settings"] or {}
+    b1b = (postgresql["figures"].get("pg_b1b_steps_per_s") or {}).get("values", {})
+    unflushed = " (PostgreSQL fsync=off: not like-for-like)" if settings.get("fsync") == "off" else ""
+    one = b1b["pg1"] / b1b["sqlite"] if b1b.get("pg1") and b1b.get("sqlite") else None
+    three = b1b["pg3"] / b1b["pg1"] if b1b.get("pg3") and b1b.get("pg1") else None
+    why = postgresql["skipped"] or PG_SKIPPED
+    return ([("b1b_pg_over_sqlite", "B1b PostgreSQL 1 server / SQLite server" + unflushed, one, ">=", 0.5),
+             ("b1b_pg3_over_pg1", "B1b PostgreSQL 3 servers / 1 server", three, None, None)],
+            {"b1b_pg_over_sqlite": None if one else why, "b1b_pg3_over_pg1": None if three else why})
 
 
 def number(value: Optional[float]) -> str:
@@ -1114,18 +1527,56 @@ def number(value: Optional[float]) -> str:
     return f"{value:.2f}"
 
 
-def table(figures: dict, checks: dict) -> str:
+def table(figures: dict, checks: dict, postgresql: dict) -> str:
     heads = ["figure", "unit", "ours", "LangGraph", "DBOS", "DBOS (WAL)", "bare / raw / floor"]
     rows = []
     for f in figures.values():
         values = f["values"]
         limit = next((f"{c} {number(values[c])}" for c in LIMIT_COLUMNS if c in values), "-")
         rows.append([f["label"], f["unit"], *(number(values.get(s)) for s in SYSTEMS), limit])
-    lines = [markdown(heads, rows), ""]
+    lines = [markdown(heads, rows), "", *pg_table(postgresql), ""]
     lines.append(markdown(["target", "value", "target", "result"],
-                          [[c["label"], number(c["value"]), f"{c['op']} {c['target']:g}",
-                            "PASS" if c["pass"] else "FAIL"] for c in checks.values()]))
+                          [[c["label"], c.get("skipped") or number(c["value"]),
+                            "(none)" if c["op"] is None else f"{c['op']} {c['target']:g}",
+                            "-" if c["pass"] is None else "PASS" if c["pass"] else "FAIL"]
+                           for c in checks.values()]))
     return "\n".join(lines)
+
+
+def pg_table(postgresql: dict) -> list[str]:
+    """The PostgreSQL section: what PostgreSQL it was and how durable its commits were, then the
+    figures beside the SQLite server's."""
+    settings, lines = postgresql["settings"], []
+    if settings is None:
+        lines.append(f"PostgreSQL: {postgresql['skipped']}")
+    else:
+        lines.append(f"PostgreSQL {settings['version']} at {settings['url']} (from {settings['source']}): "
+                     f"fsync={settings['fsync']}, synchronous_commit={settings['synchronous_commit']}.")
+        if settings["fsync_set_on_by_bench"]:
+            lines.append(f"  fsync is {settings['cluster_fsync']} in the cluster's configuration; the bench set it on"
+                         f" (ALTER SYSTEM, pg_reload_conf) for its duration and put it back afterwards.")
+        if settings["fsync"] == "off":
+            lines.append("  WARNING: fsync=off: PostgreSQL does not flush its WAL to disk on commit, so its commits"
+                         " cost less than SQLite's synchronous=FULL; the PostgreSQL / SQLite ratio is not"
+                         " like-for-like." + (f" ({settings['fsync_note']})" if settings["fsync_note"] else ""))
+        if settings["fsync_at_end"] not in (None, settings["fsync"]):
+            lines.append(f"  WARNING: fsync was {settings['fsync_at_end']} at the end of the measurements, not"
+                         f" {settings['fsync']}: someone else changed it during the run.")
+        if settings["cpu_note"]:
+            lines.append(f"  {settings['cpu_note']}: its CPU rows are skipped.")
+    rows = []
+    for f in postgresql["figures"].values():
+        cells = []
+        for column in PG_COLUMNS:
+            if column not in f["values"]:
+                cells.append("-")
+            elif f["values"][column] is None:
+                cells.append(PG_SKIPPED if postgresql["skipped"] else "skipped")
+            else:
+                cells.append(number(f["values"][column]))
+        rows.append([f["label"], f["unit"], *cells])
+    lines.append(markdown(["figure", "unit", *(PG_HEADS[c] for c in PG_COLUMNS)], rows))
+    return lines
 
 
 def markdown(heads: list[str], rows: list[list[str]]) -> str:
@@ -1186,12 +1637,43 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-steps", type=int, help="B1b: steps of each of the 32 runs")
     parser.add_argument("--dir", type=Path, help="put the temporary folder (every database) here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--postgres", metavar="URL",
+                        help="also measure B1b on PostgreSQL: a maintenance-database URL whose user may"
+                             " CREATE DATABASE (default $ACTAE_BENCH_DATABASE_URL, else $ACTAE_TEST_DATABASE_URL)")
     # The same file runs the measured systems and the bare endpoint as child processes.
     parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
     parser.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)
     return parser
+
+
+def run_bench(args: argparse.Namespace, plan: Plan, postgres: Optional[Postgres]) -> dict:
+    """Start everything, run every phase, stop everything; the report."""
+    if args.dir:
+        args.dir.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="actae-bench-", dir=args.dir))
+    bench = Bench(plan, folder, postgres)
+    try:
+        bench.start()
+        for number in range(1, plan.rounds + 1):
+            bench.run_round(number)
+        bench.run_forks()
+        bench.run_probes()
+        bench.run_disk()
+        figures = summarise(bench)
+        postgresql = summarise_postgres(bench)
+        checks = ratios(figures, plan, postgresql)
+        return {"meta": meta(bench, args.quick, time.monotonic() - STARTED), "figures": figures,
+                "ratios": checks, "postgresql": postgresql, "probes": bench.once["probe"], "rounds": bench.rounds}
+    except BaseException:
+        if getattr(bench, "server", None) is not None:
+            say("the server's last lines:\n" + "\n".join(bench.server.lines))
+        raise
+    finally:
+        bench.stop()
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: Optional[list] = None) -> int:
@@ -1206,35 +1688,33 @@ def main(argv: Optional[list] = None) -> int:
         return 2
     plan = QUICK if args.quick else Plan()
     plan = replace(plan, **{k: getattr(args, k) for k in ("rounds", "steps", "run_steps") if getattr(args, k)})
-    if args.dir:
-        args.dir.mkdir(parents=True, exist_ok=True)
-    folder = Path(tempfile.mkdtemp(prefix="actae-bench-", dir=args.dir))
-    bench = Bench(plan, folder)
+    url, source = postgres_url(args)
+    # SIGTERM unwinds like Ctrl-C, so the finally below still stops everything, drops the
+    # PostgreSQL databases and puts fsync back.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        bench.start()
-        for number in range(1, plan.rounds + 1):
-            bench.run_round(number)
-        bench.run_forks()
-        bench.run_probes()
-        bench.run_disk()
-        figures = summarise(bench)
-        checks = ratios(figures, plan)
-        report = {"meta": meta(bench, args.quick, time.monotonic() - STARTED), "figures": figures,
-                  "ratios": checks, "probes": bench.once["probe"], "rounds": bench.rounds}
-    except BaseException:
-        if getattr(bench, "server", None) is not None:
-            say("the server's last lines:\n" + "\n".join(bench.server.lines))
-        raise
+        postgres = Postgres(url, source) if url else None
+    except ImportError:
+        print("bench: measuring PostgreSQL needs psycopg 3: pip install 'psycopg[binary]'", file=sys.stderr)
+        return 2
+    try:
+        if postgres is not None:
+            try:
+                postgres.open()
+            except postgres.psycopg.Error as exc:
+                print(f"bench: cannot use the PostgreSQL at {redacted(url)} (from {source}): {exc}", file=sys.stderr)
+                return 2
+        report = run_bench(args, plan, postgres)
     finally:
-        bench.stop()
-        if not args.keep:
-            shutil.rmtree(folder, ignore_errors=True)
+        if postgres is not None:
+            postgres.close()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    figures, checks = report["figures"], report["ratios"]
     m = report["meta"]
     print(f"{m['machine']} ({m['cpu']}), {m['date']}, actae {m['actae_commit']}, "
           f"{'quick' if args.quick else 'full'} run in {m['seconds']:.0f} s, medians of {plan.rounds} rounds\n")
-    print(table(figures, checks))
+    print(table(figures, checks, report["postgresql"]))
     probe = report["probes"]
     print(f"\nprobe: the same ledger key with other params: ours {probe['ours']['mismatch']}")
     print(f"probe: the same DBOS workflow id with another input: {probe['dbos']['behaviour']}")

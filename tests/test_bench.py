@@ -5,6 +5,11 @@ figure is there for each system it names and is a finite positive number, that e
 carries its value and verdict, and what the idempotency probe found. LangGraph and DBOS must be
 importable (requirements-dev.txt installs examples/requirements-bench.txt); without them the
 tests fail and say so rather than skip.
+
+B1b on PostgreSQL (one server, three servers on one database): the bench takes its PostgreSQL from
+ACTAE_TEST_DATABASE_URL when nothing else names one, so on the PostgreSQL pass every one of those
+figures and both ratios must be there, with fsync and synchronous_commit reported. On the SQLite
+pass they may be skipped, and then they must say so: null values and the reason.
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from conftest import POSTGRES_URL, ROOT
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +57,19 @@ RATIOS = {
     "b2_over_langgraph_mid", "b2_over_langgraph_large", "b2_large_over_small", "peak_rss_mb",
     "disk_over_bytes_in",
 }
+PG = ("pg1", "pg3")
+PG_FIGURES = {       # figure -> whether it needs PostgreSQL's own CPU (read from /proc: a local server only)
+    "pg_b1b_steps_per_s": False,
+    "pg_b1b_write_requests_per_s": False,
+    "pg_server_cpu_ms_per_write": False,
+    "pg_postgres_cpu_ms_per_write": True,
+    "pg_cpu_ms_per_step": True,
+    "pg_cores_busy": True,
+    "pg_machine_cores_busy": False,
+    "pg_jobs_per_commit": False,
+}
+PG_RATIOS = {"b1b_pg_over_sqlite": (">=", 0.5), "b1b_pg3_over_pg1": (None, None)}
+SKIPPED = "skipped: no PostgreSQL (pass --postgres URL)"
 
 
 def missing_peers() -> list[str]:
@@ -112,21 +130,86 @@ def test_every_figure_is_reported_for_each_system(quick_run, name):
 
 def test_every_target_has_a_value_and_a_verdict(quick_run):
     report, _ = finished(quick_run)
-    assert set(report["ratios"]) == RATIOS
+    assert set(report["ratios"]) == RATIOS | set(PG_RATIOS)
     for name, check in report["ratios"].items():
+        if name in PG_RATIOS:
+            continue
         assert positive(check["value"]), (name, check)
         assert check["op"] in ("<=", ">=") and positive(check["target"]), (name, check)
         assert isinstance(check["pass"], bool), (name, check)
 
 
+def measured_postgres(report: dict) -> bool:
+    """Whether this run measured PostgreSQL; on the PostgreSQL pass it must have."""
+    postgresql = report["postgresql"]
+    if POSTGRES_URL:
+        assert postgresql["skipped"] is None and postgresql["settings"], postgresql
+    elif postgresql["skipped"] is not None:       # the SQLite pass: skipped, and saying so
+        assert postgresql["skipped"] == SKIPPED and postgresql["settings"] is None, postgresql
+        return False
+    return True
+
+
+@pytest.mark.parametrize("name", sorted(PG_FIGURES))
+def test_every_postgresql_figure_is_reported_or_says_why_not(quick_run, name):
+    report, _ = finished(quick_run)
+    postgresql = report["postgresql"]
+    figure = postgresql["figures"].get(name)
+    assert figure and figure["label"] and figure["unit"], f"figure {name} missing: {sorted(postgresql['figures'])}"
+    columns = set(PG) if name == "pg_postgres_cpu_ms_per_write" else {"sqlite", *PG}
+    assert set(figure["values"]) == columns, figure["values"]
+    if "sqlite" in columns:                        # the SQLite server's figure sits beside them always
+        assert positive(figure["values"]["sqlite"]), figure
+    if not measured_postgres(report):
+        assert [figure["values"][c] for c in PG] == [None, None] and figure["skipped"] == SKIPPED, figure
+        return
+    if PG_FIGURES[name] and not postgresql["settings"]["cpu_measured"]:   # PostgreSQL on another machine
+        assert figure["skipped"] == postgresql["settings"]["cpu_note"] and figure["skipped"], figure
+        return
+    assert figure["skipped"] is None, figure
+    for column in columns:
+        assert positive(figure["values"][column]), (name, column, figure["values"])
+        assert figure["samples"][column] and all(positive(v) for v in figure["samples"][column]), (name, column)
+
+
+def test_postgresql_ratios_and_durability_settings(quick_run):
+    report, stdout = finished(quick_run)
+    ratios = report["ratios"]
+    for name, (op, target) in PG_RATIOS.items():
+        assert (ratios[name]["op"], ratios[name]["target"]) == (op, target), ratios[name]
+    if not measured_postgres(report):
+        for name in PG_RATIOS:
+            assert ratios[name]["value"] is None and ratios[name]["pass"] is None, ratios[name]
+            assert ratios[name]["skipped"] == SKIPPED, ratios[name]
+        assert SKIPPED in stdout
+        return
+    for name in PG_RATIOS:
+        assert positive(ratios[name]["value"]) and ratios[name]["skipped"] is None, ratios[name]
+    assert isinstance(ratios["b1b_pg_over_sqlite"]["pass"], bool)
+    assert ratios["b1b_pg3_over_pg1"]["pass"] is None, "3 servers / 1 server has no target"
+    settings = report["postgresql"]["settings"]
+    assert settings["fsync"] in ("on", "off") and settings["synchronous_commit"], settings
+    assert f"fsync={settings['fsync']}, synchronous_commit={settings['synchronous_commit']}" in stdout
+    if settings["fsync"] == "off":                 # commits cheaper than SQLite's: the table must say so
+        assert "WARNING: fsync=off" in stdout and "not like-for-like" in ratios["b1b_pg_over_sqlite"]["label"]
+    elif settings["fsync_set_on_by_bench"]:
+        assert settings["cluster_fsync"] == "off", settings
+    rounds = report["rounds"]
+    assert all(set(got["b1b_pg"]) == set(PG) for got in rounds), [sorted(got["b1b_pg"]) for got in rounds]
+    spread = [got["b1b_pg"]["pg3"]["write_jobs_each"] for got in rounds]
+    assert all(len(jobs) == 3 and all(n > 0 for n in jobs) for jobs in spread), \
+        f"each of the three servers must have written some of the runs: {spread}"
+
+
 def test_the_table_prints_every_figure_and_target(quick_run):
     report, stdout = finished(quick_run)
-    for figure in report["figures"].values():
+    for figure in [*report["figures"].values(), *report["postgresql"]["figures"].values()]:
         assert figure["label"] in stdout, figure["label"]
     verdicts = {line.split("|")[1].strip(): line.rstrip(" |").split("|")[-1].strip()
                 for line in stdout.splitlines() if line.startswith("|") and line.count("|") == 5}
     for check in report["ratios"].values():
-        assert verdicts.get(check["label"]) == ("PASS" if check["pass"] else "FAIL"), check["label"]
+        expected = "-" if check["pass"] is None else "PASS" if check["pass"] else "FAIL"
+        assert verdicts.get(check["label"]) == expected, check["label"]
 
 
 def test_the_probe_finds_our_ledger_rejects_a_reused_key_and_reports_dbos(quick_run):
