@@ -1515,7 +1515,6 @@ def _migrate(conn: Conn) -> None:
 class Dialect:
     """What differs between the backends, in one place. Domain SQL is written for both."""
 
-    name: ClassVar[str]
     begin_write: ClassVar[tuple]         # statements that open a write transaction
     begin_snapshot: ClassVar[str]        # opens a read transaction that sees one committed moment
     # Statements cost a network round trip: a batch is first tried pipelined (see run_jobs).
@@ -1567,7 +1566,6 @@ class CounterRow:
 
 
 class SqliteDialect(Dialect):
-    name = "sqlite"
     # IMMEDIATE takes the write lock at BEGIN: every write transaction runs alone, so each
     # check-then-act in the domain sees everything committed before it.
     begin_write = ("BEGIN IMMEDIATE",)
@@ -1592,7 +1590,6 @@ NOTIFY_PAYLOAD_MAX = 7000                      # PostgreSQL refuses payloads of 
 
 
 class PostgresDialect(Dialect):
-    name = "postgresql"
     begin_write = ("BEGIN", f"SELECT pg_advisory_xact_lock({POSTGRES_WRITE_LOCK})")
     begin_snapshot = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
     pipelined = True
