@@ -1754,12 +1754,21 @@ Conn = Union[SqliteConnection, PostgresConnection]   # what every domain functio
 Row = Union[sqlite3.Row, PostgresRow]                 # what it reads: row["column"], row[0], dict(row)
 
 
+# A writer holds the one write lock for its transaction: if its server vanishes without closing
+# the connection (a machine gone, a network cut), PostgreSQL ends the transaction after this long
+# instead of waiting for TCP to notice, and the other servers write again. Our transactions never
+# sit idle this long; a batch sends its next statement as soon as Python has it.
+POSTGRES_IDLE_IN_TRANSACTION = "60s"
+
+
 def configure_postgres(raw: "psycopg.Connection") -> None:
     """Every PostgreSQL connection: autocommit (run_jobs says BEGIN); booleans as integers (SQLite's
-    columns are 0/1 integers, and domain code passes True/False); statements prepared early."""
+    columns are 0/1 integers, and domain code passes True/False); statements prepared early; an
+    idle transaction does not hold the write lock for ever."""
     raw.autocommit = True
     raw.adapters.register_dumper(bool, BoolAsInteger)
     raw.prepare_threshold = 2
+    raw.execute(f"SET idle_in_transaction_session_timeout = '{POSTGRES_IDLE_IN_TRANSACTION}'")
 
 
 if psycopg is not None:
