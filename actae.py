@@ -1917,6 +1917,11 @@ class Location:
         return "postgresql" if self.url else "sqlite"
 
     @property
+    def shared(self) -> bool:
+        """Whether other servers may write this database too (PostgreSQL), or only this one (SQLite)."""
+        return self.url is not None
+
+    @property
     def sqlite_path(self) -> Path:
         return self.data_dir / DB_FILE
 
@@ -2239,6 +2244,18 @@ def unused_operation(table: str) -> str:
     return f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE channel_id = ? AND operation_id = ?)"
 
 
+# The counter UPDATEs, built once. An event's allocates the cursor and extends the chain (in SET,
+# columns are the old row's); a state's takes the next version. The _NEW forms also refuse an
+# operation id the channel has used.
+EVENT_COUNTER = ("UPDATE channels SET last_cursor = last_cursor + 1,"
+                 " chain_head = actae_chain(chain_head, ?, last_cursor + 1, ?), updated_at = ?"
+                 " WHERE id = ? AND closed_at IS NULL")
+EVENT_COUNTER_NEW = EVENT_COUNTER + unused_operation("events")
+STATE_COUNTER = ("UPDATE channels SET state_version = state_version + 1, updated_at = ?"
+                 " WHERE id = ? AND closed_at IS NULL")
+STATE_COUNTER_NEW = STATE_COUNTER + unused_operation("states")
+
+
 def ensure_channel(tx: Tx, channel_id: str) -> None:
     """Channels are created by their first write; there is no 'create channel' call."""
     tx.conn.execute(
@@ -2273,13 +2290,9 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                              payload_text=payload_text, actor=actor, agent_id=agent_id, user_id=user_id,
                              metadata_text=metadata_text, step_number=step_number, depends_on=depends_on,
                              timestamp=tx.ts)
-    # The UPDATE allocates the cursor and extends the chain: in SET, columns are the old row's.
-    sql = ("UPDATE channels SET last_cursor = last_cursor + 1, chain_head = actae_chain(chain_head, ?, last_cursor + 1, ?),"
-           " updated_at = ? WHERE id = ? AND closed_at IS NULL")
-    args: tuple = (head, tail, tx.ts, channel_id)
-    used = None
+    sql, args, used = EVENT_COUNTER, (head, tail, tx.ts, channel_id), None
     if new_operation and operation_id is not None:
-        sql, args = sql + unused_operation("events"), args + (channel_id, operation_id)
+        sql, args = EVENT_COUNTER_NEW, args + (channel_id, operation_id)
         used = lambda: event_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
     values = (channel_id, event_id, event_type, payload_text, actor, agent_id, user_id, metadata_text,
               operation_id, hashed, step_number, depends_on, dump(dependencies), tx.ts)
@@ -2473,11 +2486,9 @@ def insert_state(tx: Tx, channel_id: str, cursor: int, stored: Union[str, bytes,
 
     Forks and promotions copy a snapshot's stored form as it is: no decoding, no re-encoding.
     """
-    sql = "UPDATE channels SET state_version = state_version + 1, updated_at = ? WHERE id = ? AND closed_at IS NULL"
-    args: tuple = (tx.ts, channel_id)
-    used = None
+    sql, args, used = STATE_COUNTER, (tx.ts, channel_id), None
     if new_operation and operation_id is not None:
-        sql, args = sql + unused_operation("states"), args + (channel_id, operation_id)
+        sql, args = STATE_COUNTER_NEW, args + (channel_id, operation_id)
         used = lambda: state_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
     bumped = bump_channel(tx, channel_id, sql, args, STATE_ROW,
                           (channel_id, cursor, stored, sha, status, operation_id, tx.ts), used)
@@ -2796,12 +2807,17 @@ def lineage_tree(conn: Conn, channel_id: str) -> dict:
     return fork_tree(conn, require_channel(conn, channel_id)["origin_id"])
 
 
+def child_ids(conn: Conn, channel_id: str) -> list:
+    """The channel's own forks, oldest first."""
+    return [r["id"] for r in conn.execute("SELECT id FROM channels WHERE parent_id = ? ORDER BY created_at, id",
+                                          (channel_id,))]
+
+
 def fork_tree(conn: Conn, channel_id: str, depth: int = 0) -> dict:
     """A channel and all its descendants, each with where it forked and how far it got."""
     row = require_channel(conn, channel_id)
     meta = experiment_of(row)
-    children = [r["id"] for r in conn.execute("SELECT id FROM channels WHERE parent_id = ? ORDER BY created_at, id",
-                                              (channel_id,))]
+    children = child_ids(conn, channel_id)
     return {
         "channel_id": row["id"], "display_name": row["display_name"], "reason": row["reason"],
         "parent_channel_id": row["parent_id"], "forked_at_cursor": row["resolved_cursor"],
@@ -4340,9 +4356,7 @@ def descendants(conn: Conn, channel_id: str) -> list:
         if parent != channel_id:
             found.append(parent)
         if depth < LINEAGE_MAX_DEPTH:
-            children = [r["id"] for r in conn.execute(
-                "SELECT id FROM channels WHERE parent_id = ? ORDER BY created_at, id", (parent,))]
-            pending.extend((child, depth + 1) for child in reversed(children))
+            pending.extend((child, depth + 1) for child in reversed(child_ids(conn, parent)))
     return found
 
 
@@ -5946,7 +5960,7 @@ async def ws_subscribe(conn: WsConnection, db: Database, frame: SubscribeFrame) 
     for event in sorted(sub.pending, key=lambda e: e["cursor"]):
         conn.deliver(topic, event)
     sub.pending.clear()
-    if db.location.url:
+    if db.location.shared:
         conn.hub.fill(topic)               # another server may have committed since the last read
 
 
