@@ -301,3 +301,17 @@ def unique(request):
 
     tag = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:10]
     return lambda suffix="": f"t{tag}-{suffix}" if suffix else f"t{tag}"
+
+
+def session_log(events):
+    """[(event type, owner)] of an AgentSession's own events: owner from session.started's params
+    and each "work" step's output (None for session.completed); the fence's ledger events left out."""
+    out = []
+    for e in events:
+        if e.event_type == "session.started":
+            out.append((e.event_type, e.payload["params"]["owner"]))
+        elif e.event_type == "work":
+            out.append((e.event_type, e.payload["output"]["owner"]))
+        elif e.event_type == "session.completed":
+            out.append((e.event_type, None))
+    return out

@@ -24,7 +24,7 @@ from actae_client import (
     SessionLockedError,
 )
 
-from conftest import http
+from conftest import http, session_log
 
 LEASE_EXPIRY_WAIT = 1.2  # > lease_seconds=1
 
@@ -481,20 +481,6 @@ def test_worker_killed_mid_effect_never_duplicates(server, with_client, unique, 
 
 
 # ── 5. the session fence ───────────────────────────────────────────────────────────────────────
-
-def session_log(evs):
-    """[(event type, owner)] of the sessions' own events; owner is 'A'/'B' (None for session.completed,
-    whose payload names no params). Ledger events (the fence's tool.started) are left out."""
-    out = []
-    for e in evs:
-        if e.event_type == "session.started":
-            out.append((e.event_type, e.payload["params"]["owner"]))
-        elif e.event_type == "work":
-            out.append((e.event_type, e.payload["output"]["owner"]))
-        elif e.event_type == "session.completed":
-            out.append((e.event_type, None))
-    return out
-
 
 def test_second_fenced_session_is_locked_out(with_client, unique):
     channel = unique("fence")

@@ -37,7 +37,7 @@ import pytest
 from actae_client import ActaeClient, AgentSession, SessionLockedError
 from actae_client.errors import ActaeConnectionError
 
-from conftest import POSTGRES_URL, ROOT, ServerProcess, fresh_database_url, http, run
+from conftest import POSTGRES_URL, ROOT, ServerProcess, fresh_database_url, http, run, session_log
 
 pytestmark = pytest.mark.skipif(
     POSTGRES_URL is None,
@@ -230,19 +230,6 @@ def test_fifty_claims_over_three_servers_have_one_winner(cluster, unique):
 # 3. The session fence across servers
 # --------------------------------------------------------------------------------------------
 
-def session_log(events):
-    """[(event type, owner)] of the sessions' own events (the fence's ledger events left out)."""
-    out = []
-    for e in events:
-        if e.event_type == "session.started":
-            out.append((e.event_type, e.payload["params"]["owner"]))
-        elif e.event_type == "work":
-            out.append((e.event_type, e.payload["output"]["owner"]))
-        elif e.event_type == "session.completed":
-            out.append((e.event_type, None))
-    return out
-
-
 def fenced(client, channel, owner, lease=30):
     return AgentSession(client, channel, fence_owner=owner, fence_lease_seconds=lease, params={"owner": owner})
 
@@ -324,6 +311,15 @@ def test_a_fence_taken_over_through_another_server_stops_the_old_owner(cluster, 
 # --------------------------------------------------------------------------------------------
 # 4. A subscriber on one server, writers on the others
 # --------------------------------------------------------------------------------------------
+
+async def both_reach(raw, sdk_got, cursor):
+    """Wait until the raw subscriber and the SDK's have both been sent `cursor`."""
+    await raw.until_cursor(cursor)
+
+    async def sdk_done():
+        return sdk_got and sdk_got[-1].cursor >= cursor
+    await poll(sdk_done, "the SDK subscriber to reach the last cursor")
+
 
 class RawSubscriber:
     """A raw WebSocket subscription: every broadcast frame as it came, duplicates included."""
@@ -426,11 +422,7 @@ def test_a_subscriber_on_one_server_gets_what_the_others_write_live(cluster, uni
                     write_through(cluster, [1, 2], channel, writers_per_server=2, each=20, tag="live"),
                     publish_through(cluster, 2, channel, 20, tag="ws"))
                 acked = recorded + published
-                await raw.until_cursor(len(acked))
-
-                async def sdk_done():
-                    return sdk_got and sdk_got[-1].cursor >= len(acked)
-                await poll(sdk_done, "the SDK subscriber to reach the last cursor")
+                await both_reach(raw, sdk_got, len(acked))
             finally:
                 await raw.close()
         return acked, raw, sdk_got
@@ -462,11 +454,7 @@ def test_a_subscriber_on_one_server_catches_up_from_a_cursor_then_follows_the_ot
                     raw.open(channel, cursor=start),
                     write_through(cluster, [1, 2], channel, writers_per_server=2, each=10, tag="after"))
                 acked = before + after
-                await raw.until_cursor(len(acked))
-
-                async def sdk_done():
-                    return sdk_got and sdk_got[-1].cursor >= len(acked)
-                await poll(sdk_done, "the SDK subscriber to reach the last cursor")
+                await both_reach(raw, sdk_got, len(acked))
             finally:
                 await raw.close()
         return acked, raw, sdk_got
