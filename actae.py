@@ -32,6 +32,7 @@ import socket
 import sqlite3
 import sys
 import time
+import typing
 import uuid
 import zlib
 from dataclasses import dataclass, field
@@ -51,7 +52,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute, compile_path
 from starlette.staticfiles import StaticFiles
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -101,10 +102,21 @@ ACTIONS = ("read", "write", "delete", "admin")
 ADMIN_SCOPES = {action: ["*"] for action in ACTIONS}
 CHAIN_GENESIS = "0" * 64               # the "previous hash" of a run's first event
 
-CHANNEL_ID = re.compile(r"[A-Za-z0-9._:-]{1,256}")  # used with fullmatch: "abc\n" must fail
+# Used with fullmatch ("abc\n" must fail). Not "." or "..": browsers and proxies rewrite /runs/.. away.
+CHANNEL_ID = re.compile(r"(?!\.\.?\Z)[A-Za-z0-9._:-]{1,256}")
 TOOL_POLICIES = ("auto", "replay", "block", "live")
+# The vocabulary of states, one tuple each, for the SQL, the Python checks and the records alike.
 OUTCOMES = ("promoted", "rejected", "inconclusive", "crashed")
 WAKEUP_STATUSES = ("pending", "done", "failed", "cancelled")
+# An execution in the ledger: running (claimed; its token holder may complete it), completed (its
+# result is stored; claims replay it), failed, cancelled, interrupted, expired (a claim takes them over).
+EXECUTION_STATES = ("running", "completed", "failed", "cancelled", "interrupted", "expired")
+EXECUTION_RETRYABLE = ("running", "failed", "interrupted", "expired")   # what cancel releases
+CLAIM_OUTCOMES = ("claimed", "reclaimed", "replayed", "in_progress")
+# A run as the dashboard and the lists show it (computed by run_state_sql). "failed" as a filter
+# is every failure, crashes included; "crashed" only those.
+RUN_STATES = ("created", "started", "stepping", "completed", "failed", "crashed", "blocked", "recorded")
+FAILURE_KINDS = ("crashed", "failed", "blocked")
 WAKEUP_BATCH = 100                     # wake-ups fired per write transaction
 MEMBER_POLICIES = ("fork", "share")    # group fork: a member's channel is forked, or shared as it is
 # The ledger row AgentSession(fence_owner=...) claims as its writer lock: a fence, not a side effect.
@@ -353,7 +365,7 @@ def is_int(value: Any) -> bool:
 
 def valid_channel(value: Any, what: str = "channel_id") -> str:
     if not isinstance(value, str) or not CHANNEL_ID.fullmatch(value):
-        raise BadRequest(f"{what} must be 1-256 characters of A-Z a-z 0-9 . _ : - (got {value!r:.80})")
+        raise BadRequest(f"{what} must be 1-256 characters of A-Z a-z 0-9 . _ : -, not . or .. (got {value!r:.80})")
     return value
 
 
@@ -367,14 +379,15 @@ def valid_channel(value: Any, what: str = "channel_id") -> str:
 INT64_MIN = -(2**63)
 DOCUMENT_DEPTH_MAX = 64                # one limit for payloads, states, metadata, interventions, frames
 LIST_MAX = 1000                        # channel_ids, dedup_fields, dependencies
-CHANNEL_PATTERN = r"^[A-Za-z0-9._:-]{1,256}\Z"   # \Z, not $: "abc\n" must fail
+CHANNEL_PATTERN = r"^(?!\.\.?\Z)[A-Za-z0-9._:-]{1,256}\Z"   # \Z, not $: "abc\n" must fail
 
 Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
 Count = Annotated[int, Meta(ge=0, le=INT64_MAX)]
 Positive = Annotated[int, Meta(ge=1, le=INT64_MAX)]
 Limit = Annotated[int, Meta(ge=1, le=INT64_MAX, description="clamped to the route's maximum, never rejected")]
 Lease = Annotated[int, Meta(ge=LEASE_MIN, le=LEASE_MAX, description="seconds")]
-ChannelId = Annotated[str, Meta(pattern=CHANNEL_PATTERN, description="1-256 characters of A-Z a-z 0-9 . _ : -")]
+ChannelId = Annotated[str, Meta(pattern=CHANNEL_PATTERN,
+                                 description="1-256 characters of A-Z a-z 0-9 . _ : -, not . or ..")]
 Id = Annotated[str, Meta(min_length=1, max_length=256)]
 Name = Annotated[str, Meta(min_length=1, max_length=512)]          # event types, tools, keys, owners
 Token = Annotated[str, Meta(max_length=512)]                       # operation ids, claim tokens
@@ -889,6 +902,715 @@ def path_record(path: str) -> Optional[type]:
         return None
     return msgspec.defstruct("Path_" + "_".join(names), [(n, PATH_PARAMETERS[n]) for n in names],
                              kw_only=True, forbid_unknown_fields=False)
+
+
+# =============================================================================
+# Response records: every API answer, declared once
+# =============================================================================
+# Domain functions build these; `api_response` encodes them (msgspec, one path) and
+# /openapi.json documents each route's 2xx answer from the same declarations. Field names,
+# types and nullability are what the SDK reads: a field that is absent in some answers is
+# `UNSET` (left out), one that may be null is Optional. Free-form documents are `Any`.
+
+
+class Answer(Struct, kw_only=True):
+    """A response shape."""
+
+
+class Done(Answer, kw_only=True):
+    ok: bool = True
+
+
+# --- events and state ---------------------------------------------------------------
+
+
+class Event(Answer, kw_only=True):
+    """The one event shape every parser of the SDK accepts (REST replay, query, WebSocket broadcast)."""
+
+    id: str
+    channel_id: str
+    type: str
+    payload: Any
+    actor: str
+    cursor: int
+    channel_cursor: int
+    timestamp: str
+    agent_id: Optional[str]
+    user_id: Optional[str]
+    metadata: Any
+    depends_on: Optional[str]
+    step_number: Optional[int]
+    chain_hash: Optional[str]
+
+
+class EventAnswer(Answer, kw_only=True):
+    event: Event
+
+
+class Events(Answer, kw_only=True):
+    events: list[Event]
+
+
+class LatestCursor(Answer, kw_only=True):
+    latest_cursor: Optional[int]
+
+
+class TransitionAnswer(Answer, kw_only=True):
+    event: Event
+    state_version: int
+
+
+class ChainCheck(Answer, kw_only=True):
+    """A run's recomputed hash chain: `ok`, or the first channel and cursor that do not hold."""
+
+    channel_id: str
+    ok: bool
+    valid: bool
+    verified_events: int
+    first_broken_channel_id: Optional[str]
+    first_broken_cursor: Optional[int]
+    head: Optional[str]
+    algorithm: str
+
+
+class CausalEdge(Answer, kw_only=True):
+    event_id: str
+    depends_on_event_id: str
+    dependency_type: str
+
+
+class CausalGraph(Answer, kw_only=True):
+    root_event_id: str
+    events: list[Event]
+    dependencies: list[CausalEdge]
+    truncated: bool
+
+
+class SavedState(Answer, kw_only=True):
+    version: int
+
+
+class StateAnswer(Answer, kw_only=True):
+    """A snapshot; with none yet, `cursor` and `state` are null and `version` is absent."""
+
+    cursor: Optional[int]
+    state: Any
+    version: Union[int, UnsetType] = UNSET
+
+
+class StateVersion(Answer, kw_only=True):
+    version: int
+    cursor: int
+    timestamp: str
+
+
+class StateVersions(Answer, kw_only=True):
+    versions: list[StateVersion]
+
+
+class DeletedCount(Done, kw_only=True):
+    deleted: int
+
+
+class DeletedId(Done, kw_only=True):
+    deleted: str
+
+
+class DeletedChannels(Done, kw_only=True):
+    deleted: list[str]
+
+
+# --- channels, forks, diffs -----------------------------------------------------------------
+
+
+class ChannelIds(Answer, kw_only=True):
+    channels: list[str]
+
+
+class ChannelMetadata(Answer, kw_only=True):
+    """The STRICT shape: the SDK passes these keys to a fixed constructor, so no others."""
+
+    channel_id: str
+    parent_channel_id: Optional[str]
+    origin_run_id: str
+    forked_at_cursor: Optional[int]
+    forked_at: str
+    display_name: Optional[str]
+    reason: Optional[str]
+    experiment_metadata: Any
+    requested_at_cursor: Optional[int]
+    resolved_cursor: Optional[int]
+    resolved_state_cursor: Optional[int]
+    resolved_event_id: Optional[str]
+    source_state_version: Optional[int]
+    source_state_sha256: Optional[str]
+    restorable: bool
+    manifest: Any
+    reproducibility: Optional[str]
+    tool_policies: Optional[dict[str, str]]
+    outcome: Optional[str]
+    result_score: Optional[float]
+    deleted_at: None = None
+
+
+class Forks(Answer, kw_only=True):
+    forks: list[ChannelMetadata]
+
+
+class Receipt(Answer, kw_only=True):
+    """The immutable fork receipt: what the fork asked for, what it inherited, how faithful it is."""
+
+    fork_id: str
+    channel_id: str
+    child_channel_id: str
+    source_channel_id: Optional[str]
+    origin_run_id: str
+    requested_cursor: Optional[int]
+    resolved_cursor: Optional[int]
+    resolved_state_cursor: Optional[int]
+    resolved_event_id: Optional[str]
+    forked_at_step: Optional[int]
+    source_state_version: Optional[int]
+    source_state_sha256: Optional[str]
+    restorable: bool
+    replayed: bool
+    manifest: Any
+    reproducibility: Optional[str]
+    tool_policies: Optional[dict[str, str]]
+    forked_at: Optional[str]
+
+
+class LastStep(Answer, kw_only=True):
+    channel_id: str
+    last_step_number: int
+
+
+class StepLocation(Answer, kw_only=True):
+    """Step n of a channel: the channel that recorded it (an ancestor for inherited steps) and where."""
+
+    channel_id: str
+    cursor: int
+    event_id: str
+    step_number: int
+
+
+class ForkTree(Answer, kw_only=True):
+    """A channel and all its descendants, each with where it forked and how far it got."""
+
+    channel_id: str
+    display_name: Optional[str]
+    reason: Optional[str]
+    parent_channel_id: Optional[str]
+    forked_at_cursor: Optional[int]
+    forked_at_step: Optional[int]
+    event_count: int
+    latest_cursor: Optional[int]
+    status: Any
+    outcome: Optional[str]
+    children: list[ForkTree]
+
+
+class StateAt(Answer, kw_only=True):
+    channel_id: str
+    cursor: Optional[int]
+    state: Any
+
+
+class Ancestor(Answer, kw_only=True):
+    channel_id: str
+    parent_channel_id: Optional[str]
+    forked_at_cursor: Optional[int]
+    display_name: Optional[str]
+    reason: Optional[str]
+
+
+class DiffEntry(Answer, kw_only=True):
+    path: list[str]
+    kind: Literal["added", "removed", "changed"]
+    left: Any
+    right: Any
+
+
+class ChannelDiff(Answer, kw_only=True):
+    left_channel_id: str
+    right_channel_id: str
+    left: StateAt
+    right: StateAt
+    common: Optional[StateAt]
+    left_diverged_at_cursor: Optional[int]
+    right_diverged_at_cursor: Optional[int]
+    entries: list[DiffEntry]
+    truncated: bool
+    entry_count_total: int
+    max_entries: int
+
+
+class ToolSummary(Answer, kw_only=True):
+    key_name: str
+    tool_name: str
+    status: str
+
+
+class ToolChange(Answer, kw_only=True):
+    key_name: str
+    left: ToolSummary
+    right: ToolSummary
+
+
+class ToolDiff(Answer, kw_only=True):
+    only_left: list[ToolSummary]
+    only_right: list[ToolSummary]
+    changed: list[ToolChange]
+
+
+class OutputDiff(Answer, kw_only=True):
+    left: Any
+    right: Any
+    entries: list[DiffEntry]
+
+
+class RunMetrics(Answer, kw_only=True):
+    """Counts and duration of a run; tokens and cost summed from step payloads that report them."""
+
+    event_count: int
+    step_count: int
+    tool_calls: int
+    duration_seconds: float
+    tokens: float
+    cost: float
+
+
+class MetricsDiff(Answer, kw_only=True):
+    left: RunMetrics
+    right: RunMetrics
+    delta: RunMetrics
+
+
+class Comparison(Answer, kw_only=True):
+    left_channel_id: str
+    right_channel_id: str
+    state_diff: ChannelDiff
+    manifest_diff: list[DiffEntry]
+    tool_diff: ToolDiff
+    output_diff: OutputDiff
+    metrics: MetricsDiff
+
+
+class OutcomeAnswer(Done, kw_only=True):
+    channel_id: str
+    outcome: Optional[str]
+    result_score: Optional[float]
+
+
+class Promotion(Done, kw_only=True):
+    replayed: bool
+    parent_channel_id: str
+    child_channel_id: str
+    event: Event
+    state_version: Optional[int]
+
+
+class Closed(Done, kw_only=True):
+    """A closed run; `event` (its `channel.closed`) only on the call that closed it."""
+
+    channel_id: str
+    closed_at: str
+    replayed: bool
+    event: Union[Event, UnsetType] = UNSET
+
+
+class ImportRows(Answer, kw_only=True):
+    events: int
+    states: int
+    executions: int
+
+
+class Imported(Done, kw_only=True):
+    imported: list[str]
+    unchanged: list[str]
+    rows: ImportRows
+
+
+# --- experiments ---------------------------------------------------------------------------
+
+
+class ExperimentMember(Answer, kw_only=True):
+    channel_id: str
+    role: Optional[str]
+    declared_delta: Any
+    result_score: Optional[float]
+    outcome: Optional[str]
+    added_at: str
+
+
+class Experiment(Answer, kw_only=True):
+    id: str
+    group_id: str
+    name: str
+    description: Optional[str]
+    baseline_channel_id: Optional[str]
+    created_at: str
+    members: list[ExperimentMember]
+
+
+class Experiments(Answer, kw_only=True):
+    experiments: list[Experiment]
+
+
+class RankedMember(ExperimentMember, kw_only=True):
+    rank: int
+
+
+class RankedExperiment(Experiment, kw_only=True):
+    ranking: list[RankedMember]
+
+
+# --- the execution ledger ------------------------------------------------------------------------
+
+
+class Execution(Answer, kw_only=True):
+    id: str
+    channel_id: str
+    key_name: str
+    tool_name: str
+    status: Literal[EXECUTION_STATES]
+    attempts: int
+    lease_until: Optional[str]
+    started_cursor: Optional[int]
+    completed_cursor: Optional[int]
+    started_event_id: Optional[str]
+    completed_event_id: Optional[str]
+    replay_emitted: bool
+    params: Any
+    result: Any
+    error: Any
+    inherited_from: Optional[str]
+    created_at: str
+    updated_at: str
+    completed_at: Optional[str]
+
+
+class ExecutionAnswer(Answer, kw_only=True):
+    execution: Execution
+
+
+class Executions(Answer, kw_only=True):
+    executions: list[Execution]
+
+
+class Claimed(Answer, kw_only=True):
+    """A claim: `claim_token` when this caller now owns the execution, `result` when it replayed."""
+
+    status: Literal[CLAIM_OUTCOMES]
+    execution: Execution
+    claim_token: Union[str, UnsetType] = UNSET
+    result: Any = UNSET
+
+
+class Trail(Answer, kw_only=True):
+    channel_id: str
+    origin_run_id: str
+    ancestry: list[Ancestor]
+    boundary: Optional[StateAt]
+    executions: list[Execution]
+
+
+# --- wake-ups and consumer groups ---------------------------------------------------------------
+
+
+class Wakeup(Answer, kw_only=True):
+    id: str
+    channel_id: str
+    run_at: str
+    status: Literal[WAKEUP_STATUSES]
+    payload: Any
+    created_at: str
+    executed_at: Optional[str]
+    attempts: int
+    error: Optional[str]
+
+
+class Wakeups(Answer, kw_only=True):
+    wakeups: list[Wakeup]
+
+
+class WakeupCancelled(Done, kw_only=True):
+    wakeup: Wakeup
+
+
+class ConsumerGroup(Answer, kw_only=True):
+    group_id: str
+    channel_id: str
+    created_at: str
+    metadata: Any
+    committed_cursor: int
+
+
+class ConsumerGroups(Answer, kw_only=True):
+    groups: list[ConsumerGroup]
+
+
+class Offset(Answer, kw_only=True):
+    group_id: str
+    consumer_id: str
+    last_cursor: int
+    claimed_cursor: int
+    lease_until: str
+    updated_at: str
+
+
+class Offsets(Answer, kw_only=True):
+    offsets: list[Offset]
+
+
+class Work(Answer, kw_only=True):
+    group_id: str
+    consumer_id: str
+    events: list[Event]
+    lease_until: str
+
+
+# --- execution groups ------------------------------------------------------------------------------
+
+
+class ExecutionGroup(Answer, kw_only=True):
+    group_id: str
+    status: str
+    metadata: Any
+    created_at: str
+    updated_at: str
+
+
+class ExecutionGroups(Answer, kw_only=True):
+    groups: list[ExecutionGroup]
+
+
+class MemberLease(Answer, kw_only=True):
+    group_id: str
+    member_id: str
+    owner_id: Optional[str]
+    generation: int
+    lease_until: Optional[str]
+
+
+class Member(MemberLease, kw_only=True):
+    channel_id: str
+    role: Optional[str]
+    metadata: Any
+
+
+class Members(Answer, kw_only=True):
+    members: list[Member]
+
+
+class Released(Done, kw_only=True):
+    member: Member
+
+
+class Message(Answer, kw_only=True):
+    message_id: str
+    group_id: str
+    from_member_id: str
+    to_member_id: str
+    type: str
+    payload: Any
+    causal_context: Any
+    source_event_id: Optional[str]
+    delivery_event_id: Optional[str]
+    status: str
+    acknowledged_at: Optional[str]
+    created_at: str
+
+
+class Messages(Answer, kw_only=True):
+    messages: list[Message]
+
+
+class ForkedMember(Answer, kw_only=True):
+    policy: Literal[MEMBER_POLICIES]
+    source_channel_id: str
+    channel_id: str
+    receipt: Optional[Receipt]
+
+
+class GroupFork(Answer, kw_only=True):
+    """A group fork's one receipt, stored as it was first answered."""
+
+    fork_group_id: str
+    source_group_id: str
+    intervention_member_id: str
+    intervention_cursor: int
+    member_policies: dict[str, Literal[MEMBER_POLICIES]]
+    tool_policies: Optional[dict[str, str]]
+    members: dict[str, ForkedMember]
+    promoted: list[str]
+    created_at: str
+
+
+class GroupForkAnswer(Answer, kw_only=True):
+    fork: GroupFork
+
+
+# --- principals, keys, accounts -----------------------------------------------------------------
+
+
+class Permissions(Answer, kw_only=True):
+    read: list[str]
+    write: list[str]
+    delete: list[str]
+    admin: list[str]
+
+
+class Capabilities(Answer, kw_only=True):
+    """The caller's true scopes and expiry, in the grammar the SDK's can_read/can_write evaluate."""
+
+    permissions: Permissions
+    auth_method: str
+    key_id: str
+    key_source: str
+    expires_at: Optional[str]
+
+
+class KeyInfo(Answer, kw_only=True):
+    """A key as `key list` and the Keys page show it: never the key itself."""
+
+    id: int
+    name: Optional[str]
+    prefix: str
+    scopes: Permissions
+    created_at: str
+    last_used_at: Optional[str]
+    expires_at: Optional[str]
+    revoked_at: Optional[str]
+
+
+class NewKey(KeyInfo, kw_only=True):
+    """A created key: its listing plus, this once, the key itself."""
+
+    key: str
+
+
+class Keys(Answer, kw_only=True):
+    keys: list[KeyInfo]
+
+
+class UserInfo(Answer, kw_only=True):
+    """The SDK's UserInfo (a key exchanged for a token answers as a user without an address)."""
+
+    id: str
+    email: Optional[str]
+    email_verified: bool = False
+    name: Optional[str]
+    image: Optional[str] = None
+    created_at: str
+
+
+class GrantedUser(UserInfo, kw_only=True):
+    scopes: Permissions
+
+
+class LoggedIn(Answer, kw_only=True):
+    user: UserInfo
+    token: str
+
+
+class Me(Answer, kw_only=True):
+    user: UserInfo
+
+
+class AuthConfig(Answer, kw_only=True):
+    methods: list[str]
+    signup: Literal["open", "admin"]
+    open_signup: bool
+    token_type: str
+    token_ttl_seconds: int
+    password_min_length: int
+    email_verification: bool
+
+
+class Preferences(Answer, kw_only=True):
+    preferences: dict[str, Any]
+    updated_at: Optional[str]
+
+
+# --- this server ------------------------------------------------------------------------------------
+
+
+class Instance(Answer, kw_only=True):
+    version: str
+    api_version: str
+    instance_id: str
+    backend: Literal["sqlite", "postgresql"]
+    started_at: str
+    uptime_seconds: int
+    features: list[str]
+    open_signup: bool
+
+
+class ComponentStatus(Answer, kw_only=True):
+    status: str
+    connections: Union[int, UnsetType] = UNSET
+
+
+class Components(Answer, kw_only=True):
+    database: ComponentStatus
+    websocket: ComponentStatus
+
+
+class ReadinessChecks(Answer, kw_only=True):
+    database_ready: bool
+    capacity_available: bool
+    uptime_seconds: int
+    connection_utilization: float
+    active_connections: int
+    max_connections: int
+
+
+class Health(Answer, kw_only=True):
+    """/healthz carries `version` and `components`, /readyz `readiness_checks`."""
+
+    status: str
+    timestamp: str
+    instance_id: str
+    check_duration_ms: int
+    version: Union[str, UnsetType] = UNSET
+    components: Union[Components, UnsetType] = UNSET
+    readiness_checks: Union[ReadinessChecks, UnsetType] = UNSET
+
+
+class BackPressure(Answer, kw_only=True):
+    queue_limit: int
+    dropped_connections: int
+
+
+class WebSocketFigures(Answer, kw_only=True):
+    connections: int
+    topics: int
+    messages_sent: int
+    messages_received: int
+    total_messages: int
+    back_pressure: BackPressure
+
+
+class DatabaseFigures(Answer, kw_only=True):
+    write_batches: int
+    write_jobs: int
+
+
+class MetricsJson(Answer, kw_only=True):
+    status: str
+    timestamp: str
+    uptime_seconds: int
+    websocket: WebSocketFigures
+    database: DatabaseFigures
+
+
+@dataclass(frozen=True)
+class TextAnswer:
+    """A 2xx answer that is not JSON (a file, the Prometheus text): documented as a string."""
+
+    media_type: str
+    description: str
 
 
 # =============================================================================
@@ -1614,7 +2336,7 @@ class PostgresDialect(Dialect):
     def announce(self, conn: Any, events: list) -> None:
         latest: dict = {}
         for event in events:
-            latest[event["channel_id"]] = max(event["cursor"], latest.get(event["channel_id"], 0))
+            latest[event.channel_id] = max(event.cursor, latest.get(event.channel_id, 0))
         lines = [f"{channel}\t{cursor}" for channel, cursor in latest.items()]
         for chunk in notify_chunks(lines):
             conn.execute("SELECT pg_notify(?, ?)", (POSTGRES_CHANNEL, f"{conn.origin}\n{chunk}"))
@@ -2274,8 +2996,8 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                  operation_id: Optional[str] = None, hashed: Optional[str] = None,
                  step_number: Optional[int] = None, depends_on: Optional[str] = None,
                  dependencies: Optional[list] = None, payload_text: Optional[str] = None,
-                 new_operation: bool = False) -> Optional[dict]:
-    """Append one event at the channel's next cursor and return its JSON form.
+                 new_operation: bool = False) -> Optional[Event]:
+    """Append one event at the channel's next cursor and return it.
 
     `payload_text` is the payload's canonical JSON when the caller has it already (it hashed it).
     With `new_operation`, nothing is appended and None is returned when `operation_id` is used
@@ -2300,25 +3022,18 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
     if bumped is None:
         return None
     cursor, chain_hash = bumped
-    event = {
-        "id": event_id, "channel_id": channel_id, "type": event_type, "payload": payload, "actor": actor,
-        "cursor": cursor, "channel_cursor": cursor, "timestamp": tx.ts, "agent_id": agent_id,
-        "user_id": user_id, "metadata": metadata, "depends_on": depends_on, "step_number": step_number,
-        "chain_hash": chain_hash,
-    }
+    event = Event(id=event_id, channel_id=channel_id, type=event_type, payload=payload, actor=actor, cursor=cursor,
+                  channel_cursor=cursor, timestamp=tx.ts, agent_id=agent_id, user_id=user_id, metadata=metadata,
+                  depends_on=depends_on, step_number=step_number, chain_hash=chain_hash)
     tx.events.append(event)
     return event
 
 
-def event_json(row: Row) -> dict:
-    """The one event shape every parser of the SDK accepts (REST replay, query, WebSocket broadcast)."""
-    return {
-        "id": row["id"], "channel_id": row["channel_id"], "type": row["type"], "payload": load(row["payload"]),
-        "actor": row["actor"], "cursor": row["cursor"], "channel_cursor": row["cursor"],
-        "timestamp": row["created_at"], "agent_id": row["agent_id"], "user_id": row["user_id"],
-        "metadata": load(row["metadata"]), "depends_on": row["depends_on"], "step_number": row["step_number"],
-        "chain_hash": row["chain_hash"],
-    }
+def event_of(row: Row) -> Event:
+    return Event(id=row["id"], channel_id=row["channel_id"], type=row["type"], payload=load(row["payload"]),
+                 actor=row["actor"], cursor=row["cursor"], channel_cursor=row["cursor"], timestamp=row["created_at"],
+                 agent_id=row["agent_id"], user_id=row["user_id"], metadata=load(row["metadata"]),
+                 depends_on=row["depends_on"], step_number=row["step_number"], chain_hash=row["chain_hash"])
 
 
 def event_by_operation(conn: Conn, channel_id: str, operation_id: str) -> Optional[Row]:
@@ -2333,12 +3048,29 @@ def require_same_request(stored: str, hashed: str, operation_id: str, what: str)
         raise Conflict("idempotency_conflict", f"operation_id {operation_id} was already used for a different {what}")
 
 
-def replay_or_conflict(row: Row, hashed: str, what: str) -> dict:
+def replay_or_conflict(row: Row, hashed: str, what: str) -> Event:
     require_same_request(row["request_hash"], hashed, row["operation_id"], what)
-    return event_json(row)
+    return event_of(row)
 
 
-def record_event(tx: Tx, req: RecordEvent) -> dict:
+FRAMEWORK_EVENT_SCHEMA = "actae.framework-event/v1"
+
+
+def envelope_hash(req: RecordEvent, stored: Row) -> Optional[str]:
+    """The SDK runtime's lifecycle envelope (payload "schema": FRAMEWORK_EVENT_SCHEMA) carries the clock
+    of the attempt that sent it (`occurred_at`) beside a deterministic operation id, so a redelivered job
+    that enters the same workflow again sends the same event at another time. Its identity leaves the
+    clock out: the hash of this request with the stored event's `occurred_at`, or None for other payloads."""
+    payload = req.payload
+    if not (isinstance(payload, dict) and payload.get("schema") == FRAMEWORK_EVENT_SCHEMA and "occurred_at" in payload):
+        return None
+    original = load(stored["payload"])
+    if not isinstance(original, dict) or "occurred_at" not in original:
+        return None
+    return request_hash({"type": req.event_type, "payload": {**payload, "occurred_at": original["occurred_at"]}})
+
+
+def record_event(tx: Tx, req: RecordEvent) -> Event:
     """POST /events/record. Returns the new event, or the original one for a replayed operation id."""
     payload_text = canonical_dump(req.payload)
     # == request_hash({"type": ..., "payload": ...}): canonical JSON sorts "payload" before "type".
@@ -2351,21 +3083,22 @@ def record_event(tx: Tx, req: RecordEvent) -> dict:
         new_operation=True,
     )
     if event is None:
-        return replay_or_conflict(event_by_operation(tx.conn, req.channel_id, req.operation_id), hashed, "event")
+        stored = event_by_operation(tx.conn, req.channel_id, req.operation_id)
+        return replay_or_conflict(stored, envelope_hash(req, stored) or hashed, "event")
     return event
 
 
 def replay_events(conn: Conn, channel_id: str, after: int, limit: int,
-                  event_type: Optional[str] = None) -> list:
+                  event_type: Optional[str] = None) -> list[Event]:
     sql, args = "SELECT * FROM events WHERE channel_id = ? AND cursor > ?", [channel_id, after]
     if event_type is not None:
         sql += " AND type = ?"
         args.append(event_type)
     rows = conn.execute(sql + " ORDER BY cursor LIMIT ?", (*args, limit)).fetchall()
-    return [event_json(r) for r in rows]
+    return [event_of(r) for r in rows]
 
 
-def query_events(conn: Conn, q: EventQuery) -> list:
+def query_events(conn: Conn, q: EventQuery) -> list[Event]:
     """POST /events/query: newest first; every filter optional."""
     where = Where()
     if q.channel_ids:
@@ -2378,7 +3111,7 @@ def query_events(conn: Conn, q: EventQuery) -> list:
         f"SELECT * FROM events{where} ORDER BY created_at DESC, channel_id, cursor DESC LIMIT ? OFFSET ?",
         (*where.args, q.limit, q.offset),
     ).fetchall()
-    return [event_json(r) for r in rows]
+    return [event_of(r) for r in rows]
 
 
 def latest_cursor(conn: Conn, channel_id: str) -> Optional[int]:
@@ -2386,7 +3119,7 @@ def latest_cursor(conn: Conn, channel_id: str) -> Optional[int]:
     return row["last_cursor"] if row is not None and row["last_cursor"] > 0 else None
 
 
-def causal_graph(conn: Conn, event_id: str, max_nodes: int) -> dict:
+def causal_graph(conn: Conn, event_id: str, max_nodes: int) -> CausalGraph:
     """Bounded ancestry walk over `depends_on` and the recorded `dependencies` edges."""
     root = conn.execute("SELECT * FROM events WHERE id = ?", (event_id,)).fetchone()
     if root is None:
@@ -2399,7 +3132,7 @@ def causal_graph(conn: Conn, event_id: str, max_nodes: int) -> dict:
         if row["depends_on"] and all(p != row["depends_on"] for p, _ in parents):
             parents.append((row["depends_on"], "causal"))
         for parent_id, kind in parents:
-            edges.append({"event_id": row["id"], "depends_on_event_id": parent_id, "dependency_type": kind})
+            edges.append(CausalEdge(event_id=row["id"], depends_on_event_id=parent_id, dependency_type=kind))
             if parent_id in seen:
                 continue
             if len(order) >= max_nodes:
@@ -2410,11 +3143,11 @@ def causal_graph(conn: Conn, event_id: str, max_nodes: int) -> dict:
                 seen[parent_id] = parent
                 order.append(parent)
                 frontier.append(parent)
-    return {"root_event_id": root["id"], "events": [event_json(r) for r in order],
-            "dependencies": edges, "truncated": truncated}
+    return CausalGraph(root_event_id=root["id"], events=[event_of(r) for r in order], dependencies=edges,
+                       truncated=truncated)
 
 
-def verify_chain(conn: Conn, channel_id: str) -> dict:
+def verify_chain(conn: Conn, channel_id: str) -> ChainCheck:
     """GET /events/verify/{channel}: recompute the chain from the stored rows, across the lineage.
 
     The inherited part (each ancestor up to where the line below left it) is checked first, so an
@@ -2431,17 +3164,22 @@ def verify_chain(conn: Conn, channel_id: str) -> dict:
                                   (row["id"], upto)):
             expected = row_chain_hash(previous, event)
             if event["chain_hash"] != expected:
-                return {"channel_id": channel_id, "ok": False, "valid": False, "verified_events": checked,
-                        "first_broken_channel_id": row["id"], "first_broken_cursor": event["cursor"],
-                        "head": None, "algorithm": "sha256-chain-v1"}
+                return chain_verdict(channel_id, checked, broken=(row["id"], event["cursor"]))
             previous, checked = expected, checked + 1
             if child is not None and event["cursor"] == child["resolved_cursor"]:
                 boundary_hash = expected
         if child is not None:
             previous = boundary_hash            # the fork went on from the hash at its boundary cursor
-    return {"channel_id": channel_id, "ok": True, "valid": True, "verified_events": checked,
-            "first_broken_channel_id": None, "first_broken_cursor": None, "head": previous,
-            "algorithm": "sha256-chain-v1"}
+    return chain_verdict(channel_id, checked, head=previous)
+
+
+def chain_verdict(channel_id: str, checked: int, *, broken: Optional[tuple] = None,
+                  head: Optional[str] = None) -> ChainCheck:
+    ok = broken is None
+    broken_channel, broken_cursor = broken or (None, None)
+    return ChainCheck(channel_id=channel_id, ok=ok, valid=ok, verified_events=checked,
+                      first_broken_channel_id=broken_channel, first_broken_cursor=broken_cursor, head=head,
+                      algorithm="sha256-chain-v1")
 
 
 # --- state -------------------------------------------------------------------
@@ -2459,10 +3197,10 @@ def state_row_at(conn: Conn, channel_id: str, cursor: Optional[int]) -> Optional
     ).fetchone()
 
 
-def state_json(row: Optional[Row]) -> dict:
+def state_of(row: Optional[Row]) -> StateAnswer:
     if row is None:
-        return {"cursor": None, "state": None}
-    return {"cursor": row["cursor"], "state": load_state(row["state"]), "version": row["version"]}
+        return StateAnswer(cursor=None, state=None)
+    return StateAnswer(cursor=row["cursor"], state=load_state(row["state"]), version=row["version"])
 
 
 def check_guards(conn: Conn, channel_id: str, expected_version: Optional[int],
@@ -2523,7 +3261,7 @@ def save_state(tx: Tx, channel_id: str, req: SaveState) -> int:
     return version
 
 
-def transition(tx: Tx, req: Transition) -> dict:
+def transition(tx: Tx, req: Transition) -> TransitionAnswer:
     """POST /events/transition: one event and the snapshot at its cursor, atomically."""
     channel_id = req.channel_id
     hashed = request_hash({"type": req.type, "payload": req.payload, "state": req.state})
@@ -2532,34 +3270,34 @@ def transition(tx: Tx, req: Transition) -> dict:
         if existing is not None:
             event = replay_or_conflict(existing, hashed, "transition")
             version = tx.conn.execute("SELECT version FROM states WHERE channel_id = ? AND cursor = ?"
-                                      " ORDER BY version LIMIT 1", (channel_id, event["cursor"])).fetchone()
-            return {"event": event, "state_version": version["version"] if version else 0}
+                                      " ORDER BY version LIMIT 1", (channel_id, event.cursor)).fetchone()
+            return TransitionAnswer(event=event, state_version=version["version"] if version else 0)
     check_guards(tx.conn, channel_id, req.expected_version, req.expected_cursor)
     meta = req.meta()
     event = append_event(tx, channel_id, req.type, req.payload, actor=req.actor(), metadata=meta.metadata,
                          agent_id=meta.agent_id, user_id=meta.user_id, operation_id=req.operation_id, hashed=hashed)
-    version = insert_state(tx, channel_id, event["cursor"], tx.conn.dialect.pack_state(dump(req.state)),
+    version = insert_state(tx, channel_id, event.cursor, tx.conn.dialect.pack_state(dump(req.state)),
                            sha256_hex(canonical_json(req.state)), state_status(req.state))
-    return {"event": event, "state_version": version}
+    return TransitionAnswer(event=event, state_version=version)
 
 
-def list_states(conn: Conn, channel_id: str, limit: int, offset: int) -> list:
+def list_states(conn: Conn, channel_id: str, limit: int, offset: int) -> list[StateVersion]:
     rows = conn.execute(
         "SELECT version, cursor, created_at FROM states WHERE channel_id = ? ORDER BY version DESC LIMIT ? OFFSET ?",
         (channel_id, limit, offset),
     ).fetchall()
-    return [{"version": r["version"], "cursor": r["cursor"], "timestamp": r["created_at"]} for r in rows]
+    return [StateVersion(version=r["version"], cursor=r["cursor"], timestamp=r["created_at"]) for r in rows]
 
 
-def get_state_version(conn: Conn, channel_id: str, version: int) -> dict:
+def get_state_version(conn: Conn, channel_id: str, version: int) -> StateAnswer:
     row = conn.execute("SELECT * FROM states WHERE channel_id = ? AND version = ?", (channel_id, version)).fetchone()
-    return state_json(row)
+    return state_of(row)
 
 
-def delete_state_version(tx: Tx, channel_id: str, version: int) -> dict:
+def delete_state_version(tx: Tx, channel_id: str, version: int) -> DeletedCount:
     deleted = tx.conn.execute("DELETE FROM states WHERE channel_id = ? AND version = ? RETURNING version",
                               (channel_id, version)).fetchall()
-    return {"ok": True, "deleted": len(deleted)}
+    return DeletedCount(deleted=len(deleted))
 
 
 # --- channel metadata -----------------------------------------------------------
@@ -2571,38 +3309,23 @@ def experiment_of(row: Row) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def metadata_json(row: Row) -> dict:
-    """The STRICT ChannelMetadata shape: the SDK passes these keys to a fixed constructor, so no others."""
-    return {
-        "channel_id": row["id"],
-        "parent_channel_id": row["parent_id"],
-        "origin_run_id": row["origin_id"],
-        "forked_at_cursor": row["resolved_cursor"],
-        "forked_at": row["forked_at"] or row["created_at"],
-        "display_name": row["display_name"],
-        "reason": row["reason"],
-        "experiment_metadata": load(row["experiment_metadata"]),
-        "requested_at_cursor": row["requested_cursor"],
-        "resolved_cursor": row["resolved_cursor"],
-        "resolved_state_cursor": row["resolved_cursor"],
-        "resolved_event_id": row["resolved_event_id"],
-        "source_state_version": row["source_state_version"],
-        "source_state_sha256": row["source_state_sha256"],
-        "restorable": bool(row["restorable"]),
-        "manifest": load(row["manifest"]),
-        "reproducibility": row["reproducibility"],
-        "tool_policies": load(row["tool_policies"]),
-        "outcome": row["outcome"],
-        "result_score": row["result_score"],
-        "deleted_at": None,
-    }
+def metadata_of(row: Row) -> ChannelMetadata:
+    return ChannelMetadata(
+        channel_id=row["id"], parent_channel_id=row["parent_id"], origin_run_id=row["origin_id"],
+        forked_at_cursor=row["resolved_cursor"], forked_at=row["forked_at"] or row["created_at"],
+        display_name=row["display_name"], reason=row["reason"], experiment_metadata=load(row["experiment_metadata"]),
+        requested_at_cursor=row["requested_cursor"], resolved_cursor=row["resolved_cursor"],
+        resolved_state_cursor=row["resolved_cursor"], resolved_event_id=row["resolved_event_id"],
+        source_state_version=row["source_state_version"], source_state_sha256=row["source_state_sha256"],
+        restorable=bool(row["restorable"]), manifest=load(row["manifest"]), reproducibility=row["reproducibility"],
+        tool_policies=load(row["tool_policies"]), outcome=row["outcome"], result_score=row["result_score"])
 
 
-def get_metadata(conn: Conn, channel_id: str) -> dict:
-    return metadata_json(require_channel(conn, channel_id))
+def get_metadata(conn: Conn, channel_id: str) -> ChannelMetadata:
+    return metadata_of(require_channel(conn, channel_id))
 
 
-def put_metadata(tx: Tx, channel_id: str, changes: PutMetadata) -> dict:
+def put_metadata(tx: Tx, channel_id: str, changes: PutMetadata) -> ChannelMetadata:
     """PUT /channels/{id}/metadata: upsert; only the keys present change."""
     ensure_channel(tx, channel_id)
     for column, value in (("display_name", changes.display_name), ("reason", changes.reason),
@@ -2610,17 +3333,17 @@ def put_metadata(tx: Tx, channel_id: str, changes: PutMetadata) -> dict:
         if value is not UNSET:
             stored = dump(value) if column == "experiment_metadata" else value
             tx.conn.execute(f"UPDATE channels SET {column} = ?, updated_at = ? WHERE id = ?", (stored, tx.ts, channel_id))
-    return metadata_json(channel_row(tx.conn, channel_id))
+    return metadata_of(channel_row(tx.conn, channel_id))
 
 
 def list_channels(conn: Conn) -> list:
     return [r["id"] for r in conn.execute("SELECT id FROM channels ORDER BY updated_at DESC, id").fetchall()]
 
 
-def list_forks(conn: Conn, channel_id: str) -> list:
+def list_forks(conn: Conn, channel_id: str) -> list[ChannelMetadata]:
     require_channel(conn, channel_id)
     rows = conn.execute("SELECT * FROM channels WHERE parent_id = ? ORDER BY created_at, id", (channel_id,)).fetchall()
-    return [metadata_json(r) for r in rows]
+    return [metadata_of(r) for r in rows]
 
 
 # --- step index (derived from events, walked across lineage) ---------------------
@@ -2649,7 +3372,7 @@ def own_step(conn: Conn, channel_id: str, step_number: int) -> Optional[Row]:
     ).fetchone()
 
 
-def resolve_step(conn: Conn, channel_id: str, step_number: int) -> dict:
+def resolve_step(conn: Conn, channel_id: str, step_number: int) -> StepLocation:
     """Step n -> (owner channel, cursor). Inherited steps resolve on the ancestor that recorded them."""
     for row, _ in lineage(conn, channel_id):
         inherited = row["parent_id"] is not None and row["forked_at_step"] is not None \
@@ -2657,8 +3380,8 @@ def resolve_step(conn: Conn, channel_id: str, step_number: int) -> dict:
         if not inherited:
             hit = own_step(conn, row["id"], step_number)
             if hit is not None:
-                return {"channel_id": row["id"], "cursor": hit["cursor"], "event_id": hit["id"],
-                        "step_number": step_number}
+                return StepLocation(channel_id=row["id"], cursor=hit["cursor"], event_id=hit["id"],
+                                    step_number=step_number)
             break
     raise NotFound(f"step {step_number} of {channel_id} is not indexed")
 
@@ -2698,35 +3421,22 @@ def reproducibility_grade(restorable: bool, manifest: Optional[dict]) -> str:
     return "state_exact"
 
 
-def receipt_json(row: Row, *, replayed: bool = False) -> dict:
-    """The immutable fork receipt: what the fork asked for, what it inherited, how faithful it is."""
-    return {
-        "fork_id": row["id"],
-        "channel_id": row["id"],
-        "child_channel_id": row["id"],
-        "source_channel_id": row["parent_id"],
-        "origin_run_id": row["origin_id"],
-        "requested_cursor": row["requested_cursor"],
-        "resolved_cursor": row["resolved_cursor"],
-        "resolved_state_cursor": row["resolved_cursor"],
-        "resolved_event_id": row["resolved_event_id"],
-        "forked_at_step": row["forked_at_step"],
-        "source_state_version": row["source_state_version"],
-        "source_state_sha256": row["source_state_sha256"],
-        "restorable": bool(row["restorable"]),
-        "replayed": replayed,
-        "manifest": load(row["manifest"]),
-        "reproducibility": row["reproducibility"],
-        "tool_policies": load(row["tool_policies"]),
-        "forked_at": row["forked_at"],
-    }
+def receipt_of(row: Row, *, replayed: bool = False) -> Receipt:
+    return Receipt(
+        fork_id=row["id"], channel_id=row["id"], child_channel_id=row["id"], source_channel_id=row["parent_id"],
+        origin_run_id=row["origin_id"], requested_cursor=row["requested_cursor"],
+        resolved_cursor=row["resolved_cursor"], resolved_state_cursor=row["resolved_cursor"],
+        resolved_event_id=row["resolved_event_id"], forked_at_step=row["forked_at_step"],
+        source_state_version=row["source_state_version"], source_state_sha256=row["source_state_sha256"],
+        restorable=bool(row["restorable"]), replayed=replayed, manifest=load(row["manifest"]),
+        reproducibility=row["reproducibility"], tool_policies=load(row["tool_policies"]), forked_at=row["forked_at"])
 
 
-def get_receipt(conn: Conn, channel_id: str) -> dict:
+def get_receipt(conn: Conn, channel_id: str) -> Receipt:
     row = require_channel(conn, channel_id)
     if row["parent_id"] is None:
         raise NotFound(f"channel {channel_id} is not a fork")
-    return receipt_json(row)
+    return receipt_of(row)
 
 
 def fork_step_boundary(conn: Conn, source: Row, boundary_cursor: int,
@@ -2743,7 +3453,7 @@ def fork_step_boundary(conn: Conn, source: Row, boundary_cursor: int,
     return own["step_number"] if own is not None else source["forked_at_step"]
 
 
-def fork_channel(tx: Tx, req: Fork) -> dict:
+def fork_channel(tx: Tx, req: Fork) -> Receipt:
     """POST /channels/fork. Never writes to the source; cost is independent of the source's history."""
     conn = tx.conn
     source_id, child_id, at_cursor = req.source_channel_id, req.new_channel_id, req.at_cursor
@@ -2752,7 +3462,7 @@ def fork_channel(tx: Tx, req: Fork) -> dict:
         earlier = conn.execute("SELECT * FROM channels WHERE fork_operation_id = ?", (req.operation_id,)).fetchone()
         if earlier is not None:
             require_same_request(earlier["fork_request_hash"], hashed, req.operation_id, "fork")
-            return receipt_json(earlier, replayed=True)
+            return receipt_of(earlier, replayed=True)
     existing = channel_row(conn, child_id)
     if existing is not None:
         # AgentSession retries with a fresh operation id, so the child's name is the retry key.
@@ -2760,7 +3470,7 @@ def fork_channel(tx: Tx, req: Fork) -> dict:
         # not: replaying it would leave the caller believing its policy is in force.
         if existing["parent_id"] == source_id and existing["requested_cursor"] == at_cursor \
                 and load(existing["tool_policies"]) == req.tool_policies:
-            return receipt_json(existing, replayed=True)
+            return receipt_of(existing, replayed=True)
         raise Conflict("channel_conflict", f"channel {child_id} already exists with a different definition")
     if child_id == source_id:
         raise BadRequest("new_channel_id must differ from source_channel_id")
@@ -2798,11 +3508,11 @@ def fork_channel(tx: Tx, req: Fork) -> dict:
         "source_state_version": snapshot["version"] if snapshot else 0, "restorable": restorable,
     }, depends_on=resolved_event_id)
     if snapshot is not None:
-        insert_state(tx, child_id, marker["cursor"], snapshot["state"], snapshot["sha256"], snapshot["status"])
-    return receipt_json(channel_row(conn, child_id))
+        insert_state(tx, child_id, marker.cursor, snapshot["state"], snapshot["sha256"], snapshot["status"])
+    return receipt_of(channel_row(conn, child_id))
 
 
-def lineage_tree(conn: Conn, channel_id: str) -> dict:
+def lineage_tree(conn: Conn, channel_id: str) -> ForkTree:
     """The whole fork tree a channel belongs to, from its root."""
     return fork_tree(conn, require_channel(conn, channel_id)["origin_id"])
 
@@ -2813,19 +3523,18 @@ def child_ids(conn: Conn, channel_id: str) -> list:
                                           (channel_id,))]
 
 
-def fork_tree(conn: Conn, channel_id: str, depth: int = 0) -> dict:
+def fork_tree(conn: Conn, channel_id: str, depth: int = 0) -> ForkTree:
     """A channel and all its descendants, each with where it forked and how far it got."""
     row = require_channel(conn, channel_id)
     meta = experiment_of(row)
     children = child_ids(conn, channel_id)
-    return {
-        "channel_id": row["id"], "display_name": row["display_name"], "reason": row["reason"],
-        "parent_channel_id": row["parent_id"], "forked_at_cursor": row["resolved_cursor"],
-        "forked_at_step": row["forked_at_step"] if row["parent_id"] else None,
-        "event_count": row["last_cursor"], "latest_cursor": row["last_cursor"] or None,
-        "status": meta.get("status"), "outcome": row["outcome"],
-        "children": [fork_tree(conn, c, depth + 1) for c in children] if depth < LINEAGE_MAX_DEPTH else [],
-    }
+    return ForkTree(
+        channel_id=row["id"], display_name=row["display_name"], reason=row["reason"],
+        parent_channel_id=row["parent_id"], forked_at_cursor=row["resolved_cursor"],
+        forked_at_step=row["forked_at_step"] if row["parent_id"] else None,
+        event_count=row["last_cursor"], latest_cursor=row["last_cursor"] or None,
+        status=meta.get("status"), outcome=row["outcome"],
+        children=[fork_tree(conn, c, depth + 1) for c in children] if depth < LINEAGE_MAX_DEPTH else [])
 
 
 # =============================================================================
@@ -2833,16 +3542,16 @@ def fork_tree(conn: Conn, channel_id: str, depth: int = 0) -> dict:
 # =============================================================================
 
 
-def diff_values(left: Any, right: Any, path: tuple = ()) -> list:
-    """Entries {path, kind, left, right}: keys/indexes only on the right are added, only left removed."""
+def diff_values(left: Any, right: Any, path: tuple = ()) -> list[DiffEntry]:
+    """Keys/indexes only on the right are added, only on the left removed, on both but unequal changed."""
     if isinstance(left, dict) and isinstance(right, dict):
         entries = []
         for key in sorted(set(left) | set(right), key=str):
             sub = (*path, str(key))
             if key not in left:
-                entries.append({"path": list(sub), "kind": "added", "left": None, "right": right[key]})
+                entries.append(DiffEntry(path=list(sub), kind="added", left=None, right=right[key]))
             elif key not in right:
-                entries.append({"path": list(sub), "kind": "removed", "left": left[key], "right": None})
+                entries.append(DiffEntry(path=list(sub), kind="removed", left=left[key], right=None))
             else:
                 entries += diff_values(left[key], right[key], sub)
         return entries
@@ -2851,15 +3560,15 @@ def diff_values(left: Any, right: Any, path: tuple = ()) -> list:
         for i in range(max(len(left), len(right))):
             sub = (*path, str(i))
             if i >= len(left):
-                entries.append({"path": list(sub), "kind": "added", "left": None, "right": right[i]})
+                entries.append(DiffEntry(path=list(sub), kind="added", left=None, right=right[i]))
             elif i >= len(right):
-                entries.append({"path": list(sub), "kind": "removed", "left": left[i], "right": None})
+                entries.append(DiffEntry(path=list(sub), kind="removed", left=left[i], right=None))
             else:
                 entries += diff_values(left[i], right[i], sub)
         return entries
     if type(left) is type(right) and left == right:
         return []
-    return [{"path": list(path), "kind": "changed", "left": left, "right": right}]
+    return [DiffEntry(path=list(path), kind="changed", left=left, right=right)]
 
 
 def common_ancestor(conn: Conn, left_id: str, right_id: str) -> dict:
@@ -2874,63 +3583,58 @@ def common_ancestor(conn: Conn, left_id: str, right_id: str) -> dict:
     return {}
 
 
-def diff_channels(conn: Conn, left_id: str, right_id: str) -> dict:
+def diff_channels(conn: Conn, left_id: str, right_id: str) -> ChannelDiff:
     """GET /channels/diff: latest states compared, plus the state both sides share."""
-    left, right = state_json(state_row_at(conn, left_id, None)), state_json(state_row_at(conn, right_id, None))
+    left, right = state_of(state_row_at(conn, left_id, None)), state_of(state_row_at(conn, right_id, None))
     ancestor = common_ancestor(conn, left_id, right_id)
     common = None
     if ancestor:
         at = state_row_at(conn, ancestor["channel_id"], ancestor["cursor"])
         cursor = ancestor["cursor"] if ancestor["cursor"] is not None else (at["cursor"] if at else 0)
-        common = {"channel_id": ancestor["channel_id"], "cursor": cursor, "state": load_state(at["state"]) if at else None}
-    entries = diff_values(left["state"], right["state"])
-    return {
-        "left_channel_id": left_id, "right_channel_id": right_id,
-        "left": {"channel_id": left_id, "cursor": left["cursor"], "state": left["state"]},
-        "right": {"channel_id": right_id, "cursor": right["cursor"], "state": right["state"]},
-        "common": common,
-        "left_diverged_at_cursor": ancestor.get("left"), "right_diverged_at_cursor": ancestor.get("right"),
-        "entries": entries[:DIFF_MAX_ENTRIES], "truncated": len(entries) > DIFF_MAX_ENTRIES,
-        "entry_count_total": len(entries), "max_entries": DIFF_MAX_ENTRIES,
-    }
+        common = StateAt(channel_id=ancestor["channel_id"], cursor=cursor, state=load_state(at["state"]) if at else None)
+    entries = diff_values(left.state, right.state)
+    return ChannelDiff(
+        left_channel_id=left_id, right_channel_id=right_id,
+        left=StateAt(channel_id=left_id, cursor=left.cursor, state=left.state),
+        right=StateAt(channel_id=right_id, cursor=right.cursor, state=right.state),
+        common=common,
+        left_diverged_at_cursor=ancestor.get("left"), right_diverged_at_cursor=ancestor.get("right"),
+        entries=entries[:DIFF_MAX_ENTRIES], truncated=len(entries) > DIFF_MAX_ENTRIES,
+        entry_count_total=len(entries), max_entries=DIFF_MAX_ENTRIES)
 
 
-def execution_json(row: Row) -> dict:
-    return {
-        "id": row["id"], "channel_id": row["channel_id"], "key_name": row["key_name"], "tool_name": row["tool_name"],
-        "status": row["status"], "attempts": row["attempts"], "lease_until": row["lease_until"],
-        "started_cursor": row["started_cursor"], "completed_cursor": row["completed_cursor"],
-        "started_event_id": row["started_event_id"], "completed_event_id": row["completed_event_id"],
-        "replay_emitted": bool(row["replay_emitted"]), "params": load(row["params"]),
-        "result": load(row["result"]), "error": load(row["error"]), "inherited_from": row["inherited_from"],
-        "created_at": row["created_at"], "updated_at": row["updated_at"], "completed_at": row["completed_at"],
-    }
+def execution_of(row: Row) -> Execution:
+    return Execution(
+        id=row["id"], channel_id=row["channel_id"], key_name=row["key_name"], tool_name=row["tool_name"],
+        status=row["status"], attempts=row["attempts"], lease_until=row["lease_until"],
+        started_cursor=row["started_cursor"], completed_cursor=row["completed_cursor"],
+        started_event_id=row["started_event_id"], completed_event_id=row["completed_event_id"],
+        replay_emitted=bool(row["replay_emitted"]), params=load(row["params"]), result=load(row["result"]),
+        error=load(row["error"]), inherited_from=row["inherited_from"], created_at=row["created_at"],
+        updated_at=row["updated_at"], completed_at=row["completed_at"])
 
 
-def channel_executions(conn: Conn, channel_id: str) -> list:
+def channel_executions(conn: Conn, channel_id: str) -> list[Execution]:
     rows = conn.execute("SELECT * FROM executions WHERE channel_id = ? ORDER BY created_at, id", (channel_id,))
-    return [execution_json(r) for r in rows.fetchall()]
+    return [execution_of(r) for r in rows.fetchall()]
 
 
-def decision_trail(conn: Conn, channel_id: str) -> dict:
+def decision_trail(conn: Conn, channel_id: str) -> Trail:
     chain = lineage(conn, channel_id)
     row = chain[0][0]
     boundary = None
     if row["parent_id"] is not None:
         at = state_row_at(conn, row["parent_id"], row["resolved_cursor"]) if row["restorable"] else None
-        boundary = {"channel_id": row["parent_id"], "cursor": row["resolved_cursor"],
-                    "state": load_state(at["state"]) if at else None}
-    return {
-        "channel_id": channel_id, "origin_run_id": row["origin_id"],
-        "ancestry": [{"channel_id": r["id"], "parent_channel_id": r["parent_id"], "forked_at_cursor": r["resolved_cursor"],
-                      "display_name": r["display_name"], "reason": r["reason"]} for r, _ in chain],
-        "boundary": boundary,
-        "executions": channel_executions(conn, channel_id),
-    }
+        boundary = StateAt(channel_id=row["parent_id"], cursor=row["resolved_cursor"],
+                           state=load_state(at["state"]) if at else None)
+    return Trail(
+        channel_id=channel_id, origin_run_id=row["origin_id"],
+        ancestry=[Ancestor(channel_id=r["id"], parent_channel_id=r["parent_id"], forked_at_cursor=r["resolved_cursor"],
+                           display_name=r["display_name"], reason=r["reason"]) for r, _ in chain],
+        boundary=boundary, executions=channel_executions(conn, channel_id))
 
 
-def run_metrics(conn: Conn, channel_id: str) -> dict:
-    """Counts and duration of a run; tokens and cost summed from step payloads that report them."""
+def run_metrics(conn: Conn, channel_id: str) -> RunMetrics:
     row = conn.execute("SELECT COUNT(*) AS n, COUNT(step_number) AS steps, MIN(created_at) AS first,"
                        " MAX(created_at) AS last FROM events WHERE channel_id = ?", (channel_id,)).fetchone()
     tokens = cost = 0
@@ -2943,8 +3647,8 @@ def run_metrics(conn: Conn, channel_id: str) -> dict:
             cost += output["cost"] if is_number(output.get("cost")) else 0
     duration = (parse_iso(row["last"]) - parse_iso(row["first"])).total_seconds() if row["first"] else 0.0
     tools = conn.execute("SELECT COUNT(*) FROM executions WHERE channel_id = ?", (channel_id,)).fetchone()[0]
-    return {"event_count": row["n"], "step_count": row["steps"], "tool_calls": tools,
-            "duration_seconds": duration, "tokens": tokens, "cost": cost}
+    return RunMetrics(event_count=row["n"], step_count=row["steps"], tool_calls=tools, duration_seconds=duration,
+                      tokens=tokens, cost=cost)
 
 
 def last_output(conn: Conn, channel_id: str) -> Any:
@@ -2954,54 +3658,55 @@ def last_output(conn: Conn, channel_id: str) -> Any:
     return payload.get("output") if isinstance(payload, dict) else None
 
 
-def tool_summary(execution: dict) -> dict:
-    return {"key_name": execution["key_name"], "tool_name": execution["tool_name"], "status": execution["status"]}
+def tool_summary(execution: Execution) -> ToolSummary:
+    return ToolSummary(key_name=execution.key_name, tool_name=execution.tool_name, status=execution.status)
 
 
-def compare_channels(conn: Conn, left_id: str, right_id: str) -> dict:
+def metrics_delta(left: RunMetrics, right: RunMetrics) -> RunMetrics:
+    return RunMetrics(**{name: getattr(right, name) - getattr(left, name) for name in RunMetrics.__struct_fields__})
+
+
+def compare_channels(conn: Conn, left_id: str, right_id: str) -> Comparison:
     left_meta, right_meta = get_metadata(conn, left_id), get_metadata(conn, right_id)
-    left_tools, right_tools = ({e["key_name"]: tool_summary(e) for e in channel_executions(conn, cid)}
+    left_tools, right_tools = ({e.key_name: tool_summary(e) for e in channel_executions(conn, cid)}
                                for cid in (left_id, right_id))
     left_metrics, right_metrics = run_metrics(conn, left_id), run_metrics(conn, right_id)
     outputs = (last_output(conn, left_id), last_output(conn, right_id))
-    return {
-        "left_channel_id": left_id, "right_channel_id": right_id,
-        "state_diff": diff_channels(conn, left_id, right_id),
-        "manifest_diff": diff_values(left_meta["manifest"], right_meta["manifest"]),
-        "tool_diff": {
-            "only_left": [t for k, t in left_tools.items() if k not in right_tools],
-            "only_right": [t for k, t in right_tools.items() if k not in left_tools],
-            "changed": [{"key_name": k, "left": t, "right": right_tools[k]}
-                        for k, t in left_tools.items() if k in right_tools and t != right_tools[k]],
-        },
-        "output_diff": {"left": outputs[0], "right": outputs[1], "entries": diff_values(*outputs)},
-        "metrics": {"left": left_metrics, "right": right_metrics,
-                    "delta": {k: right_metrics[k] - left_metrics[k] for k in left_metrics}},
-    }
+    return Comparison(
+        left_channel_id=left_id, right_channel_id=right_id,
+        state_diff=diff_channels(conn, left_id, right_id),
+        manifest_diff=diff_values(left_meta.manifest, right_meta.manifest),
+        tool_diff=ToolDiff(
+            only_left=[t for k, t in left_tools.items() if k not in right_tools],
+            only_right=[t for k, t in right_tools.items() if k not in left_tools],
+            changed=[ToolChange(key_name=k, left=t, right=right_tools[k])
+                     for k, t in left_tools.items() if k in right_tools and t != right_tools[k]]),
+        output_diff=OutputDiff(left=outputs[0], right=outputs[1], entries=diff_values(*outputs)),
+        metrics=MetricsDiff(left=left_metrics, right=right_metrics, delta=metrics_delta(left_metrics, right_metrics)))
 
 
-def set_outcome(tx: Tx, channel_id: str, outcome: str, score: Optional[float]) -> dict:
+def set_outcome(tx: Tx, channel_id: str, outcome: str, score: Optional[float]) -> OutcomeAnswer:
     require_channel(tx.conn, channel_id)
     tx.conn.execute("UPDATE channels SET outcome = ?, result_score = COALESCE(?, result_score), updated_at = ?"
                     " WHERE id = ?", (outcome, score, tx.ts, channel_id))
     row = channel_row(tx.conn, channel_id)
-    return {"ok": True, "channel_id": channel_id, "outcome": row["outcome"], "result_score": row["result_score"]}
+    return OutcomeAnswer(channel_id=channel_id, outcome=row["outcome"], result_score=row["result_score"])
 
 
-def close_channel(tx: Tx, channel_id: str, actor: str) -> dict:
+def close_channel(tx: Tx, channel_id: str, actor: str) -> Closed:
     """POST /channels/{id}/close: a last `channel.closed` event, then no more events or states.
 
     Closing a closed run answers the first close again.
     """
     row = require_channel(tx.conn, channel_id)
     if row["closed_at"] is not None:
-        return {"ok": True, "channel_id": channel_id, "closed_at": row["closed_at"], "replayed": True}
+        return Closed(channel_id=channel_id, closed_at=row["closed_at"], replayed=True)
     event = append_event(tx, channel_id, "channel.closed", {"closed_by": actor}, actor=actor)
     tx.conn.execute("UPDATE channels SET closed_at = ?, updated_at = ? WHERE id = ?", (tx.ts, tx.ts, channel_id))
-    return {"ok": True, "channel_id": channel_id, "closed_at": tx.ts, "replayed": False, "event": event}
+    return Closed(channel_id=channel_id, closed_at=tx.ts, replayed=False, event=event)
 
 
-def promote_channel(tx: Tx, child_id: str) -> dict:
+def promote_channel(tx: Tx, child_id: str) -> Promotion:
     """Merge a fork into its parent, append-only: the parent gets a `channel.promoted` event and a
     new state version equal to the fork's latest state (its history is untouched); the fork's
     outcome becomes `promoted`. Promoting the same fork state again replays the first promotion.
@@ -3013,25 +3718,25 @@ def promote_channel(tx: Tx, child_id: str) -> dict:
     latest = state_row_at(tx.conn, child_id, None)
     latest_version = latest["version"] if latest else None
     if child["promoted_event_id"] is not None and child["promoted_version"] == latest_version:
-        event = event_json(fetch_or_raise(tx.conn, lambda: NotFound("promotion event is gone"),
+        event = event_of(fetch_or_raise(tx.conn, lambda: NotFound("promotion event is gone"),
                                           "SELECT * FROM events WHERE id = ?", child["promoted_event_id"]))
         version = tx.conn.execute("SELECT MAX(version) FROM states WHERE channel_id = ? AND cursor = ?",
-                                  (parent_id, event["cursor"])).fetchone()[0]
-        return {"ok": True, "replayed": True, "parent_channel_id": parent_id, "child_channel_id": child_id,
-                "event": event, "state_version": version}
+                                  (parent_id, event.cursor)).fetchone()[0]
+        return Promotion(replayed=True, parent_channel_id=parent_id, child_channel_id=child_id, event=event,
+                         state_version=version)
     event = append_event(tx, parent_id, "channel.promoted", {
         "child_channel_id": child_id, "child_state_version": latest_version,
         "child_latest_cursor": child["last_cursor"],
     })
-    version = insert_state(tx, parent_id, event["cursor"], latest["state"], latest["sha256"],
+    version = insert_state(tx, parent_id, event.cursor, latest["state"], latest["sha256"],
                            latest["status"]) if latest else None
     tx.conn.execute("UPDATE channels SET outcome = 'promoted', promoted_event_id = ?, promoted_version = ?,"
-                    " updated_at = ? WHERE id = ?", (event["id"], latest_version, tx.ts, child_id))
-    return {"ok": True, "replayed": False, "parent_channel_id": parent_id, "child_channel_id": child_id,
-            "event": event, "state_version": version}
+                    " updated_at = ? WHERE id = ?", (event.id, latest_version, tx.ts, child_id))
+    return Promotion(replayed=False, parent_channel_id=parent_id, child_channel_id=child_id, event=event,
+                     state_version=version)
 
 
-def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> dict:
+def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> DeletedChannels:
     """Delete a run: its events, states, ledger rows and experiment memberships; its pending
     wake-ups are cancelled. Forks of it go too with recursive=true, else it is refused, and so is
     a run that a consumer group or an execution group still works on (delete those first).
@@ -3049,27 +3754,26 @@ def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> dict:
                                            "delete with recursive=true")
     deleted = []
     for child in children:
-        deleted += delete_channel(tx, child, True)["deleted"]
+        deleted += delete_channel(tx, child, True).deleted
     for table in ("events", "states", "executions"):
         tx.conn.execute(f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,))
     tx.conn.execute("DELETE FROM experiment_members WHERE channel_id = ?", (channel_id,))
     tx.conn.execute("UPDATE wakeups SET status = 'cancelled', error = 'channel deleted'"
                     " WHERE channel_id = ? AND status = 'pending'", (channel_id,))
     tx.conn.execute("DELETE FROM channels WHERE id = ?", (channel_id,))
-    return {"ok": True, "deleted": deleted + [channel_id]}
+    return DeletedChannels(deleted=deleted + [channel_id])
 
 
-def experiment_json(conn: Conn, row: Row) -> dict:
+def experiment_answer(conn: Conn, row: Row) -> Experiment:
     members = conn.execute(
         "SELECT m.*, c.result_score, c.outcome FROM experiment_members m LEFT JOIN channels c ON c.id = m.channel_id"
         " WHERE m.experiment_id = ? ORDER BY m.added_at, m.channel_id", (row["id"],)).fetchall()
-    return {
-        "id": row["id"], "group_id": row["id"], "name": row["name"], "description": row["description"],
-        "baseline_channel_id": row["baseline_channel_id"], "created_at": row["created_at"],
-        "members": [{"channel_id": m["channel_id"], "role": m["role"], "declared_delta": load(m["declared_delta"]),
-                     "result_score": m["result_score"], "outcome": m["outcome"], "added_at": m["added_at"]}
-                    for m in members],
-    }
+    return Experiment(
+        id=row["id"], group_id=row["id"], name=row["name"], description=row["description"],
+        baseline_channel_id=row["baseline_channel_id"], created_at=row["created_at"],
+        members=[ExperimentMember(channel_id=m["channel_id"], role=m["role"], declared_delta=load(m["declared_delta"]),
+                                  result_score=m["result_score"], outcome=m["outcome"], added_at=m["added_at"])
+                 for m in members])
 
 
 def require_experiment(conn: Conn, experiment_id: str) -> Row:
@@ -3085,35 +3789,37 @@ def add_member(tx: Tx, experiment_id: str, channel_id: str, role: str, declared_
         (experiment_id, channel_id, role, dump(declared_delta), tx.ts))
 
 
-def create_experiment(tx: Tx, name: str, description: Optional[str], baseline: Optional[str]) -> dict:
+def create_experiment(tx: Tx, name: str, description: Optional[str], baseline: Optional[str]) -> Experiment:
     experiment_id = str(uuid.uuid4())
     tx.conn.execute("INSERT INTO experiments (id, name, description, baseline_channel_id, created_at)"
                     " VALUES (?, ?, ?, ?, ?)", (experiment_id, name, description, baseline, tx.ts))
     if baseline:
         add_member(tx, experiment_id, baseline, "baseline", None)
-    return experiment_json(tx.conn, require_experiment(tx.conn, experiment_id))
+    return experiment_answer(tx.conn, require_experiment(tx.conn, experiment_id))
 
 
-def add_experiment_member(tx: Tx, experiment_id: str, channel_id: str, role: str, declared_delta: Any) -> dict:
+def add_experiment_member(tx: Tx, experiment_id: str, channel_id: str, role: str, declared_delta: Any) -> Experiment:
     require_experiment(tx.conn, experiment_id)
     add_member(tx, experiment_id, channel_id, role, declared_delta)
-    return experiment_json(tx.conn, require_experiment(tx.conn, experiment_id))
+    return experiment_answer(tx.conn, require_experiment(tx.conn, experiment_id))
 
 
-def list_experiments(conn: Conn) -> list:
-    return [experiment_json(conn, r) for r in conn.execute("SELECT * FROM experiments ORDER BY created_at DESC")]
+def list_experiments(conn: Conn) -> list[Experiment]:
+    return [experiment_answer(conn, r) for r in conn.execute("SELECT * FROM experiments ORDER BY created_at DESC")]
 
 
-def get_experiment(conn: Conn, experiment_id: str) -> dict:
-    return experiment_json(conn, require_experiment(conn, experiment_id))
+def get_experiment(conn: Conn, experiment_id: str) -> Experiment:
+    return experiment_answer(conn, require_experiment(conn, experiment_id))
 
 
-def rank_experiment(conn: Conn, experiment_id: str) -> dict:
-    experiment = experiment_json(conn, require_experiment(conn, experiment_id))
-    ranked = sorted(experiment["members"], key=lambda m: (m["result_score"] is None, -(m["result_score"] or 0)))
-    for rank, member in enumerate(ranked, start=1):
-        member["rank"] = rank
-    return {**experiment, "ranking": ranked}
+def rank_experiment(conn: Conn, experiment_id: str) -> RankedExperiment:
+    experiment = experiment_answer(conn, require_experiment(conn, experiment_id))
+    ranked = sorted(experiment.members, key=lambda m: (m.result_score is None, -(m.result_score or 0)))
+    ranking = [RankedMember(**msgspec.structs.asdict(member), rank=rank) for rank, member in enumerate(ranked, start=1)]
+    fields = msgspec.structs.asdict(experiment)
+    # Members of the answer carry their rank too, as the ranking lists them.
+    fields["members"] = [next(r for r in ranking if r.channel_id == m.channel_id) for m in experiment.members]
+    return RankedExperiment(**fields, ranking=ranking)
 
 
 # =============================================================================
@@ -3153,12 +3859,12 @@ def ancestor_execution(conn: Conn, channel: Row, key_name: str) -> Optional[tupl
 
 
 def lifecycle_event(tx: Tx, row_id: str, channel_id: str, event_type: str, payload: dict,
-                    depends_on: Optional[str] = None) -> dict:
+                    depends_on: Optional[str] = None) -> Event:
     return append_event(tx, channel_id, event_type, payload, actor="ledger",
                         metadata={"execution_id": row_id}, depends_on=depends_on)
 
 
-def start_attempt(tx: Tx, req: Claim, hashed: str, existing: Optional[Row]) -> dict:
+def start_attempt(tx: Tx, req: Claim, hashed: str, existing: Optional[Row]) -> Claimed:
     """A new owner for (channel, key): a fresh token and lease, `tool.started` on the channel."""
     token = secrets.token_urlsafe(24)
     lease_until = iso(tx.now + timedelta(seconds=req.lease_seconds))
@@ -3174,24 +3880,24 @@ def start_attempt(tx: Tx, req: Claim, hashed: str, existing: Optional[Row]) -> d
             " lease_seconds, lease_until, attempts, started_cursor, started_event_id, created_at, updated_at)"
             " VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, 1, ?, ?, ?, ?)",
             (execution_id, req.channel_id, req.key_name, req.tool_name, hashed, dump(req.params), token,
-             req.lease_seconds, lease_until, started["cursor"], started["id"], tx.ts, tx.ts))
+             req.lease_seconds, lease_until, started.cursor, started.id, tx.ts, tx.ts))
     else:
         tx.conn.execute(
             "UPDATE executions SET status = 'running', claim_token = ?, lease_seconds = ?, lease_until = ?,"
             " attempts = ?, started_cursor = ?, started_event_id = ?, error = NULL, updated_at = ? WHERE id = ?",
-            (token, req.lease_seconds, lease_until, attempts, started["cursor"], started["id"], tx.ts, execution_id))
+            (token, req.lease_seconds, lease_until, attempts, started.cursor, started.id, tx.ts, execution_id))
     row = require_execution(tx.conn, execution_id)
-    return {"status": "reclaimed" if existing else "claimed", "execution": execution_json(row), "claim_token": token}
+    return Claimed(status="reclaimed" if existing else "claimed", execution=execution_of(row), claim_token=token)
 
 
-def replay_completed(tx: Tx, row: Row, emit_event: bool) -> dict:
+def replay_completed(tx: Tx, row: Row, emit_event: bool) -> Claimed:
     if emit_event and not row["replay_emitted"]:
         lifecycle_event(tx, row["id"], row["channel_id"], "tool.replayed",
                         {"execution_id": row["id"], "key_name": row["key_name"], "tool_name": row["tool_name"]},
                         depends_on=row["completed_event_id"])
         tx.conn.execute("UPDATE executions SET replay_emitted = 1, updated_at = ? WHERE id = ?", (tx.ts, row["id"]))
         row = require_execution(tx.conn, row["id"])
-    return {"status": "replayed", "execution": execution_json(row), "result": load(row["result"])}
+    return Claimed(status="replayed", execution=execution_of(row), result=load(row["result"]))
 
 
 @dataclass(frozen=True)
@@ -3208,7 +3914,7 @@ def refuse_by_policy(tx: Tx, req: Claim, policy: str, reason: str) -> Refused:
     return Refused(Conflict("fork_tool_blocked", f"fork tool policy '{policy}' refused {req.tool_name} ({reason})"))
 
 
-def copy_inherited(tx: Tx, req: Claim, source: Row) -> dict:
+def copy_inherited(tx: Tx, req: Claim, source: Row) -> Claimed:
     """Replay an ancestor's completed effect onto the fork without running it (no tool.started).
 
     The copy counts as completed at the fork's first cursor: the effect is part of everything the
@@ -3224,7 +3930,7 @@ def copy_inherited(tx: Tx, req: Claim, source: Row) -> dict:
     return replay_completed(tx, require_execution(tx.conn, execution_id), req.emit_replay_event)
 
 
-def claim_on_fork(tx: Tx, req: Claim, hashed: str, channel: Row) -> Union[dict, Refused, None]:
+def claim_on_fork(tx: Tx, req: Claim, hashed: str, channel: Row) -> Union[Claimed, Refused, None]:
     """Apply the fork's tool policy to a first claim; None means 'run it live as usual'."""
     if (req.key_name, req.tool_name) == SESSION_FENCE:
         return None                     # AgentSession's writer lock, not a side effect
@@ -3244,7 +3950,7 @@ def claim_on_fork(tx: Tx, req: Claim, hashed: str, channel: Row) -> Union[dict, 
     return refuse_by_policy(tx, req, policy, "mismatch" if row is not None and row["request_hash"] != hashed else "miss")
 
 
-def claim_execution(tx: Tx, req: Claim) -> Union[dict, Refused]:
+def claim_execution(tx: Tx, req: Claim) -> Union[Claimed, Refused]:
     """POST /executions/claim: claimed | replayed | in_progress | reclaimed, or Refused on a fork."""
     ensure_channel(tx, req.channel_id)
     hashed = execution_identity(req.tool_name, req.params, req.dedup_fields)
@@ -3264,7 +3970,7 @@ def claim_execution(tx: Tx, req: Claim) -> Union[dict, Refused]:
     if row["status"] == "completed":
         return replay_completed(tx, row, req.emit_replay_event)
     if row["status"] == "running" and not lease_expired(row, tx.now):
-        return {"status": "in_progress", "execution": execution_json(row)}
+        return Claimed(status="in_progress", execution=execution_of(row))
     return start_attempt(tx, req, hashed, row)
 
 
@@ -3277,11 +3983,11 @@ def owned_execution(tx: Tx, execution_id: str, token: Optional[str]) -> Row:
 
 
 def finish_execution(tx: Tx, execution_id: str, token: Optional[str], status: str,
-                     result: Any = None, error: Any = None) -> dict:
+                     result: Any = None, error: Any = None) -> Execution:
     """Complete or fail a running execution; repeating the same terminal call returns it unchanged."""
     row = owned_execution(tx, execution_id, token)
     if row["status"] == status:
-        return execution_json(row)
+        return execution_of(row)
     if row["status"] != "running":
         raise Conflict("execution_not_owned", f"execution {execution_id} is {row['status']}, not running")
     event_type = "tool.completed" if status == "completed" else "tool.failed"
@@ -3292,21 +3998,21 @@ def finish_execution(tx: Tx, execution_id: str, token: Optional[str], status: st
     tx.conn.execute(
         "UPDATE executions SET status = ?, result = ?, error = ?, completed_cursor = ?, completed_event_id = ?,"
         " completed_at = ?, lease_until = NULL, updated_at = ? WHERE id = ?",
-        (status, dump(result), dump(error), event["cursor"], event["id"], tx.ts, tx.ts, execution_id))
-    return execution_json(require_execution(tx.conn, execution_id))
+        (status, dump(result), dump(error), event.cursor, event.id, tx.ts, tx.ts, execution_id))
+    return execution_of(require_execution(tx.conn, execution_id))
 
 
-def heartbeat_execution(tx: Tx, execution_id: str, token: Optional[str], lease_seconds: Optional[int]) -> dict:
+def heartbeat_execution(tx: Tx, execution_id: str, token: Optional[str], lease_seconds: Optional[int]) -> Execution:
     row = owned_execution(tx, execution_id, token)
     if row["status"] != "running":
         raise Conflict("execution_not_owned", f"execution {execution_id} is {row['status']}, not running")
     seconds = lease_seconds or row["lease_seconds"]
     tx.conn.execute("UPDATE executions SET lease_until = ?, lease_seconds = ?, updated_at = ? WHERE id = ?",
                     (iso(tx.now + timedelta(seconds=seconds)), seconds, tx.ts, execution_id))
-    return execution_json(require_execution(tx.conn, execution_id))
+    return execution_of(require_execution(tx.conn, execution_id))
 
 
-def cancel_execution(tx: Tx, execution_id: str, token: Optional[str]) -> dict:
+def cancel_execution(tx: Tx, execution_id: str, token: Optional[str]) -> Execution:
     """Release a claim (no lifecycle event); the next claim of the key takes it over.
 
     A running claim can only be released by its owner: otherwise a second worker could cancel the
@@ -3316,35 +4022,35 @@ def cancel_execution(tx: Tx, execution_id: str, token: Optional[str]) -> dict:
     must_own = row["status"] == "running"            # a live claim: only its token may release it
     if must_own or token is not None:                # any token that is given must be the current one
         row = owned_execution(tx, execution_id, token)
-    if row["status"] in ("running", "failed", "interrupted", "expired"):
+    if row["status"] in EXECUTION_RETRYABLE:
         tx.conn.execute("UPDATE executions SET status = 'cancelled', lease_until = NULL, updated_at = ? WHERE id = ?",
                         (tx.ts, execution_id))
-    return execution_json(require_execution(tx.conn, execution_id))
+    return execution_of(require_execution(tx.conn, execution_id))
 
 
-def list_executions(conn: Conn, channel_id: Optional[str], limit: int) -> list:
+def list_executions(conn: Conn, channel_id: Optional[str], limit: int) -> list[Execution]:
     if channel_id is None:
         rows = conn.execute("SELECT * FROM executions ORDER BY created_at DESC, id LIMIT ?", (limit,))
     else:
         rows = conn.execute("SELECT * FROM executions WHERE channel_id = ? ORDER BY created_at DESC, id LIMIT ?",
                             (channel_id, limit))
-    return [execution_json(r) for r in rows.fetchall()]
+    return [execution_of(r) for r in rows.fetchall()]
 
 
-def delete_execution(tx: Tx, execution_id: str) -> dict:
+def delete_execution(tx: Tx, execution_id: str) -> DeletedId:
     require_execution(tx.conn, execution_id)
     tx.conn.execute("DELETE FROM executions WHERE id = ?", (execution_id,))
-    return {"ok": True, "deleted": execution_id}
+    return DeletedId(deleted=execution_id)
 
 
 # =============================================================================
 # Domain: scheduled wake-ups
 # =============================================================================
 
-def wakeup_json(row: Row) -> dict:
-    return {"id": row["id"], "channel_id": row["channel_id"], "run_at": row["run_at"], "status": row["status"],
-            "payload": load(row["payload"]), "created_at": row["created_at"], "executed_at": row["executed_at"],
-            "attempts": row["attempts"], "error": row["error"]}
+def wakeup_of(row: Row) -> Wakeup:
+    return Wakeup(id=row["id"], channel_id=row["channel_id"], run_at=row["run_at"], status=row["status"],
+                  payload=load(row["payload"]), created_at=row["created_at"], executed_at=row["executed_at"],
+                  attempts=row["attempts"], error=row["error"])
 
 
 def require_wakeup(conn: Conn, wakeup_id: str) -> Row:
@@ -3352,25 +4058,25 @@ def require_wakeup(conn: Conn, wakeup_id: str) -> Row:
                           "SELECT * FROM wakeups WHERE id = ?", wakeup_id)
 
 
-def schedule_wakeup(tx: Tx, channel_id: str, run_at: str, payload: Optional[dict]) -> dict:
+def schedule_wakeup(tx: Tx, channel_id: str, run_at: str, payload: Optional[dict]) -> Wakeup:
     wakeup_id = str(uuid.uuid4())
     tx.conn.execute("INSERT INTO wakeups (id, channel_id, run_at, status, payload, created_at)"
                     " VALUES (?, ?, ?, 'pending', ?, ?)", (wakeup_id, channel_id, run_at, dump(payload), tx.ts))
-    return wakeup_json(require_wakeup(tx.conn, wakeup_id))
+    return wakeup_of(require_wakeup(tx.conn, wakeup_id))
 
 
-def list_wakeups(conn: Conn, channel_id: Optional[str], status: Optional[str]) -> list:
+def list_wakeups(conn: Conn, channel_id: Optional[str], status: Optional[str]) -> list[Wakeup]:
     where = Where().add_if(channel_id, "channel_id = ?").add_if(status, "status = ?")
     rows = conn.execute(f"SELECT * FROM wakeups{where} ORDER BY run_at, id LIMIT 1000", where.args)
-    return [wakeup_json(r) for r in rows.fetchall()]
+    return [wakeup_of(r) for r in rows.fetchall()]
 
 
-def cancel_wakeup(tx: Tx, wakeup_id: str) -> dict:
+def cancel_wakeup(tx: Tx, wakeup_id: str) -> WakeupCancelled:
     row = require_wakeup(tx.conn, wakeup_id)
     if row["status"] != "pending":
         raise Conflict("wakeup_not_pending", f"wake-up {wakeup_id} is {row['status']}; only a pending one can be cancelled")
     tx.conn.execute("UPDATE wakeups SET status = 'cancelled' WHERE id = ?", (wakeup_id,))
-    return {"ok": True, "wakeup": wakeup_json(require_wakeup(tx.conn, wakeup_id))}
+    return WakeupCancelled(wakeup=wakeup_of(require_wakeup(tx.conn, wakeup_id)))
 
 
 def fire_due_wakeups(tx: Tx) -> int:
@@ -3412,9 +4118,9 @@ def next_wakeup_at(conn: Conn) -> Optional[str]:
 # =============================================================================
 
 
-def consumer_group_json(row: Row) -> dict:
-    return {"group_id": row["id"], "channel_id": row["channel_id"], "created_at": row["created_at"],
-            "metadata": load(row["metadata"]), "committed_cursor": row["committed_cursor"]}
+def consumer_group_of(row: Row) -> ConsumerGroup:
+    return ConsumerGroup(group_id=row["id"], channel_id=row["channel_id"], created_at=row["created_at"],
+                         metadata=load(row["metadata"]), committed_cursor=row["committed_cursor"])
 
 
 def require_consumer_group(conn: Conn, group_id: str) -> Row:
@@ -3422,34 +4128,34 @@ def require_consumer_group(conn: Conn, group_id: str) -> Row:
                           "SELECT * FROM consumer_groups WHERE id = ?", group_id)
 
 
-def create_consumer_group(tx: Tx, group_id: str, channel_id: str, metadata: Optional[dict]) -> dict:
+def create_consumer_group(tx: Tx, group_id: str, channel_id: str, metadata: Optional[dict]) -> ConsumerGroup:
     existing = tx.conn.execute("SELECT * FROM consumer_groups WHERE id = ?", (group_id,)).fetchone()
     if existing is not None:
         if existing["channel_id"] != channel_id:
             raise Conflict("channel_conflict", f"consumer group {group_id} already reads {existing['channel_id']}")
-        return consumer_group_json(existing)
+        return consumer_group_of(existing)
     tx.conn.execute("INSERT INTO consumer_groups (id, channel_id, metadata, created_at) VALUES (?, ?, ?, ?)",
                     (group_id, channel_id, dump(metadata), tx.ts))
-    return consumer_group_json(require_consumer_group(tx.conn, group_id))
+    return consumer_group_of(require_consumer_group(tx.conn, group_id))
 
 
-def list_consumer_groups(conn: Conn, channel_id: Optional[str]) -> list:
+def list_consumer_groups(conn: Conn, channel_id: Optional[str]) -> list[ConsumerGroup]:
     rows = conn.execute("SELECT * FROM consumer_groups WHERE CAST(? AS TEXT) IS NULL OR channel_id = ? ORDER BY id",
                         (channel_id, channel_id))
-    return [consumer_group_json(r) for r in rows.fetchall()]
+    return [consumer_group_of(r) for r in rows.fetchall()]
 
 
-def delete_consumer_group(tx: Tx, group_id: str) -> dict:
+def delete_consumer_group(tx: Tx, group_id: str) -> DeletedId:
     require_consumer_group(tx.conn, group_id)
     tx.conn.execute("DELETE FROM group_consumers WHERE group_id = ?", (group_id,))
     tx.conn.execute("DELETE FROM consumer_groups WHERE id = ?", (group_id,))
-    return {"ok": True, "deleted": group_id}
+    return DeletedId(deleted=group_id)
 
 
-def offset_json(group: Row, consumer: Row) -> dict:
-    return {"group_id": group["id"], "consumer_id": consumer["consumer_id"], "last_cursor": consumer["last_acked_cursor"],
-            "claimed_cursor": consumer["claimed_cursor"], "lease_until": consumer["lease_until"],
-            "updated_at": consumer["updated_at"]}
+def offset_of(group: Row, consumer: Row) -> Offset:
+    return Offset(group_id=group["id"], consumer_id=consumer["consumer_id"], last_cursor=consumer["last_acked_cursor"],
+                  claimed_cursor=consumer["claimed_cursor"], lease_until=consumer["lease_until"],
+                  updated_at=consumer["updated_at"])
 
 
 def active_consumer(tx: Tx, group_id: str, consumer_id: str) -> Row:
@@ -3460,14 +4166,14 @@ def active_consumer(tx: Tx, group_id: str, consumer_id: str) -> Row:
     return row
 
 
-def join_group(tx: Tx, group_id: str, consumer_id: str, lease_seconds: int) -> dict:
+def join_group(tx: Tx, group_id: str, consumer_id: str, lease_seconds: int) -> Offset:
     group = require_consumer_group(tx.conn, group_id)
     lease_until = iso(tx.now + timedelta(seconds=lease_seconds))
     tx.conn.execute(
         "INSERT INTO group_consumers (group_id, consumer_id, lease_until, updated_at) VALUES (?, ?, ?, ?)"
         " ON CONFLICT (group_id, consumer_id) DO UPDATE SET lease_until = excluded.lease_until,"
         " updated_at = excluded.updated_at", (group_id, consumer_id, lease_until, tx.ts))
-    return offset_json(group, active_consumer(tx, group_id, consumer_id))
+    return offset_of(group, active_consumer(tx, group_id, consumer_id))
 
 
 def release_lapsed(tx: Tx, group: Row) -> None:
@@ -3493,7 +4199,7 @@ def first_unreserved(tx: Tx, group: Row) -> tuple:
     return start, None
 
 
-def claim_work(tx: Tx, group_id: str, consumer_id: str, limit: int) -> dict:
+def claim_work(tx: Tx, group_id: str, consumer_id: str, limit: int) -> Work:
     """Reserve the next events for this consumer (at-least-once, competing consumers).
 
     Each consumer holds at most one reservation, the cursor range (reserved_from, claimed_cursor].
@@ -3514,12 +4220,12 @@ def claim_work(tx: Tx, group_id: str, consumer_id: str, limit: int) -> dict:
     sql, args = "SELECT * FROM events WHERE channel_id = ? AND cursor > ?", [group["channel_id"], start]
     if stop is not None:
         sql, args = sql + " AND cursor <= ?", args + [stop]
-    events = [event_json(r) for r in tx.conn.execute(sql + " ORDER BY cursor LIMIT ?", (*args, limit))]
+    events = [event_of(r) for r in tx.conn.execute(sql + " ORDER BY cursor LIMIT ?", (*args, limit))]
     if events:
         tx.conn.execute("UPDATE group_consumers SET reserved_from = ?, claimed_cursor = ?, acked_cursor = ?,"
                         " updated_at = ? WHERE group_id = ? AND consumer_id = ?",
-                        (start, events[-1]["cursor"], start, tx.ts, group_id, consumer_id))
-    return {"group_id": group_id, "consumer_id": consumer_id, "events": events, "lease_until": consumer["lease_until"]}
+                        (start, events[-1].cursor, start, tx.ts, group_id, consumer_id))
+    return Work(group_id=group_id, consumer_id=consumer_id, events=events, lease_until=consumer["lease_until"])
 
 
 def advance_watermark(tx: Tx, group_id: str) -> None:
@@ -3537,7 +4243,7 @@ def advance_watermark(tx: Tx, group_id: str) -> None:
     tx.conn.execute("UPDATE consumer_groups SET committed_cursor = ? WHERE id = ?", (position, group_id))
 
 
-def ack_work(tx: Tx, group_id: str, consumer_id: str, cursor: int) -> dict:
+def ack_work(tx: Tx, group_id: str, consumer_id: str, cursor: int) -> Offset:
     """Mark this consumer's events up to `cursor` processed; the group watermark follows when it can."""
     require_consumer_group(tx.conn, group_id)
     consumer = active_consumer(tx, group_id, consumer_id)
@@ -3549,21 +4255,21 @@ def ack_work(tx: Tx, group_id: str, consumer_id: str, cursor: int) -> dict:
                     (max(consumer["acked_cursor"], cursor), max(consumer["last_acked_cursor"], cursor), tx.ts,
                      group_id, consumer_id))
     advance_watermark(tx, group_id)
-    return offset_json(require_consumer_group(tx.conn, group_id), active_consumer(tx, group_id, consumer_id))
+    return offset_of(require_consumer_group(tx.conn, group_id), active_consumer(tx, group_id, consumer_id))
 
 
-def heartbeat_consumer(tx: Tx, group_id: str, consumer_id: str, lease_seconds: int) -> dict:
+def heartbeat_consumer(tx: Tx, group_id: str, consumer_id: str, lease_seconds: int) -> Offset:
     group = require_consumer_group(tx.conn, group_id)
     active_consumer(tx, group_id, consumer_id)
     tx.conn.execute("UPDATE group_consumers SET lease_until = ?, updated_at = ? WHERE group_id = ? AND consumer_id = ?",
                     (iso(tx.now + timedelta(seconds=lease_seconds)), tx.ts, group_id, consumer_id))
-    return offset_json(group, active_consumer(tx, group_id, consumer_id))
+    return offset_of(group, active_consumer(tx, group_id, consumer_id))
 
 
-def group_offsets(conn: Conn, group_id: str) -> list:
+def group_offsets(conn: Conn, group_id: str) -> list[Offset]:
     group = require_consumer_group(conn, group_id)
     rows = conn.execute("SELECT * FROM group_consumers WHERE group_id = ? ORDER BY consumer_id", (group_id,))
-    return [offset_json(group, r) for r in rows.fetchall()]
+    return [offset_of(group, r) for r in rows.fetchall()]
 
 
 # =============================================================================
@@ -3571,28 +4277,28 @@ def group_offsets(conn: Conn, group_id: str) -> list:
 # =============================================================================
 
 
-def execution_group_json(row: Row) -> dict:
-    return {"group_id": row["id"], "status": row["status"], "metadata": load(row["metadata"]) or {},
-            "created_at": row["created_at"], "updated_at": row["updated_at"]}
+def execution_group_of(row: Row) -> ExecutionGroup:
+    return ExecutionGroup(group_id=row["id"], status=row["status"], metadata=load(row["metadata"]) or {},
+                          created_at=row["created_at"], updated_at=row["updated_at"])
 
 
-def member_json(row: Row) -> dict:
-    return {"group_id": row["group_id"], "member_id": row["member_id"], "channel_id": row["channel_id"],
-            "role": row["role"], "metadata": load(row["metadata"]) or {}, "owner_id": row["owner_id"],
-            "generation": row["generation"], "lease_until": row["lease_until"]}
+def member_of(row: Row) -> Member:
+    return Member(group_id=row["group_id"], member_id=row["member_id"], channel_id=row["channel_id"], role=row["role"],
+                  metadata=load(row["metadata"]) or {}, owner_id=row["owner_id"], generation=row["generation"],
+                  lease_until=row["lease_until"])
 
 
-def lease_json(row: Row) -> dict:
-    return {"group_id": row["group_id"], "member_id": row["member_id"], "owner_id": row["owner_id"],
-            "generation": row["generation"], "lease_until": row["lease_until"]}
+def lease_of(row: Row) -> MemberLease:
+    return MemberLease(group_id=row["group_id"], member_id=row["member_id"], owner_id=row["owner_id"],
+                 generation=row["generation"], lease_until=row["lease_until"])
 
 
-def message_json(row: Row) -> dict:
-    return {"message_id": row["id"], "group_id": row["group_id"], "from_member_id": row["from_member_id"],
-            "to_member_id": row["to_member_id"], "type": row["type"], "payload": load(row["payload"]),
-            "causal_context": load(row["causal_context"]), "source_event_id": row["source_event_id"],
-            "delivery_event_id": row["delivery_event_id"], "status": row["status"],
-            "acknowledged_at": row["acknowledged_at"], "created_at": row["created_at"]}
+def message_of(row: Row) -> Message:
+    return Message(message_id=row["id"], group_id=row["group_id"], from_member_id=row["from_member_id"],
+                   to_member_id=row["to_member_id"], type=row["type"], payload=load(row["payload"]),
+                   causal_context=load(row["causal_context"]), source_event_id=row["source_event_id"],
+                   delivery_event_id=row["delivery_event_id"], status=row["status"],
+                   acknowledged_at=row["acknowledged_at"], created_at=row["created_at"])
 
 
 def require_execution_group(conn: Conn, group_id: str) -> Row:
@@ -3606,24 +4312,24 @@ def require_member(conn: Conn, group_id: str, member_id: str) -> Row:
                           group_id, member_id)
 
 
-def list_execution_groups(conn: Conn) -> list:
-    return [execution_group_json(r) for r in conn.execute("SELECT * FROM execution_groups ORDER BY created_at, id")]
+def list_execution_groups(conn: Conn) -> list[ExecutionGroup]:
+    return [execution_group_of(r) for r in conn.execute("SELECT * FROM execution_groups ORDER BY created_at, id")]
 
 
-def list_group_members(conn: Conn, group_id: str) -> list:
+def list_group_members(conn: Conn, group_id: str) -> list[Member]:
     require_execution_group(conn, group_id)
     rows = conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? ORDER BY member_id", (group_id,))
-    return [member_json(r) for r in rows.fetchall()]
+    return [member_of(r) for r in rows.fetchall()]
 
 
-def create_execution_group(tx: Tx, group_id: str, metadata: Optional[dict], fork: Optional[dict] = None) -> dict:
+def create_execution_group(tx: Tx, group_id: str, metadata: Optional[dict], fork: Optional[dict] = None) -> ExecutionGroup:
     tx.conn.execute("INSERT INTO execution_groups (id, metadata, fork, created_at, updated_at) VALUES (?, ?, ?, ?, ?)"
                     " ON CONFLICT (id) DO NOTHING", (group_id, dump(metadata or {}), dump(fork), tx.ts, tx.ts))
-    return execution_group_json(require_execution_group(tx.conn, group_id))
+    return execution_group_of(require_execution_group(tx.conn, group_id))
 
 
 def add_group_member(tx: Tx, group_id: str, member_id: str, channel_id: str, role: Optional[str],
-                     metadata: Optional[dict]) -> dict:
+                     metadata: Optional[dict]) -> Member:
     require_execution_group(tx.conn, group_id)
     existing = tx.conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? AND member_id = ?",
                                (group_id, member_id)).fetchone()
@@ -3634,10 +4340,10 @@ def add_group_member(tx: Tx, group_id: str, member_id: str, channel_id: str, rol
         "INSERT INTO execution_group_members (group_id, member_id, channel_id, role, metadata, created_at)"
         " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (group_id, member_id) DO UPDATE SET role = excluded.role,"
         " metadata = excluded.metadata", (group_id, member_id, channel_id, role, dump(metadata or {}), tx.ts))
-    return member_json(require_member(tx.conn, group_id, member_id))
+    return member_of(require_member(tx.conn, group_id, member_id))
 
 
-def claim_member(tx: Tx, group_id: str, member_id: str, owner_id: str, lease_seconds: int) -> dict:
+def claim_member(tx: Tx, group_id: str, member_id: str, owner_id: str, lease_seconds: int) -> MemberLease:
     """Lease a member to one owner; every claim bumps the generation, so older leases go stale."""
     member = require_member(tx.conn, group_id, member_id)
     held = member["owner_id"] is not None and member["lease_until"] is not None and member["lease_until"] > tx.ts
@@ -3647,7 +4353,7 @@ def claim_member(tx: Tx, group_id: str, member_id: str, owner_id: str, lease_sec
     tx.conn.execute("UPDATE execution_group_members SET owner_id = ?, generation = generation + 1, lease_until = ?"
                     " WHERE group_id = ? AND member_id = ?",
                     (owner_id, iso(tx.now + timedelta(seconds=lease_seconds)), group_id, member_id))
-    return lease_json(require_member(tx.conn, group_id, member_id))
+    return lease_of(require_member(tx.conn, group_id, member_id))
 
 
 def current_lease(tx: Tx, group_id: str, member_id: str, owner_id: Any, generation: Any) -> Row:
@@ -3660,21 +4366,21 @@ def current_lease(tx: Tx, group_id: str, member_id: str, owner_id: Any, generati
 
 
 def heartbeat_member(tx: Tx, group_id: str, member_id: str, owner_id: str, generation: int,
-                     lease_seconds: int) -> dict:
+                     lease_seconds: int) -> MemberLease:
     current_lease(tx, group_id, member_id, owner_id, generation)
     tx.conn.execute("UPDATE execution_group_members SET lease_until = ? WHERE group_id = ? AND member_id = ?",
                     (iso(tx.now + timedelta(seconds=lease_seconds)), group_id, member_id))
-    return lease_json(require_member(tx.conn, group_id, member_id))
+    return lease_of(require_member(tx.conn, group_id, member_id))
 
 
-def release_member(tx: Tx, group_id: str, member_id: str, owner_id: str, generation: int) -> dict:
+def release_member(tx: Tx, group_id: str, member_id: str, owner_id: str, generation: int) -> Released:
     current_lease(tx, group_id, member_id, owner_id, generation)
     tx.conn.execute("UPDATE execution_group_members SET owner_id = NULL, lease_until = NULL"
                     " WHERE group_id = ? AND member_id = ?", (group_id, member_id))
-    return {"ok": True, "member": member_json(require_member(tx.conn, group_id, member_id))}
+    return Released(member=member_of(require_member(tx.conn, group_id, member_id)))
 
 
-def send_group_message(tx: Tx, group_id: str, req: SendMessage) -> dict:
+def send_group_message(tx: Tx, group_id: str, req: SendMessage) -> Message:
     """A source event on the sender's channel, `message.received` on the recipient's, one inbox row."""
     require_execution_group(tx.conn, group_id)
     hashed = request_hash({k: getattr(req, k) for k in ("from_member_id", "to_member_id", "type", "payload", "causal_context")})
@@ -3683,7 +4389,7 @@ def send_group_message(tx: Tx, group_id: str, req: SendMessage) -> dict:
                                   (group_id, req.operation_id)).fetchone()
         if earlier is not None:
             require_same_request(earlier["request_hash"], hashed, req.operation_id, "message")
-            return message_json(earlier)
+            return message_of(earlier)
     sender = require_member(tx.conn, group_id, req.from_member_id)
     recipient = require_member(tx.conn, group_id, req.to_member_id)
     message_id = str(uuid.uuid4())
@@ -3692,17 +4398,17 @@ def send_group_message(tx: Tx, group_id: str, req: SendMessage) -> dict:
             "causal_context": req.causal_context}
     source = append_event(tx, sender["channel_id"], "message.sent", body, actor=sender["member_id"])
     delivery = append_event(tx, recipient["channel_id"], "message.received", body, actor=sender["member_id"],
-                            depends_on=source["id"])
+                            depends_on=source.id)
     tx.conn.execute(
         "INSERT INTO group_messages (id, group_id, from_member_id, to_member_id, type, payload, causal_context,"
         " source_event_id, delivery_event_id, status, operation_id, request_hash, created_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'delivered', ?, ?, ?)",
         (message_id, group_id, sender["member_id"], recipient["member_id"], req.type, dump(req.payload),
-         dump(req.causal_context), source["id"], delivery["id"], req.operation_id, hashed, tx.ts))
-    return message_json(tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone())
+         dump(req.causal_context), source.id, delivery.id, req.operation_id, hashed, tx.ts))
+    return message_of(tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone())
 
 
-def member_inbox(conn: Conn, group_id: str, member_id: str, after: Optional[str], limit: int) -> list:
+def member_inbox(conn: Conn, group_id: str, member_id: str, after: Optional[str], limit: int) -> list[Message]:
     """Messages to a member, oldest first, strictly after the message `after` (a durable cursor)."""
     require_member(conn, group_id, member_id)
     after_seq = 0
@@ -3713,10 +4419,10 @@ def member_inbox(conn: Conn, group_id: str, member_id: str, after: Optional[str]
         after_seq = row["seq"]
     rows = conn.execute("SELECT * FROM group_messages WHERE group_id = ? AND to_member_id = ? AND seq > ?"
                         " ORDER BY seq LIMIT ?", (group_id, member_id, after_seq, limit))
-    return [message_json(r) for r in rows.fetchall()]
+    return [message_of(r) for r in rows.fetchall()]
 
 
-def acknowledge_message(tx: Tx, message_id: str, owner_id: str, generation: int) -> dict:
+def acknowledge_message(tx: Tx, message_id: str, owner_id: str, generation: int) -> Message:
     row = tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone()
     if row is None:
         raise NotFound(f"message {message_id} not found")
@@ -3724,10 +4430,10 @@ def acknowledge_message(tx: Tx, message_id: str, owner_id: str, generation: int)
     if row["status"] != "acknowledged":
         tx.conn.execute("UPDATE group_messages SET status = 'acknowledged', acknowledged_at = ? WHERE id = ?",
                         (tx.ts, message_id))
-    return message_json(tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone())
+    return message_of(tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone())
 
 
-def fork_execution_group(tx: Tx, req: ForkExecutionGroup) -> dict:
+def fork_execution_group(tx: Tx, req: ForkExecutionGroup) -> GroupFork:
     """Fork a whole group: the intervention member at its cursor, the others at their latest state
     (or shared as-is with policy "share"); one receipt, recovered as-is when asked again."""
     fork_id, source_id = req.fork_group_id, req.source_group_id
@@ -3738,7 +4444,7 @@ def fork_execution_group(tx: Tx, req: ForkExecutionGroup) -> dict:
         receipt = load(existing["fork"])
         if receipt is None or {k: receipt.get(k) for k in definition} != definition:
             raise Conflict("channel_conflict", f"execution group {fork_id} already exists with another definition")
-        return receipt
+        return group_fork_of(receipt)
     require_execution_group(tx.conn, source_id)
     members = tx.conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? ORDER BY member_id",
                               (source_id,)).fetchall()
@@ -3763,33 +4469,37 @@ def fork_execution_group(tx: Tx, req: ForkExecutionGroup) -> dict:
                 at_cursor=at, display_name=f"{fork_id}/{member['member_id']}",
                 reason=f"group fork {fork_id} of {source_id}", manifest={"group_fork": fork_id},
                 tool_policies=req.tool_policies or None))
-            channel_id = receipt["child_channel_id"]
+            channel_id = receipt.child_channel_id
         add_group_member(tx, fork_id, member["member_id"], channel_id, member["role"], load(member["metadata"]))
-        forked[member["member_id"]] = {"policy": policy, "source_channel_id": member["channel_id"],
-                                       "channel_id": channel_id, "receipt": receipt}
-    fork = {"fork_group_id": fork_id, **definition, "members": forked,
-            "promoted": [], "created_at": tx.ts}
+        forked[member["member_id"]] = ForkedMember(policy=policy, source_channel_id=member["channel_id"],
+                                                   channel_id=channel_id, receipt=receipt)
+    fork = GroupFork(fork_group_id=fork_id, **definition, members=forked, promoted=[], created_at=tx.ts)
     tx.conn.execute("UPDATE execution_groups SET fork = ? WHERE id = ?", (dump(fork), fork_id))
     return fork
 
 
-def require_group_fork(conn: Conn, fork_id: str) -> dict:
+def group_fork_of(stored: dict) -> GroupFork:
+    """A group fork's receipt as it was stored (the JSON of the first answer)."""
+    return msgspec.convert(stored, GroupFork)
+
+
+def require_group_fork(conn: Conn, fork_id: str) -> GroupFork:
     fork = load(require_execution_group(conn, fork_id)["fork"])
     if fork is None:
         raise NotFound(f"execution group {fork_id} is not a group fork")
-    return fork
+    return group_fork_of(fork)
 
 
-def promote_group_fork_member(tx: Tx, fork_id: str, member_id: str) -> dict:
+def promote_group_fork_member(tx: Tx, fork_id: str, member_id: str) -> GroupFork:
     fork = require_group_fork(tx.conn, fork_id)
-    member = fork["members"].get(member_id)
+    member = fork.members.get(member_id)
     if member is None:
         raise NotFound(f"member {member_id} of group fork {fork_id} not found")
-    if member["receipt"] is None:
+    if member.receipt is None:
         raise BadRequest(f"member {member_id} was shared, not forked: there is nothing to promote")
-    if member_id not in fork["promoted"]:
-        promote_channel(tx, member["channel_id"])
-        fork["promoted"].append(member_id)
+    if member_id not in fork.promoted:
+        promote_channel(tx, member.channel_id)
+        fork.promoted.append(member_id)
         tx.conn.execute("UPDATE execution_groups SET fork = ?, updated_at = ? WHERE id = ?",
                         (dump(fork), tx.ts, fork_id))
     return fork
@@ -3816,6 +4526,10 @@ def scopes_of(stored: Any) -> dict:
         value = msgspec.structs.asdict(value)
     value = value if isinstance(value, dict) else {}
     return {action: [p for p in value.get(action) or [] if isinstance(p, str)] for action in ACTIONS}
+
+
+def permissions_of(scopes: dict) -> Permissions:
+    return Permissions(**{action: list(scopes[action]) for action in ACTIONS})
 
 
 @dataclass(frozen=True)
@@ -3863,10 +4577,9 @@ class Principal:
         elif not self.can(action, channel_id):
             raise Forbidden(f"this credential may not {action} channel {channel_id}")
 
-    def capabilities(self) -> dict:
-        return {"permissions": {action: list(self.scopes[action]) for action in ACTIONS},
-                "auth_method": self.auth_method, "key_id": self.key_id, "key_source": self.source,
-                "expires_at": self.expires_at}
+    def capabilities(self) -> Capabilities:
+        return Capabilities(permissions=permissions_of(self.scopes), auth_method=self.auth_method, key_id=self.key_id,
+                            key_source=self.source, expires_at=self.expires_at)
 
 
 ENV_PRINCIPAL = Principal("env", ADMIN_SCOPES, "environment")
@@ -3880,11 +4593,14 @@ def key_hash(key: str) -> str:
     return sha256_hex(key)
 
 
-def key_json(row: Row) -> dict:
-    """A key as `key list` and the Keys page show it: never the key itself."""
-    return {"id": row["id"], "name": row["name"], "prefix": row["prefix"], "scopes": scopes_of(row["scopes"]),
-            "created_at": row["created_at"], "last_used_at": row["last_used_at"],
-            "expires_at": row["expires_at"], "revoked_at": row["revoked_at"]}
+def key_fields(row: Row) -> dict:
+    return {"id": row["id"], "name": row["name"], "prefix": row["prefix"], "scopes": permissions_of(scopes_of(row["scopes"])),
+            "created_at": row["created_at"], "last_used_at": row["last_used_at"], "expires_at": row["expires_at"],
+            "revoked_at": row["revoked_at"]}
+
+
+def key_of(row: Row) -> KeyInfo:
+    return KeyInfo(**key_fields(row))
 
 
 def key_principal(row: Row) -> Principal:
@@ -3905,25 +4621,25 @@ def require_key(conn: Conn, key_id: int) -> Row:
     return fetch_or_raise(conn, lambda: NotFound(f"key {key_id} not found"), "SELECT * FROM api_keys WHERE id = ?", key_id)
 
 
-def create_key(tx: Tx, name: str, scopes: Any, expires_in_days: Optional[float]) -> dict:
+def create_key(tx: Tx, name: str, scopes: Any, expires_in_days: Optional[float]) -> NewKey:
     """`key create`: the new key's listing plus, this once, the key itself."""
     expires_at = iso(tx.now + timedelta(days=expires_in_days)) if expires_in_days else None
     key_id, key = issue_key(tx, name=name, scopes=scopes_of(scopes), expires_at=expires_at)
-    return {**key_json(require_key(tx.conn, key_id)), "key": key}
+    return NewKey(**key_fields(require_key(tx.conn, key_id)), key=key)
 
 
-def list_keys(conn: Conn) -> list:
-    return [key_json(r) for r in conn.execute("SELECT * FROM api_keys WHERE revoked_at IS NULL ORDER BY id")]
+def list_keys(conn: Conn) -> list[KeyInfo]:
+    return [key_of(r) for r in conn.execute("SELECT * FROM api_keys WHERE revoked_at IS NULL ORDER BY id")]
 
 
-def revoke_key(tx: Tx, key_id: int) -> dict:
+def revoke_key(tx: Tx, key_id: int) -> KeyInfo:
     """End a key now, with the dashboard sessions and login tokens it opened; revoking twice is fine."""
     row = require_key(tx.conn, key_id)
     if row["revoked_at"] is None:
         tx.conn.execute("UPDATE api_keys SET revoked_at = ? WHERE id = ?", (tx.ts, key_id))
         tx.conn.execute("DELETE FROM sessions WHERE key_ref = ?", (row["key_hash"],))
         tx.conn.execute("DELETE FROM tokens WHERE key_id = ?", (key_id,))
-    return key_json(require_key(tx.conn, key_id))
+    return key_of(require_key(tx.conn, key_id))
 
 
 def rotate_key(tx: Tx) -> str:
@@ -3982,16 +4698,13 @@ def password_matches(stored: str, password: str) -> bool:
     return hmac.compare_digest(given, bytes.fromhex(digest))
 
 
-def user_json(row: Row) -> dict:
-    """The SDK's UserInfo."""
-    return {"id": row["id"], "email": row["email"], "email_verified": False, "name": row["name"], "image": None,
-            "created_at": row["created_at"]}
+def user_of(row: Row) -> UserInfo:
+    return UserInfo(id=row["id"], email=row["email"], name=row["name"], created_at=row["created_at"])
 
 
-def key_user_json(row: Row) -> dict:
+def key_user_of(row: Row) -> UserInfo:
     """A key exchanged for a token (api-key-login) answers as a user without an address."""
-    return {"id": f"key:{row['id']}", "email": None, "email_verified": False, "name": row["name"], "image": None,
-            "created_at": row["created_at"]}
+    return UserInfo(id=f"key:{row['id']}", email=None, name=row["name"], created_at=row["created_at"])
 
 
 def user_principal(row: Row, *, auth_method: str, expires_at: Optional[str] = None) -> Principal:
@@ -4020,13 +4733,13 @@ def create_user(tx: Tx, email: str, name: Optional[str], password_hash: str, sco
     return user_by_id(tx.conn, user_id)
 
 
-def grant_user(tx: Tx, email: str, scopes: dict) -> dict:
+def grant_user(tx: Tx, email: str, scopes: dict) -> GrantedUser:
     """`actae user grant`: replace an account's scopes; its live tokens carry the new ones at once."""
     row = user_by_email(tx.conn, email)
     if row is None:
         raise NotFound(f"no account for {email}")
     tx.conn.execute("UPDATE users SET scopes = ?, updated_at = ? WHERE id = ?", (dump(scopes_of(scopes)), tx.ts, row["id"]))
-    return {**user_json(row), "scopes": scopes_of(scopes)}
+    return GrantedUser(**msgspec.structs.asdict(user_of(row)), scopes=permissions_of(scopes_of(scopes)))
 
 
 def b64url(raw: bytes) -> str:
@@ -4081,22 +4794,22 @@ def token_identity(conn: Conn, jti: str, now: str) -> Optional[tuple]:
         return None
     if row["user_id"] is not None:
         user = user_by_id(conn, row["user_id"])
-        return (user_principal(user, auth_method="jwt", expires_at=row["expires_at"]), user_json(user)) if user else None
+        return (user_principal(user, auth_method="jwt", expires_at=row["expires_at"]), user_of(user)) if user else None
     key = conn.execute("SELECT * FROM api_keys WHERE id = ? AND revoked_at IS NULL AND (expires_at IS NULL"
                        " OR expires_at > ?)", (row["key_id"], now)).fetchone()
     if key is None:
         return None
     principal = Principal(f"key:{key['id']}", scopes_of(key["scopes"]), "token", "jwt",
                           expires_at=row["expires_at"], key_row=key["id"])
-    return principal, key_user_json(key)
+    return principal, key_user_of(key)
 
 
-def get_preferences(conn: Conn, owner: str) -> dict:
+def get_preferences(conn: Conn, owner: str) -> Preferences:
     row = conn.execute("SELECT * FROM preferences WHERE owner = ?", (owner,)).fetchone()
-    return {"preferences": load(row["document"]) if row else {}, "updated_at": row["updated_at"] if row else None}
+    return Preferences(preferences=load(row["document"]) if row else {}, updated_at=row["updated_at"] if row else None)
 
 
-def put_preferences(tx: Tx, owner: str, document: dict) -> dict:
+def put_preferences(tx: Tx, owner: str, document: dict) -> Preferences:
     """Replace the one preferences document of `owner`."""
     tx.conn.execute("INSERT INTO preferences (owner, document, updated_at) VALUES (?, ?, ?) ON CONFLICT (owner)"
                     " DO UPDATE SET document = excluded.document, updated_at = excluded.updated_at",
@@ -4661,17 +5374,17 @@ def insert_run(tx: Tx, run: RunRows) -> None:
 def check_imported_chain(conn: Conn, run: RunRows, file: ExportFile) -> None:
     """The imported channel's chain, with the history it inherits, verifies and ends at its chain_head."""
     verdict = verify_chain(conn, run.channel.id)
-    if not verdict["ok"]:
-        broken, cursor = verdict["first_broken_channel_id"], verdict["first_broken_cursor"]
+    if not verdict.ok:
+        broken, cursor = verdict.first_broken_channel_id, verdict.first_broken_cursor
         number = file.run_of(broken).lines.get(("event", cursor), run.line)
         raise BadRequest(f"line {number}: the event chain of {broken} breaks at cursor {cursor} (the line was "
                          "changed after export); nothing was imported")
-    if verdict["head"] != run.channel.chain_head:
+    if verdict.head != run.channel.chain_head:
         raise BadRequest(f"line {run.line}: chain_head of channel {run.channel.id} is not the hash of its last "
                          "event; nothing was imported")
 
 
-def import_runs(tx: Tx, file: ExportFile) -> dict:
+def import_runs(tx: Tx, file: ExportFile) -> Imported:
     """POST /import and `actae import`: the file's new channels, all in this one transaction.
 
     A channel already here with the same rows is left as it is (importing a file twice changes
@@ -4685,10 +5398,10 @@ def import_runs(tx: Tx, file: ExportFile) -> dict:
     for run in new:
         check_imported_chain(tx.conn, run, file)
     fresh = {run.channel.id for run in new}
-    return {"ok": True, "imported": [run.channel.id for run in new],
-            "unchanged": [c for c in file.channel_ids if c not in fresh],
-            "rows": {"events": sum(len(r.events) for r in new), "states": sum(len(r.states) for r in new),
-                     "executions": sum(len(r.executions) for r in new)}}
+    return Imported(imported=[run.channel.id for run in new],
+                    unchanged=[c for c in file.channel_ids if c not in fresh],
+                    rows=ImportRows(events=sum(len(r.events) for r in new), states=sum(len(r.states) for r in new),
+                                    executions=sum(len(r.executions) for r in new)))
 
 
 # --- over HTTP and from the command line -----------------------------------------------------------
@@ -4703,7 +5416,7 @@ async def api_channels_export(request: Request, path, query: ExportQuery) -> Res
                     headers={"content-disposition": f'attachment; filename="{path.channel_id}.jsonl"'})
 
 
-async def api_import(request: Request, body: ExportFile) -> dict:
+async def api_import(request: Request, body: ExportFile) -> Imported:
     """Import the runs of an export file: every channel in it, or nothing (already-present ones unchanged)."""
     return await db_of(request).write(import_runs, body)
 
@@ -4730,12 +5443,12 @@ def import_command(args: argparse.Namespace, location: Location) -> int:
     except ActaeError as exc:
         raise SystemExit(f"actae: {exc.message}")
     if args.json:
-        print(json.dumps(answer, indent=2))
+        print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
         return 0
-    rows = answer["rows"]
-    print(f"Imported {len(answer['imported'])} channel(s): {', '.join(answer['imported']) or '-'} "
-          f"({rows['events']} events, {rows['states']} states, {rows['executions']} ledger rows)")
-    print(f"Already here, unchanged: {', '.join(answer['unchanged']) or '-'}")
+    rows = answer.rows
+    print(f"Imported {len(answer.imported)} channel(s): {', '.join(answer.imported) or '-'} "
+          f"({rows.events} events, {rows.states} states, {rows.executions} ledger rows)")
+    print(f"Already here, unchanged: {', '.join(answer.unchanged) or '-'}")
     return 0
 
 
@@ -4771,295 +5484,295 @@ def same_channel(body_channel: Optional[str], path_channel: str) -> None:
         raise BadRequest(f"body channel_id {body_channel!r} differs from the path's {path_channel!r}")
 
 
-async def api_events_record(request: Request, body: RecordEvent) -> dict:
-    return {"event": await db_of(request).write(record_event, body)}
+async def api_events_record(request: Request, body: RecordEvent) -> EventAnswer:
+    return EventAnswer(event=await db_of(request).write(record_event, body))
 
 
-async def api_events_replay(request: Request, path, query: ReplayQuery) -> dict:
+async def api_events_replay(request: Request, path, query: ReplayQuery) -> Events:
     events = await db_of(request).read(replay_events, path.channel_id, query.cursor, query.limit, query.event_type)
-    return {"events": events}
+    return Events(events=events)
 
 
-async def api_events_query(request: Request, body: EventQuery) -> dict:
-    return {"events": await db_of(request).read(query_events, body)}
+async def api_events_query(request: Request, body: EventQuery) -> Events:
+    return Events(events=await db_of(request).read(query_events, body))
 
 
-async def api_events_cursor(request: Request, path) -> dict:
-    return {"latest_cursor": await db_of(request).read(latest_cursor, path.channel_id)}
+async def api_events_cursor(request: Request, path) -> LatestCursor:
+    return LatestCursor(latest_cursor=await db_of(request).read(latest_cursor, path.channel_id))
 
 
-async def api_events_transition(request: Request, body: Transition) -> dict:
+async def api_events_transition(request: Request, body: Transition) -> TransitionAnswer:
     return await db_of(request).write(transition, body)
 
 
-async def api_events_causal_graph(request: Request, path, query: CausalQuery) -> dict:
+async def api_events_causal_graph(request: Request, path, query: CausalQuery) -> CausalGraph:
     return await db_of(request).read(causal_graph, path.event_id, query.max_nodes)
 
 
-async def api_state_save(request: Request, path, body: SaveState) -> dict:
+async def api_state_save(request: Request, path, body: SaveState) -> SavedState:
     same_channel(body.channel_id, path.channel_id)
-    return {"version": await db_of(request).write(save_state, path.channel_id, body)}
+    return SavedState(version=await db_of(request).write(save_state, path.channel_id, body))
 
 
-async def api_state_latest(request: Request, path) -> dict:
-    return state_json(await db_of(request).read(state_row_at, path.channel_id, None))
+async def api_state_latest(request: Request, path) -> StateAnswer:
+    return state_of(await db_of(request).read(state_row_at, path.channel_id, None))
 
 
-async def api_state_versions(request: Request, path, query: PageQuery) -> dict:
-    return {"versions": await db_of(request).read(list_states, path.channel_id, query.limit, query.offset)}
+async def api_state_versions(request: Request, path, query: PageQuery) -> StateVersions:
+    return StateVersions(versions=await db_of(request).read(list_states, path.channel_id, query.limit, query.offset))
 
 
-async def api_state_version(request: Request, path) -> dict:
+async def api_state_version(request: Request, path) -> StateAnswer:
     return await db_of(request).read(get_state_version, path.channel_id, path.version)
 
 
-async def api_state_delete(request: Request, path) -> dict:
+async def api_state_delete(request: Request, path) -> DeletedCount:
     return await db_of(request).write(delete_state_version, path.channel_id, path.version)
 
 
-async def api_channels_list(request: Request) -> dict:
+async def api_channels_list(request: Request) -> ChannelIds:
     """List the channels this credential may read."""
     principal = request.state.principal
     channels = await db_of(request).read(list_channels)
-    return {"channels": channels if principal.can_everywhere("read") else
-            [c for c in channels if principal.can("read", c)]}
+    return ChannelIds(channels=channels if principal.can_everywhere("read") else
+                      [c for c in channels if principal.can("read", c)])
 
 
-async def api_channels_metadata(request: Request, path) -> dict:
+async def api_channels_metadata(request: Request, path) -> ChannelMetadata:
     return await db_of(request).read(get_metadata, path.channel_id)
 
 
-async def api_channels_metadata_put(request: Request, path, body: PutMetadata) -> dict:
+async def api_channels_metadata_put(request: Request, path, body: PutMetadata) -> ChannelMetadata:
     same_channel(body.channel_id, path.channel_id)
     return await db_of(request).write(put_metadata, path.channel_id, body)
 
 
-async def api_channels_forks(request: Request, path) -> dict:
-    return {"forks": await db_of(request).read(list_forks, path.channel_id)}
+async def api_channels_forks(request: Request, path) -> Forks:
+    return Forks(forks=await db_of(request).read(list_forks, path.channel_id))
 
 
-async def api_channels_step(request: Request, path) -> dict:
+async def api_channels_step(request: Request, path) -> StepLocation:
     return await db_of(request).read(resolve_step, path.channel_id, path.step_number)
 
 
-async def api_channels_steps(request: Request, path) -> dict:
-    return {"channel_id": path.channel_id,
-            "last_step_number": await db_of(request).read(last_step_number, path.channel_id)}
+async def api_channels_steps(request: Request, path) -> LastStep:
+    return LastStep(channel_id=path.channel_id,
+                    last_step_number=await db_of(request).read(last_step_number, path.channel_id))
 
 
-async def api_channels_fork(request: Request, body: Fork) -> dict:
+async def api_channels_fork(request: Request, body: Fork) -> Receipt:
     return await db_of(request).write(fork_channel, body)
 
 
-async def api_channels_receipt(request: Request, path) -> dict:
+async def api_channels_receipt(request: Request, path) -> Receipt:
     return await db_of(request).read(get_receipt, path.channel_id)
 
 
-async def api_channels_fork_tree(request: Request, path) -> dict:
+async def api_channels_fork_tree(request: Request, path) -> ForkTree:
     return await db_of(request).read(fork_tree, path.channel_id)
 
 
-async def api_channels_diff(request: Request, query: PairQuery) -> dict:
+async def api_channels_diff(request: Request, query: PairQuery) -> ChannelDiff:
     return await db_of(request).read(diff_channels, query.left, query.right)
 
 
-async def api_channels_compare(request: Request, query: PairQuery) -> dict:
+async def api_channels_compare(request: Request, query: PairQuery) -> Comparison:
     return await db_of(request).read(compare_channels, query.left, query.right)
 
 
-async def api_channels_trail(request: Request, path) -> dict:
+async def api_channels_trail(request: Request, path) -> Trail:
     return await db_of(request).read(decision_trail, path.channel_id)
 
 
-async def api_channels_outcome(request: Request, path, body: SetOutcome) -> dict:
+async def api_channels_outcome(request: Request, path, body: SetOutcome) -> OutcomeAnswer:
     return await db_of(request).write(set_outcome, path.channel_id, body.outcome, body.score)
 
 
-async def api_channels_promote(request: Request, path, body: Empty) -> dict:
+async def api_channels_promote(request: Request, path, body: Empty) -> Promotion:
     return await db_of(request).write(promote_channel, path.channel_id)
 
 
-async def api_channels_delete(request: Request, path, query: DeleteQuery) -> dict:
+async def api_channels_delete(request: Request, path, query: DeleteQuery) -> DeletedChannels:
     return await db_of(request).write(delete_channel, path.channel_id, query.recursive)
 
 
-async def api_channels_close(request: Request, path, body: Empty) -> dict:
+async def api_channels_close(request: Request, path, body: Empty) -> Closed:
     """Close a run: it refuses new events and states (409 channel_closed); reads, forks and diffs go on."""
     return await db_of(request).write(close_channel, path.channel_id, request.state.principal.actor)
 
 
-async def api_events_verify(request: Request, path) -> dict:
+async def api_events_verify(request: Request, path) -> ChainCheck:
     """Recompute a run's hash chain (with the history it inherited) and name the first broken cursor."""
     return await db_of(request).read(verify_chain, path.channel_id)
 
 
-async def api_experiments_create(request: Request, body: CreateExperiment) -> dict:
+async def api_experiments_create(request: Request, body: CreateExperiment) -> Experiment:
     return await db_of(request).write(create_experiment, body.name, body.description, body.baseline_channel_id)
 
 
-async def api_experiments_list(request: Request) -> dict:
-    return {"experiments": await db_of(request).read(list_experiments)}
+async def api_experiments_list(request: Request) -> Experiments:
+    return Experiments(experiments=await db_of(request).read(list_experiments))
 
 
-async def api_experiments_get(request: Request, path) -> dict:
+async def api_experiments_get(request: Request, path) -> Experiment:
     return await db_of(request).read(get_experiment, path.group_id)
 
 
-async def api_experiments_member(request: Request, path, body: AddExperimentMember) -> dict:
+async def api_experiments_member(request: Request, path, body: AddExperimentMember) -> Experiment:
     return await db_of(request).write(add_experiment_member, path.group_id, body.channel_id,
                                       body.role or "variant", body.declared_delta)
 
 
-async def api_experiments_rank(request: Request, path) -> dict:
+async def api_experiments_rank(request: Request, path) -> RankedExperiment:
     return await db_of(request).read(rank_experiment, path.group_id)
 
 
-async def api_executions_claim(request: Request, body: Claim) -> dict:
+async def api_executions_claim(request: Request, body: Claim) -> Claimed:
     outcome = await db_of(request).write(claim_execution, body)
     if isinstance(outcome, Refused):
         raise outcome.error
     return outcome
 
 
-async def api_executions_complete(request: Request, path, body: Complete) -> dict:
+async def api_executions_complete(request: Request, path, body: Complete) -> ExecutionAnswer:
     execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "completed",
                                            body.result)
-    return {"execution": execution}
+    return ExecutionAnswer(execution=execution)
 
 
-async def api_executions_fail(request: Request, path, body: Fail) -> dict:
+async def api_executions_fail(request: Request, path, body: Fail) -> ExecutionAnswer:
     error = {"message": body.message or "", "error_type": body.error_type, "stack": body.stack}
     execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "failed",
                                            None, error)
-    return {"execution": execution}
+    return ExecutionAnswer(execution=execution)
 
 
-async def api_executions_heartbeat(request: Request, path, body: Heartbeat) -> dict:
+async def api_executions_heartbeat(request: Request, path, body: Heartbeat) -> ExecutionAnswer:
     execution = await db_of(request).write(heartbeat_execution, path.execution_id, body.claim_token,
                                            body.lease_seconds)
-    return {"execution": execution}
+    return ExecutionAnswer(execution=execution)
 
 
-async def api_executions_cancel(request: Request, path, body: ClaimToken) -> dict:
-    return {"execution": await db_of(request).write(cancel_execution, path.execution_id, body.claim_token)}
+async def api_executions_cancel(request: Request, path, body: ClaimToken) -> ExecutionAnswer:
+    return ExecutionAnswer(execution=await db_of(request).write(cancel_execution, path.execution_id, body.claim_token))
 
 
-async def api_executions_get(request: Request, path) -> dict:
-    return {"execution": execution_json(await db_of(request).read(require_execution, path.execution_id))}
+async def api_executions_get(request: Request, path) -> ExecutionAnswer:
+    return ExecutionAnswer(execution=execution_of(await db_of(request).read(require_execution, path.execution_id)))
 
 
-async def api_executions_list(request: Request, query: ExecutionsQuery) -> dict:
-    return {"executions": await db_of(request).read(list_executions, query.channel_id, query.limit)}
+async def api_executions_list(request: Request, query: ExecutionsQuery) -> Executions:
+    return Executions(executions=await db_of(request).read(list_executions, query.channel_id, query.limit))
 
 
-async def api_executions_delete(request: Request, path) -> dict:
+async def api_executions_delete(request: Request, path) -> DeletedId:
     return await db_of(request).write(delete_execution, path.execution_id)
 
 
-async def api_wakeups_schedule(request: Request, body: ScheduleWakeup) -> dict:
+async def api_wakeups_schedule(request: Request, body: ScheduleWakeup) -> Wakeup:
     wakeup = await db_of(request).write(schedule_wakeup, body.channel_id, iso(body.run_at), body.payload)
     request.app.state.scheduler.nudge()
     return wakeup
 
 
-async def api_wakeups_list(request: Request, query: WakeupsQuery) -> dict:
-    return {"wakeups": await db_of(request).read(list_wakeups, query.channel_id, query.status)}
+async def api_wakeups_list(request: Request, query: WakeupsQuery) -> Wakeups:
+    return Wakeups(wakeups=await db_of(request).read(list_wakeups, query.channel_id, query.status))
 
 
-async def api_wakeups_get(request: Request, path) -> dict:
-    return wakeup_json(await db_of(request).read(require_wakeup, path.wakeup_id))
+async def api_wakeups_get(request: Request, path) -> Wakeup:
+    return wakeup_of(await db_of(request).read(require_wakeup, path.wakeup_id))
 
 
-async def api_wakeups_cancel(request: Request, path) -> dict:
+async def api_wakeups_cancel(request: Request, path) -> WakeupCancelled:
     return await db_of(request).write(cancel_wakeup, path.wakeup_id)
 
 
-async def api_groups_create(request: Request, body: CreateConsumerGroup) -> dict:
+async def api_groups_create(request: Request, body: CreateConsumerGroup) -> ConsumerGroup:
     return await db_of(request).write(create_consumer_group, body.group_id, body.channel_id, body.metadata)
 
 
-async def api_groups_list(request: Request, query: ChannelFilter) -> dict:
-    return {"groups": await db_of(request).read(list_consumer_groups, query.channel_id)}
+async def api_groups_list(request: Request, query: ChannelFilter) -> ConsumerGroups:
+    return ConsumerGroups(groups=await db_of(request).read(list_consumer_groups, query.channel_id))
 
 
-async def api_groups_delete(request: Request, path) -> dict:
+async def api_groups_delete(request: Request, path) -> DeletedId:
     return await db_of(request).write(delete_consumer_group, path.group_id)
 
 
-async def api_groups_join(request: Request, path, body: Consumer) -> dict:
+async def api_groups_join(request: Request, path, body: Consumer) -> Offset:
     return await db_of(request).write(join_group, path.group_id, body.consumer_id, body.lease_seconds)
 
 
-async def api_groups_work(request: Request, path, body: ClaimWork) -> dict:
+async def api_groups_work(request: Request, path, body: ClaimWork) -> Work:
     return await db_of(request).write(claim_work, path.group_id, body.consumer_id, body.limit)
 
 
-async def api_groups_ack(request: Request, path, body: AckWork) -> dict:
+async def api_groups_ack(request: Request, path, body: AckWork) -> Offset:
     return await db_of(request).write(ack_work, path.group_id, body.consumer_id, body.cursor)
 
 
-async def api_groups_heartbeat(request: Request, path, body: Consumer) -> dict:
+async def api_groups_heartbeat(request: Request, path, body: Consumer) -> Offset:
     return await db_of(request).write(heartbeat_consumer, path.group_id, body.consumer_id, body.lease_seconds)
 
 
-async def api_groups_offsets(request: Request, path) -> dict:
-    return {"offsets": await db_of(request).read(group_offsets, path.group_id)}
+async def api_groups_offsets(request: Request, path) -> Offsets:
+    return Offsets(offsets=await db_of(request).read(group_offsets, path.group_id))
 
 
-async def api_execution_groups_create(request: Request, body: CreateExecutionGroup) -> dict:
+async def api_execution_groups_create(request: Request, body: CreateExecutionGroup) -> ExecutionGroup:
     return await db_of(request).write(create_execution_group, body.group_id, body.metadata)
 
 
-async def api_execution_groups_list(request: Request) -> dict:
-    return {"groups": await db_of(request).read(list_execution_groups)}
+async def api_execution_groups_list(request: Request) -> ExecutionGroups:
+    return ExecutionGroups(groups=await db_of(request).read(list_execution_groups))
 
 
-async def api_execution_groups_add_member(request: Request, path, body: AddGroupMember) -> dict:
+async def api_execution_groups_add_member(request: Request, path, body: AddGroupMember) -> Member:
     return await db_of(request).write(add_group_member, path.group_id, body.member_id, body.channel_id,
                                       body.role, body.metadata)
 
 
-async def api_execution_groups_members(request: Request, path) -> dict:
-    return {"members": await db_of(request).read(list_group_members, path.group_id)}
+async def api_execution_groups_members(request: Request, path) -> Members:
+    return Members(members=await db_of(request).read(list_group_members, path.group_id))
 
 
-async def api_execution_groups_claim(request: Request, path, body: LeaseClaim) -> dict:
+async def api_execution_groups_claim(request: Request, path, body: LeaseClaim) -> MemberLease:
     return await db_of(request).write(claim_member, path.group_id, path.member_id, body.owner_id, body.lease_seconds)
 
 
-async def api_execution_groups_heartbeat(request: Request, path, body: LeaseHolder) -> dict:
+async def api_execution_groups_heartbeat(request: Request, path, body: LeaseHolder) -> MemberLease:
     return await db_of(request).write(heartbeat_member, path.group_id, path.member_id, body.owner_id,
                                       body.generation, body.lease_seconds)
 
 
-async def api_execution_groups_release(request: Request, path, body: LeaseHolder) -> dict:
+async def api_execution_groups_release(request: Request, path, body: LeaseHolder) -> Released:
     return await db_of(request).write(release_member, path.group_id, path.member_id, body.owner_id,
                                       body.generation)
 
 
-async def api_execution_groups_send(request: Request, path, body: SendMessage) -> dict:
+async def api_execution_groups_send(request: Request, path, body: SendMessage) -> Message:
     return await db_of(request).write(send_group_message, path.group_id, body)
 
 
-async def api_execution_groups_inbox(request: Request, path, query: InboxQuery) -> dict:
+async def api_execution_groups_inbox(request: Request, path, query: InboxQuery) -> Messages:
     messages = await db_of(request).read(member_inbox, path.group_id, path.member_id, query.after, query.limit)
-    return {"messages": messages}
+    return Messages(messages=messages)
 
 
-async def api_execution_group_messages_ack(request: Request, path, body: LeaseHolder) -> dict:
+async def api_execution_group_messages_ack(request: Request, path, body: LeaseHolder) -> Message:
     return await db_of(request).write(acknowledge_message, path.message_id, body.owner_id, body.generation)
 
 
-async def api_execution_group_forks_create(request: Request, body: ForkExecutionGroup) -> dict:
-    return {"fork": await db_of(request).write(fork_execution_group, body)}
+async def api_execution_group_forks_create(request: Request, body: ForkExecutionGroup) -> GroupForkAnswer:
+    return GroupForkAnswer(fork=await db_of(request).write(fork_execution_group, body))
 
 
-async def api_execution_group_forks_get(request: Request, path) -> dict:
-    return {"fork": await db_of(request).read(require_group_fork, path.fork_group_id)}
+async def api_execution_group_forks_get(request: Request, path) -> GroupForkAnswer:
+    return GroupForkAnswer(fork=await db_of(request).read(require_group_fork, path.fork_group_id))
 
 
-async def api_execution_group_forks_promote(request: Request, path, body: Empty) -> dict:
-    return {"fork": await db_of(request).write(promote_group_fork_member, path.fork_group_id, path.member_id)}
+async def api_execution_group_forks_promote(request: Request, path, body: Empty) -> GroupForkAnswer:
+    return GroupForkAnswer(fork=await db_of(request).write(promote_group_fork_member, path.fork_group_id, path.member_id))
 
 
 # --- health, metrics, capabilities ------------------------------------------------
@@ -5073,34 +5786,30 @@ async def database_ready(db: Database) -> bool:
         return False
 
 
-def health_body(request: Request, started: float, extra: dict) -> dict:
-    return {"status": extra.pop("_status"), "timestamp": iso(utc_now()), "instance_id": request.app.state.instance_id,
-            "check_duration_ms": int((time.perf_counter() - started) * 1000), **extra}
+def health_of(request: Request, started: float, status: str, **parts) -> Health:
+    return Health(status=status, timestamp=iso(utc_now()), instance_id=request.app.state.instance_id,
+                  check_duration_ms=int((time.perf_counter() - started) * 1000), **parts)
 
 
-async def healthz(request: Request) -> dict:
+async def healthz(request: Request) -> Health:
     started = time.perf_counter()
     ok = await database_ready(db_of(request))
     hub = request.app.state.hub
-    return health_body(request, started, {
-        "_status": "ok" if ok else "degraded", "version": __version__,
-        "components": {"database": {"status": "ok" if ok else "error"},
-                       "websocket": {"status": "ok", "connections": len(hub.connections)}},
-    })
+    return health_of(request, started, "ok" if ok else "degraded", version=__version__, components=Components(
+        database=ComponentStatus(status="ok" if ok else "error"),
+        websocket=ComponentStatus(status="ok", connections=len(hub.connections))))
 
 
-async def readyz(request: Request) -> dict:
+async def readyz(request: Request) -> Health:
     # 200 with readiness in the body: the SDK raises on 503, and users should be able to read why.
     started = time.perf_counter()
     ok = await database_ready(db_of(request))
     hub, limit = request.app.state.hub, request.app.state.settings.max_connections
-    return health_body(request, started, {
-        "_status": "ok" if ok else "unavailable",
-        "readiness_checks": {"database_ready": ok, "capacity_available": len(hub.connections) < limit,
-                             "uptime_seconds": int(time.monotonic() - request.app.state.started),
-                             "connection_utilization": len(hub.connections) / limit,
-                             "active_connections": len(hub.connections), "max_connections": limit},
-    })
+    return health_of(request, started, "ok" if ok else "unavailable", readiness_checks=ReadinessChecks(
+        database_ready=ok, capacity_available=len(hub.connections) < limit,
+        uptime_seconds=int(time.monotonic() - request.app.state.started),
+        connection_utilization=len(hub.connections) / limit, active_connections=len(hub.connections),
+        max_connections=limit))
 
 
 def metric_values(app) -> dict:
@@ -5124,20 +5833,19 @@ async def metrics_text(request: Request) -> Response:
     return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
 
 
-async def metrics_json(request: Request) -> dict:
+async def metrics_json(request: Request) -> MetricsJson:
     hub, values = request.app.state.hub, metric_values(request.app)
-    return {
-        "status": "ok", "timestamp": iso(utc_now()), "uptime_seconds": values["actae_uptime_seconds"],
-        "websocket": {"connections": len(hub.connections), "topics": len(hub.topics),
-                      "messages_sent": hub.messages_sent, "messages_received": hub.messages_received,
-                      "total_messages": hub.messages_sent + hub.messages_received,
-                      "back_pressure": {"queue_limit": WS_QUEUE_MAX, "dropped_connections": hub.dropped}},
-        "database": {"write_batches": values["actae_write_batches_total"],
-                     "write_jobs": values["actae_write_jobs_total"]},
-    }
+    return MetricsJson(
+        status="ok", timestamp=iso(utc_now()), uptime_seconds=values["actae_uptime_seconds"],
+        websocket=WebSocketFigures(connections=len(hub.connections), topics=len(hub.topics),
+                                   messages_sent=hub.messages_sent, messages_received=hub.messages_received,
+                                   total_messages=hub.messages_sent + hub.messages_received,
+                                   back_pressure=BackPressure(queue_limit=WS_QUEUE_MAX, dropped_connections=hub.dropped)),
+        database=DatabaseFigures(write_batches=values["actae_write_batches_total"],
+                                 write_jobs=values["actae_write_jobs_total"]))
 
 
-async def api_auth_capabilities(request: Request) -> dict:
+async def api_auth_capabilities(request: Request) -> Capabilities:
     """The caller's true scopes and expiry, in the grammar the SDK's can_read/can_write evaluate."""
     return request.state.principal.capabilities()
 
@@ -5146,13 +5854,13 @@ INSTANCE_FEATURES = ["events", "state", "forks", "ledger", "scheduler", "consume
                      "experiments", "websocket", "scoped_keys", "accounts", "event_chain", "close"]
 
 
-async def api_instance(request: Request) -> dict:
+async def api_instance(request: Request) -> Instance:
     """This server: version, instance id, storage backend, start time and features."""
     state = request.app.state
-    return {"version": __version__, "api_version": "v1", "instance_id": state.instance_id,
-            "backend": state.db.location.backend,
-            "started_at": state.started_at, "uptime_seconds": int(time.monotonic() - state.started),
-            "features": INSTANCE_FEATURES, "open_signup": state.settings.open_signup}
+    return Instance(version=__version__, api_version="v1", instance_id=state.instance_id,
+                    backend=state.db.location.backend, started_at=state.started_at,
+                    uptime_seconds=int(time.monotonic() - state.started), features=INSTANCE_FEATURES,
+                    open_signup=state.settings.open_signup)
 
 
 # --- accounts, login tokens, preferences, keys ------------------------------------------------
@@ -5173,7 +5881,7 @@ async def issue_token(request: Request, *, user_id: Optional[str] = None, key_ro
     return token
 
 
-async def api_auth_signup(request: Request, body: Signup) -> dict:
+async def api_auth_signup(request: Request, body: Signup) -> LoggedIn:
     """Create an account (an admin key is needed unless the server runs with --open-signup)."""
     principal = request.state.principal
     if not request.app.state.settings.open_signup:
@@ -5185,7 +5893,7 @@ async def api_auth_signup(request: Request, body: Signup) -> dict:
         raise Forbidden("only an admin key may grant scopes to an account")
     password_hash = await asyncio.to_thread(hash_password, body.password)
     user = await db_of(request).write(create_user, body.email, body.name, password_hash, scopes_of(body.scopes))
-    return {"user": user_json(user), "token": await issue_token(request, user_id=user["id"])}
+    return LoggedIn(user=user_of(user), token=await issue_token(request, user_id=user["id"]))
 
 
 async def verified_user(request: Request, email: str, password: str) -> Optional[Row]:
@@ -5199,67 +5907,67 @@ async def verified_user(request: Request, email: str, password: str) -> Optional
     return user if user is not None and matches else None
 
 
-async def api_auth_login(request: Request, body: Login) -> dict:
+async def api_auth_login(request: Request, body: Login) -> LoggedIn:
     """Log in with email and password; the token carries the scopes an admin granted the account."""
     user = await verified_user(request, body.email, body.password)
     if user is None:
         raise Unauthorized("wrong email or password")
-    return {"user": user_json(user), "token": await issue_token(request, user_id=user["id"])}
+    return LoggedIn(user=user_of(user), token=await issue_token(request, user_id=user["id"]))
 
 
-async def api_auth_api_key_login(request: Request, body: ApiKeyLogin) -> dict:
+async def api_auth_api_key_login(request: Request, body: ApiKeyLogin) -> LoggedIn:
     """Exchange a stored API key for a login token with the key's scopes (never beyond its expiry)."""
     key = body.api_key or request.headers.get("x-api-key") or ""
     row = await db_of(request).read(active_key, key_hash(key), iso(utc_now())) if key else None
     if row is None:
         raise Unauthorized("invalid, expired or revoked API key")
     token = await issue_token(request, key_row=row["id"], not_after=row["expires_at"])
-    return {"user": key_user_json(row), "token": token}
+    return LoggedIn(user=key_user_of(row), token=token)
 
 
-async def api_auth_config(request: Request) -> dict:
+async def api_auth_config(request: Request) -> AuthConfig:
     """How this server lets people in."""
     open_signup = request.app.state.settings.open_signup
-    return {"methods": ["api_key", "password"], "signup": "open" if open_signup else "admin",
-            "open_signup": open_signup, "token_type": "jwt", "token_ttl_seconds": TOKEN_TTL_SECONDS,
-            "password_min_length": 8, "email_verification": False}
+    return AuthConfig(methods=["api_key", "password"], signup="open" if open_signup else "admin",
+                      open_signup=open_signup, token_type="jwt", token_ttl_seconds=TOKEN_TTL_SECONDS,
+                      password_min_length=8, email_verification=False)
 
 
-def bearer_user(request: Request) -> dict:
+def bearer_user(request: Request) -> UserInfo:
     user = getattr(request.state, "user", None)
     if user is None:
         raise Unauthorized("send the login token as `authorization: Bearer <token>`")
     return user
 
 
-async def api_auth_me(request: Request) -> dict:
+async def api_auth_me(request: Request) -> Me:
     """The account behind the Bearer token."""
-    return {"user": bearer_user(request)}
+    return Me(user=bearer_user(request))
 
 
-async def api_auth_logout(request: Request) -> dict:
+async def api_auth_logout(request: Request) -> Done:
     """End the Bearer token now."""
     bearer_user(request)
     claims = token_claims(request.app.state.token_secret, request.state.bearer, utc_now())
     if claims is None:                     # it expired since it was checked: nothing left to end
         raise Unauthorized("invalid, expired or logged-out token: log in again")
     await db_of(request).write(drop_token, claims["jti"])
-    return {"ok": True}
+    return Done()
 
 
-async def api_preferences_get(request: Request) -> dict:
+async def api_preferences_get(request: Request) -> Preferences:
     """The caller's preferences document (the Bearer account's, else the key's)."""
     return await db_of(request).read(get_preferences, request.state.principal.owner)
 
 
-async def api_preferences_put(request: Request, body: PutPreferences) -> dict:
+async def api_preferences_put(request: Request, body: PutPreferences) -> Preferences:
     """Replace the caller's preferences document."""
     return await db_of(request).write(put_preferences, request.state.principal.owner, body.preferences)
 
 
-async def api_keys_list(request: Request) -> dict:
+async def api_keys_list(request: Request) -> Keys:
     """Active keys with their scopes, creation, last use and expiry; never the key."""
-    return {"keys": await db_of(request).read(list_keys)}
+    return Keys(keys=await db_of(request).read(list_keys))
 
 
 async def change_keys(request: Request, work: Callable, *args) -> Any:
@@ -5269,17 +5977,17 @@ async def change_keys(request: Request, work: Callable, *args) -> Any:
     return result
 
 
-async def api_keys_create(request: Request, body: CreateKey) -> dict:
+async def api_keys_create(request: Request, body: CreateKey) -> NewKey:
     """Create a scoped key; the answer holds the key, this once."""
     return await change_keys(request, create_key, body.name, body.scopes, body.expires_in_days)
 
 
-async def api_keys_revoke(request: Request, path) -> dict:
+async def api_keys_revoke(request: Request, path) -> KeyInfo:
     """Revoke a key now, with the sessions and tokens it opened."""
     return await change_keys(request, revoke_key, path.key_id)
 
 
-async def openapi_json(request: Request) -> dict:
+async def openapi_json(request: Request) -> dict[str, Any]:
     return request.app.state.openapi
 
 
@@ -5493,13 +6201,20 @@ class Api:
     # names the channel: "path.channel_id", "body.source_channel_id", "query.left", a lookup
     # ("execution.execution_id" finds the execution's channel), EVERY or SOMEWHERE.
     scopes: tuple = ()
-    # key: x-api-key (a key or a login token); user: the Bearer login token when one is sent;
-    # optional: a key if one is valid (signup); public: none (probes, logins, the API description).
+    # key: x-api-key (a key or a login token); user: the Bearer login token when one is sent, else
+    # the key; bearer: the Bearer login token only (the account it names); optional: a key if one is
+    # valid (signup); public: none (probes, logins, the API description).
     auth: str = "key"
 
     @property
     def public(self) -> bool:
         return self.auth == "public"
+
+    @property
+    def answer(self) -> Any:
+        """The 2xx answer's record: the handler's return annotation, the one place it is declared.
+        A handler that returns a Response (a file, the Prometheus text) answers `answers` as text."""
+        return answer_type(self.handler)
 
     @property
     def path_params(self) -> Optional[type]:
@@ -5514,6 +6229,11 @@ class Api:
     def summary(self) -> str:
         doc = (self.handler.__doc__ or "").strip().splitlines()
         return doc[0] if doc else self.handler.__name__.replace("_", " ")
+
+
+@functools.cache
+def answer_type(handler: Callable) -> Any:
+    return typing.get_type_hints(handler)["return"]
 
 
 P, B = "path.channel_id", "body.channel_id"
@@ -5620,8 +6340,8 @@ API_ROUTES = [
     Api("POST", "/api/v1/auth/api-key-login", api_auth_api_key_login, body=ApiKeyLogin, body_optional=True,
         auth="public"),
     Api("GET", "/api/v1/auth/config", api_auth_config, auth="public"),
-    Api("GET", "/api/v1/auth/me", api_auth_me, auth="user"),
-    Api("POST", "/api/v1/auth/logout", api_auth_logout, auth="user"),
+    Api("GET", "/api/v1/auth/me", api_auth_me, auth="bearer"),
+    Api("POST", "/api/v1/auth/logout", api_auth_logout, auth="bearer"),
     Api("GET", "/api/v1/user/preferences", api_preferences_get, auth="user"),
     Api("PUT", "/api/v1/user/preferences", api_preferences_put, body=PutPreferences, auth="user"),
     Api("GET", "/api/v1/keys", api_keys_list, scopes=ADMIN),
@@ -5629,7 +6349,7 @@ API_ROUTES = [
     Api("DELETE", "/api/v1/keys/{key_id}", api_keys_revoke, scopes=ADMIN),
     Api("GET", "/api/v1/instance", api_instance),
     Api("GET", "/readyz", readyz),
-    Api("GET", "/metrics", metrics_text),
+    Api("GET", "/metrics", metrics_text, answers="text/plain"),
     Api("GET", "/metrics.json", metrics_json),
     Api("GET", "/healthz", healthz, auth="public"),
     Api("GET", "/openapi.json", openapi_json, auth="public"),
@@ -5647,9 +6367,10 @@ ERROR_RESPONSES = {
 
 
 def ecma_patterns(schema: Any) -> Any:
-    """JSON Schema patterns are ECMA-262: `\\Z` (our exact end) becomes `$`, which ECMA anchors there."""
+    """JSON Schema patterns are ECMA-262: `\\Z` (our exact end) becomes `$`, which ECMA (without the
+    m flag) anchors there too."""
     if isinstance(schema, dict):
-        return {k: (v[:-2] + "$" if k == "pattern" and isinstance(v, str) and v.endswith("\\Z") else ecma_patterns(v))
+        return {k: (v.replace("\\Z", "$") if k == "pattern" and isinstance(v, str) else ecma_patterns(v))
                 for k, v in schema.items()}
     if isinstance(schema, list):
         return [ecma_patterns(v) for v in schema]
@@ -5668,24 +6389,34 @@ def record_parameters(kind: Optional[type], where: str, components: dict) -> lis
             for name, prop in schema.get("properties", {}).items()]
 
 
+def answer_schema(route: Api, refs: dict) -> dict:
+    if route.answer is Response:
+        return {"type": "string"}
+    return refs[route.answer]
+
+
 def openapi_document(routes: list) -> dict:
-    """OpenAPI 3.1 for the route table: every path, body, query and error shape."""
+    """OpenAPI 3.1 for the route table: every path, body, query, answer and error shape."""
     bodies = sorted({r.body for r in routes if r.body is not None}, key=lambda k: k.__name__)
-    refs, components = msgspec.json.schema_components([*bodies, ErrorBody], ref_template="#/components/schemas/{name}")
-    body_refs = dict(zip(bodies, refs))
+    answers = list(dict.fromkeys(r.answer for r in routes if r.answer is not Response))
+    refs, components = msgspec.json.schema_components([*bodies, *answers, ErrorBody],
+                                                      ref_template="#/components/schemas/{name}")
+    shapes = dict(zip([*bodies, *answers], refs))
     error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
     paths: dict = {}
     for route in routes:
+        answer = {"description": answer_doc(route.answer),
+                  "content": {route.answers: {"schema": answer_schema(route, shapes)}}}
         operation = {
             "operationId": route.handler.__name__, "summary": route.summary, "tags": [route.tag],
             "parameters": record_parameters(route.path_params, "path", components)
                           + record_parameters(route.query, "query", components),
-            "responses": {"200": {"description": "the answer", "content": {route.answers: {"schema": {}}}},
+            "responses": {"200": answer,
                           **{code: {"description": text, **error} for code, text in ERROR_RESPONSES.items()}},
         }
         if route.body is not None:
             operation["requestBody"] = {"required": not route.body_optional,
-                                        "content": {"application/json": {"schema": body_refs[route.body]}}}
+                                        "content": {"application/json": {"schema": shapes[route.body]}}}
         elif route.text_body is not None:
             text = route.text_body
             components[text.name] = {"title": text.name, "type": "string", "description": text.description}
@@ -5694,7 +6425,8 @@ def openapi_document(routes: list) -> dict:
         if route.scopes:
             operation["x-actae-scopes"] = [{"action": action, "channel": where} for action, where in route.scopes]
         operation["security"] = {"public": [], "optional": [{}, {"apiKey": []}],
-                                 "user": [{"bearer": []}, {"apiKey": []}]}.get(route.auth, [{"apiKey": []}])
+                                 "user": [{"bearer": []}, {"apiKey": []}],
+                                 "bearer": [{"bearer": []}]}.get(route.auth, [{"apiKey": []}])
         paths.setdefault(route.path, {})[route.method.lower()] = operation
     return ecma_patterns({
         "openapi": "3.1.0",
@@ -5708,6 +6440,11 @@ def openapi_document(routes: list) -> dict:
     })
 
 
+def answer_doc(kind: Any) -> str:
+    doc = getattr(kind, "__doc__", None) if isinstance(kind, type) and issubclass(kind, Answer) else None
+    return doc.strip().splitlines()[0] if doc and doc.strip() else "the answer"
+
+
 def api_response(value: Any, status: int = 200) -> Response:
     if isinstance(value, Response):
         return value
@@ -5718,12 +6455,14 @@ async def authenticate(request: Request, route: Api) -> Optional[Principal]:
     """The route's principal (None where none is needed); Unauthorized when a needed one is missing."""
     if route.auth == "public":
         return None
-    if route.auth == "user":
+    if route.auth in ("user", "bearer"):
         bearer = bearer_token(request)
         if bearer is not None:
             principal, request.state.user = await check_token(request.app, bearer)
             request.state.bearer = bearer
             return principal
+        if route.auth == "bearer":
+            raise Unauthorized("send the login token as `authorization: Bearer <token>`")
     try:
         return await check_key(request.app, request.headers.get("x-api-key"))
     except Unauthorized:
@@ -5789,8 +6528,9 @@ def api_endpoint(route: Api) -> Callable:
 # =============================================================================
 
 
-def broadcast_frame(topic: str, event: dict) -> dict:
-    return {"type": "broadcast", "topic": topic, "payload": {"event": {**event, "event_type": event["type"]}}}
+def broadcast_frame(topic: str, event: Event) -> dict:
+    return {"type": "broadcast", "topic": topic,
+            "payload": {"event": {**msgspec.structs.asdict(event), "event_type": event.type}}}
 
 
 @dataclass
@@ -5845,25 +6585,25 @@ class WsConnection:
         if sub is None:
             return
         if not echo:
-            sub.own.add(event["id"])
+            sub.own.add(event.id)
         if sub.catching_up:
             if len(sub.pending) >= WS_QUEUE_MAX:
                 self.cut_off()
                 return
             sub.pending.append(event)
-        elif event["cursor"] == sub.last_cursor + 1:
-            sub.last_cursor = event["cursor"]
-            if event["id"] in sub.own:
-                sub.own.discard(event["id"])
+        elif event.cursor == sub.last_cursor + 1:
+            sub.last_cursor = event.cursor
+            if event.id in sub.own:
+                sub.own.discard(event.id)
             else:
                 self.send(broadcast_frame(topic, event))
-        elif event["cursor"] > sub.last_cursor:
+        elif event.cursor > sub.last_cursor:
             self.hub.fill(topic)
 
     async def pump(self) -> None:
         while True:
             frame = await self.outbox.get()
-            await self.websocket.send_text(json.dumps(frame, ensure_ascii=False))
+            await self.websocket.send_text(msgspec.json.encode(frame).decode("utf-8"))
             self.hub.messages_sent += 1
 
 
@@ -5883,8 +6623,8 @@ class Hub:
     def on_commit(self, events: list, exclude: Optional[WsConnection]) -> None:
         self.events_seen += len(events)
         for event in events:
-            for conn in list(self.topics.get(event["channel_id"], ())):
-                conn.deliver(event["channel_id"], event, echo=conn is not exclude)
+            for conn in list(self.topics.get(event.channel_id, ())):
+                conn.deliver(event.channel_id, event, echo=conn is not exclude)
 
     def on_notify(self, channel_id: Optional[str], cursor: Optional[int]) -> None:
         """Another server committed up to `cursor` on `channel_id` (None, None: maybe missed anything)."""
@@ -5952,12 +6692,12 @@ async def ws_subscribe(conn: WsConnection, db: Database, frame: SubscribeFrame) 
         while True:
             batch = await db.read(replay_events, topic, sub.last_cursor, REPLAY_LIMIT_MAX)
             for event in batch:
-                sub.last_cursor = event["cursor"]
+                sub.last_cursor = event.cursor
                 await conn.send_paced(broadcast_frame(topic, event))
             if len(batch) < REPLAY_LIMIT_MAX:
                 break
     sub.catching_up = False
-    for event in sorted(sub.pending, key=lambda e: e["cursor"]):
+    for event in sorted(sub.pending, key=lambda e: e.cursor):
         conn.deliver(topic, event)
     sub.pending.clear()
     if db.location.shared:
@@ -5970,7 +6710,7 @@ async def ws_publish(conn: WsConnection, db: Database, frame: PublishFrame) -> N
                       metadata=EventMeta(actor="websocket"), operation_id=frame.operation_id)
     event = await db.write(record_event, req, exclude=conn)
     # The event's own "type" must not overwrite the frame kind: the SDK reads the type from event_type.
-    conn.send({**event, "event_type": event["type"], "type": "ack", "request_id": frame.request_id})
+    conn.send({**msgspec.structs.asdict(event), "event_type": event.type, "type": "ack", "request_id": frame.request_id})
 
 
 async def ws_authenticate(websocket: WebSocket, conn: WsConnection, app) -> bool:
@@ -6077,15 +6817,12 @@ async def ws_handle_frame(conn: WsConnection, db: Database, text: str) -> None:
 RUNS_PAGE_SIZE = 50
 TIMELINE_PAGE_SIZE = 200
 GROUP_FORKS_MAX = 100                  # forks listed under one root run; the fork tree has them all
-# What the runs list can filter on. "failed" is every failure, crashes included; "crashed" only those.
-RUN_STATUSES = ("created", "started", "stepping", "completed", "failed", "crashed", "blocked", "recorded")
 FAILED_STATE_STATUSES = ("failed", "error")
 # Event types that say the run itself failed. Exact names, so the (type, created_at) index finds them.
 ERROR_EVENT_TYPES = ("error", "run.error", "run.failed", "session.error", "session.failed",
                      "step.error", "step.failed", "agent.error", "agent.failed")
 # A run that has not completed and whose last event is one of these is stuck on a refusal or a human.
 BLOCKING_EVENT_TYPES = ("tool.blocked", "approval.requested", "approval.expired")
-EXECUTION_STATUSES = ("running", "completed", "failed", "cancelled", "interrupted", "expired")
 LEDGER_SINCE = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 STEP_CHANGES_SHOWN = 20                # changed keys listed per step (the count says how many in all)
 JSON_TREE_NODES = 3000                 # larger documents are shown as plain JSON text
@@ -6374,14 +7111,15 @@ def execution_marks(execution: dict) -> list:
     return marks
 
 
-def with_marks(execution: dict) -> dict:
-    return {**execution, "marks": execution_marks(execution)}
+def with_marks(execution: Execution) -> dict:
+    fields = msgspec.structs.asdict(execution)
+    return {**fields, "marks": execution_marks(fields)}
 
 
 def blocked_attempts(conn: Conn, channel_id: Optional[str], limit: int = 100) -> list:
     where = Where().add("type = 'tool.blocked'").add_if(channel_id, "channel_id = ?")
     rows = conn.execute(f"SELECT * FROM events{where} ORDER BY created_at DESC LIMIT ?", (*where.args, limit))
-    return [event_json(r) for r in rows.fetchall()]
+    return [event_of(r) for r in rows.fetchall()]
 
 
 def timeline_events(conn: Conn, channel_id: str, start: int, event_type: str) -> tuple:
@@ -6416,9 +7154,9 @@ def state_changes(before: Any, after: Any) -> dict:
     that changed: {keys: [{key, kind, paths}], total}."""
     changed: dict = {}
     for entry in diff_values(before if before is not None else {}, after):
-        path = entry["path"]
+        path = entry.path
         key = path[0] if path else "(whole state)"
-        hit = changed.setdefault(key, {"key": key, "kind": entry["kind"] if len(path) <= 1 else "changed",
+        hit = changed.setdefault(key, {"key": key, "kind": entry.kind if len(path) <= 1 else "changed",
                                        "paths": []})
         if len(path) > 1 and len(hit["paths"]) < 5:
             hit["paths"].append(".".join(path[1:]))
@@ -6440,7 +7178,7 @@ def snapshots(conn: Conn, channel_id: str, first: int, last: int) -> dict:
     shown = {}
     for cursor in sorted(latest):
         state = load_state(latest[cursor]["state"])
-        shown[cursor] = {**state_json(latest[cursor]), "changes": state_changes(previous, state)}
+        shown[cursor] = {**msgspec.structs.asdict(state_of(latest[cursor])), "changes": state_changes(previous, state)}
         previous = state
     return shown
 
@@ -6478,7 +7216,7 @@ def timeline(conn: Conn, row: Row, start: int, event_type: str,
     first, last = events[0]["cursor"], events[-1]["cursor"]
     durations = step_durations(conn, channel_id, first, last)
     states = snapshots(conn, channel_id, first, last)
-    items = [{"kind": "event", "event": event_json(e), "step_number": e["step_number"],
+    items = [{"kind": "event", "event": msgspec.structs.asdict(event_of(e)), "step_number": e["step_number"],
               "state": states.get(e["cursor"]), "duration_ms": durations.get(e["cursor"]),
               "failure": failure is not None and failure.cursor == e["cursor"]} for e in events]
     if event_type in ("", "tool.replayed"):
@@ -6551,18 +7289,18 @@ def run_page(conn: Conn, channel_id: str, start: int, event_type: str = "") -> d
     run_state = row["run_state"]
     failure = run_failure(conn, row, run_state)
     items, more = timeline(conn, row, start, event_type, failure)
-    forks = list_forks(conn, channel_id)
+    forks = [msgspec.structs.asdict(f) for f in list_forks(conn, channel_id)]
     for f in forks:
         em = f["experiment_metadata"] if isinstance(f["experiment_metadata"], dict) else {}
         f["forked_at_step"] = em.get("forked_at_step")
     return {
         "run": {**run_summary(row, row["last_step"], len(forks)), "latest_cursor": row["last_cursor"] or None,
                 "status": shown_status(run_state), "sdk_status": meta.get("status"),
-                "metadata": metadata_json(row), "params": meta.get("params"),
+                "metadata": metadata_of(row), "params": meta.get("params"),
                 "intervention": meta.get("intervention"),
                 "duration_ms": millis_between(row["first_event_at"], row["updated_at"])},
         "failure": failure.as_json() if failure else None,
-        "receipt": receipt_json(row) if row["parent_id"] else None,
+        "receipt": receipt_of(row) if row["parent_id"] else None,
         "timeline": items, "more": more, "event_types": event_types(conn, channel_id),
         "total": row["last_cursor"], "start": start,
         "end": max((i["event"]["cursor"] for i in items if i["kind"] == "event"), default=start),
@@ -6575,7 +7313,7 @@ def run_page(conn: Conn, channel_id: str, start: int, event_type: str = "") -> d
 
 def tree_page(conn: Conn, channel_id: str) -> dict:
     """The fork tree with each run's status as the runs list shows it, and the picture of its branches."""
-    root = lineage_tree(conn, channel_id)
+    root = msgspec.to_builtins(lineage_tree(conn, channel_id))     # nodes gain what the page shows
     nodes, stack = [], [root]
     while stack:
         node = stack.pop()
@@ -6629,7 +7367,7 @@ def ledger_page(conn: Conn, filters: dict, before: Optional[str]) -> tuple:
         where.add(*after_page_token(before, "created_at", "id"))
     rows = conn.execute(f"SELECT * FROM executions{where} ORDER BY created_at DESC, id DESC LIMIT ?",
                         (*where.args, RUNS_PAGE_SIZE + 1)).fetchall()
-    executions = [with_marks(execution_json(r)) for r in rows[:RUNS_PAGE_SIZE]]
+    executions = [with_marks(execution_of(r)) for r in rows[:RUNS_PAGE_SIZE]]
     tools = [r[0] for r in conn.execute("SELECT DISTINCT tool_name FROM executions ORDER BY tool_name LIMIT 200")]
     return executions, blocked_attempts(conn, filters.get("channel_id")), next_page_token(rows, "created_at"), tools
 
@@ -6716,7 +7454,7 @@ def is_page(request) -> bool:
 def render(request: Request, template: str, context: dict, status: int = 200) -> Response:
     """A page, or its JSON twin with `?format=json` (the same context the template gets)."""
     if request.query_params.get("format") == "json":
-        return JSONResponse(context, status_code=status)
+        return Response(msgspec.json.encode(context), status_code=status, media_type="application/json")
     # Every POST form carries the session's form token; the request state holds it once issued.
     principal = getattr(request.state, "principal", None)
     page = request.app.state.templates.get_template(template).render(
@@ -6852,13 +7590,13 @@ def page_query(request: Request, kind: type) -> Struct:
 async def page_runs(request: Request) -> Response:
     q = request.query_params.get("q", "").strip()
     status = request.query_params.get("status", "")
-    if status and status not in RUN_STATUSES:
-        raise BadRequest(f"status must be one of {', '.join(RUN_STATUSES)}")
+    if status and status not in RUN_STATES:
+        raise BadRequest(f"status must be one of {', '.join(RUN_STATES)}")
     runs, after = await db_of(request).read(runs_page, q, status, request.query_params.get("after"))
     next_url = f"/?{urlencode({'q': q, 'status': status, 'after': after})}" if after else None
     deleted = request.query_params.get("deleted", "")[:256]
     return render(request, "runs.html", {"title": "Runs", "runs": runs, "q": q, "status": status,
-                                         "statuses": list(RUN_STATUSES), "next_url": next_url,
+                                         "statuses": list(RUN_STATES), "next_url": next_url,
                                          "grouped": not q and not status, "deleted": deleted,
                                          "deleted_count": page_query(request, RunsPageQuery).count})
 
@@ -6945,8 +7683,8 @@ async def jump_to_step(request: Request, channel_id: str) -> Response:
             raise
         return render(request, "run.html", await run_context(request, channel_id, f"This run has no step {step}."),
                       status=404)
-    start = (hit["cursor"] - 1) // TIMELINE_PAGE_SIZE * TIMELINE_PAGE_SIZE + 1
-    return RedirectResponse(f"/runs/{hit['channel_id']}?start={start}#cursor-{hit['cursor']}", status_code=303)
+    start = (hit.cursor - 1) // TIMELINE_PAGE_SIZE * TIMELINE_PAGE_SIZE + 1
+    return RedirectResponse(f"/runs/{hit.channel_id}?start={start}#cursor-{hit.cursor}", status_code=303)
 
 
 async def page_run(request: Request) -> Response:
@@ -6981,8 +7719,8 @@ def ledger_filters(request: Request) -> dict:
                "status": params.get("status") or None, "since": params.get("since") or None}
     if filters["channel_id"]:
         valid_channel(filters["channel_id"])
-    if filters["status"] and filters["status"] not in EXECUTION_STATUSES:
-        raise BadRequest(f"status must be one of {', '.join(EXECUTION_STATUSES)}")
+    if filters["status"] and filters["status"] not in EXECUTION_STATES:
+        raise BadRequest(f"status must be one of {', '.join(EXECUTION_STATES)}")
     if filters["since"] and filters["since"] not in LEDGER_SINCE:
         raise BadRequest(f"since must be one of {', '.join(LEDGER_SINCE)}")
     filters["since_at"] = iso(utc_now() - LEDGER_SINCE[filters["since"]]) if filters["since"] else None
@@ -6998,7 +7736,7 @@ async def page_ledger(request: Request) -> Response:
     return render(request, "ledger.html", {
         "title": "Ledger", "executions": executions, "blocked": blocked, "channel_id": filters["channel_id"] or "",
         "tool": filters["tool"] or "", "status": filters["status"] or "", "since": filters["since"] or "",
-        "tools": tools, "statuses": list(EXECUTION_STATUSES), "since_choices": list(LEDGER_SINCE),
+        "tools": tools, "statuses": list(EXECUTION_STATES), "since_choices": list(LEDGER_SINCE),
         "filtered": bool(shown), "next_url": next_url})
 
 
@@ -7071,12 +7809,12 @@ def dashboard_fork_request(conn: Conn, channel_id: str, form: dict) -> Fork:
     policies = form_tool_policies(form)
     source_meta = experiment_of(require_channel(conn, channel_id))
     experiment = {"session_name": name, "params": source_meta.get("params"),
-                  "forked_from": boundary["channel_id"], "forked_from_channel": channel_id, "forked_at_step": step,
-                  "forked_at_cursor": boundary["cursor"], "status": "created"}
+                  "forked_from": boundary.channel_id, "forked_from_channel": channel_id, "forked_at_step": step,
+                  "forked_at_cursor": boundary.cursor, "status": "created"}
     if intervention is not None:
         experiment["intervention"] = intervention
     return record_from(Fork, {
-        "source_channel_id": boundary["channel_id"], "new_channel_id": name, "at_cursor": boundary["cursor"],
+        "source_channel_id": boundary.channel_id, "new_channel_id": name, "at_cursor": boundary.cursor,
         "operation_id": str(uuid.uuid4()), "display_name": name,
         "reason": f"Forked from {channel_id} after step {step} (dashboard)", "experiment_metadata": experiment,
         "manifest": {"source": "dashboard"}, "tool_policies": policies,
@@ -7138,7 +7876,7 @@ async def page_delete(request: Request) -> Response:
     except Conflict as exc:
         flash_id = flash_store(request.app).put({"error": exc.message})
         return RedirectResponse(f"/runs/{channel_id}/delete?{urlencode({'error': flash_id})}", status_code=303)
-    query = urlencode({"deleted": channel_id, "count": len(result["deleted"])})
+    query = urlencode({"deleted": channel_id, "count": len(result.deleted)})
     return RedirectResponse(f"/?{query}", status_code=303)
 
 
@@ -7735,8 +8473,9 @@ def scopes_of_args(args: argparse.Namespace) -> dict:
         raise SystemExit(f"actae: {exc.message}")
 
 
-def scopes_text(scopes: dict) -> str:
-    return "; ".join(f"{action}={','.join(scopes[action])}" for action in ACTIONS if scopes[action]) or "(none)"
+def scopes_text(scopes: Permissions) -> str:
+    granted = [(action, getattr(scopes, action)) for action in ACTIONS]
+    return "; ".join(f"{action}={','.join(patterns)}" for action, patterns in granted if patterns) or "(none)"
 
 
 def key_command(args: argparse.Namespace, location: Location) -> int:
@@ -7747,24 +8486,24 @@ def key_command(args: argparse.Namespace, location: Location) -> int:
         if args.expires_in is not None and args.expires_in <= 0:
             raise SystemExit("actae: --expires-in must be a positive number of days")
         created = write_once(location, create_key, args.name, scopes_of_args(args), args.expires_in)
-        print(f"Key {created['id']} ({created['name']}): {scopes_text(created['scopes'])}"
-              + (f", expires {created['expires_at']}" if created["expires_at"] else ""))
-        print_key_line(created["key"])
+        print(f"Key {created.id} ({created.name}): {scopes_text(created.scopes)}"
+              + (f", expires {created.expires_at}" if created.expires_at else ""))
+        print_key_line(created.key)
     elif args.key_command == "list":
         keys = read_once(location, list_keys)
         if args.json:
-            print(json.dumps({"keys": keys}, indent=2))
+            print(msgspec.json.format(msgspec.json.encode(Keys(keys=keys)), indent=2).decode())
             return 0
         print(f"{'ID':>4}  {'NAME':<20} {'SCOPES':<40} {'CREATED':<25} {'LAST USED':<25} EXPIRES")
         for k in keys:
-            print(f"{k['id']:>4}  {k['name'] or '':<20} {scopes_text(k['scopes']):<40} {k['created_at']:<25} "
-                  f"{k['last_used_at'] or 'never':<25} {k['expires_at'] or 'never'}")
+            print(f"{k.id:>4}  {k.name or '':<20} {scopes_text(k.scopes):<40} {k.created_at:<25} "
+                  f"{k.last_used_at or 'never':<25} {k.expires_at or 'never'}")
     else:
         try:
             revoked = write_once(location, revoke_key, args.key_id)
         except NotFound as exc:
             raise SystemExit(f"actae: {exc.message}")
-        print(f"Key {revoked['id']} ({revoked['name']}) revoked at {revoked['revoked_at']}")
+        print(f"Key {revoked.id} ({revoked.name}) revoked at {revoked.revoked_at}")
     return 0
 
 
@@ -7774,7 +8513,7 @@ def user_command(args: argparse.Namespace, location: Location) -> int:
         granted = write_once(location, grant_user, args.email, scopes_of_args(args))
     except NotFound as exc:
         raise SystemExit(f"actae: {exc.message}")
-    print(f"{granted['email']}: {scopes_text(granted['scopes'])}")
+    print(f"{granted.email}: {scopes_text(granted.scopes)}")
     return 0
 
 
