@@ -5,9 +5,14 @@ A. The document is valid OpenAPI 3.1 and lists exactly the route table (`actae.A
 B. Schemathesis turns every operation of the document into a Hypothesis strategy (positive and
    negative cases); each generated case is sent with the real key to a server of this module's
    own, at least 5,000 requests in all and every operation exercised. Every response: no 5xx;
-   every error (>= 400) is `application/json` with exactly `{"status": str, "error": str}`.
+   every error (>= 400) is `application/json` with exactly `{"status": str, "error": str}`; and
+   it conforms to the document, by schemathesis's own response checks (`CONFORMANCE_CHECKS`):
+   its status code is one the operation documents, its content-type one documented for that
+   status, its body valid against the schema documented for that status and content-type.
    After each accepted write naming a channel, that channel's replay, latest state, run page
-   (JSON twin and HTML, through a dashboard session) and self-diff still answer 200.
+   (JSON twin and HTML, through a dashboard session) and self-diff still answer 200; the API
+   read-backs are judged by the same response checks (answers on real data, not only on the
+   mostly empty or refused cases the generator reaches).
 C. Targeted extremes the generator rarely reaches: documents nested 65 and 1000 deep in every
    free-form JSON body field, integers 2**63 and -2**63-1 in every integer field (body, query,
    path), 10,000-character strings in every string field: never a 5xx, every refusal the JSON
@@ -20,6 +25,9 @@ C. Targeted extremes the generator rarely reaches: documents nested 65 and 1000 
 
 Generation is reproducible: fixed Hypothesis seeds, no example database, no shrinking (every
 failure is collected with a curl line to reproduce it, instead of stopping at the first).
+
+Run just the generation loop (it prints the request count, the statuses and the conformance
+summary):  python -m pytest tests/test_fuzz.py -q -s -k every_operation
 """
 from __future__ import annotations
 
@@ -41,6 +49,8 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
+from schemathesis.checks import CHECKS, load_all_checks
+from schemathesis.errors import FailureGroup
 
 from conftest import ROOT, ServerProcess
 
@@ -57,6 +67,8 @@ TIME_BUDGET_SECONDS = 300       # hard stop for the generation loop (the asserti
 MAX_PASSES = 4                  # top-up passes for operations whose quota was not reached
 BASE_SEED = 20260101
 HTML_PAGE_EVERY = 5             # every n-th channel check also renders the HTML run page
+# Schemathesis's response checks (by their CLI names, `--checks`), run on every generated answer.
+CONFORMANCE_CHECKS = ("status_code_conformance", "content_type_conformance", "response_schema_conformance")
 
 # Body fields (and path parameters) that name a channel; after an accepted write each must read back.
 CHANNEL_FIELDS = ("channel_id", "source_channel_id", "new_channel_id", "topic", "baseline_channel_id")
@@ -180,6 +192,10 @@ class Fuzzer:
         self.http_seconds = 0.0                 # time spent waiting for the server
         self.failures: dict = {}                # (label, kind) -> first reproduction
         self.failure_counts = Counter()
+        self.conformance = conformance_checks()
+        self.operations: dict = {}              # (METHOD, path template) -> schemathesis operation
+        self.conformance_runs = Counter()       # "generated" / "read-back" -> answers judged
+        self.undocumented = Counter()           # (label, status) -> answers with an undocumented status
 
     def login(self) -> requests.Session:
         pages = requests.Session()
@@ -232,9 +248,37 @@ class Fuzzer:
             self.fail(label, "401 with the real key", f"{request()}\n  -> {response.content[:300]!r}")
         elif status >= 400 and (problem := error_shape_problem(response)):
             self.fail(label, "malformed error", f"{request()}\n  -> {status}: {problem}")
+        if status < 500:        # a 5xx is a failure already; its conformance adds nothing
+            self.check_conformance(label, case, response, request)
         if 200 <= status < 300 and operation.method.upper() in WRITE_METHODS:
             self.accepted_writes += 1
             self.after_write(operation, case, request)
+
+    def check_conformance(self, label: str, case, response, request, *, source: str = "generated") -> None:
+        """Schemathesis's own response checks, one at a time so that each failure names its check."""
+        status = response.status_code
+        self.conformance_runs[source] += 1
+        for check in self.conformance:
+            name = check.__name__
+            try:
+                case.validate_response(response, checks=[check])
+            except FailureGroup as group:
+                for failure in group.exceptions:
+                    kind, what = conformance_kind(name, failure, status)
+                    if kind.startswith("status_code_conformance"):
+                        self.undocumented[(label, status)] += 1
+                    self.fail(label, kind, f"{request()}\n  -> {status} {content_type(response) or '(no content-type)'}: "
+                                           f"{what}\n  {response.content[:300]!r}")
+
+    def conform_read(self, template: str, path_parameters: dict, query: dict, response, path: str) -> None:
+        """The response checks on a read-back, as a case of the document's GET `template`."""
+        operation = self.operations.get(("GET", template))
+        if operation is None:
+            return
+        case = operation.Case(path_parameters=path_parameters, query=query or None)
+        shown = f"curl -X GET -H 'x-api-key: KEY' '{self.url}{path}" + (f"?{urlencode(query)}" if query else "") + "'"
+        self.check_conformance(operation.label, case, response, lambda: f"read-back after an accepted write\n  {shown}",
+                               source="read-back")
 
     # -- read-backs after an accepted write --------------------------------------------------
 
@@ -269,6 +313,10 @@ class Fuzzer:
                  ("run page", self.pages, f"/runs/{ch}", {"format": "json"})]
         if self.channel_checks % HTML_PAGE_EVERY == 0:
             reads.append(("HTML run page", self.pages, f"/runs/{ch}", {}))
+        # The API reads, as the document's operations (the run pages are the dashboard's, not in it).
+        documented = {"replay": ("/api/v1/events/replay/{channel_id}", {"channel_id": channel}),
+                      "state": ("/api/v1/state/{channel_id}", {"channel_id": channel}),
+                      "diff": ("/api/v1/channels/diff", {})}
         # A referenced channel may not exist. Ask first: a due wake-up can create it at any moment,
         # so only a "no" given before a 404 read excuses that 404.
         exists = referenced and self.read(self.api, f"/api/v1/channels/{ch}/metadata").status_code != 404
@@ -277,6 +325,8 @@ class Fuzzer:
             shown = f"GET {path}" + (f"?{urlencode(params)}" if params else "")
             html = what.startswith("HTML")
             self.check(label, r, shown, page=html)
+            if what in documented and r.status_code < 500:
+                self.conform_read(*documented[what], params, r, path)
             if r.status_code == 200 and (not html or "text/html" in content_type(r)):
                 continue
             if r.status_code == 404 and (deleted or (referenced and not exists)):
@@ -284,6 +334,25 @@ class Fuzzer:
             self.fail(label, f"{what} read-back {r.status_code}",
                       f"after the accepted write\n  {request()}\n  {shown} -> {r.status_code} "
                       f"{content_type(r)} {r.text[:300]}")
+
+
+def conformance_checks() -> list:
+    """The check functions named in CONFORMANCE_CHECKS, from schemathesis's registry."""
+    load_all_checks()       # registers the OpenAPI checks
+    missing = sorted(set(CONFORMANCE_CHECKS) - set(CHECKS.get_all_names()))
+    assert not missing, f"schemathesis {schemathesis.__version__} has no check named {missing}"
+    return CHECKS.get_by_names(CONFORMANCE_CHECKS)
+
+
+def conformance_kind(check: str, failure, status: int) -> tuple[str, str]:
+    """(failure kind, what was found) for one schemathesis check failure: one kind per check and
+    status (and undocumented content-type), so that every distinct non-conformance is listed."""
+    what = " ".join(str(failure.message or failure.title).split())[:600]
+    if (received := getattr(failure, "content_type", None)) is not None:
+        return f"{check}: {status} answered as {received}", what
+    if check == "status_code_conformance":
+        return f"{check}: undocumented status {status}", what
+    return f"{check}: {failure.title} ({status})", what
 
 
 def load_schema(srv: ServerProcess, doc: dict):
@@ -383,6 +452,7 @@ def test_fuzz_every_operation_from_openapi(fuzz_server):
     assert labels == route_table(), sorted(labels ^ route_table())
 
     fuzzer = Fuzzer(fuzz_server, key_only=key_only_operations(doc))
+    fuzzer.operations = {(op.method.upper(), op.path): op for op in operations}
     fuzzer.own_key_id = own_key_id(fuzzer)
     quota = {op.label: math.ceil(PLANNED_REQUESTS / len(operations)) for op in operations}
     exhausted: set = set()
@@ -421,6 +491,16 @@ def test_fuzz_every_operation_from_openapi(fuzz_server):
     never_ok = sorted(op.label for op in operations
                       if not any(200 <= status < 300 for (label, status) in fuzzer.statuses if label == op.label))
     print(f"operations without any 2xx answer ({len(never_ok)}): {', '.join(never_ok)}")
+    conformance_failures = sum(n for (_, kind), n in fuzzer.failure_counts.items()
+                               if kind.startswith(CONFORMANCE_CHECKS))
+    print(f"response conformance ({', '.join(CONFORMANCE_CHECKS)}): {fuzzer.conformance_runs['generated']} "
+          f"generated and {fuzzer.conformance_runs['read-back']} read-back answers judged, "
+          f"{conformance_failures} non-conformant")
+    by_status: dict = {}
+    for (label, status), n in sorted(fuzzer.undocumented.items()):
+        by_status.setdefault(status, []).append(f"{label} (x{n})")
+    for status, labels in sorted(by_status.items()):
+        print(f"undocumented status {status} from {len(labels)} operations: {', '.join(labels)}")
     for (label, kind), detail in sorted(fuzzer.failures.items()):
         print(f"FAIL [{label}] {kind} (x{fuzzer.failure_counts[(label, kind)]}):\n  {detail}\n")
 
