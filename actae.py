@@ -1634,8 +1634,7 @@ def _backfill_chain(conn: Conn) -> None:
                 at = conn.execute("SELECT chain_hash FROM events WHERE channel_id = ? AND cursor = ?",
                                   (channel["parent_id"], channel["resolved_cursor"])).fetchone()
                 previous = at["chain_hash"] if at else None
-            for row in conn.execute("SELECT * FROM events WHERE channel_id = ? ORDER BY cursor",
-                                    (channel["id"],)).fetchall():
+            for row in channel_event_rows(conn, channel["id"]):
                 fields = dict(row)
                 fields["payload"], fields["metadata"] = (canonical_dump(load(fields["payload"])),
                                                          canonical_dump(load(fields["metadata"])))
@@ -2197,34 +2196,6 @@ POSTGRES_MIGRATIONS = [
 ]
 
 
-def _configure(conn: Conn) -> None:
-    # synchronous=FULL: an acknowledged write survives kill -9 and power loss.
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute("PRAGMA foreign_keys=ON")
-    conn.execute("PRAGMA busy_timeout=10000")
-    conn.row_factory = sqlite3.Row
-    # The chain hash is computed inside the UPDATE that allocates the cursor (see append_event);
-    # PostgreSQL has it as a SQL function (its first migration).
-    conn.create_function("actae_chain", 4, chain_step, deterministic=True)
-
-
-def _migrate(conn: Conn) -> None:
-    current = conn.execute("PRAGMA user_version").fetchone()[0]
-    for number, step in enumerate(SQLITE_MIGRATIONS[current:], start=current + 1):
-        if not callable(step):
-            conn.executescript(f"BEGIN IMMEDIATE;\n{step}\nPRAGMA user_version={number};\nCOMMIT;")
-            continue
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            step(conn)
-            conn.execute(f"PRAGMA user_version={number}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-
-
 # =============================================================================
 # Storage: one connection interface, one dialect per backend
 # =============================================================================
@@ -2232,6 +2203,15 @@ def _migrate(conn: Conn) -> None:
 # rows readable by name or position, and `conn.dialect` for the little SQL that differs. SQLite's
 # connection is that already (a subclass adds the dialect); PostgreSQL's is a thin wrapper over a
 # psycopg connection. Whole functions cross to a database thread, never single statements.
+
+
+# Transaction control: the same words on every backend.
+BEGIN, COMMIT, ROLLBACK = "BEGIN", "COMMIT", "ROLLBACK"
+
+
+@functools.lru_cache(maxsize=256)
+def insert_sql(table: str, columns: tuple) -> str:
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
 
 
 class Dialect:
@@ -2283,15 +2263,14 @@ class CounterRow:
 
     @functools.cached_property
     def values_sql(self) -> str:
-        return (f"INSERT INTO {self.table} ({', '.join(self.columns + self.counter_columns)})"
-                f" VALUES ({', '.join('?' * (len(self.columns) + len(self.counter_columns)))})")
+        return insert_sql(self.table, self.columns + self.counter_columns)
 
 
 class SqliteDialect(Dialect):
     # IMMEDIATE takes the write lock at BEGIN: every write transaction runs alone, so each
     # check-then-act in the domain sees everything committed before it.
     begin_write = ("BEGIN IMMEDIATE",)
-    begin_snapshot = "BEGIN"             # WAL: the first read fixes what the transaction sees
+    begin_snapshot = BEGIN               # WAL: the first read fixes what the transaction sees
     like = "LIKE"
 
     def json_text(self, column: str, key: str) -> str:
@@ -2312,7 +2291,7 @@ NOTIFY_PAYLOAD_MAX = 7000                      # PostgreSQL refuses payloads of 
 
 
 class PostgresDialect(Dialect):
-    begin_write = ("BEGIN", f"SELECT pg_advisory_xact_lock({POSTGRES_WRITE_LOCK})")
+    begin_write = (BEGIN, f"SELECT pg_advisory_xact_lock({POSTGRES_WRITE_LOCK})")
     begin_snapshot = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
     pipelined = True
     like = "ILIKE"
@@ -2375,6 +2354,39 @@ class SqliteConnection(sqlite3.Connection):
     """sqlite3's connection, carrying its dialect like the PostgreSQL wrapper does."""
 
     dialect = SQLITE
+
+
+def _configure(conn: Conn) -> None:
+    # synchronous=FULL: an acknowledged write survives kill -9 and power loss.
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    conn.execute("PRAGMA foreign_keys=ON")
+    conn.execute("PRAGMA busy_timeout=10000")
+    conn.row_factory = sqlite3.Row
+    # The chain hash is computed inside the UPDATE that allocates the cursor (see append_event);
+    # PostgreSQL has it as a SQL function (its first migration).
+    conn.create_function("actae_chain", 4, chain_step, deterministic=True)
+
+
+def user_version(number: int) -> str:
+    return f"PRAGMA user_version={number}"
+
+
+def _migrate(conn: Conn) -> None:
+    """Run the SQLite migrations this file has not run; PRAGMA user_version counts them."""
+    current = conn.execute("PRAGMA user_version").fetchone()[0]
+    for number, step in enumerate(SQLITE_MIGRATIONS[current:], start=current + 1):
+        if not callable(step):
+            conn.executescript(f"{SQLITE.begin_write[0]};\n{step}\n{user_version(number)};\n{COMMIT};")
+            continue
+        conn.execute(SQLITE.begin_write[0])
+        try:
+            step(conn)
+            conn.execute(user_version(number))
+            conn.execute(COMMIT)
+        except BaseException:
+            conn.execute(ROLLBACK)
+            raise
 
 
 class PostgresRow:
@@ -2586,10 +2598,10 @@ def run_jobs_pipelined(conn: Any, jobs: list) -> list:
                 tx = Tx(conn, now, ts)
                 outcomes.append((job.work(tx, *job.args), tx.events))
             conn.dialect.announce(conn, [event for _, events in outcomes for event in events])
-            conn.execute("COMMIT")
+            conn.execute(COMMIT)
     except BaseException:
         if conn.usable and conn.in_transaction:
-            conn.execute("ROLLBACK")
+            conn.execute(ROLLBACK)
         raise
     return outcomes
 
@@ -2606,23 +2618,22 @@ def run_jobs_isolated(conn: Any, jobs: list) -> list:
             tx = Tx(conn, now, ts)
             conn.execute("SAVEPOINT job")
             try:
-                result = job.work(tx, *job.args)
-                conn.execute("RELEASE job")
-                outcomes.append((result, tx.events))
+                outcome = (job.work(tx, *job.args), tx.events)
             except Exception as exc:  # noqa: BLE001 - handed to the caller, never swallowed
                 if not conn.in_transaction:
                     raise              # the database aborted the whole transaction (disk full, I/O): all fail
                 conn.execute("ROLLBACK TO job")
-                conn.execute("RELEASE job")
                 if conn.dialect.is_unique_violation(exc):   # a row that exists already: the caller's conflict
                     log.warning("a unique constraint refused a write: %s", first_line(exc))
                     exc = Conflict("conflict", f"that already exists: {first_line(exc)}")
-                outcomes.append((exc, None))
+                outcome = (exc, None)
+            conn.execute("RELEASE job")
+            outcomes.append(outcome)
         conn.dialect.announce(conn, [event for _, events in outcomes if events for event in events])
-        conn.execute("COMMIT")
+        conn.execute(COMMIT)
     except BaseException:
         if conn.in_transaction:
-            conn.execute("ROLLBACK")
+            conn.execute(ROLLBACK)
         raise
     return outcomes
 
@@ -2890,6 +2901,89 @@ class Database:
 
 
 # =============================================================================
+# Store: the queries more than one place needs, one named function each
+# =============================================================================
+# Domain functions call these and decide what a row (or its absence) means; a query only one
+# function needs stays in that function.
+
+
+def channel_by_id(conn: Conn, channel_id: str) -> Optional[Row]:
+    return conn.execute("SELECT * FROM channels WHERE id = ?", (channel_id,)).fetchone()
+
+
+def event_by_id(conn: Conn, event_id: str) -> Optional[Row]:
+    return conn.execute("SELECT * FROM events WHERE id = ?", (event_id,)).fetchone()
+
+
+def events_after(conn: Conn, channel_id: str, after: int, limit: int, *, event_type: Optional[str] = None,
+                 upto: Optional[int] = None) -> list:
+    """A channel's event rows with cursor in (after, upto], in cursor order, at most `limit`."""
+    sql, args = "SELECT * FROM events WHERE channel_id = ? AND cursor > ?", [channel_id, after]
+    if event_type is not None:
+        sql, args = sql + " AND type = ?", args + [event_type]
+    if upto is not None:
+        sql, args = sql + " AND cursor <= ?", args + [upto]
+    return conn.execute(sql + " ORDER BY cursor LIMIT ?", (*args, limit)).fetchall()
+
+
+def channel_event_rows(conn: Conn, channel_id: str) -> list:
+    """Every event row of a channel, in cursor order (export, the chain backfill)."""
+    return conn.execute("SELECT * FROM events WHERE channel_id = ? ORDER BY cursor", (channel_id,)).fetchall()
+
+
+def first_event_at(conn: Conn, channel_id: str) -> Optional[str]:
+    row = conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND cursor = 1", (channel_id,)).fetchone()
+    return row[0] if row else None
+
+
+def last_step_at(conn: Conn, channel_id: str, cursor: int) -> Optional[int]:
+    """The step number of the last step event at or before `cursor` on this channel itself."""
+    row = conn.execute("SELECT step_number FROM events WHERE channel_id = ? AND cursor <= ?"
+                       " AND step_number IS NOT NULL ORDER BY cursor DESC LIMIT 1", (channel_id, cursor)).fetchone()
+    return row[0] if row else None
+
+
+def execution_by_key(conn: Conn, channel_id: str, key_name: str) -> Optional[Row]:
+    return conn.execute("SELECT * FROM executions WHERE channel_id = ? AND key_name = ?",
+                        (channel_id, key_name)).fetchone()
+
+
+def channel_execution_rows(conn: Conn, channel_id: str) -> list:
+    return conn.execute("SELECT * FROM executions WHERE channel_id = ? ORDER BY created_at, id",
+                        (channel_id,)).fetchall()
+
+
+def consumer_group_by_id(conn: Conn, group_id: str) -> Optional[Row]:
+    return conn.execute("SELECT * FROM consumer_groups WHERE id = ?", (group_id,)).fetchone()
+
+
+def execution_group_by_id(conn: Conn, group_id: str) -> Optional[Row]:
+    return conn.execute("SELECT * FROM execution_groups WHERE id = ?", (group_id,)).fetchone()
+
+
+def member_by_id(conn: Conn, group_id: str, member_id: str) -> Optional[Row]:
+    return conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? AND member_id = ?",
+                        (group_id, member_id)).fetchone()
+
+
+def member_rows(conn: Conn, group_id: str) -> list:
+    return conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? ORDER BY member_id",
+                        (group_id,)).fetchall()
+
+
+def message_by_id(conn: Conn, message_id: str) -> Optional[Row]:
+    return conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone()
+
+
+def present(row: Optional[Row], missing: Callable[[], ActaeError]) -> Row:
+    """`row`, or `missing()` raised when there is none (built only then: these lookups sit on every
+    ledger and channel request)."""
+    if row is None:
+        raise missing()
+    return row
+
+
+# =============================================================================
 # Domain: channels, events, state (plain functions of a connection or a Tx)
 # =============================================================================
 
@@ -2913,10 +3007,6 @@ class Where:
         return f" WHERE {' AND '.join(self.clauses)}" if self.clauses else ""
 
 
-def channel_row(conn: Conn, channel_id: str) -> Optional[Row]:
-    return conn.execute("SELECT * FROM channels WHERE id = ?", (channel_id,)).fetchone()
-
-
 def fetch_or_raise(conn: Conn, missing: Callable[[], ActaeError], sql: str, *args) -> Row:
     """The one row `sql` selects; `missing()` is raised when there is none (built only then: these
     lookups sit on every ledger and channel request)."""
@@ -2927,8 +3017,7 @@ def fetch_or_raise(conn: Conn, missing: Callable[[], ActaeError], sql: str, *arg
 
 
 def require_channel(conn: Conn, channel_id: str) -> Row:
-    return fetch_or_raise(conn, lambda: NotFound(f"channel {channel_id} not found"),
-                          "SELECT * FROM channels WHERE id = ?", channel_id)
+    return present(channel_by_id(conn, channel_id), lambda: NotFound(f"channel {channel_id} not found"))
 
 
 def bump_channel(tx: Tx, channel_id: str, update: str, args: tuple, row: CounterRow, values: tuple,
@@ -2942,7 +3031,7 @@ def bump_channel(tx: Tx, channel_id: str, update: str, args: tuple, row: Counter
     bumped = dialect.bump_and_insert(tx.conn, update, args, row, values)
     if bumped is None and used is not None and used():
         return None
-    if bumped is None and channel_row(tx.conn, channel_id) is None:
+    if bumped is None and channel_by_id(tx.conn, channel_id) is None:
         ensure_channel(tx, channel_id)
         bumped = dialect.bump_and_insert(tx.conn, update, args, row, values)
     if bumped is None:
@@ -3090,12 +3179,7 @@ def record_event(tx: Tx, req: RecordEvent) -> Event:
 
 def replay_events(conn: Conn, channel_id: str, after: int, limit: int,
                   event_type: Optional[str] = None) -> list[Event]:
-    sql, args = "SELECT * FROM events WHERE channel_id = ? AND cursor > ?", [channel_id, after]
-    if event_type is not None:
-        sql += " AND type = ?"
-        args.append(event_type)
-    rows = conn.execute(sql + " ORDER BY cursor LIMIT ?", (*args, limit)).fetchall()
-    return [event_of(r) for r in rows]
+    return [event_of(r) for r in events_after(conn, channel_id, after, limit, event_type=event_type)]
 
 
 def query_events(conn: Conn, q: EventQuery) -> list[Event]:
@@ -3115,15 +3199,13 @@ def query_events(conn: Conn, q: EventQuery) -> list[Event]:
 
 
 def latest_cursor(conn: Conn, channel_id: str) -> Optional[int]:
-    row = channel_row(conn, channel_id)
+    row = channel_by_id(conn, channel_id)
     return row["last_cursor"] if row is not None and row["last_cursor"] > 0 else None
 
 
 def causal_graph(conn: Conn, event_id: str, max_nodes: int) -> CausalGraph:
     """Bounded ancestry walk over `depends_on` and the recorded `dependencies` edges."""
-    root = conn.execute("SELECT * FROM events WHERE id = ?", (event_id,)).fetchone()
-    if root is None:
-        raise NotFound(f"event {event_id} not found")
+    root = present(event_by_id(conn, event_id), lambda: NotFound(f"event {event_id} not found"))
     seen, order, edges, frontier, truncated = {root["id"]: root}, [root], [], [root], False
     while frontier:
         row = frontier.pop(0)
@@ -3138,7 +3220,7 @@ def causal_graph(conn: Conn, event_id: str, max_nodes: int) -> CausalGraph:
             if len(order) >= max_nodes:
                 truncated = True
                 continue
-            parent = conn.execute("SELECT * FROM events WHERE id = ?", (parent_id,)).fetchone()
+            parent = event_by_id(conn, parent_id)
             if parent is not None:
                 seen[parent_id] = parent
                 order.append(parent)
@@ -3333,7 +3415,7 @@ def put_metadata(tx: Tx, channel_id: str, changes: PutMetadata) -> ChannelMetada
         if value is not UNSET:
             stored = dump(value) if column == "experiment_metadata" else value
             tx.conn.execute(f"UPDATE channels SET {column} = ?, updated_at = ? WHERE id = ?", (stored, tx.ts, channel_id))
-    return metadata_of(channel_row(tx.conn, channel_id))
+    return metadata_of(channel_by_id(tx.conn, channel_id))
 
 
 def list_channels(conn: Conn) -> list:
@@ -3358,7 +3440,7 @@ def lineage(conn: Conn, channel_id: str) -> list:
         if row["parent_id"] is None:
             break
         leave_at = row["resolved_cursor"]
-        row = channel_row(conn, row["parent_id"])
+        row = channel_by_id(conn, row["parent_id"])
         if row is None:
             break
     return chain
@@ -3447,10 +3529,8 @@ def fork_step_boundary(conn: Conn, source: Row, boundary_cursor: int,
         if is_int(declared) and 0 <= declared <= INT64_MAX:
             return declared
     # Walk back from the boundary to the nearest step event: a few rows, not the whole history.
-    own = conn.execute("SELECT step_number FROM events WHERE channel_id = ? AND cursor <= ?"
-                       " AND step_number IS NOT NULL ORDER BY cursor DESC LIMIT 1",
-                       (source["id"], boundary_cursor)).fetchone()
-    return own["step_number"] if own is not None else source["forked_at_step"]
+    own = last_step_at(conn, source["id"], boundary_cursor)
+    return own if own is not None else source["forked_at_step"]
 
 
 def fork_channel(tx: Tx, req: Fork) -> Receipt:
@@ -3463,7 +3543,7 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
         if earlier is not None:
             require_same_request(earlier["fork_request_hash"], hashed, req.operation_id, "fork")
             return receipt_of(earlier, replayed=True)
-    existing = channel_row(conn, child_id)
+    existing = channel_by_id(conn, child_id)
     if existing is not None:
         # AgentSession retries with a fresh operation id, so the child's name is the retry key.
         # Same source and boundary is the same fork (the SDK's own retry); a different tool policy is
@@ -3509,7 +3589,7 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
     }, depends_on=resolved_event_id)
     if snapshot is not None:
         insert_state(tx, child_id, marker.cursor, snapshot["state"], snapshot["sha256"], snapshot["status"])
-    return receipt_of(channel_row(conn, child_id))
+    return receipt_of(channel_by_id(conn, child_id))
 
 
 def lineage_tree(conn: Conn, channel_id: str) -> ForkTree:
@@ -3615,8 +3695,7 @@ def execution_of(row: Row) -> Execution:
 
 
 def channel_executions(conn: Conn, channel_id: str) -> list[Execution]:
-    rows = conn.execute("SELECT * FROM executions WHERE channel_id = ? ORDER BY created_at, id", (channel_id,))
-    return [execution_of(r) for r in rows.fetchall()]
+    return [execution_of(r) for r in channel_execution_rows(conn, channel_id)]
 
 
 def decision_trail(conn: Conn, channel_id: str) -> Trail:
@@ -3689,7 +3768,7 @@ def set_outcome(tx: Tx, channel_id: str, outcome: str, score: Optional[float]) -
     require_channel(tx.conn, channel_id)
     tx.conn.execute("UPDATE channels SET outcome = ?, result_score = COALESCE(?, result_score), updated_at = ?"
                     " WHERE id = ?", (outcome, score, tx.ts, channel_id))
-    row = channel_row(tx.conn, channel_id)
+    row = channel_by_id(tx.conn, channel_id)
     return OutcomeAnswer(channel_id=channel_id, outcome=row["outcome"], result_score=row["result_score"])
 
 
@@ -3718,8 +3797,8 @@ def promote_channel(tx: Tx, child_id: str) -> Promotion:
     latest = state_row_at(tx.conn, child_id, None)
     latest_version = latest["version"] if latest else None
     if child["promoted_event_id"] is not None and child["promoted_version"] == latest_version:
-        event = event_of(fetch_or_raise(tx.conn, lambda: NotFound("promotion event is gone"),
-                                          "SELECT * FROM events WHERE id = ?", child["promoted_event_id"]))
+        event = event_of(present(event_by_id(tx.conn, child["promoted_event_id"]),
+                                 lambda: NotFound("promotion event is gone")))
         version = tx.conn.execute("SELECT MAX(version) FROM states WHERE channel_id = ? AND cursor = ?",
                                   (parent_id, event.cursor)).fetchone()[0]
         return Promotion(replayed=True, parent_channel_id=parent_id, child_channel_id=child_id, event=event,
@@ -3851,8 +3930,7 @@ def effective_policy(policies: Optional[dict], tool_name: str) -> str:
 def ancestor_execution(conn: Conn, channel: Row, key_name: str) -> Optional[tuple]:
     """(row, boundary cursor) of the nearest ancestor that has this key, or None."""
     for ancestor, boundary in lineage(conn, channel["id"])[1:]:
-        row = conn.execute("SELECT * FROM executions WHERE channel_id = ? AND key_name = ?",
-                           (ancestor["id"], key_name)).fetchone()
+        row = execution_by_key(conn, ancestor["id"], key_name)
         if row is not None:
             return row, boundary
     return None
@@ -3954,10 +4032,9 @@ def claim_execution(tx: Tx, req: Claim) -> Union[Claimed, Refused]:
     """POST /executions/claim: claimed | replayed | in_progress | reclaimed, or Refused on a fork."""
     ensure_channel(tx, req.channel_id)
     hashed = execution_identity(req.tool_name, req.params, req.dedup_fields)
-    row = tx.conn.execute("SELECT * FROM executions WHERE channel_id = ? AND key_name = ?",
-                          (req.channel_id, req.key_name)).fetchone()
+    row = execution_by_key(tx.conn, req.channel_id, req.key_name)
     if row is None:
-        channel = channel_row(tx.conn, req.channel_id)
+        channel = channel_by_id(tx.conn, req.channel_id)
         if channel["parent_id"] is not None:
             decided = claim_on_fork(tx, req, hashed, channel)
             if decided is not None:
@@ -4124,12 +4201,11 @@ def consumer_group_of(row: Row) -> ConsumerGroup:
 
 
 def require_consumer_group(conn: Conn, group_id: str) -> Row:
-    return fetch_or_raise(conn, lambda: NotFound(f"consumer group {group_id} not found"),
-                          "SELECT * FROM consumer_groups WHERE id = ?", group_id)
+    return present(consumer_group_by_id(conn, group_id), lambda: NotFound(f"consumer group {group_id} not found"))
 
 
 def create_consumer_group(tx: Tx, group_id: str, channel_id: str, metadata: Optional[dict]) -> ConsumerGroup:
-    existing = tx.conn.execute("SELECT * FROM consumer_groups WHERE id = ?", (group_id,)).fetchone()
+    existing = consumer_group_by_id(tx.conn, group_id)
     if existing is not None:
         if existing["channel_id"] != channel_id:
             raise Conflict("channel_conflict", f"consumer group {group_id} already reads {existing['channel_id']}")
@@ -4217,10 +4293,7 @@ def claim_work(tx: Tx, group_id: str, consumer_id: str, limit: int) -> Work:
         stop = consumer["claimed_cursor"]
     else:
         start, stop = first_unreserved(tx, group)
-    sql, args = "SELECT * FROM events WHERE channel_id = ? AND cursor > ?", [group["channel_id"], start]
-    if stop is not None:
-        sql, args = sql + " AND cursor <= ?", args + [stop]
-    events = [event_of(r) for r in tx.conn.execute(sql + " ORDER BY cursor LIMIT ?", (*args, limit))]
+    events = [event_of(r) for r in events_after(tx.conn, group["channel_id"], start, limit, upto=stop)]
     if events:
         tx.conn.execute("UPDATE group_consumers SET reserved_from = ?, claimed_cursor = ?, acked_cursor = ?,"
                         " updated_at = ? WHERE group_id = ? AND consumer_id = ?",
@@ -4302,14 +4375,12 @@ def message_of(row: Row) -> Message:
 
 
 def require_execution_group(conn: Conn, group_id: str) -> Row:
-    return fetch_or_raise(conn, lambda: NotFound(f"execution group {group_id} not found"),
-                          "SELECT * FROM execution_groups WHERE id = ?", group_id)
+    return present(execution_group_by_id(conn, group_id), lambda: NotFound(f"execution group {group_id} not found"))
 
 
 def require_member(conn: Conn, group_id: str, member_id: str) -> Row:
-    return fetch_or_raise(conn, lambda: NotFound(f"member {member_id} of execution group {group_id} not found"),
-                          "SELECT * FROM execution_group_members WHERE group_id = ? AND member_id = ?",
-                          group_id, member_id)
+    return present(member_by_id(conn, group_id, member_id),
+                   lambda: NotFound(f"member {member_id} of execution group {group_id} not found"))
 
 
 def list_execution_groups(conn: Conn) -> list[ExecutionGroup]:
@@ -4318,8 +4389,7 @@ def list_execution_groups(conn: Conn) -> list[ExecutionGroup]:
 
 def list_group_members(conn: Conn, group_id: str) -> list[Member]:
     require_execution_group(conn, group_id)
-    rows = conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? ORDER BY member_id", (group_id,))
-    return [member_of(r) for r in rows.fetchall()]
+    return [member_of(r) for r in member_rows(conn, group_id)]
 
 
 def create_execution_group(tx: Tx, group_id: str, metadata: Optional[dict], fork: Optional[dict] = None) -> ExecutionGroup:
@@ -4331,8 +4401,7 @@ def create_execution_group(tx: Tx, group_id: str, metadata: Optional[dict], fork
 def add_group_member(tx: Tx, group_id: str, member_id: str, channel_id: str, role: Optional[str],
                      metadata: Optional[dict]) -> Member:
     require_execution_group(tx.conn, group_id)
-    existing = tx.conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? AND member_id = ?",
-                               (group_id, member_id)).fetchone()
+    existing = member_by_id(tx.conn, group_id, member_id)
     if existing is not None and existing["channel_id"] != channel_id:
         raise Conflict("channel_conflict", f"member {member_id} already runs on channel {existing['channel_id']}")
     ensure_channel(tx, channel_id)
@@ -4405,7 +4474,7 @@ def send_group_message(tx: Tx, group_id: str, req: SendMessage) -> Message:
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'delivered', ?, ?, ?)",
         (message_id, group_id, sender["member_id"], recipient["member_id"], req.type, dump(req.payload),
          dump(req.causal_context), source.id, delivery.id, req.operation_id, hashed, tx.ts))
-    return message_of(tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone())
+    return message_of(message_by_id(tx.conn, message_id))
 
 
 def member_inbox(conn: Conn, group_id: str, member_id: str, after: Optional[str], limit: int) -> list[Message]:
@@ -4423,14 +4492,12 @@ def member_inbox(conn: Conn, group_id: str, member_id: str, after: Optional[str]
 
 
 def acknowledge_message(tx: Tx, message_id: str, owner_id: str, generation: int) -> Message:
-    row = tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone()
-    if row is None:
-        raise NotFound(f"message {message_id} not found")
+    row = present(message_by_id(tx.conn, message_id), lambda: NotFound(f"message {message_id} not found"))
     current_lease(tx, row["group_id"], row["to_member_id"], owner_id, generation)
     if row["status"] != "acknowledged":
         tx.conn.execute("UPDATE group_messages SET status = 'acknowledged', acknowledged_at = ? WHERE id = ?",
                         (tx.ts, message_id))
-    return message_of(tx.conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone())
+    return message_of(message_by_id(tx.conn, message_id))
 
 
 def fork_execution_group(tx: Tx, req: ForkExecutionGroup) -> GroupFork:
@@ -4439,15 +4506,14 @@ def fork_execution_group(tx: Tx, req: ForkExecutionGroup) -> GroupFork:
     fork_id, source_id = req.fork_group_id, req.source_group_id
     definition = {k: getattr(req, k) for k in ("source_group_id", "intervention_member_id", "intervention_cursor",
                                                "member_policies", "tool_policies")}
-    existing = tx.conn.execute("SELECT * FROM execution_groups WHERE id = ?", (fork_id,)).fetchone()
+    existing = execution_group_by_id(tx.conn, fork_id)
     if existing is not None:
         receipt = load(existing["fork"])
         if receipt is None or {k: receipt.get(k) for k in definition} != definition:
             raise Conflict("channel_conflict", f"execution group {fork_id} already exists with another definition")
         return group_fork_of(receipt)
     require_execution_group(tx.conn, source_id)
-    members = tx.conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? ORDER BY member_id",
-                              (source_id,)).fetchall()
+    members = member_rows(tx.conn, source_id)
     member_ids = {m["member_id"] for m in members}
     if req.intervention_member_id not in member_ids:
         raise NotFound(f"member {req.intervention_member_id} of execution group {source_id} not found")
@@ -5058,7 +5124,7 @@ def read_snapshot(conn: Conn):
     try:
         yield
     finally:
-        conn.execute("COMMIT")
+        conn.execute(COMMIT)
 
 
 def descendants(conn: Conn, channel_id: str) -> list:
@@ -5093,11 +5159,11 @@ def line_of_row(kind: type, row: Row, **columns) -> ExportLine:
 def stored_run(conn: Conn, channel_id: str) -> RunRows:
     """A channel's rows as export lines."""
     run = RunRows(line_of_row(ChannelLine, require_channel(conn, channel_id)))
-    for row in conn.execute("SELECT * FROM events WHERE channel_id = ? ORDER BY cursor", (channel_id,)):
+    for row in channel_event_rows(conn, channel_id):
         run.events[row["cursor"]] = line_of_row(EventLine, row)
     for row in conn.execute("SELECT * FROM states WHERE channel_id = ? ORDER BY version", (channel_id,)):
         run.states[row["version"]] = line_of_row(StateLine, row, state=state_text(row["state"]))
-    for row in conn.execute("SELECT * FROM executions WHERE channel_id = ? ORDER BY created_at, id", (channel_id,)):
+    for row in channel_execution_rows(conn, channel_id):
         run.executions[row["key_name"]] = line_of_row(ExecutionLine, row)
     return run
 
@@ -5316,7 +5382,7 @@ def first_difference(stored: RunRows, run: RunRows) -> Optional[int]:
 
 def already_here(conn: Conn, run: RunRows) -> bool:
     """True when the channel exists with exactly these rows; Conflict when it exists with others."""
-    if channel_row(conn, run.channel.id) is None:
+    if channel_by_id(conn, run.channel.id) is None:
         return False
     differs = first_difference(stored_run(conn, run.channel.id), run)
     if differs is None:
@@ -5357,8 +5423,7 @@ def check_ids_free(conn: Conn, runs: list) -> None:
 def insert_line(tx: Tx, line: ExportLine, **columns) -> None:
     values = msgspec.structs.asdict(line)
     values.update({name: int(values[name]) for name in line.FLAGS}, **columns)
-    tx.conn.execute(f"INSERT INTO {line.TABLE} ({', '.join(values)}) VALUES ({', '.join('?' * len(values))})",
-                    tuple(values.values()))
+    tx.conn.execute(insert_sql(line.TABLE, tuple(values)), tuple(values.values()))
 
 
 def insert_run(tx: Tx, run: RunRows) -> None:
@@ -6916,10 +6981,9 @@ def failure_message(document: Any) -> Optional[str]:
 
 def step_at(conn: Conn, row: Row, cursor: int) -> Optional[int]:
     """The last step completed at or before `cursor` (a fork's inherited steps count)."""
-    hit = conn.execute("SELECT step_number FROM events WHERE channel_id = ? AND cursor <= ?"
-                       " AND step_number IS NOT NULL ORDER BY cursor DESC LIMIT 1", (row["id"], cursor)).fetchone()
+    hit = last_step_at(conn, row["id"], cursor)
     if hit is not None:
-        return hit[0]
+        return hit
     return (row["forked_at_step"] or None) if row["parent_id"] else None
 
 
@@ -7138,9 +7202,8 @@ def timeline_events(conn: Conn, channel_id: str, start: int, event_type: str) ->
 def step_durations(conn: Conn, channel_id: str, first: int, last: int) -> dict:
     """cursor -> milliseconds since the previous step (the first step: since the run's first event)."""
     before = conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
-                          " AND cursor < ? ORDER BY cursor DESC LIMIT 1", (channel_id, first)).fetchone() \
-        or conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND cursor = 1", (channel_id,)).fetchone()
-    previous = before["created_at"] if before else None
+                          " AND cursor < ? ORDER BY cursor DESC LIMIT 1", (channel_id, first)).fetchone()
+    previous = before["created_at"] if before else first_event_at(conn, channel_id)
     durations = {}
     for r in conn.execute("SELECT cursor, created_at FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
                           " AND cursor BETWEEN ? AND ? ORDER BY cursor", (channel_id, first, last)):
@@ -7241,8 +7304,8 @@ def step_picture(conn: Conn, row: Row, failure: Optional[Failure], forks: list) 
                          " ORDER BY cursor", (row["id"],)).fetchall()
     if not steps:
         return None
-    origin = conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND cursor = 1", (row["id"],)).fetchone()
-    previous, spans = origin["created_at"], []
+    origin = first_event_at(conn, row["id"])
+    previous, spans = origin, []
     for s in steps:
         spans.append((s["step_number"], millis_between(previous, s["created_at"]) or 0))
         previous = s["created_at"]
@@ -7267,7 +7330,7 @@ def step_picture(conn: Conn, row: Row, failure: Optional[Failure], forks: list) 
     marks = [{"x": x_after(f["forked_at_step"]), "label": f"fork {f['channel_id']} after step {f['forked_at_step']}"}
              for f in forks if f.get("forked_at_step")]
     return {"width": width, "height": height, "bars": bars, "marks": marks, "first_step": first_step,
-            "last_step": last_step, "total_ms": millis_between(origin["created_at"], steps[-1]["created_at"]),
+            "last_step": last_step, "total_ms": millis_between(origin, steps[-1]["created_at"]),
             "per_bar": per, "any_bad": any(b["bad"] for b in bars)}
 
 
@@ -7276,7 +7339,7 @@ def default_fork_name(conn: Conn, channel_id: str, fork_count: int) -> str:
     stem = channel_id[:240]
     for n in range(fork_count + 1, fork_count + 50):
         name = f"{stem}-fork-{n}"
-        if channel_row(conn, name) is None:
+        if channel_by_id(conn, name) is None:
             return name
     return f"{stem}-fork-{uuid.uuid4().hex[:8]}"
 
