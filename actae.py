@@ -65,7 +65,16 @@ try:                                   # the PostgreSQL backend; SQLite needs no
 except ImportError:                    # pragma: no cover - `--database postgresql://...` says what to install
     psycopg = psycopg_pool = None
 
-__version__ = "0.1.0"
+
+def _stamped_version() -> Optional[str]:
+    """The version .github/package.sh stamped into a release build (bundled as VERSION), else None."""
+    try:
+        return (Path(sys._MEIPASS) / "VERSION").read_text(encoding="utf-8").strip() or None
+    except (AttributeError, OSError):      # from source (no sys._MEIPASS), or a build nobody stamped
+        return None
+
+
+__version__ = _stamped_version() or "0.1.0"
 
 # =============================================================================
 # Constants and paths
