@@ -2384,7 +2384,7 @@ def user_version(number: int) -> str:
 def _migrate(conn: Conn) -> None:
     """Run the SQLite migrations this file has not run; PRAGMA user_version counts them."""
     current = conn.execute("PRAGMA user_version").fetchone()[0]
-    for number, step in enumerate(SQLITE_MIGRATIONS[current:], start=current + 1):
+    for number, step in enumerate(SQLITE_BACKEND.migrations[current:], start=current + 1):
         if not callable(step):
             conn.executescript(f"{SQLITE.begin_write[0]};\n{step}\n{user_version(number)};\n{COMMIT};")
             continue
@@ -2536,7 +2536,7 @@ def migrate_postgres(raw: "psycopg.Connection") -> None:
     try:
         raw.execute("CREATE TABLE IF NOT EXISTS actae_migrations (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)")
         done = raw.execute("SELECT COALESCE(MAX(version), 0) FROM actae_migrations").fetchone()[0]
-        for number, script in enumerate(POSTGRES_MIGRATIONS[done:], start=done + 1):
+        for number, script in enumerate(POSTGRES_BACKEND.migrations[done:], start=done + 1):
             with raw.transaction():
                 raw.execute(script)
                 raw.execute("INSERT INTO actae_migrations (version, applied_at) VALUES (%s, %s)",
@@ -2656,7 +2656,7 @@ class Location:
 
     @property
     def backend(self) -> str:
-        return "postgresql" if self.url else "sqlite"
+        return backend_for(self).name
 
     @property
     def shared(self) -> bool:
@@ -2676,8 +2676,10 @@ class Location:
 
 def connect_sync(location: Location) -> Any:
     """A configured, migrated connection for the command line (before or beside the server)."""
-    if location.url:
-        return connect_postgres(location.url)
+    return backend_for(location).connect(location)
+
+
+def connect_sqlite(location: Location) -> SqliteConnection:
     conn = sqlite3.connect(location.sqlite_path, isolation_level=None, check_same_thread=False,
                            factory=SqliteConnection)
     _configure(conn)
@@ -2685,11 +2687,38 @@ def connect_sync(location: Location) -> Any:
     return conn
 
 
-class SqliteEngine:
+class Engine:
+    """How a backend's connections meet asyncio: whole domain functions cross to database threads,
+    one writer at a time, readers beside it."""
+
+    def __init__(self, location: Location):
+        self.location = location
+
+    async def open(self) -> None:
+        """Connect, configure and migrate; fail fast with the database's own message."""
+        raise NotImplementedError
+
+    async def read(self, fn: Callable, *args):
+        raise NotImplementedError
+
+    async def write(self, fn: Callable, *args):
+        raise NotImplementedError
+
+    async def listen(self, on_notify: Callable) -> None:
+        """Hear other servers' commits until cancelled (a backend only one server writes hears none)."""
+
+    async def close(self) -> None:
+        raise NotImplementedError
+
+
+class SqliteEngine(Engine):
     """SQLite threads through aiosqlite: one writer connection, a few readers (WAL lets them overlap)."""
 
-    def __init__(self, path: Path, readers: int):
-        self.path, self._reader_count = path, readers
+    READERS = 2                          # readers wait on the disk: more threads do not pay
+
+    def __init__(self, location: Location):
+        super().__init__(location)
+        self.path, self._reader_count = location.sqlite_path, self.READERS
         self._writer: Optional[aiosqlite.Connection] = None
         self._readers: list = []
         self._next_reader = 0
@@ -2718,9 +2747,6 @@ class SqliteEngine:
     async def write(self, fn: Callable, *args):
         return await self._call(self._writer, fn, *args)
 
-    async def listen(self, on_notify: Callable) -> None:
-        """One process writes a SQLite file: its own commits are all there is to hear."""
-
     async def close(self) -> None:
         for conn in [*self._readers, self._writer]:
             if conn is not None:
@@ -2730,7 +2756,7 @@ class SqliteEngine:
 POSTGRES_RECONNECT_SECONDS = 1.0
 
 
-class PostgresEngine:
+class PostgresEngine(Engine):
     """psycopg connections from psycopg_pool pools, each call on a thread of its own pool.
 
     Domain functions are synchronous (the same ones SQLite runs), so they run on threads with
@@ -2738,8 +2764,12 @@ class PostgresEngine:
     AsyncConnection), as it only waits.
     """
 
-    def __init__(self, url: str, readers: int):
-        self.url, self._reader_count = url, readers
+    READERS = 4                          # readers wait on the network: more threads pay there
+
+    def __init__(self, location: Location):
+        super().__init__(location)
+        readers = self.READERS
+        self.url, self._reader_count = location.url, readers
         self.origin = secrets.token_hex(8)
         self._writer_pool = self._reader_pool = None
         self._writer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="actae-pg-writer")
@@ -2822,9 +2852,7 @@ class Database:
 
     def __init__(self, location: Location):
         self.location = location
-        # PostgreSQL readers wait on the network, SQLite's on the disk: more threads pay there.
-        self.engine = (PostgresEngine(location.url, readers=4) if location.url
-                       else SqliteEngine(location.sqlite_path, readers=2))
+        self.engine = backend_for(location).engine(location)
         self._queue: Optional[asyncio.Queue] = None
         self._writer_task: Optional[asyncio.Task] = None
         self._listener_task: Optional[asyncio.Task] = None
@@ -2907,6 +2935,27 @@ class Database:
                 job.future.set_exception(result)
             else:
                 job.future.set_result(result)
+
+
+@dataclass(frozen=True)
+class Backend:
+    """One storage backend, whole: adding one means one of these, a Dialect, a schema list and an Engine."""
+
+    name: str                                # what /api/v1/instance reports
+    dialect: Dialect
+    migrations: list                         # its one schema list
+    engine: type                             # an Engine subclass: the server's connections
+    connect: Callable[[Location], Any]       # a configured, migrated connection for the command line
+
+
+SQLITE_BACKEND = Backend("sqlite", SQLITE, SQLITE_MIGRATIONS, SqliteEngine, connect_sqlite)
+POSTGRES_BACKEND = Backend("postgresql", POSTGRES, POSTGRES_MIGRATIONS, PostgresEngine,
+                           lambda location: connect_postgres(location.url))
+
+
+def backend_for(location: Location) -> Backend:
+    """The one place a backend is chosen: a database URL names PostgreSQL, else the data dir's SQLite file."""
+    return POSTGRES_BACKEND if location.url else SQLITE_BACKEND
 
 
 # =============================================================================
