@@ -10,6 +10,38 @@ It prints the dashboard URL and, on first start, a one-time API key for the SDK:
 
     from actae_client import ActaeClient, AgentSession
     client = ActaeClient(endpoint="http://127.0.0.1:8002", api_key="sk-...")
+
+The map: the sections below, top to bottom, each under a banner of its own. A name is defined
+before the sections that read it at import time.
+
+Constants and paths — limits, file names, the vocabulary of run, execution and claim states
+Errors — ActaeError and its family; error_response maps each to its HTTP status, once
+Small helpers — time, ids, canonical JSON, the event chain's hash
+Request records — every body, query string, path and frame (the dashboard's too), decoded once
+Response records — every API answer, declared once; /openapi.json documents them
+Schema and migrations — the schema list of each backend (SQLite, PostgreSQL), append-only
+Storage — the connection interface, one Dialect per backend, SQLite's and PostgreSQL's connections
+Database — the one writer path (group commit), the engines, the Backend chosen in backend_for
+Store — the queries more than one place needs, one named function each
+Domain: channels, events, state — append_event (cursor and chain), snapshots, metadata, steps
+Domain: forks — copy-on-write forks, receipts, the fork tree
+Domain: diff, compare, trail, outcome, promote, delete, experiments
+Domain: the execution ledger and fork tool policies — claims, leases, replay, block
+Domain: scheduled wake-ups — stored wake-ups and the write that fires them
+Scheduler — the task that fires due wake-ups, across restarts
+Domain: consumer groups — at-least-once workers on one channel
+Domain: execution groups — fenced member leases, durable messages, group forks
+Domain: principals, API keys, accounts, login tokens, dashboard sessions
+Authentication — the key ring, token and session checks, same-origin and form tokens
+Moving runs — export and import as JSON Lines, over HTTP and from the command line
+HTTP API: handlers — one per route, named after it, returning its response record
+HTTP API: the route table — API_ROUTES, scopes, authorization, the OpenAPI document
+WebSocket — /ws: in-band auth, subscribe with catch-up, publish with ack
+Dashboard: data for the pages — reads that build what each page shows
+Dashboard: page handlers — rendering, sign-in, the fork and delete forms, keys
+Connections — uvicorn's HTTP protocol with bounds an unauthenticated client cannot pass
+App factory — create_app: the routes, middleware and lifespan
+Command line — main(): serve, key, user, export, import
 """
 from __future__ import annotations
 
@@ -149,6 +181,7 @@ class Settings:
     max_header_bytes: int = 64 * 1024  # request line and headers
     max_headers: int = 100
     open_signup: bool = False          # anyone may create an account (else only an admin key may)
+
 
 # =============================================================================
 # Errors: one exception type, mapped to HTTP in one place (error_response)
@@ -782,6 +815,16 @@ ClientFrame = Union[AuthFrame, SubscribeFrame, UnsubscribeFrame, PublishFrame, P
 
 class TimelineQuery(Record, kw_only=True):
     start: Positive = 1
+
+
+class RunsPageQuery(Record, kw_only=True):
+    count: Count = 0                  # how many runs the delete just before removed
+
+
+class RunPageQuery(TimelineQuery, kw_only=True):
+    type: Annotated[str, Meta(max_length=256)] = ""     # only events of this type ("steps": only steps)
+    step: Optional[Positive] = None                       # jump to this step
+    fork_step: Optional[Positive] = None                  # open the fork form at this step
 
 
 class ErrorBody(Struct):
@@ -4249,6 +4292,59 @@ def next_wakeup_at(conn: Conn) -> Optional[str]:
 
 
 # =============================================================================
+# Scheduler: fires persisted wake-ups (so they survive restarts)
+# =============================================================================
+
+
+def seconds_until(stamp: str) -> float:
+    """Seconds from now to a stored timestamp; one that cannot be read counts as a second away."""
+    try:
+        return (parse_iso(stamp) - utc_now()).total_seconds()
+    except ActaeError:
+        return 1.0
+
+
+class Scheduler:
+    """Sleeps until the earliest pending wake-up (at most a second), then fires what is due."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        self._nudged = asyncio.Event()
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # noqa: BLE001 - shutting down must still close the database
+                log.exception("the wake-up scheduler had failed")
+
+    def nudge(self) -> None:
+        """A new wake-up may be due sooner than the one we sleep for."""
+        self._nudged.set()
+
+    async def _run(self) -> None:
+        while True:
+            self._nudged.clear()
+            try:
+                while await self.db.write(fire_due_wakeups) == WAKEUP_BATCH:
+                    pass
+                upcoming = await self.db.read(next_wakeup_at)
+            except Exception:  # noqa: BLE001 - a failed round is retried; the loop must not die
+                log.exception("firing wake-ups failed")
+                upcoming = None
+            delay = 1.0 if upcoming is None else seconds_until(upcoming)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._nudged.wait(), timeout=min(max(delay, 0.01), 1.0))
+
+
+# =============================================================================
 # Domain: consumer groups (at-least-once workers on one channel)
 # =============================================================================
 
@@ -4974,6 +5070,151 @@ def session_principal(conn: Conn, session_id: str, now: str, env_key: bool) -> O
         return user_principal(user, auth_method="password") if user else None
     key = active_key(conn, ref, now)
     return key_principal(key) if key else None
+
+
+# =============================================================================
+# Authentication: API keys for the API, server-side sessions for the dashboard
+# =============================================================================
+
+
+class KeyRing:
+    """The valid API keys by hash, as principals, in memory: checking a key reads nothing from disk.
+
+    `key rotate`, `key create` and `key revoke` may run in another process, so the set is read
+    again when it is more than KEY_REFRESH_SECONDS old, and on a miss when it is more than
+    KEY_MISS_RELOAD_SECONDS old (so a key just created elsewhere works at once, and a flood of
+    wrong keys costs at most a few reads a second); each read is shared by every request waiting
+    on it. A change made by this server calls `reload` itself and takes effect at once.
+    """
+
+    def __init__(self, db: Database):
+        self.db = db
+        self.by_hash: dict = {}
+        self.by_key: dict = {}           # keys seen since the last reload: no hashing per request
+        self.loaded_at = -math.inf
+        self.loading: Optional[asyncio.Future] = None
+
+    async def reload(self) -> None:
+        rows = await self.db.read(active_keys)
+        self.by_hash = {hashed: key_principal(row) for hashed, row in rows.items()}
+        self.by_key = {}
+        self.loaded_at = time.monotonic()
+
+    async def fresh(self, max_age: float) -> None:
+        if time.monotonic() - self.loaded_at > max_age:
+            if self.loading is None or self.loading.done():
+                self.loading = asyncio.ensure_future(self.reload())
+            await asyncio.shield(self.loading)
+
+    async def lookup(self, key: str) -> Optional[Principal]:
+        await self.fresh(KEY_REFRESH_SECONDS)
+        found = self.by_key.get(key)
+        if found is None:
+            hashed = key_hash(key)
+            found = self.by_hash.get(hashed)
+            if found is None:
+                await self.fresh(KEY_MISS_RELOAD_SECONDS)
+                found = self.by_hash.get(hashed)
+            if found is not None and len(self.by_key) < 1024:
+                self.by_key[key] = found
+        return found
+
+
+async def check_key(app, key: Any) -> Principal:
+    """Who a credential (an API key, or a login token) is; Unauthorized when it is missing, wrong,
+    expired or revoked."""
+    if not isinstance(key, str) or not key:
+        raise Unauthorized("missing API key: send it in the x-api-key header")
+    if looks_like_token(key):
+        return (await check_token(app, key))[0]
+    env_key = app.state.env_key
+    if env_key and same_secret(key, env_key):
+        return ENV_PRINCIPAL
+    found = await app.state.keys.lookup(key)
+    if found is None or (found.expires_at is not None and found.expires_at <= iso(utc_now())):
+        raise Unauthorized("invalid, expired or revoked API key")
+    note_key_use(app, found.key_row)
+    return found
+
+
+async def check_token(app, token: str) -> tuple:
+    """(Principal, UserInfo) of a live login token; Unauthorized otherwise."""
+    claims = token_claims(app.state.token_secret, token, utc_now())
+    identity = await app.state.db.read(token_identity, claims["jti"], iso(utc_now())) if claims else None
+    if identity is None:
+        raise Unauthorized("invalid, expired or logged-out token: log in again")
+    return identity
+
+
+def note_key_use(app, key_id: int) -> None:
+    """Record a key's last use at most once a minute, off the request's path (never a write per request)."""
+    now, touched = time.monotonic(), app.state.key_touched
+    if now - touched.get(key_id, -KEY_TOUCH_SECONDS) < KEY_TOUCH_SECONDS:
+        return
+    touched[key_id] = now
+    task = asyncio.get_running_loop().create_task(app.state.db.write(touch_key, key_id))
+    app.state.background.add(task)
+
+    def done(finished: asyncio.Task) -> None:
+        app.state.background.discard(finished)
+        if not finished.cancelled() and not isinstance(finished.exception(), (ShuttingDown, type(None))):
+            log.warning("recording a key's last use failed: %s", finished.exception())
+    task.add_done_callback(done)
+
+
+def bearer_token(request: Request) -> Optional[str]:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+
+
+def key_ref(app, key: str) -> str:
+    """How a session names the key it was opened with: "env", or the key's hash."""
+    return "env" if app.state.env_key and same_secret(key, app.state.env_key) else key_hash(key)
+
+
+def form_token(session_id: str) -> str:
+    """The per-session token every dashboard form carries; only the session's own pages can know it."""
+    return sha256_hex("form:" + session_id)
+
+
+async def current_session(request: Request) -> Optional[str]:
+    """The session id of the request's cookie when it names a live session of a valid key or account;
+    sets request.state.principal to whom it acts for."""
+    session_id = request.cookies.get(SESSION_COOKIE)
+    if not session_id:
+        return None
+    principal = await db_of(request).read(session_principal, session_id, iso(utc_now()),
+                                          bool(request.app.state.env_key))
+    if principal is None:
+        return None
+    request.state.principal = principal
+    return session_id
+
+
+# --- what a page may be asked by another origin: nothing --------------------------------------
+
+
+def served_origin(request: Request) -> str:
+    return f"{request.url.scheme}://{request.headers.get('host', '')}"
+
+
+def require_same_origin(request: Request) -> None:
+    """A state-changing dashboard POST must come from one of our own pages (Origin, else Referer).
+
+    SameSite cookies do not separate two ports of 127.0.0.1, so the origin is checked as well.
+    """
+    origin = request.headers.get("origin")
+    if origin is None:
+        referer = urlsplit(request.headers.get("referer", ""))
+        origin = f"{referer.scheme}://{referer.netloc}" if referer.netloc else None
+    if origin != served_origin(request):
+        raise Forbidden("this form can only be sent from the dashboard's own pages")
+
+
+def require_form_token(request: Request, form: dict) -> None:
+    expected = form_token(request.state.session_id)
+    if not same_secret(form.get("csrf_token", ""), expected):
+        raise Forbidden("the form's token is missing or stale: reload the page and submit again")
 
 
 # =============================================================================
@@ -6115,151 +6356,6 @@ async def openapi_json(request: Request) -> dict[str, Any]:
 
 
 # =============================================================================
-# Authentication: API keys for the API, server-side sessions for the dashboard
-# =============================================================================
-
-
-class KeyRing:
-    """The valid API keys by hash, as principals, in memory: checking a key reads nothing from disk.
-
-    `key rotate`, `key create` and `key revoke` may run in another process, so the set is read
-    again when it is more than KEY_REFRESH_SECONDS old, and on a miss when it is more than
-    KEY_MISS_RELOAD_SECONDS old (so a key just created elsewhere works at once, and a flood of
-    wrong keys costs at most a few reads a second); each read is shared by every request waiting
-    on it. A change made by this server calls `reload` itself and takes effect at once.
-    """
-
-    def __init__(self, db: Database):
-        self.db = db
-        self.by_hash: dict = {}
-        self.by_key: dict = {}           # keys seen since the last reload: no hashing per request
-        self.loaded_at = -math.inf
-        self.loading: Optional[asyncio.Future] = None
-
-    async def reload(self) -> None:
-        rows = await self.db.read(active_keys)
-        self.by_hash = {hashed: key_principal(row) for hashed, row in rows.items()}
-        self.by_key = {}
-        self.loaded_at = time.monotonic()
-
-    async def fresh(self, max_age: float) -> None:
-        if time.monotonic() - self.loaded_at > max_age:
-            if self.loading is None or self.loading.done():
-                self.loading = asyncio.ensure_future(self.reload())
-            await asyncio.shield(self.loading)
-
-    async def lookup(self, key: str) -> Optional[Principal]:
-        await self.fresh(KEY_REFRESH_SECONDS)
-        found = self.by_key.get(key)
-        if found is None:
-            hashed = key_hash(key)
-            found = self.by_hash.get(hashed)
-            if found is None:
-                await self.fresh(KEY_MISS_RELOAD_SECONDS)
-                found = self.by_hash.get(hashed)
-            if found is not None and len(self.by_key) < 1024:
-                self.by_key[key] = found
-        return found
-
-
-async def check_key(app, key: Any) -> Principal:
-    """Who a credential (an API key, or a login token) is; Unauthorized when it is missing, wrong,
-    expired or revoked."""
-    if not isinstance(key, str) or not key:
-        raise Unauthorized("missing API key: send it in the x-api-key header")
-    if looks_like_token(key):
-        return (await check_token(app, key))[0]
-    env_key = app.state.env_key
-    if env_key and same_secret(key, env_key):
-        return ENV_PRINCIPAL
-    found = await app.state.keys.lookup(key)
-    if found is None or (found.expires_at is not None and found.expires_at <= iso(utc_now())):
-        raise Unauthorized("invalid, expired or revoked API key")
-    note_key_use(app, found.key_row)
-    return found
-
-
-async def check_token(app, token: str) -> tuple:
-    """(Principal, UserInfo) of a live login token; Unauthorized otherwise."""
-    claims = token_claims(app.state.token_secret, token, utc_now())
-    identity = await app.state.db.read(token_identity, claims["jti"], iso(utc_now())) if claims else None
-    if identity is None:
-        raise Unauthorized("invalid, expired or logged-out token: log in again")
-    return identity
-
-
-def note_key_use(app, key_id: int) -> None:
-    """Record a key's last use at most once a minute, off the request's path (never a write per request)."""
-    now, touched = time.monotonic(), app.state.key_touched
-    if now - touched.get(key_id, -KEY_TOUCH_SECONDS) < KEY_TOUCH_SECONDS:
-        return
-    touched[key_id] = now
-    task = asyncio.get_running_loop().create_task(app.state.db.write(touch_key, key_id))
-    app.state.background.add(task)
-
-    def done(finished: asyncio.Task) -> None:
-        app.state.background.discard(finished)
-        if not finished.cancelled() and not isinstance(finished.exception(), (ShuttingDown, type(None))):
-            log.warning("recording a key's last use failed: %s", finished.exception())
-    task.add_done_callback(done)
-
-
-def bearer_token(request: Request) -> Optional[str]:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def key_ref(app, key: str) -> str:
-    """How a session names the key it was opened with: "env", or the key's hash."""
-    return "env" if app.state.env_key and same_secret(key, app.state.env_key) else key_hash(key)
-
-
-def form_token(session_id: str) -> str:
-    """The per-session token every dashboard form carries; only the session's own pages can know it."""
-    return sha256_hex("form:" + session_id)
-
-
-async def current_session(request: Request) -> Optional[str]:
-    """The session id of the request's cookie when it names a live session of a valid key or account;
-    sets request.state.principal to whom it acts for."""
-    session_id = request.cookies.get(SESSION_COOKIE)
-    if not session_id:
-        return None
-    principal = await db_of(request).read(session_principal, session_id, iso(utc_now()),
-                                          bool(request.app.state.env_key))
-    if principal is None:
-        return None
-    request.state.principal = principal
-    return session_id
-
-
-# --- what a page may be asked by another origin: nothing --------------------------------------
-
-
-def served_origin(request: Request) -> str:
-    return f"{request.url.scheme}://{request.headers.get('host', '')}"
-
-
-def require_same_origin(request: Request) -> None:
-    """A state-changing dashboard POST must come from one of our own pages (Origin, else Referer).
-
-    SameSite cookies do not separate two ports of 127.0.0.1, so the origin is checked as well.
-    """
-    origin = request.headers.get("origin")
-    if origin is None:
-        referer = urlsplit(request.headers.get("referer", ""))
-        origin = f"{referer.scheme}://{referer.netloc}" if referer.netloc else None
-    if origin != served_origin(request):
-        raise Forbidden("this form can only be sent from the dashboard's own pages")
-
-
-def require_form_token(request: Request, form: dict) -> None:
-    expected = form_token(request.state.session_id)
-    if not same_secret(form.get("csrf_token", ""), expected):
-        raise Forbidden("the form's token is missing or stale: reload the page and submit again")
-
-
-# =============================================================================
 # HTTP API: the route table, and the OpenAPI document generated from it
 # =============================================================================
 
@@ -6934,7 +7030,7 @@ async def ws_handle_frame(conn: WsConnection, db: Database, text: str) -> None:
 
 
 # =============================================================================
-# Dashboard: data for the pages (reads), then the page handlers
+# Dashboard: data for the pages (reads that build what a page shows)
 # =============================================================================
 
 RUNS_PAGE_SIZE = 50
@@ -7493,8 +7589,9 @@ def ledger_page(conn: Conn, filters: dict, before: Optional[str]) -> tuple:
     return executions, blocked_attempts(conn, filters.get("channel_id")), next_page_token(rows, "created_at"), tools
 
 
-# --- rendering --------------------------------------------------------------------------
-
+# =============================================================================
+# Dashboard: page handlers (rendering, sign-in, forms; one per page)
+# =============================================================================
 
 def pretty_json(value: Any) -> str:
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
@@ -7691,16 +7788,6 @@ async def page_logout(request: Request) -> Response:
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="strict")
     return response
-
-
-class RunsPageQuery(Record, kw_only=True):
-    count: Count = 0                  # how many runs the delete just before removed
-
-
-class RunPageQuery(TimelineQuery, kw_only=True):
-    type: Annotated[str, Meta(max_length=256)] = ""     # only events of this type ("steps": only steps)
-    step: Optional[Positive] = None                       # jump to this step
-    fork_step: Optional[Positive] = None                  # open the fork form at this step
 
 
 def page_query(request: Request, kind: type) -> Struct:
@@ -8045,59 +8132,6 @@ async def page_keys_revoke(request: Request) -> Response:
     key_id = decode_params(request.path_params, path_record("/{key_id}"), "path").key_id
     await change_keys(request, revoke_key, key_id)
     return RedirectResponse("/keys", status_code=303)
-
-
-# =============================================================================
-# Scheduler: fires persisted wake-ups (so they survive restarts)
-# =============================================================================
-
-
-def seconds_until(stamp: str) -> float:
-    """Seconds from now to a stored timestamp; one that cannot be read counts as a second away."""
-    try:
-        return (parse_iso(stamp) - utc_now()).total_seconds()
-    except ActaeError:
-        return 1.0
-
-
-class Scheduler:
-    """Sleeps until the earliest pending wake-up (at most a second), then fires what is due."""
-
-    def __init__(self, db: Database):
-        self.db = db
-        self._nudged = asyncio.Event()
-        self._task: Optional[asyncio.Task] = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            except Exception:  # noqa: BLE001 - shutting down must still close the database
-                log.exception("the wake-up scheduler had failed")
-
-    def nudge(self) -> None:
-        """A new wake-up may be due sooner than the one we sleep for."""
-        self._nudged.set()
-
-    async def _run(self) -> None:
-        while True:
-            self._nudged.clear()
-            try:
-                while await self.db.write(fire_due_wakeups) == WAKEUP_BATCH:
-                    pass
-                upcoming = await self.db.read(next_wakeup_at)
-            except Exception:  # noqa: BLE001 - a failed round is retried; the loop must not die
-                log.exception("firing wake-ups failed")
-                upcoming = None
-            delay = 1.0 if upcoming is None else seconds_until(upcoming)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._nudged.wait(), timeout=min(max(delay, 0.01), 1.0))
 
 
 # =============================================================================

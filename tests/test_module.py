@@ -56,3 +56,43 @@ def test_the_collector_finds_statements_and_repeats():
 def test_no_sql_statement_text_appears_twice():
     repeated = {text: lines for text, lines in sql_statements(SOURCE).items() if len(lines) > 1}
     assert not repeated, "\n".join(f"lines {lines}: {text[:160]}" for text, lines in sorted(repeated.items()))
+
+
+BANNER = re.compile(r"^# =+\n# (.+)\n# =+$", re.M)
+
+
+def banners(source: str) -> list:
+    return BANNER.findall(source)
+
+
+def banner_titles(source: str) -> list:
+    """Each section's banner title up to any colon or parenthesis, in file order."""
+    return [re.split(r"[:(]", title, maxsplit=1)[0].strip() for title in banners(source)]
+
+
+def map_lines(source: str) -> list:
+    doc = ast.get_docstring(ast.parse(source))
+    return [line for line in doc.split("The map:", 1)[1].splitlines()[3:] if line.strip()]
+
+
+def test_the_docstring_map_lists_every_section_in_file_order():
+    titles, lines = banner_titles(SOURCE), map_lines(SOURCE)
+    assert len(titles) >= 20
+    assert len(lines) == len(titles), (titles, lines)
+    for title, banner, line in zip(titles, banners(SOURCE), lines):
+        assert line.startswith(title), f"map line {line!r} should begin with the banner title {title!r}"
+        head = line.split(" — ", 1)[0]
+        assert banner.startswith(head), f"map line {line!r} names more than its banner {banner!r}"
+
+
+def test_related_sections_sit_together():
+    titles = banner_titles(SOURCE)
+    full = banners(SOURCE)
+    at = {title: i for i, title in enumerate(full)}
+    principals = next(i for t, i in at.items() if t.startswith("Domain: principals, API keys"))
+    assert titles[principals + 1] == "Authentication"
+    assert titles[next(i for t, i in at.items() if t.startswith("Domain: scheduled wake-ups")) + 1] == "Scheduler"
+    assert any(t.startswith("Dashboard: page handlers") for t in full)
+    # the dashboard's query records are request records like the others
+    request_section = SOURCE.split("# Request records", 1)[1].split("# Response records", 1)[0]
+    assert "class RunPageQuery(" in request_section and "class RunsPageQuery(" in request_section
