@@ -4207,11 +4207,10 @@ def cancel_execution(tx: Tx, execution_id: str, token: Optional[str]) -> Executi
 
 
 def list_executions(conn: Conn, channel_id: Optional[str], limit: int) -> list[Execution]:
-    if channel_id is None:
-        rows = conn.execute("SELECT * FROM executions ORDER BY created_at DESC, id LIMIT ?", (limit,))
-    else:
-        rows = conn.execute("SELECT * FROM executions WHERE channel_id = ? ORDER BY created_at DESC, id LIMIT ?",
-                            (channel_id, limit))
+    """Newest first; claims made in the same millisecond on a channel by the cursor of their start."""
+    where = Where().add_if(channel_id, "channel_id = ?")
+    rows = conn.execute(f"SELECT * FROM executions{where} ORDER BY created_at DESC, started_cursor DESC, id"
+                        " LIMIT ?", (*where.args, limit))
     return [execution_of(r) for r in rows.fetchall()]
 
 
