@@ -817,14 +817,40 @@ class TimelineQuery(Record, kw_only=True):
     start: Positive = 1
 
 
+PageText = Annotated[str, Meta(max_length=4096)]       # a page's free query text; the page checks what it means
+
+
 class RunsPageQuery(Record, kw_only=True):
-    count: Count = 0                  # how many runs the delete just before removed
+    q: PageText = ""                  # a substring of the run's id or name
+    status: PageText = ""             # one of RUN_STATES ("failed": crashes too)
+    after: Optional[PageText] = None  # the next page's token
+    deleted: PageText = ""            # the run the delete just before removed
+    count: Count = 0                  # how many runs that delete removed
 
 
 class RunPageQuery(TimelineQuery, kw_only=True):
     type: Annotated[str, Meta(max_length=256)] = ""     # only events of this type ("steps": only steps)
     step: Optional[Positive] = None                       # jump to this step
     fork_step: Optional[Positive] = None                  # open the fork form at this step
+    fork_error: Optional[PageText] = None                 # the flash id of a refused fork form
+    created: PageText = ""                                # "1" right after the fork was made
+
+
+class DiffPageQuery(Record, kw_only=True):
+    left: PageText = ""
+    right: PageText = ""
+
+
+class LedgerPageQuery(Record, kw_only=True):
+    channel_id: Optional[PageText] = None
+    tool: Optional[PageText] = None
+    status: Optional[PageText] = None       # one of EXECUTION_STATES
+    since: Optional[PageText] = None        # one of LEDGER_SINCE
+    before: Optional[PageText] = None       # the next page's token
+
+
+class FlashQuery(Record, kw_only=True):
+    error: Optional[PageText] = None        # the flash id of a refused form
 
 
 class ErrorBody(Struct):
@@ -7795,17 +7821,16 @@ def page_query(request: Request, kind: type) -> Struct:
 
 
 async def page_runs(request: Request) -> Response:
-    q = request.query_params.get("q", "").strip()
-    status = request.query_params.get("status", "")
+    query = page_query(request, RunsPageQuery)
+    q, status = query.q.strip(), query.status
     if status and status not in RUN_STATES:
         raise BadRequest(f"status must be one of {', '.join(RUN_STATES)}")
-    runs, after = await db_of(request).read(runs_page, q, status, request.query_params.get("after"))
+    runs, after = await db_of(request).read(runs_page, q, status, query.after)
     next_url = f"/?{urlencode({'q': q, 'status': status, 'after': after})}" if after else None
-    deleted = request.query_params.get("deleted", "")[:256]
     return render(request, "runs.html", {"title": "Runs", "runs": runs, "q": q, "status": status,
                                          "statuses": list(RUN_STATES), "next_url": next_url,
-                                         "grouped": not q and not status, "deleted": deleted,
-                                         "deleted_count": page_query(request, RunsPageQuery).count})
+                                         "grouped": not q and not status, "deleted": query.deleted[:256],
+                                         "deleted_count": query.count})
 
 
 def timeline_links(channel_id: str, start: int, total: int, event_type: str, more: Optional[int]) -> dict:
@@ -7869,14 +7894,14 @@ async def run_context(request: Request, channel_id: str, jump_error: Optional[st
     total, more = data.pop("total"), data.pop("more")
     page = {**timeline_links(channel_id, start, total, event_type, more), "start": data.pop("start"),
             "end": data.pop("end"), "total": data["run"]["event_count"], "filtered": bool(event_type)}
-    flash = flash_store(request.app).get(request.query_params.get("fork_error"))
+    flash = flash_store(request.app).get(query.fork_error)
     run = data["run"]
     snippet = continue_snippet(str(request.base_url).rstrip("/"), channel_id, run["step_count"] + 1) \
         if run["parent_channel_id"] else None
     return {"title": run["display_name"], **data, "page": page, "event_type": event_type,
             "form": fork_form_values(request, data, flash), "fork_error": flash["error"] if flash else None,
             "fork_field": flash["field"] if flash else None, "jump_error": jump_error,
-            "created": request.query_params.get("created") == "1", "snippet": snippet}
+            "created": query.created == "1", "snippet": snippet}
 
 
 async def jump_to_step(request: Request, channel_id: str) -> Response:
@@ -7896,7 +7921,7 @@ async def jump_to_step(request: Request, channel_id: str) -> Response:
 
 async def page_run(request: Request) -> Response:
     channel_id = path_channel(request)
-    if request.query_params.get("step"):
+    if page_query(request, RunPageQuery).step is not None:
         return await jump_to_step(request, channel_id)
     return render(request, "run.html", await run_context(request, channel_id))
 
@@ -7908,7 +7933,8 @@ async def page_tree(request: Request) -> Response:
 
 
 async def page_diff(request: Request) -> Response:
-    left, right = request.query_params.get("left", ""), request.query_params.get("right", "")
+    query = page_query(request, DiffPageQuery)
+    left, right = query.left, query.right
     diff, error = None, None
     if left and right:
         try:
@@ -7920,10 +7946,8 @@ async def page_diff(request: Request) -> Response:
                                          "diff": diff, "error": error}, status=400 if error else 200)
 
 
-def ledger_filters(request: Request) -> dict:
-    params = request.query_params
-    filters = {"channel_id": params.get("channel_id") or None, "tool": params.get("tool") or None,
-               "status": params.get("status") or None, "since": params.get("since") or None}
+def ledger_filters(query: LedgerPageQuery) -> dict:
+    filters = {"channel_id": query.channel_id, "tool": query.tool, "status": query.status, "since": query.since}
     if filters["channel_id"]:
         valid_channel(filters["channel_id"])
     if filters["status"] and filters["status"] not in EXECUTION_STATES:
@@ -7935,9 +7959,9 @@ def ledger_filters(request: Request) -> dict:
 
 
 async def page_ledger(request: Request) -> Response:
-    filters = ledger_filters(request)
-    executions, blocked, before, tools = await db_of(request).read(ledger_page, filters,
-                                                                   request.query_params.get("before"))
+    query = page_query(request, LedgerPageQuery)
+    filters = ledger_filters(query)
+    executions, blocked, before, tools = await db_of(request).read(ledger_page, filters, query.before)
     shown = {k: v for k, v in filters.items() if v and k != "since_at"}
     next_url = f"/ledger?{urlencode({**shown, 'before': before})}" if before else None
     return render(request, "ledger.html", {
@@ -8067,7 +8091,7 @@ async def page_fork(request: Request) -> Response:
 async def page_delete_confirm(request: Request) -> Response:
     channel_id = path_channel(request)
     plan = await db_of(request).read(deletion_plan, channel_id)
-    flash = flash_store(request.app).get(request.query_params.get("error"))
+    flash = flash_store(request.app).get(page_query(request, FlashQuery).error)
     return render(request, "delete.html", {"title": f"Delete {channel_id}", "plan": plan,
                                            "error": flash["error"] if flash else None})
 
