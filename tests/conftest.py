@@ -309,8 +309,8 @@ class ServerProcess:
         except AssertionError as exc:
             raise RuntimeError(f"server never became healthy ({exc}):\n" + "\n".join(self.lines)) from None
 
-    def stop(self, sig=signal.SIGINT, timeout=15.0) -> int:
-        """Stop with `sig` (Ctrl-C by default) and return the exit code."""
+    def stop(self, sig=signal.SIGINT, timeout=15.0) -> int | None:
+        """Stop with `sig` (Ctrl-C by default) and return the exit code (None if it never started)."""
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -318,7 +318,7 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        return self.proc.returncode
+        return self.proc.returncode if self.proc else None
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
@@ -423,6 +423,24 @@ def unique(request):
     """A channel-id-safe name unique to this test: `unique("base")` -> `t<hash>-base`."""
     tag = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:10]
     return lambda suffix="": f"t{tag}-{suffix}" if suffix else f"t{tag}"
+
+
+def state_sha256(state) -> str:
+    """The documented state hash: sha256 of canonical JSON (sorted keys, `,`/`:` separators, UTF-8)."""
+    text = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+async def replay_all(client, channel) -> list:
+    """Every event of `channel`, paging the way the SDK does (limit 1000, exclusive cursor)."""
+    events, cursor = [], 0
+    while True:
+        page = await client.replay(channel, cursor=cursor, limit=1000)
+        if not page:
+            return events
+        assert page[-1].cursor > cursor, "replay did not advance past the requested cursor"
+        events += page
+        cursor = page[-1].cursor
 
 
 def session_log(events):

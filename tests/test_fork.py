@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
 import os
 import subprocess
@@ -19,17 +18,11 @@ from actae_client import AgentSession, APIError, ForkToolBlockedError, SnapshotB
 # Not re-exported by the package root in 1.3.0.
 from actae_client.errors import ChannelConflictError, IdempotencyConflictError, NoRestorableCheckpointError
 
-from conftest import http
+from conftest import http, state_sha256
 
 STEP_NAMES = ("research", "insights", "risks", "recommendations", "summary", "finalize")
 POLICIES = {"charge_customer": "block", "*": "auto"}
 CHARGE = ("inv-1", "charge_customer", {"amount_cents": 4900})
-
-
-def state_sha256(state):
-    """The documented state hash: sha256 of canonical JSON (sorted keys, `,`/`:` separators, UTF-8)."""
-    text = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 async def events(client, channel):

@@ -15,25 +15,13 @@ import pytest
 from actae_client import ActaeClient, AgentSession, AuthError, SessionCompletedError, VersionConflictError
 from actae_client.errors import ActaeError, IdempotencyConflictError
 
-from conftest import ServerProcess, cli, http, poll, run, using
+from conftest import ServerProcess, cli, http, poll, replay_all, run, using
 
 STEP_NAMES = ["research", "insights", "risks", "recommendations", "summary", "finalize"]
 KEY_RE = re.compile(r"^API key:\s+(sk-[A-Za-z0-9_-]{32,})(\s|$)")
 URL_SAFE_ID = re.compile(r"^[A-Za-z0-9._~:-]+$")
 RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|\+00:00)$")
 WS_WAIT = 20  # seconds: a hang guard for frames that never come, not a timing assertion
-
-
-async def replay_all(client, channel):
-    """Every event of `channel`, paging the way the SDK does (limit 1000, exclusive cursor)."""
-    events, cursor = [], 0
-    while True:
-        page = await client.replay(channel, cursor=cursor, limit=1000)
-        if not page:
-            return events
-        assert page[-1].cursor > cursor, "replay did not advance past the requested cursor"
-        events += page
-        cursor = page[-1].cursor
 
 
 # --------------------------------------------------------------------------------------------
