@@ -293,6 +293,14 @@ def run_attack(server, count: int, opening: bytes, *, drip: Optional[Callable[[i
         deadline = time.monotonic() + watch_for
         next_drip, drips = time.monotonic() + drip_every, 0
         live = len(attack.conns)
+
+        def closed(conn, end: str) -> None:
+            """The server ended `conn` (`end`: "reset" or "eof"); what it sent before is kept."""
+            nonlocal live
+            conn.ending = Ending(end, time.monotonic(), conn.ending.data if conn.ending else b"")
+            sel.unregister(conn.sock)
+            live -= 1
+
         while live and time.monotonic() < deadline:
             for key, _ in sel.select(timeout=0.02):
                 conn = key.data
@@ -301,16 +309,12 @@ def run_attack(server, count: int, opening: bytes, *, drip: Optional[Callable[[i
                 except BlockingIOError:
                     continue
                 except (ConnectionResetError, BrokenPipeError):
-                    conn.ending = Ending("reset", time.monotonic(), conn.ending.data if conn.ending else b"")
-                    sel.unregister(conn.sock)
-                    live -= 1
+                    closed(conn, "reset")
                     continue
                 if chunk:   # an answer (408...): keep it, the close must still follow
                     conn.ending = Ending("open", time.monotonic(), (conn.ending.data if conn.ending else b"") + chunk)
                     continue
-                conn.ending = Ending("eof", time.monotonic(), conn.ending.data if conn.ending else b"")
-                sel.unregister(conn.sock)
-                live -= 1
+                closed(conn, "eof")
             if drip and time.monotonic() >= next_drip:
                 payload = drip(drips)
                 drips += 1
@@ -322,9 +326,7 @@ def run_attack(server, count: int, opening: bytes, *, drip: Optional[Callable[[i
                     except BlockingIOError:
                         pass
                     except (ConnectionResetError, BrokenPipeError):
-                        conn.ending = Ending("reset", time.monotonic(), conn.ending.data if conn.ending else b"")
-                        sel.unregister(conn.sock)
-                        live -= 1
+                        closed(conn, "reset")
         attack.finished = time.monotonic()
         return attack
     finally:
