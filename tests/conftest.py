@@ -14,7 +14,8 @@ The helpers every test file shares live here, and only here (a test file imports
 never from another test file):
 
 - `ServerProcess(dir, args=[...]).start()`, used as `with ServerProcess(dir).start() as srv:`;
-  `cli(*args, data_dir=...)` runs `python actae.py ARGS` the way a user would;
+  `cli(*args, data_dir=...)` runs `python actae.py ARGS` the way a user would, `run_program`
+  and `run_example` a user's program against a server;
 - `poll(predicate, timeout)` waits for a condition instead of sleeping;
 - `http`, `run`, `client_for`/`using` (one SDK client for one call), the `server`, `make_client`,
   `with_client` and `unique` fixtures;
@@ -343,6 +344,19 @@ def cli(*args, data_dir=None, input=None, text=True, timeout=60, check=True) -> 
         assert done.returncode == 0, f"`actae.py {' '.join(args)}` exited {done.returncode}:\n" \
                                      f"{done.stdout}{done.stderr}"
     return done
+
+
+def run_program(server, *argv, timeout=300) -> subprocess.CompletedProcess:
+    """`python ARGV` as a user's program against `server` runs: ACTAE_URL and ACTAE_API_KEY set,
+    from the repository root; the finished process, its output captured as text."""
+    env = {**os.environ, "ACTAE_URL": server.url, "ACTAE_API_KEY": server.key}
+    return subprocess.run([sys.executable, *map(str, argv)], env=env, cwd=str(ROOT), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_example(server, script, *args, timeout=300) -> subprocess.CompletedProcess:
+    """examples/<script> ARGS against `server` (`run_program`)."""
+    return run_program(server, ROOT / "examples" / script, *args, timeout=timeout)
 
 
 # --------------------------------------------------------------------------------------------
