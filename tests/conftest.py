@@ -9,11 +9,25 @@ database where CREATE DATABASE is allowed) every server the tests start runs on 
 data dir gets its own database (`database_url_for`), created on first use and dropped when the
 session ends, so a restart on the same data dir keeps its data. Without it, SQLite in the data dir.
 `BACKEND` says which; `query_database` reads or edits a server's database on either backend.
+
+The helpers every test file shares live here, and only here (a test file imports from conftest,
+never from another test file):
+
+- `ServerProcess(dir, args=[...]).start()`, used as `with ServerProcess(dir).start() as srv:`;
+  `cli(*args, data_dir=...)` runs `python actae.py ARGS` the way a user would, `run_program`
+  and `run_example` a user's program against a server;
+- `poll(predicate, timeout)` waits for a condition instead of sleeping;
+- `http`, `run`, `client_for`/`using` (one SDK client for one call), the `server`, `make_client`,
+  `with_client` and `unique` fixtures;
+- the dashboard: `login`/`form_token` (an httpx session), the `web` fixture, and for real Chromium
+  the `browser` and `visits` fixtures, `watch`, `submit_login`, `page_sleep`, `shot` and `run_sdk`.
 """
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
+import inspect
 import json
 import os
 import re
@@ -32,6 +46,7 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+ACTAE_PY = [sys.executable, str(ROOT / "actae.py")]     # the server, as `python actae.py`
 URL_LINE = re.compile(r"^Dashboard:\s+(http://\S+)")
 KEY_LINE = re.compile(r"^API key:\s+(.*)$")
 
@@ -150,17 +165,87 @@ def query_database(target, sql: str, params=None, *, postgresql: str | None = No
         conn.close()
 
 
+# --------------------------------------------------------------------------------------------
+# Waiting for a condition
+# --------------------------------------------------------------------------------------------
+
+def _describe(predicate) -> str:
+    """A predicate as a reader of a failure would want it: its name, or a lambda's source line."""
+    name = getattr(predicate, "__qualname__", None) or repr(predicate)
+    if "<lambda>" in name:
+        try:
+            return inspect.getsource(predicate).strip()
+        except (OSError, TypeError):
+            pass
+    return name
+
+
+def _timed_out(predicate, what, timeout, value) -> AssertionError:
+    what = what() if callable(what) else what
+    shown = repr(value)
+    shown = shown if len(shown) <= 500 else shown[:500] + "..."
+    return AssertionError(f"timed out after {timeout:g} s waiting for {what or _describe(predicate)} "
+                          f"(last value: {shown})")
+
+
+def poll(predicate, timeout: float = 10.0, *, what=None, every: float = 0.05, sleep=time.sleep):
+    """Call `predicate()` until it returns something truthy, and return that value.
+
+    After `timeout` seconds without one, raise AssertionError saying what was awaited (`what`, or
+    the predicate's name or source), for how long, and what it last returned; `what` may be a
+    function, called then, to describe the state at the timeout. The first call is
+    made at once; between calls `sleep(every)` (`sleep=page_sleep(page)` in a browser test, so
+    the page's events keep arriving).
+
+    An async predicate (one whose call returns an awaitable) makes `poll` awaitable:
+    `await poll(check, 5)` awaits each `check()` and sleeps with asyncio.sleep in between.
+    Use it wherever a test would otherwise sleep for a fixed time and hope."""
+    started = time.monotonic()
+    value = predicate()
+    if inspect.isawaitable(value):
+        return _poll_async(predicate, value, started, timeout, what, every)
+    while not value:
+        if time.monotonic() - started >= timeout:
+            raise _timed_out(predicate, what, timeout, value)
+        sleep(every)
+        value = predicate()
+    return value
+
+
+async def _poll_async(predicate, first, started, timeout, what, every):
+    value = await first
+    while not value:
+        if time.monotonic() - started >= timeout:
+            raise _timed_out(predicate, what, timeout, value)
+        await asyncio.sleep(every)
+        value = await predicate()
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# The server as a subprocess, and its command line
+# --------------------------------------------------------------------------------------------
+
 class ServerProcess:
     """A running Actae server: `.url`, `.key` (None when it printed no new key), `.lines`.
+
+    Start it and use it as a context manager, which stops it (Ctrl-C) on the way out:
+
+        with ServerProcess(tmp_path).start() as srv:
+            ...
+
+    `command` is the program (`python actae.py` unless given, e.g. the built executable) and
+    `args` extra flags after it (`args=["--open-signup"]`); `--port`, `--data-dir` and
+    `--database` are added. `start()` stops what it started when the server does not come up.
 
     `.database` is the PostgreSQL URL it gets as `--database` (and as ACTAE_DATABASE_URL in `.env`,
     so `actae.py key ...` run with that env reaches the same database), or None on SQLite. It is
     `database=` when given, else the data dir's own database on the PostgreSQL pass."""
 
-    def __init__(self, data_dir, *, command=None, env=None, port=0, database: str | None = None):
+    def __init__(self, data_dir, *, command=None, args=(), env=None, port=0, database: str | None = None):
         self.data_dir = Path(data_dir)
         self.database = database if database is not None else database_url_for(self.data_dir)
-        self.command = command or [sys.executable, str(ROOT / "actae.py")]
+        self.command = [*(command or ACTAE_PY), *args]
         inherited = {k: v for k, v in os.environ.items()
                      if k not in ("ACTAE_API_KEY", "ACTAE_DATA_DIR", "ACTAE_DATABASE_URL")}
         backend = {"ACTAE_DATABASE_URL": self.database} if self.database else {}
@@ -181,13 +266,22 @@ class ServerProcess:
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=self.env,
             cwd=str(ROOT),
         )
-        threading.Thread(target=self._drain, daemon=True).start()
-        if not self._header_done.wait(timeout):
+        try:
+            threading.Thread(target=self._drain, daemon=True).start()
+            if not self._header_done.wait(timeout):
+                raise RuntimeError("server printed no URL/key lines:\n" + "\n".join(self.lines))
+            self._wait_healthy(timeout)
+        except BaseException:
             self.kill()
-            raise RuntimeError("server printed no URL/key lines:\n" + "\n".join(self.lines))
-        self._wait_healthy(timeout)
+            raise
         self.startup_seconds = time.monotonic() - started
         return self
+
+    def __enter__(self) -> "ServerProcess":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
 
     def _drain(self):
         for line in self.proc.stdout:
@@ -201,22 +295,23 @@ class ServerProcess:
                 self._header_done.set()
         self._header_done.set()
 
-    def _wait_healthy(self, timeout):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError("server exited:\n" + "\n".join(self.lines))
-            try:
-                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            time.sleep(0.05)
-        raise RuntimeError("server never became healthy:\n" + "\n".join(self.lines))
+    def _healthy(self) -> bool:
+        if self.proc.poll() is not None:
+            raise RuntimeError("server exited:\n" + "\n".join(self.lines))
+        try:
+            with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
+                return r.status == 200
+        except (urllib.error.URLError, ConnectionError, OSError):
+            return False
 
-    def stop(self, sig=signal.SIGINT, timeout=15.0) -> int:
-        """Stop with `sig` (Ctrl-C by default) and return the exit code."""
+    def _wait_healthy(self, timeout):
+        try:
+            poll(self._healthy, timeout, what="/healthz to answer 200")
+        except AssertionError as exc:
+            raise RuntimeError(f"server never became healthy ({exc}):\n" + "\n".join(self.lines)) from None
+
+    def stop(self, sig=signal.SIGINT, timeout=15.0) -> int | None:
+        """Stop with `sig` (Ctrl-C by default) and return the exit code (None if it never started)."""
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -224,13 +319,49 @@ class ServerProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        return self.proc.returncode
+        return self.proc.returncode if self.proc else None
 
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait()
 
+
+def cli(*args, data_dir=None, input=None, text=True, timeout=60, check=True) -> subprocess.CompletedProcess:
+    """`python actae.py ARGS`, run from the repository root as a user would; the finished process.
+
+    With `data_dir` (a directory, or a ServerProcess for its own) `--data-dir DIR` follows ARGS and
+    the command gets the environment a server on that dir gets, so on the PostgreSQL pass it
+    reaches the same database. Without, it inherits this environment. Output is captured (text
+    unless `text=False`; `input` goes to its stdin); with `check` (the default) it must exit 0."""
+    env = None
+    if data_dir is not None:
+        srv = data_dir if isinstance(data_dir, ServerProcess) else ServerProcess(data_dir)
+        args, env = (*args, "--data-dir", str(srv.data_dir)), srv.env
+    done = subprocess.run([*ACTAE_PY, *args], input=input, capture_output=True, text=text, timeout=timeout,
+                          cwd=str(ROOT), env=env)
+    if check:
+        assert done.returncode == 0, f"`actae.py {' '.join(args)}` exited {done.returncode}:\n" \
+                                     f"{done.stdout}{done.stderr}"
+    return done
+
+
+def run_program(server, *argv, timeout=300) -> subprocess.CompletedProcess:
+    """`python ARGV` as a user's program against `server` runs: ACTAE_URL and ACTAE_API_KEY set,
+    from the repository root; the finished process, its output captured as text."""
+    env = {**os.environ, "ACTAE_URL": server.url, "ACTAE_API_KEY": server.key}
+    return subprocess.run([sys.executable, *map(str, argv)], env=env, cwd=str(ROOT), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def run_example(server, script, *args, timeout=300) -> subprocess.CompletedProcess:
+    """examples/<script> ARGS against `server` (`run_program`)."""
+    return run_program(server, ROOT / "examples" / script, *args, timeout=timeout)
+
+
+# --------------------------------------------------------------------------------------------
+# HTTP and the SDK
+# --------------------------------------------------------------------------------------------
 
 def http(method, url, *, key=None, body=None, raw=None, headers=None, timeout=30):
     """One raw HTTP call; returns (status, headers, parsed JSON or text). Never raises on 4xx/5xx."""
@@ -257,12 +388,30 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def client_for(srv, key=None, **kw):
+    """An `ActaeClient` on the server `srv` with `key` (its own key unless given); not yet connected."""
+    from actae_client import ActaeClient
+
+    return ActaeClient(endpoint=srv.url, api_key=srv.key if key is None else key, **kw)
+
+
+def using(srv, body, *, key=None, **kw):
+    """`await body(client)` on a fresh SDK client for `srv` (`client_for(srv, key, **kw)`), closed after."""
+    async def main():
+        client = client_for(srv, key, **kw)
+        try:
+            return await body(client)
+        finally:
+            await client.disconnect()
+
+    return run(main())
+
+
 @pytest.fixture(scope="session")
 def server(tmp_path_factory):
     """The shared server for the whole test session."""
-    srv = ServerProcess(tmp_path_factory.mktemp("actae-data")).start()
-    yield srv
-    srv.stop()
+    with ServerProcess(tmp_path_factory.mktemp("actae-data")).start() as srv:
+        yield srv
 
 
 @pytest.fixture
@@ -278,29 +427,34 @@ def make_client(server):
 
 
 @pytest.fixture
-def with_client(make_client):
+def with_client(server):
     """`with_client(body)` -> result of `await body(client)` on a fresh SDK client (closed after)."""
-
-    def runner(body):
-        async def main():
-            client = make_client()
-            try:
-                return await body(client)
-            finally:
-                await client.disconnect()
-
-        return run(main())
-
-    return runner
+    return lambda body: using(server, body)
 
 
 @pytest.fixture
 def unique(request):
     """A channel-id-safe name unique to this test: `unique("base")` -> `t<hash>-base`."""
-    import hashlib
-
     tag = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:10]
     return lambda suffix="": f"t{tag}-{suffix}" if suffix else f"t{tag}"
+
+
+def state_sha256(state) -> str:
+    """The documented state hash: sha256 of canonical JSON (sorted keys, `,`/`:` separators, UTF-8)."""
+    text = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+async def replay_all(client, channel) -> list:
+    """Every event of `channel`, paging the way the SDK does (limit 1000, exclusive cursor)."""
+    events, cursor = [], 0
+    while True:
+        page = await client.replay(channel, cursor=cursor, limit=1000)
+        if not page:
+            return events
+        assert page[-1].cursor > cursor, "replay did not advance past the requested cursor"
+        events += page
+        cursor = page[-1].cursor
 
 
 def session_log(events):
@@ -315,3 +469,114 @@ def session_log(events):
         elif e.event_type == "session.completed":
             out.append((e.event_type, None))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# The dashboard: an httpx session, and real Chromium
+# --------------------------------------------------------------------------------------------
+
+SESSION_COOKIE = "actae_session"
+SHOTS = ROOT / "screenshots"            # every page the browser tests saw (git-ignored)
+CHROMIUM = os.environ.get("ACTAE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+_CSRF_FIELD = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def login(server, *, key=None, origin_header=True):
+    """An httpx client holding a dashboard session cookie (no redirects followed), for `key`
+    (the server's own unless given).
+
+    The login POST sends the dashboard's own Origin and the login form's csrf_token, as a browser
+    does. With `origin_header` (the default) every later request carries that Origin too, as a
+    browser's do on the dashboard's forms; without it they carry none unless a test adds one."""
+    import httpx
+
+    c = httpx.Client(base_url=server.url, follow_redirects=False, timeout=60,
+                     headers={"Origin": server.url} if origin_header else None)
+    form = {"api_key": server.key if key is None else key}
+    if token := _CSRF_FIELD.search(c.get("/login").text):
+        form["csrf_token"] = token.group(1)
+    r = c.post("/login", data=form, headers={"Origin": server.url})
+    assert r.status_code == 303, (r.status_code, r.text[:500])
+    assert c.cookies.get(SESSION_COOKIE), r.headers
+    return c
+
+
+def form_token(client) -> str:
+    """The session's form token, as every page renders it into its forms (read from the runs page)."""
+    match = _CSRF_FIELD.search(client.get("/").text)
+    assert match, "no form token on the runs page"
+    return match.group(1)
+
+
+@pytest.fixture(scope="module")
+def web(server):
+    """A logged-in httpx session on the shared server (the dashboard's Origin on every request)."""
+    c = login(server)
+    yield c
+    c.close()
+
+
+def run_sdk(coro):
+    """`run(coro)` on a worker thread: Playwright's sync API keeps a loop running on this one."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(run, coro).result()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Headless Chromium (Debian's, driven by Playwright) for one test module."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"no Chromium at {CHROMIUM}: .ci/run installs Debian's chromium")
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+class Visits:
+    """Every URL the browser asked for, and every dialog a page tried to open."""
+
+    def __init__(self):
+        self.urls: list[str] = []
+        self.dialogs: list[str] = []
+
+
+@pytest.fixture(scope="module")
+def visits():
+    return Visits()
+
+
+def watch(page, visits: Visits):
+    """Record what `page` requests and navigates to, and dismiss (and record) its dialogs."""
+    page.on("request", lambda req: visits.urls.append(req.url))
+    page.on("framenavigated", lambda frame: visits.urls.append(frame.url))
+
+    def on_dialog(dialog):
+        visits.dialogs.append(dialog.message)
+        dialog.dismiss()
+    page.on("dialog", on_dialog)
+
+
+def submit_login(page, key):
+    """On the /login page: type `key` and submit the form like a user; the navigation's response."""
+    page.fill("input[name=api_key]", key)
+    with page.expect_navigation() as nav:
+        page.click("form[action='/login'] button[type=submit]")
+    return nav.value
+
+
+def page_sleep(page):
+    """`poll(..., sleep=page_sleep(page))`: wait the way Playwright's sync API lets a page's events arrive."""
+    return lambda seconds: page.wait_for_timeout(seconds * 1000)
+
+
+def shot(page, name: str) -> None:
+    """A full-page screenshot: screenshots/<name>.png."""
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)

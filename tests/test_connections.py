@@ -17,7 +17,6 @@ import json
 import resource
 import selectors
 import socket
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import ROOT, ServerProcess, http
+from conftest import ServerProcess, http, poll
 
 MiB = 1024 * 1024
 HEADER_TIMEOUT = 2.0
@@ -55,13 +54,11 @@ def raise_nofile_limit() -> None:
 def guarded(tmp_path_factory):
     """A server of its own with short connection timeouts (defaults for everything else)."""
     raise_nofile_limit()
-    command = [sys.executable, str(ROOT / "actae.py"),
-               "--header-timeout", str(int(HEADER_TIMEOUT)),
-               "--keepalive-timeout", str(int(KEEPALIVE_TIMEOUT)),
-               "--body-timeout", str(int(BODY_TIMEOUT))]
-    srv = ServerProcess(tmp_path_factory.mktemp("actae-connections"), command=command).start()
-    yield srv
-    srv.stop()
+    flags = ["--header-timeout", str(int(HEADER_TIMEOUT)),
+             "--keepalive-timeout", str(int(KEEPALIVE_TIMEOUT)),
+             "--body-timeout", str(int(BODY_TIMEOUT))]
+    with ServerProcess(tmp_path_factory.mktemp("actae-connections"), args=flags).start() as srv:
+        yield srv
 
 
 @pytest.fixture
@@ -113,7 +110,7 @@ class RssWatch:
         return self
 
     def __exit__(self, *exc):
-        time.sleep(0.2)   # memory still held right after the attack counts too
+        time.sleep(0.2)   # time must pass: memory still held right after the attack counts too
         self._stop.set()
         self._thread.join(5)
         self.last = rss_bytes(self.pid)
@@ -296,6 +293,14 @@ def run_attack(server, count: int, opening: bytes, *, drip: Optional[Callable[[i
         deadline = time.monotonic() + watch_for
         next_drip, drips = time.monotonic() + drip_every, 0
         live = len(attack.conns)
+
+        def closed(conn, end: str) -> None:
+            """The server ended `conn` (`end`: "reset" or "eof"); what it sent before is kept."""
+            nonlocal live
+            conn.ending = Ending(end, time.monotonic(), conn.ending.data if conn.ending else b"")
+            sel.unregister(conn.sock)
+            live -= 1
+
         while live and time.monotonic() < deadline:
             for key, _ in sel.select(timeout=0.02):
                 conn = key.data
@@ -304,16 +309,12 @@ def run_attack(server, count: int, opening: bytes, *, drip: Optional[Callable[[i
                 except BlockingIOError:
                     continue
                 except (ConnectionResetError, BrokenPipeError):
-                    conn.ending = Ending("reset", time.monotonic(), conn.ending.data if conn.ending else b"")
-                    sel.unregister(conn.sock)
-                    live -= 1
+                    closed(conn, "reset")
                     continue
                 if chunk:   # an answer (408...): keep it, the close must still follow
                     conn.ending = Ending("open", time.monotonic(), (conn.ending.data if conn.ending else b"") + chunk)
                     continue
-                conn.ending = Ending("eof", time.monotonic(), conn.ending.data if conn.ending else b"")
-                sel.unregister(conn.sock)
-                live -= 1
+                closed(conn, "eof")
             if drip and time.monotonic() >= next_drip:
                 payload = drip(drips)
                 drips += 1
@@ -325,9 +326,7 @@ def run_attack(server, count: int, opening: bytes, *, drip: Optional[Callable[[i
                     except BlockingIOError:
                         pass
                     except (ConnectionResetError, BrokenPipeError):
-                        conn.ending = Ending("reset", time.monotonic(), conn.ending.data if conn.ending else b"")
-                        sel.unregister(conn.sock)
-                        live -= 1
+                        closed(conn, "reset")
         attack.finished = time.monotonic()
         return attack
     finally:
@@ -411,7 +410,7 @@ class Probe:
                     error = f"{type(exc).__name__}: {exc}"
                 self.calls.append(Call(kind, started, time.monotonic() - started, error))
                 n += 1
-                await asyncio.sleep(0.1)
+                await asyncio.sleep(0.1)   # the probe's pace: a call every 0.1 s or so, not a wait
         except Exception as exc:   # noqa: BLE001
             self.crash = repr(exc)
         finally:
@@ -419,15 +418,12 @@ class Probe:
 
     def __enter__(self):
         self._thread.start()
-        deadline = time.monotonic() + 15
-        while len([c for c in self.calls if c.error is None]) < 3 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert len([c for c in self.calls if c.error is None]) >= 3, \
-            f"the SDK probe never got going before the attack: {self.calls} {self.crash}"
+        poll(lambda: len([c for c in self.calls if c.error is None]) >= 3, 15,
+             what=lambda: f"the SDK probe to get going before the attack (calls: {self.calls}, crash: {self.crash})")
         return self
 
     def __exit__(self, *exc):
-        time.sleep(0.3)
+        time.sleep(0.3)   # time must pass: the probe goes on for a moment after the attack, and those calls count
         self._stop.set()
         self._thread.join(PROBE_CALL_MAX * 3)
 
@@ -687,7 +683,7 @@ def test_slow_second_request_on_keepalive_is_cut_off_by_the_header_timeout(serve
     try:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         assert read_response(sock)[0] == 200
-        time.sleep(1.0)   # idle, but well inside the keep-alive timeout
+        time.sleep(1.0)   # time must pass: idle, but well inside the keep-alive timeout
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         first_byte = time.monotonic()
         drips, ending = 0, None
@@ -718,7 +714,9 @@ def test_body_timeout_is_not_logged_as_an_unhandled_error(server):
     before = len(server.lines)
     ending, _ = slow_body(server)
     assert ending.closed
-    time.sleep(0.5)   # the output is drained by a thread
+    # Time must pass: a traceback would reach `server.lines` through the thread draining the
+    # server's output, and the server writes nothing that would mark "no traceback came".
+    time.sleep(0.5)
     logged = server.lines[before:]
     assert not [line for line in logged if "unhandled error" in line or "Traceback" in line], \
         "a body timeout was logged as an unhandled error:\n" + "\n".join(logged[:20])

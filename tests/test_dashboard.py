@@ -10,37 +10,23 @@ cover what a browser hides: redirects, 404s, escaping, cookie flags, the JSON tw
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import json
-import os
-import re
 import time
 import uuid
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from markupsafe import escape as markup_escape
 
-from conftest import ROOT, http, run
+from conftest import form_token, http, run_sdk, shot, submit_login, watch
 
-SHOTS = ROOT / "screenshots"
-CHROMIUM = os.environ.get("ACTAE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 XSS = "<script>alert(1)</script>"
 STEPS = ["research", "insights", "risks", "recommendations", "summary", "finalize"]
 POLICIES = {"charge_customer": "block", "*": "auto"}
 
 
 # --- data, built once with the real SDK ---------------------------------------------------
-
-def run_sdk(coro):
-    """`conftest.run` on a worker thread: Playwright's sync API keeps a loop running on this one."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(run, coro).result()
-
 
 def _step(state: dict, number: int, model: str) -> tuple[str, dict]:
     """Advance the pipeline state by one step; returns (step name, output)."""
@@ -112,93 +98,21 @@ def demo(server):
     return run_sdk(_build_walkthrough(server.url, server.key, tag))
 
 
-# --- HTTP helpers --------------------------------------------------------------------------
-
-def _login(server) -> httpx.Client:
-    """An httpx client holding a dashboard session cookie (no redirects followed).
-
-    It sends the dashboard's own Origin, as a browser does for the dashboard's forms.
-    """
-    c = httpx.Client(base_url=server.url, follow_redirects=False, timeout=60, headers={"Origin": server.url})
-    r = c.post("/login", data={"api_key": server.key})
-    assert r.status_code == 303, r.text[:500]
-    assert "actae_session" in c.cookies
-    return c
-
-
-def _form_token(client: httpx.Client) -> str:
-    """The session's form token, as every page renders it into its forms."""
-    match = re.search(r'name="csrf_token" value="([^"]+)"', client.get("/").text)
-    assert match, "no form token on the runs page"
-    return match.group(1)
-
-
-@pytest.fixture(scope="module")
-def web(server):
-    c = _login(server)
-    yield c
-    c.close()
-
-
-# --- the browser ---------------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"no Chromium at {CHROMIUM}: .ci/run installs Debian's chromium")
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    SHOTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
-
-
-class Visits:
-    """Every URL the browser asked for, and every dialog a page tried to open."""
-
-    def __init__(self):
-        self.urls: list[str] = []
-        self.dialogs: list[str] = []
-
-
-@pytest.fixture(scope="module")
-def visits():
-    return Visits()
-
-
-def _watch(page, visits: Visits):
-    page.on("request", lambda req: visits.urls.append(req.url))
-    page.on("framenavigated", lambda frame: visits.urls.append(frame.url))
-
-    def on_dialog(dialog):
-        visits.dialogs.append(dialog.message)
-        dialog.dismiss()
-    page.on("dialog", on_dialog)
-
+# --- the browser: one logged-in tab ---------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def page(browser, server, demo, visits):
     """One logged-in desktop tab shared by the walkthrough tests, in file order."""
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     pg = context.new_page()
-    _watch(pg, visits)
+    watch(pg, visits)
     pg.goto(server.url + "/")
     assert urlsplit(pg.url).path == "/login"
-    pg.screenshot(path=str(SHOTS / "01-login.png"), full_page=True)
-    pg.fill("input[name=api_key]", server.key)
-    with pg.expect_navigation():
-        pg.click("form[action='/login'] button[type=submit]")
+    shot(pg, "01-login")
+    submit_login(pg, server.key)
     assert urlsplit(pg.url).path == "/"
     yield pg
     context.close()
-
-
-def shot(page, name: str):
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
 
 
 # --- browser walkthrough -------------------------------------------------------------------
@@ -206,13 +120,10 @@ def shot(page, name: str):
 def test_wrong_key_shows_an_error_and_no_run_data(browser, server, demo, visits):
     context = browser.new_context(viewport={"width": 1280, "height": 800})
     pg = context.new_page()
-    _watch(pg, visits)
+    watch(pg, visits)
     wrong = "sk-" + "x" * 40
     pg.goto(server.url + "/login")
-    pg.fill("input[name=api_key]", wrong)
-    with pg.expect_navigation() as nav:
-        pg.click("form[action='/login'] button[type=submit]")
-    assert nav.value.status == 401
+    assert submit_login(pg, wrong).status == 401
     assert pg.locator(".alert").is_visible()
     html = pg.content()
     assert demo["base"] not in html and wrong not in html
@@ -406,12 +317,12 @@ def test_run_page_at_phone_width(browser, page, server, demo, visits):
     context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True,
                                   storage_state=page.context.storage_state())
     pg = context.new_page()
-    _watch(pg, visits)
+    watch(pg, visits)
     pg.goto(f"{server.url}/runs/{demo['fork']}")
     pg.locator("details.step").first.locator(":scope > summary").click()
     width = pg.evaluate("document.documentElement.scrollWidth")
     assert width <= 390 + 1, f"the run page scrolls sideways on a phone ({width}px)"
-    pg.screenshot(path=str(SHOTS / "11-run-phone.png"), full_page=True)
+    shot(pg, "11-run-phone")
     context.close()
 
 
@@ -459,7 +370,7 @@ def test_login_sets_a_safe_cookie_and_logout_clears_it(server):
     assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
     assert server.key not in cookie
     assert c.get("/").status_code == 200
-    out = c.post("/logout", data={"csrf_token": _form_token(c)})
+    out = c.post("/logout", data={"csrf_token": form_token(c)})
     assert out.status_code == 303 and urlsplit(out.headers["location"]).path == "/login"
     c.cookies.clear()
     assert c.get("/").status_code == 303
@@ -500,7 +411,7 @@ def test_user_data_is_escaped(web, demo, path):
     ({"step": "1", "name": "{fork}"}, "name"),  # the name of a run that exists with another definition
 ])
 def test_fork_form_errors_redirect_back_to_the_form(web, demo, form, field):
-    data = {**form, "name": form["name"].format(**demo), "csrf_token": _form_token(web)}
+    data = {**form, "name": form["name"].format(**demo), "csrf_token": form_token(web)}
     r = web.post(f"/runs/{demo['base']}/fork", data=data)
     assert r.status_code == 303, r.text[:300]
     location = r.headers["location"]

@@ -19,8 +19,7 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from conftest import http
-from test_dashboard import SHOTS, _form_token, _login, _watch, browser, run_sdk, visits  # noqa: F401  (fixtures)
+from conftest import form_token, http, run_sdk, shot, submit_login, watch
 
 CRASH_MESSAGE = "the model returned an empty plan"
 DESKTOP, PHONE = {"width": 1280, "height": 800}, {"width": 390, "height": 844}
@@ -92,37 +91,24 @@ def runs(server):
 
 
 @pytest.fixture(scope="module")
-def web(server):
-    client = _login(server)
-    yield client
-    client.close()
-
-
-@pytest.fixture(scope="module")
-def storage(browser, server):  # noqa: F811
+def storage(browser, server):
     """A logged-in browser session (its cookies), shared by the contexts below."""
     context = browser.new_context(viewport=DESKTOP)
     page = context.new_page()
     page.goto(server.url + "/login")
-    page.fill("input[name=api_key]", server.key)
-    with page.expect_navigation():
-        page.click("form[action='/login'] button[type=submit]")
+    submit_login(page, server.key)
     state = context.storage_state()
     context.close()
     return state
 
 
 @pytest.fixture
-def tab(browser, storage, visits):  # noqa: F811
+def tab(browser, storage, visits):
     context = browser.new_context(viewport=DESKTOP, storage_state=storage)
     page = context.new_page()
-    _watch(page, visits)
+    watch(page, visits)
     yield page
     context.close()
-
-
-def shot(page, name: str) -> None:
-    page.screenshot(path=str(SHOTS / f"flow-{name}.png"), full_page=True)
 
 
 # --- 1. a run that raised after step 5 ------------------------------------------------------
@@ -138,7 +124,7 @@ def test_crashed_run_leads_with_the_message_and_the_last_good_step(tab, server, 
     row = tab.locator("#timeline details#failure-row")
     assert row.is_visible() and CRASH_MESSAGE in row.inner_text()
     assert tab.locator("#live-facts").inner_text().count("failed") == 1
-    shot(tab, "run-crashed")
+    shot(tab, "flow-run-crashed")
     tab.locator("#failure a.fork-from-failure").click()
     assert tab.locator("#fork-step").input_value() == "5"
     assert tab.locator("#fork").is_visible()
@@ -161,7 +147,7 @@ def test_crashed_run_is_failed_in_the_list_and_the_filter(web, tab, server, runs
     tab.goto(f"{server.url}/?status=failed")
     assert tab.locator(f"tr[data-channel='{runs['crash']}']").count() == 1
     assert tab.locator(f"tr[data-channel='{runs['base']}']").count() == 0
-    shot(tab, "runs-failed-filter")
+    shot(tab, "flow-runs-failed-filter")
     listed = web.get("/?status=failed&format=json").json()["runs"]
     crash = next(r for r in listed if r["channel_id"] == runs["crash"])
     assert crash["failure"]["kind"] == "crashed" and crash["failure"]["last_good_step"] == 5
@@ -179,7 +165,7 @@ def test_failed_final_state_shows_as_failed(tab, server, runs):
     assert banner.is_visible() and "the report was rejected by the checker" in banner.inner_text()
     assert tab.locator("#failure .last-good").inner_text() == "step 2"
     assert tab.locator("details.step[data-step='3']").get_attribute("class").count("failure") == 1
-    shot(tab, "run-failed-state")
+    shot(tab, "flow-run-failed-state")
 
 
 # --- 3. the fork form: errors, refresh, the continue snippet --------------------------------
@@ -206,7 +192,7 @@ def test_fork_form_error_keeps_values_names_the_field_and_a_refresh_does_not_pos
     assert form.locator("input[name=name]").input_value() == name
     assert form.locator("textarea[name=intervention]").input_value() == '{"model": "slow",'
     assert form.locator("textarea[name=tool_policies]").input_value() == '{"*": "block"}'
-    shot(tab, "run-fork-error")
+    shot(tab, "flow-run-fork-error")
     tab.reload()
     assert len(posts) == 1, "a refresh must not post the form again"
     assert tab.locator("#fork-error").is_visible()
@@ -228,7 +214,7 @@ def test_a_fork_made_on_the_page_continues_with_the_snippet(tab, server, runs, t
     assert card.locator(f"a[href='/diff?left={runs['crash']}&right={name}']").count() == 1
     snippet = tab.locator("#continue-snippet").inner_text()
     assert f'AgentSession.resume(client, "{name}"' in snippet
-    shot(tab, "run-fork-created")
+    shot(tab, "flow-run-fork-created")
     program = tmp_path / "continue_fork.py"
     program.write_text(snippet)
     env = {**os.environ, "ACTAE_API_KEY": server.key}
@@ -260,7 +246,7 @@ def test_a_step_that_changed_two_keys_lists_exactly_those(tab, server, runs):
     assert tree.locator(".jk").count() == 3 and tree.locator("details").count() >= 2
     assert step3.locator(".copy-btn").count() == 1
     assert step3.locator(".c-took").inner_text().endswith(("ms", "s"))
-    shot(tab, "run-step-open")
+    shot(tab, "flow-run-step-open")
 
 
 def test_jump_to_a_step_and_filter_by_type(tab, server, runs):
@@ -289,7 +275,7 @@ def test_forks_group_under_their_root_and_shared_names_show_the_id(tab, server, 
     group.locator("label.group-toggle").click()
     assert resumed.is_visible() and group.locator(f"tr[data-channel='{runs['replay']}']").is_visible()
     assert resumed.locator("a.run-link").inner_text() == runs["resumed"]
-    shot(tab, "runs-grouped")
+    shot(tab, "flow-runs-grouped")
 
 
 # --- delete ------------------------------------------------------------------------------
@@ -300,7 +286,7 @@ def test_delete_a_run_and_its_forks_after_confirming(tab, server, runs):
     with tab.expect_navigation():
         tab.click(f"a[href='/runs/{doomed}/delete']")
     assert f"{doomed}-child" in tab.locator(".doomed").inner_text()
-    shot(tab, "delete-confirm")
+    shot(tab, "flow-delete-confirm")
     with tab.expect_navigation():
         tab.click("form.confirm-form button[type=submit]")
     assert urlsplit(tab.url).path == "/" and "Deleted" in tab.locator("main").inner_text()
@@ -310,7 +296,7 @@ def test_delete_a_run_and_its_forks_after_confirming(tab, server, runs):
 
 
 def test_delete_without_the_confirmation_deletes_nothing(web, server, runs):
-    r = web.post(f"/runs/{runs['failed']}/delete", data={"csrf_token": _form_token(web)})
+    r = web.post(f"/runs/{runs['failed']}/delete", data={"csrf_token": form_token(web)})
     assert r.status_code == 303 and r.headers["location"] == f"/runs/{runs['failed']}/delete"
     status, _, _ = http("GET", f"{server.url}/api/v1/channels/{runs['failed']}/metadata", key=server.key)
     assert status == 200
@@ -349,15 +335,15 @@ PAGES = {"runs": "/", "runs-search": "/?q={tag}", "run-crashed": "/runs/{crash}"
 
 @pytest.mark.parametrize("size", ["desktop", "phone"])
 @pytest.mark.parametrize("name", list(PAGES))
-def test_every_page_fits_the_screen(browser, storage, server, runs, visits, name, size):  # noqa: F811
+def test_every_page_fits_the_screen(browser, storage, server, runs, visits, name, size):
     viewport = DESKTOP if size == "desktop" else PHONE
     context = browser.new_context(viewport=viewport, storage_state=storage, is_mobile=size == "phone")
     page = context.new_page()
-    _watch(page, visits)
+    watch(page, visits)
     page.goto(server.url + PAGES[name].format(**runs))
     for summary in page.locator("details.step > summary").all()[:2]:
         summary.click()
-    page.screenshot(path=str(SHOTS / f"flow-{name}-{viewport['width']}.png"), full_page=True)
+    shot(page, f"flow-{name}-{viewport['width']}")
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= viewport["width"] + 1, f"{name} scrolls sideways at {viewport['width']}px ({width}px)"
     padding = page.evaluate("parseFloat(getComputedStyle(document.querySelector('.topbar-inner')).paddingLeft)")
@@ -366,12 +352,12 @@ def test_every_page_fits_the_screen(browser, storage, server, runs, visits, name
     context.close()
 
 
-def test_login_page_fits_the_phone(browser, server):  # noqa: F811
+def test_login_page_fits_the_phone(browser, server):
     for viewport in (DESKTOP, PHONE):
         context = browser.new_context(viewport=viewport)
         page = context.new_page()
         page.goto(server.url + "/login")
-        page.screenshot(path=str(SHOTS / f"flow-login-{viewport['width']}.png"), full_page=True)
+        shot(page, f"flow-login-{viewport['width']}")
         assert page.evaluate("document.documentElement.scrollWidth") <= viewport["width"] + 1
         context.close()
 

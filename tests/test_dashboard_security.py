@@ -14,15 +14,13 @@ from __future__ import annotations
 import html
 import json
 import threading
-import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import http
-from test_dashboard import CHROMIUM, CHROMIUM_ARGS, SHOTS, browser, run_sdk  # noqa: F401  (browser: fixture)
+from conftest import SESSION_COOKIE, http, page_sleep, poll, run_sdk, shot, submit_login
 
 STEPS = ["research", "draft", "review"]
 RUN_PAGE_TEXT = ("Fork this run", "Timeline", "Side-effect ledger")  # headings only the run page has
@@ -155,7 +153,7 @@ class Console:
 
 
 @pytest.fixture(scope="module")
-def context(browser, server):  # noqa: F811
+def context(browser, server):
     ctx = browser.new_context(viewport={"width": 1280, "height": 800})
     ctx.add_init_script(Console.INIT)
     yield ctx
@@ -165,28 +163,19 @@ def context(browser, server):  # noqa: F811
 @pytest.fixture(scope="module")
 def page(context, server, run_id):
     """One logged-in tab: the login form filled and submitted like a user would."""
-    SHOTS.mkdir(exist_ok=True)
     pg = context.new_page()
     pg.console = Console(pg)
     pg.goto(server.url + "/login")
-    pg.fill("input[name=api_key]", server.key)
-    with pg.expect_navigation() as nav:
-        pg.click("form[action='/login'] button[type=submit]")
-    assert nav.value.status == 200, pg.content()[:500]
+    assert submit_login(pg, server.key).status == 200, pg.content()[:500]
     assert urlsplit(pg.url).path == "/", pg.url
-    assert [c for c in context.cookies() if c["name"] == "actae_session"]
+    assert [c for c in context.cookies() if c["name"] == SESSION_COOKIE]
     yield pg
     pg.close()
 
 
-def shot(pg, name: str):
-    pg.screenshot(path=str(SHOTS / f"security-{name}.png"), full_page=True)
-
-
 # --- cross-origin attacks ------------------------------------------------------------------
 
-def test_cross_origin_auto_submitted_fork_form_creates_nothing(browser, page, server, run_id,  # noqa: F811
-                                                               attacker):
+def test_cross_origin_auto_submitted_fork_form_creates_nothing(browser, page, server, run_id, attacker):
     new_id = "sec" + uuid.uuid4().hex[:8] + "-csrf"
     fork_url = f"{server.url}/runs/{run_id}/fork"
     fields = {"step": "2", "name": new_id, "intervention": json.dumps({"x": 1}),
@@ -200,7 +189,7 @@ def test_cross_origin_auto_submitted_fork_form_creates_nothing(browser, page, se
     try:
         sp = still.new_page()
         sp.goto(attacker.url + "/fork-still.html")
-        shot(sp, "01-attacker-fork-page")
+        shot(sp, "security-01-attacker-fork-page")
     finally:
         still.close()
 
@@ -219,16 +208,14 @@ def test_cross_origin_auto_submitted_fork_form_creates_nothing(browser, page, se
     page.on("requestfailed", on_failed)
     try:
         page.goto(attacker.url + "/fork.html")
-        deadline = time.monotonic() + 15
-        while not responses and not failures and time.monotonic() < deadline:
-            page.wait_for_timeout(100)
-        assert responses or failures, "the attacker page never posted the form"
+        poll(lambda: responses or failures, 15, what="the attacker page to post the form", every=0.1,
+             sleep=page_sleep(page))
         page.wait_for_url(lambda u: not u.startswith(attacker.url), timeout=15_000)
         page.wait_for_load_state("load")
     finally:
         page.remove_listener("response", on_response)
         page.remove_listener("requestfailed", on_failed)
-    shot(page, "02-attacker-fork-result")
+    shot(page, "security-02-attacker-fork-result")
 
     status, meta = _metadata(server, new_id)
     assert status == 404, f"a cross-origin form post created run {new_id}: {meta}"
@@ -260,11 +247,11 @@ def test_cross_origin_frame_of_the_run_page_shows_nothing(page, server, run_id, 
     page.on("response", on_response)
     try:
         page.goto(attacker.url + "/frame.html")
-        page.wait_for_load_state("load")
-        page.wait_for_timeout(500)
+        page.wait_for_load_state("load")                 # the frame's own load comes before its parent's
+        poll(lambda: frame_responses, 10, what="the framed run page's answer", sleep=page_sleep(page))
     finally:
         page.remove_listener("response", on_response)
-    shot(page, "03-attacker-frame")
+    shot(page, "security-03-attacker-frame")
 
     children = page.main_frame.child_frames
     assert len(children) == 1, [f.url for f in page.frames]
@@ -304,7 +291,7 @@ def test_own_fork_form_still_works(page, server, run_id):
     form.locator("textarea[name=intervention]").fill('{"model": "slow"}')
     with page.expect_navigation() as nav:
         form.locator("button[type=submit]").click()
-    shot(page, "04-own-fork-result")
+    shot(page, "security-04-own-fork-result")
     assert nav.value.status == 200, page.locator("body").inner_text()[:500]
     assert urlsplit(page.url).path == f"/runs/{name}", page.url
     assert name in page.locator("h1").inner_text()
@@ -330,12 +317,13 @@ def test_pages_run_without_csp_violations(page, server, run_id, what, path):
         page.locator("details.step[data-step='1'] > summary").click()
         page.click("details.step[data-step='1'] a.fork-here")
         assert page.locator("#fork-step").input_value() == "1"
-        page.wait_for_timeout(3500)
-    else:
-        page.wait_for_timeout(300)
+        page.wait_for_event("requestfinished", lambda request: request.resource_type == "fetch", timeout=15_000)
+    # Time must pass here: violations and errors are reported asynchronously, and nothing
+    # signals that no more will come.
+    page.wait_for_timeout(300)
     stylesheet = page.evaluate("document.styleSheets.length")
     assert stylesheet >= 1, "the stylesheet did not load"
-    shot(page, f"05-{what}")
+    shot(page, f"security-05-{what}")
     violations = page.evaluate("window.__csp_violations || []")
     assert not console.csp(), console.csp()
     assert not violations, violations

@@ -5,24 +5,11 @@ Each runs as a user would run it: a subprocess with ACTAE_URL and ACTAE_API_KEY 
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
-import sys
-from pathlib import Path
 
+from conftest import run_example
 
-from conftest import run
-
-ROOT = Path(__file__).resolve().parents[1]
 POINTS = ["after_effect", "after_complete", "transport_drop", "transport_fail"]
-
-
-def run_example(server, script, *args, timeout=300):
-    """Run examples/<script> against the shared server; return the CompletedProcess."""
-    env = {**os.environ, "ACTAE_URL": server.url, "ACTAE_API_KEY": server.key}
-    return subprocess.run([sys.executable, str(ROOT / "examples" / script), *args], env=env,
-                          cwd=str(ROOT), capture_output=True, text=True, timeout=timeout)
 
 
 def output(proc) -> str:
@@ -84,7 +71,7 @@ def test_durability_downstream_honouring_keys_has_no_duplicates(server, tmp_path
     assert [c["duplicates"] for c in json.loads(out.read_text())["cells"]] == [0, 0]
 
 
-def test_fork_fidelity_forks_run_only_the_tail(server, make_client, unique, tmp_path):
+def test_fork_fidelity_forks_run_only_the_tail(server, with_client, unique, tmp_path):
     out = tmp_path / "fidelity.json"
     prefix = unique("fid")
     proc = run_example(server, "fork_fidelity.py", "--scenarios", "support_triage", "--repeats", "1",
@@ -103,13 +90,7 @@ def test_fork_fidelity_forks_run_only_the_tail(server, make_client, unique, tmp_
         assert all(0.0 <= j <= 1.0 for j in scenario[path]["jaccard"])
     assert scenario["fork"]["mean_step_match"] >= k / steps  # the inherited steps are exact
 
-    async def fork_steps():
-        client = make_client()
-        try:
-            events = await client.replay(f"{prefix}-support_triage-fork0", limit=100)
-        finally:
-            await client.disconnect()
-        return [e.payload["step_number"] for e in events
-                if isinstance(e.payload, dict) and "step_number" in e.payload]
-
-    assert run(fork_steps()) == list(range(k + 1, steps + 1))
+    events = with_client(lambda client: client.replay(f"{prefix}-support_triage-fork0", limit=100))
+    fork_steps = [e.payload["step_number"] for e in events
+                  if isinstance(e.payload, dict) and "step_number" in e.payload]
+    assert fork_steps == list(range(k + 1, steps + 1))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BACKEND, ROOT, ServerProcess, database_url_for, http, run
+from conftest import BACKEND, ROOT, ServerProcess, cli, database_url_for, http, run, run_example
 
 pytest.importorskip("PyInstaller", reason="PyInstaller is not installed (pip install -r requirements-dev.txt)")
 
@@ -93,20 +93,15 @@ def meipass_tmp(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def served(request, exe, data_dir, meipass_tmp, record_testsuite_property):
     """The executable running on a fresh data dir (first start: prints a new key)."""
-    srv = ServerProcess(data_dir, command=[str(exe)], env=private_tmp_env(meipass_tmp)).start(timeout=90)
-    say(request.config, f"\n[executable] startup to healthy /healthz (first run, fresh data dir): {srv.startup_seconds:.2f} s")
-    record_testsuite_property("executable_startup_seconds", round(srv.startup_seconds, 2))
-    yield srv
-    srv.stop()
+    with ServerProcess(data_dir, command=[str(exe)], env=private_tmp_env(meipass_tmp)).start(timeout=90) as srv:
+        say(request.config,
+            f"\n[executable] startup to healthy /healthz (first run, fresh data dir): {srv.startup_seconds:.2f} s")
+        record_testsuite_property("executable_startup_seconds", round(srv.startup_seconds, 2))
+        yield srv
 
 
 def run_exe(exe: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=timeout, cwd=str(ROOT))
-
-
-def run_script(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "actae.py"), *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=str(ROOT))
 
 
 def option_help(help_text: str, flag: str) -> str | None:
@@ -198,7 +193,7 @@ def test_version_prints_a_version(exe):
     assert res.returncode == 0, res.stderr
     out = (res.stdout + res.stderr).strip()
     assert re.search(r"\d+\.\d+", out), f"no version number in {out!r}"
-    script = run_script("--version")
+    script = cli("--version", check=False)
     assert out == (script.stdout + script.stderr).strip(), "--version differs from `python actae.py --version`"
 
 
@@ -214,7 +209,7 @@ def test_help_explains_every_flag(exe):
 def test_help_matches_the_script(exe):
     """Same CLI as `python actae.py` (only the program name may differ: actae vs actae.py)."""
     frozen = run_exe(exe, "--help").stdout
-    script = run_script("--help").stdout
+    script = cli("--help", check=False).stdout
 
     def norm(text):
         return re.sub(r"\bactae(\.py|\.exe)?\b", "actae", text)
@@ -265,9 +260,7 @@ def test_fork_walkthrough(served):
     assert status == 200 and instance["backend"] == BACKEND, instance
     demo = ROOT / "examples" / "fork_demo.py"
     assert demo.is_file(), "examples/fork_demo.py is missing"
-    env = {**os.environ, "ACTAE_URL": served.url, "ACTAE_API_KEY": served.key}
-    res = subprocess.run([sys.executable, str(demo)], env=env, cwd=str(ROOT), capture_output=True, text=True,
-                         timeout=300)
+    res = run_example(served, demo.name)
     assert res.returncode == 0, f"fork_demo.py exited {res.returncode}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
 
 
@@ -286,16 +279,13 @@ def test_second_start_keeps_data_and_prints_no_key(request, served, exe, data_di
     leftovers = list(meipass_tmp.glob("_MEI*"))
     assert not leftovers, f"onefile unpack dir not cleaned up after Ctrl-C: {leftovers}"
 
-    again = ServerProcess(data_dir, command=[str(exe)], env=private_tmp_env(meipass_tmp)).start(timeout=90)
-    try:
+    with ServerProcess(data_dir, command=[str(exe)], env=private_tmp_env(meipass_tmp)).start(timeout=90) as again:
         say(request.config, f"\n[executable] startup to healthy /healthz (second run, existing data): {again.startup_seconds:.2f} s")
         record_testsuite_property("executable_restart_seconds", round(again.startup_seconds, 2))
         assert again.key is None
         assert not any("sk-" in line for line in again.lines), "\n".join(again.lines)
         after = run(channels(again, served.key))  # the first key still works
         assert before <= after, f"lost channels: {before - after}"
-    finally:
-        again.stop()
 
 
 def test_ctrl_c_exits_cleanly(served):
@@ -316,10 +306,7 @@ def test_key_rotate(exe, served, data_dir, meipass_tmp):
     new_key = match.group(1)
     assert new_key != served.key
 
-    srv = ServerProcess(data_dir, command=[str(exe)], env=private_tmp_env(meipass_tmp)).start(timeout=90)
-    try:
+    with ServerProcess(data_dir, command=[str(exe)], env=private_tmp_env(meipass_tmp)).start(timeout=90) as srv:
         assert srv.key is None
         assert http("GET", srv.url + "/api/v1/channels", key=new_key)[0] == 200
         assert http("GET", srv.url + "/api/v1/channels", key=served.key)[0] == 401
-    finally:
-        srv.stop()

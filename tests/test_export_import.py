@@ -7,17 +7,14 @@ servers run), and must then read, verify, fork and diff there exactly as on the 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
-import subprocess
-import sys
 import urllib.error
 import urllib.request
 
 import pytest
-from actae_client import ActaeClient, AgentSession, ForkToolBlockedError
+from actae_client import AgentSession, ForkToolBlockedError
 
-from conftest import POSTGRES_URL, ROOT, ServerProcess, http, run
+from conftest import POSTGRES_URL, ServerProcess, cli, http, state_sha256, using
 
 NDJSON = "application/x-ndjson"
 CHARGE = ("inv-1", "charge_customer", {"amount_cents": 4900})
@@ -36,22 +33,9 @@ class Crash(Exception):
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """(source, target): two fresh servers on two data dirs."""
-    source = ServerProcess(tmp_path_factory.mktemp("export-source")).start()
-    target = ServerProcess(tmp_path_factory.mktemp("import-target")).start()
-    yield source, target
-    source.stop()
-    target.stop()
-
-
-def using(srv, body):
-    """`await body(client)` on a fresh SDK client for `srv` (closed after)."""
-    async def main():
-        client = ActaeClient(endpoint=srv.url, api_key=srv.key)
-        try:
-            return await body(client)
-        finally:
-            await client.disconnect()
-    return run(main())
+    with ServerProcess(tmp_path_factory.mktemp("export-source")).start() as source, \
+            ServerProcess(tmp_path_factory.mktemp("import-target")).start() as target:
+        yield source, target
 
 
 def raw_call(method, url, *, key, data=None, headers=None):
@@ -80,12 +64,6 @@ def import_http(srv, data, *, key=None):
     return status, json.loads(body)
 
 
-def cli(srv, *args, stdin=None):
-    """`python actae.py ARGS --data-dir <srv's dir>` -> the finished process (bytes out)."""
-    return subprocess.run([sys.executable, str(ROOT / "actae.py"), *args, "--data-dir", str(srv.data_dir)],
-                          input=stdin, capture_output=True, timeout=120, cwd=str(ROOT), env=srv.env)
-
-
 def lines_of(data: bytes) -> list:
     return [json.loads(line) for line in data.decode().splitlines()]
 
@@ -105,11 +83,6 @@ def get_json(srv, path):
     status, _, body = http("GET", srv.url + path, key=srv.key)
     assert status == 200, (path, status, body)
     return body
-
-
-def state_sha256(state):
-    text = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def content_of(receipt: dict) -> dict:
@@ -211,26 +184,27 @@ def test_cli_round_trip_through_a_file_and_stdin(servers, unique, tmp_path):
     root, fork = unique("root"), unique("fork")
     make_run(source, root, fork)
 
-    exported = cli(source, "export", fork)
+    exported = cli("export", fork, data_dir=source, text=False, check=False)
     assert exported.returncode == 0, exported.stderr
     assert rows_of(exported.stdout) == rows_of(export_http(source, fork))
     path = tmp_path / "run.jsonl"
     path.write_bytes(exported.stdout)
 
-    imported = cli(target, "import", str(path))
+    imported = cli("import", str(path), data_dir=target, text=False, check=False)
     assert imported.returncode == 0, imported.stderr
     out = imported.stdout.decode()
     assert f"Imported 2 channel(s): {root}, {fork}" in out and "unchanged: -" in out
     same_views(source, target, [root, fork])
 
-    again = cli(target, "import", "-", "--json", stdin=exported.stdout)
+    again = cli("import", "-", "--json", input=exported.stdout, data_dir=target, text=False, check=False)
     assert again.returncode == 0, again.stderr
     assert json.loads(again.stdout) == {"ok": True, "imported": [], "unchanged": [root, fork],
                                         "rows": {"events": 0, "states": 0, "executions": 0}}
 
-    missing = cli(source, "export", unique("nope"))
+    missing = cli("export", unique("nope"), data_dir=source, text=False, check=False)
     assert missing.returncode == 1 and b"not found" in missing.stderr and missing.stdout == b""
-    bad = cli(target, "import", "-", stdin=b'{"format": "actae-export", "version": 1}\n{"kind": "x"}\n')
+    bad = cli("import", "-", input=b'{"format": "actae-export", "version": 1}\n{"kind": "x"}\n', data_dir=target,
+              text=False, check=False)
     assert bad.returncode == 1 and b"line 1" in bad.stderr
 
 
@@ -299,12 +273,11 @@ def across_backends(request, tmp_path_factory):
     """(source, target) on different backends: a PostgreSQL server and a SQLite one, both ways."""
     if POSTGRES_URL is None:
         pytest.skip("moving a run between backends needs PostgreSQL (ACTAE_TEST_DATABASE_URL)")
-    postgresql = ServerProcess(tmp_path_factory.mktemp("on-postgresql")).start()
-    sqlite = ServerProcess(tmp_path_factory.mktemp("on-sqlite"), database="").start()
-    assert [get_json(srv, "/api/v1/instance")["backend"] for srv in (postgresql, sqlite)] == ["postgresql", "sqlite"]
-    yield (postgresql, sqlite) if request.param == "postgresql-to-sqlite" else (sqlite, postgresql)
-    postgresql.stop()
-    sqlite.stop()
+    with ServerProcess(tmp_path_factory.mktemp("on-postgresql")).start() as postgresql, \
+            ServerProcess(tmp_path_factory.mktemp("on-sqlite"), database="").start() as sqlite:
+        assert [get_json(srv, "/api/v1/instance")["backend"] for srv in (postgresql, sqlite)] == \
+            ["postgresql", "sqlite"]
+        yield (postgresql, sqlite) if request.param == "postgresql-to-sqlite" else (sqlite, postgresql)
 
 
 @pytest.mark.parametrize("step, policy, outcome", [
@@ -543,7 +516,7 @@ def test_export_and_import_need_scopes_on_every_channel(servers, unique):
     make_run(source, root, fork)
 
     def key_for(srv, *flags):
-        done = cli(srv, "key", "create", "--name", "scoped", *flags)
+        done = cli("key", "create", "--name", "scoped", *flags, data_dir=srv, text=False, check=False)
         assert done.returncode == 0, done.stderr
         return next(w for w in done.stdout.decode().split() if w.startswith("sk-"))
 

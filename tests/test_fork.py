@@ -7,11 +7,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import json
-import os
-import subprocess
-import sys
 import uuid
 
 import pytest
@@ -19,17 +15,11 @@ from actae_client import AgentSession, APIError, ForkToolBlockedError, SnapshotB
 # Not re-exported by the package root in 1.3.0.
 from actae_client.errors import ChannelConflictError, IdempotencyConflictError, NoRestorableCheckpointError
 
-from conftest import http
+from conftest import http, run_program, state_sha256
 
 STEP_NAMES = ("research", "insights", "risks", "recommendations", "summary", "finalize")
 POLICIES = {"charge_customer": "block", "*": "auto"}
 CHARGE = ("inv-1", "charge_customer", {"amount_cents": 4900})
-
-
-def state_sha256(state):
-    """The documented state hash: sha256 of canonical JSON (sorted keys, `,`/`:` separators, UTF-8)."""
-    text = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 async def events(client, channel):
@@ -423,9 +413,7 @@ def test_resume_fork_at_step_from_a_new_process(server, with_client, unique):
     base_ch, fork_ch = unique("base"), unique("fork")
     base, agent = with_client(lambda c: run_base(c, base_ch, []))
 
-    env = {**os.environ, "ACTAE_URL": server.url, "ACTAE_API_KEY": server.key}
-    proc = subprocess.run([sys.executable, "-c", RESUME_CHILD, base_ch, fork_ch], env=env,
-                          capture_output=True, text=True, timeout=60)
+    proc = run_program(server, "-c", RESUME_CHILD, base_ch, fork_ch, timeout=60)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["step_count"] == 3

@@ -10,15 +10,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import subprocess
-import sys
-import time
 
 import pytest
 from actae_client import ActaeClient, AgentSession, AuthError, SessionCompletedError, VersionConflictError
 from actae_client.errors import ActaeError, IdempotencyConflictError
 
-from conftest import ROOT, ServerProcess, http, run
+from conftest import ServerProcess, cli, http, poll, replay_all, run, using
 
 STEP_NAMES = ["research", "insights", "risks", "recommendations", "summary", "finalize"]
 KEY_RE = re.compile(r"^API key:\s+(sk-[A-Za-z0-9_-]{32,})(\s|$)")
@@ -27,36 +24,11 @@ RFC3339_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|\+00:00)$")
 WS_WAIT = 20  # seconds: a hang guard for frames that never come, not a timing assertion
 
 
-def with_client(factory, scenario, **kw):
-    """Run `scenario(client)` with a fresh, not-yet-connected client; always release it."""
-    return run(with_client_async(factory, scenario, **kw))
-
-
-async def with_client_async(factory, scenario, **kw):
-    client = factory(**kw)
-    try:
-        return await scenario(client)
-    finally:
-        await client.disconnect()
-
-
-async def replay_all(client, channel):
-    """Every event of `channel`, paging the way the SDK does (limit 1000, exclusive cursor)."""
-    events, cursor = [], 0
-    while True:
-        page = await client.replay(channel, cursor=cursor, limit=1000)
-        if not page:
-            return events
-        assert page[-1].cursor > cursor, "replay did not advance past the requested cursor"
-        events += page
-        cursor = page[-1].cursor
-
-
 # --------------------------------------------------------------------------------------------
 # AgentSession end to end
 # --------------------------------------------------------------------------------------------
 
-def test_agent_session_six_steps_records_states_metadata_and_step_index(make_client, unique):
+def test_agent_session_six_steps_records_states_metadata_and_step_index(with_client, unique):
     channel = unique("run")
     agent = {"step": 0, "notes": []}
 
@@ -81,7 +53,7 @@ def test_agent_session_six_steps_records_states_metadata_and_step_index(make_cli
                 await client.list_channels())
 
     (stepped, snapshots, events, latest, versions, state3, meta, step3, step7,
-     last_step, cursor, channels) = with_client(make_client, scenario)
+     last_step, cursor, channels) = with_client(scenario)
 
     assert [e.event_type for e in events] == ["session.started", *STEP_NAMES, "session.completed"]
     assert [e.cursor for e in events] == list(range(1, 9))
@@ -120,7 +92,7 @@ def test_agent_session_six_steps_records_states_metadata_and_step_index(make_cli
     assert channel in channels
 
 
-def test_crashed_session_is_marked_and_resumes_at_the_next_step(make_client, unique):
+def test_crashed_session_is_marked_and_resumes_at_the_next_step(with_client, unique):
     """A crash records status and outcome; `resume` continues the numbering."""
     channel = unique("crash")
 
@@ -139,7 +111,7 @@ def test_crashed_session_is_marked_and_resumes_at_the_next_step(make_client, uni
             await AgentSession.resume(client, channel)
         return crashed, third, await client.replay(channel, cursor=0), await client.resolve_step(channel, 3)
 
-    crashed, third, events, step3 = with_client(make_client, scenario)
+    crashed, third, events, step3 = with_client(scenario)
     assert crashed.experiment_metadata["status"] == "crashed"
     assert crashed.experiment_metadata["crash_reason"] == "RuntimeError: boom"
     assert crashed.outcome == "crashed"
@@ -148,7 +120,7 @@ def test_crashed_session_is_marked_and_resumes_at_the_next_step(make_client, uni
 
 
 @pytest.mark.parametrize("where", ["event payload", "state", "experiment_metadata"])
-def test_json_values_round_trip_exactly(make_client, unique, where):
+def test_json_values_round_trip_exactly(with_client, unique, where):
     """Payloads, states and metadata come back exactly: big ints, int vs float, unicode."""
     channel = unique(where.replace(" ", "-").replace("_", "-"))
     value = {"big": 2**63 + 11, "neg_big": -(2**70), "one": 1, "one_float": 1.0, "tiny": 1e-7,
@@ -167,13 +139,13 @@ def test_json_values_round_trip_exactly(make_client, unique, where):
         assert put.experiment_metadata == value
         return (await client.get_channel_metadata(channel)).experiment_metadata
 
-    got = with_client(make_client, scenario)
+    got = with_client(scenario)
     assert got == value
     assert type(got["one"]) is int and type(got["one_float"]) is float
     assert got["big"] == 2**63 + 11 and type(got["big"]) is int
 
 
-def test_metadata_put_is_partial_and_replaces_experiment_metadata(make_client, unique):
+def test_metadata_put_is_partial_and_replaces_experiment_metadata(with_client, unique):
     """Only keys present change; `experiment_metadata` is replaced wholesale."""
     channel = unique("meta")
 
@@ -184,7 +156,7 @@ def test_metadata_put_is_partial_and_replaces_experiment_metadata(make_client, u
         second = await client.update_metadata(channel, experiment_metadata={"b": 2})
         return second, await client.get_channel_metadata(channel)
 
-    second, fetched = with_client(make_client, scenario)
+    second, fetched = with_client(scenario)
     assert second == fetched
     assert (fetched.display_name, fetched.reason, fetched.experiment_metadata) == ("First", "why", {"b": 2})
 
@@ -194,7 +166,7 @@ def test_metadata_put_is_partial_and_replaces_experiment_metadata(make_client, u
 # --------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("retry", ["identical", "keys reordered"])
-def test_record_with_same_operation_id_returns_the_original_event(make_client, unique, retry):
+def test_record_with_same_operation_id_returns_the_original_event(with_client, unique, retry):
     channel = unique("op")
     first_payload = {"a": 1, "b": {"c": [1, 2]}}
     retry_payload = first_payload if retry == "identical" else {"b": {"c": [1, 2]}, "a": 1}
@@ -206,14 +178,14 @@ def test_record_with_same_operation_id_returns_the_original_event(make_client, u
                                     operation_id="op-1", step_number=1)
         return first, again, await client.replay(channel, cursor=0), await client.latest_step_number(channel)
 
-    first, again, events, last_step = with_client(make_client, scenario)
+    first, again, events, last_step = with_client(scenario)
     assert (again.id, again.cursor) == (first.id, first.cursor) == (first.id, 1)
     assert [(e.id, e.cursor) for e in events] == [(first.id, 1)]
     assert last_step == 1
 
 
 @pytest.mark.parametrize("change", ["payload", "event_type"])
-def test_record_reusing_an_operation_id_for_a_different_request_conflicts(make_client, unique, change):
+def test_record_reusing_an_operation_id_for_a_different_request_conflicts(with_client, unique, change):
     channel = unique("conflict")
 
     async def scenario(client):
@@ -226,12 +198,12 @@ def test_record_reusing_an_operation_id_for_a_different_request_conflicts(make_c
                                         operation_id="op-x")
         return first, elsewhere, await client.replay(channel, cursor=0)
 
-    first, elsewhere, events = with_client(make_client, scenario)
+    first, elsewhere, events = with_client(scenario)
     assert [e.id for e in events] == [first.id]
     assert elsewhere.cursor == 1 and elsewhere.id != first.id
 
 
-def test_transition_is_idempotent_and_guarded(make_client, unique):
+def test_transition_is_idempotent_and_guarded(with_client, unique):
     channel = unique("transition")
 
     async def scenario(client):
@@ -254,7 +226,7 @@ def test_transition_is_idempotent_and_guarded(make_client, unique):
         return (first, second, await client.replay(channel, cursor=0),
                 await client.list_states(channel), await client.latest_state(channel))
 
-    first, second, events, versions, latest = with_client(make_client, scenario)
+    first, second, events, versions, latest = with_client(scenario)
     assert (first.event.cursor, first.state_version, first.event.event_type) == (1, 1, "phase.one")
     assert first.event.channel_id == channel
     assert (second.event.cursor, second.state_version) == (2, 2)
@@ -276,7 +248,7 @@ def test_transition_is_idempotent_and_guarded(make_client, unique):
     ({"cursor": 0, "event_type": "even"}, [2, 4]),
     ({"cursor": 0, "limit": 50000}, [1, 2, 3, 4, 5]),  # clamped, never rejected
 ])
-def test_replay_cursor_limit_and_type_filter(make_client, unique, kwargs, expected):
+def test_replay_cursor_limit_and_type_filter(with_client, unique, kwargs, expected):
     channel = unique("replay")
 
     async def scenario(client):
@@ -284,12 +256,12 @@ def test_replay_cursor_limit_and_type_filter(make_client, unique, kwargs, expect
             await client.record(channel, "even" if n % 2 == 0 else "odd", {"n": n}, actor="t")
         return await client.replay(channel, **kwargs)
 
-    events = with_client(make_client, scenario)
+    events = with_client(scenario)
     assert [e.cursor for e in events] == expected
     assert [e.payload for e in events] == [{"n": c} for c in expected]
 
 
-def test_list_channels_puts_the_most_recently_active_first(make_client, unique):
+def test_list_channels_puts_the_most_recently_active_first(with_client, unique):
     first, second = unique("first"), unique("second")
 
     async def scenario(client):
@@ -297,19 +269,19 @@ def test_list_channels_puts_the_most_recently_active_first(make_client, unique):
             await client.record(channel, "x", {}, actor="t")
         return await client.list_channels()
 
-    channels = with_client(make_client, scenario)
+    channels = with_client(scenario)
     assert all(isinstance(c, str) for c in channels)
     assert channels.index(first) < channels.index(second)
 
 
-def test_channel_written_only_by_record_has_synthesized_root_metadata(make_client, unique):
+def test_channel_written_only_by_record_has_synthesized_root_metadata(with_client, unique):
     channel = unique("raw")
 
     async def scenario(client):
         event = await client.record(channel, "raw", {"x": 1}, actor="t")
         return event, await client.get_channel_metadata(channel), await client.get_channel_metadata(unique("never"))
 
-    event, meta, missing = with_client(make_client, scenario)
+    event, meta, missing = with_client(scenario)
     assert (event.cursor, event.channel_id, event.event_type) == (1, channel, "raw")
     assert event.channel_cursor in (None, 1)
     assert meta is not None
@@ -319,7 +291,7 @@ def test_channel_written_only_by_record_has_synthesized_root_metadata(make_clien
     assert missing is None  # unknown channel -> 404 -> None
 
 
-def test_empty_channels_answer_with_nulls_not_errors(make_client, unique):
+def test_empty_channels_answer_with_nulls_not_errors(with_client, unique):
     events_only, never = unique("events-only"), unique("never-written")
 
     async def scenario(client):
@@ -329,10 +301,10 @@ def test_empty_channels_answer_with_nulls_not_errors(make_client, unique):
                 await client.get_state(events_only, 1), await client.list_states(events_only),
                 await client.latest_step_number(events_only), await client.resolve_step(events_only, 1))
 
-    assert with_client(make_client, scenario) == (None, None, None, [], None, [], 0, None)
+    assert with_client(scenario) == (None, None, None, [], None, [], 0, None)
 
 
-def test_save_state_at_cursor_zero_on_a_channel_without_events(make_client, unique):
+def test_save_state_at_cursor_zero_on_a_channel_without_events(with_client, unique):
     channel = unique("state0")
 
     async def scenario(client):
@@ -340,7 +312,7 @@ def test_save_state_at_cursor_zero_on_a_channel_without_events(make_client, uniq
         return (version, await client.latest_state(channel), await client.get_state(channel, 1),
                 await client.get_cursor(channel), await client.list_states(channel))
 
-    version, latest, by_version, cursor, versions = with_client(make_client, scenario)
+    version, latest, by_version, cursor, versions = with_client(scenario)
     assert version == 1
     assert latest == {"cursor": 0, "state": {"warm": True}}
     assert by_version == {"cursor": 0, "state": {"warm": True}, "version": 1}
@@ -348,7 +320,7 @@ def test_save_state_at_cursor_zero_on_a_channel_without_events(make_client, uniq
     assert [(v["version"], v["cursor"]) for v in versions] == [(1, 0)]
 
 
-def test_deleted_state_version_is_gone(make_client, unique):
+def test_deleted_state_version_is_gone(with_client, unique):
     channel = unique("delete-state")
 
     async def scenario(client):
@@ -358,7 +330,7 @@ def test_deleted_state_version_is_gone(make_client, unique):
         return (first, second, await client.get_state(channel, first), await client.list_states(channel),
                 await client.latest_state(channel))
 
-    first, second, deleted, versions, latest = with_client(make_client, scenario)
+    first, second, deleted, versions, latest = with_client(scenario)
     assert (first, second, deleted) == (1, 2, None)
     assert [v["version"] for v in versions] == [2]
     assert latest == {"cursor": 0, "state": {"v": 2}}
@@ -372,7 +344,7 @@ def test_deleted_state_version_is_gone(make_client, unique):
     ("left", None, {("left", 1), ("left", 2), ("left", 3)}, {}),
     ("right", "beta", set(), {}),
 ])
-def test_query_filters(make_client, unique, which, event_type, expected, extra):
+def test_query_filters(with_client, unique, which, event_type, expected, extra):
     left, right = unique("left"), unique("right")
     names = {left: "left", right: "right"}
     channel_ids = {"left": [left], "right": [right], "both": [left, right]}[which]
@@ -384,14 +356,14 @@ def test_query_filters(make_client, unique, which, event_type, expected, extra):
             await client.record(channel, kind, {"k": kind}, actor=f"{names[channel]}-actor")
         return await client.query(channel_ids=channel_ids, event_type=types[event_type], limit=100, **extra)
 
-    events = with_client(make_client, scenario)
+    events = with_client(scenario)
     assert {(names.get(e.channel_id), e.cursor) for e in events} == expected
     if event_type:
         assert all(e.event_type == types[event_type] for e in events)
     assert len(events) == len(expected)
 
 
-def test_causal_graph_walks_dependencies_to_ancestors(make_client, unique):
+def test_causal_graph_walks_dependencies_to_ancestors(with_client, unique):
     channel = unique("causal")
 
     async def scenario(client):
@@ -403,7 +375,7 @@ def test_causal_graph_walks_dependencies_to_ancestors(make_client, unique):
                                    dependencies=[{"event_id": child.id, "dependency_type": "causal"}])
         return root, unrelated, child, leaf, await client.causal_graph(leaf.id)
 
-    root, unrelated, child, leaf, graph = with_client(make_client, scenario)
+    root, unrelated, child, leaf, graph = with_client(scenario)
     assert graph["root_event_id"] == leaf.id
     ids = {e["id"] for e in graph["events"]}
     assert {root.id, child.id, leaf.id} <= ids
@@ -413,13 +385,13 @@ def test_causal_graph_walks_dependencies_to_ancestors(make_client, unique):
     assert graph["truncated"] is False
 
 
-def test_health_readiness_and_metrics_parse(make_client, unique):
+def test_health_readiness_and_metrics_parse(with_client, unique):
     async def scenario(client):
         await client.record(unique("metrics"), "x", {}, actor="t")
         return (await client.health_check(), await client.readiness_check(),
                 await client.get_metrics_text(), await client.get_metrics_json())
 
-    health, ready, metrics, snapshot = with_client(make_client, scenario)
+    health, ready, metrics, snapshot = with_client(scenario)
     assert health.status == "ok" and health.timestamp
     assert all(isinstance(c.status, str) for c in health.components.values())
     # The SDK documents "ok" | "degraded" | "unavailable"; any healthy word is accepted here.
@@ -428,9 +400,9 @@ def test_health_readiness_and_metrics_parse(make_client, unique):
     assert snapshot.status == "ok" and isinstance(snapshot.websocket_connections, int)
 
 
-def test_capabilities_grant_the_single_key_everything(make_client, server, unique):
+def test_capabilities_grant_the_single_key_everything(with_client, server, unique):
     """The first key may do everything; the preview never leaks the key."""
-    caps = with_client(make_client, lambda client: client.capabilities())
+    caps = with_client(lambda client: client.capabilities())
     channel = unique("caps")
     assert caps.auth_method == "api_key"
     assert all(check(channel) for check in (caps.can_read, caps.can_write, caps.can_publish, caps.can_fork))
@@ -589,7 +561,7 @@ def test_unsubscribe_stops_delivery(make_client, unique):
     assert run(scenario()) == (kept, 1)
 
 
-def test_hundred_concurrent_writers_keep_cursors_gapless(make_client, unique):
+def test_hundred_concurrent_writers_keep_cursors_gapless(make_client, with_client, unique):
     """100 concurrent clients on one channel: gapless cursors, no 5xx, no lost write."""
     channel, writers, each = unique("hundred"), 100, 5
 
@@ -602,10 +574,10 @@ def test_hundred_concurrent_writers_keep_cursors_gapless(make_client, unique):
             await client.disconnect()
 
     async def scenario():
-        acked = [pair for batch in await asyncio.gather(*(write(w) for w in range(writers))) for pair in batch]
-        return acked, await with_client_async(make_client, lambda c: replay_all(c, channel))
+        return [pair for batch in await asyncio.gather(*(write(w) for w in range(writers))) for pair in batch]
 
-    acked, events = run(scenario())
+    acked = run(scenario())
+    events = with_client(lambda c: replay_all(c, channel))
     assert [e.cursor for e in events] == list(range(1, writers * each + 1))
     assert sorted(acked, key=lambda pair: pair[1]) == [(e.id, e.cursor) for e in events]
 
@@ -615,56 +587,45 @@ def test_hundred_concurrent_writers_keep_cursors_gapless(make_client, unique):
 # --------------------------------------------------------------------------------------------
 
 def test_acknowledged_writes_survive_sigkill(tmp_path):
-    srv = ServerProcess(tmp_path).start()
-    key, channel, writers, kill_after = srv.key, "durable", 20, 150
-    acked: list[tuple[str, int, dict]] = []
-    outcomes: list[str] = []
-    killed = []
+    with ServerProcess(tmp_path).start() as srv:
+        key, channel, writers, kill_after = srv.key, "durable", 20, 150
+        acked: list[tuple[str, int, dict]] = []
+        outcomes: list[str] = []
+        killed = []
 
-    async def writer(number):
-        client = ActaeClient(endpoint=srv.url, api_key=key, timeout=15)
-        try:
-            for n in range(10_000):
-                payload = {"writer": number, "n": n}
-                try:
-                    event = await client.record(channel, "write", payload, actor=f"w{number}")
-                except ActaeError as exc:
-                    outcomes.append("cut off" if killed else f"failed before the kill: {exc!r}")
-                    return
-                acked.append((event.id, event.cursor, payload))
-                if len(acked) == kill_after:
-                    srv.proc.kill()  # SIGKILL while the other writers have requests in flight
-                    killed.append(len(acked))
-            outcomes.append("finished")
-        finally:
-            await client.disconnect()
+        async def writer(number):
+            client = ActaeClient(endpoint=srv.url, api_key=key, timeout=15)
+            try:
+                for n in range(10_000):
+                    payload = {"writer": number, "n": n}
+                    try:
+                        event = await client.record(channel, "write", payload, actor=f"w{number}")
+                    except ActaeError as exc:
+                        outcomes.append("cut off" if killed else f"failed before the kill: {exc!r}")
+                        return
+                    acked.append((event.id, event.cursor, payload))
+                    if len(acked) == kill_after:
+                        srv.proc.kill()  # SIGKILL while the other writers have requests in flight
+                        killed.append(len(acked))
+                outcomes.append("finished")
+            finally:
+                await client.disconnect()
 
-    async def write_all():
-        await asyncio.gather(*(writer(n) for n in range(writers)))
+        async def write_all():
+            await asyncio.gather(*(writer(n) for n in range(writers)))
 
-    try:
         run(write_all())
         srv.kill()  # no-op after the SIGKILL above; ends a server that stopped acknowledging
         assert killed, f"the server stopped acknowledging after {len(acked)} writes: {outcomes}"
         assert outcomes == ["cut off"] * writers, outcomes  # every writer was mid-way at the kill
-        restarted = ServerProcess(tmp_path).start()
-        try:
+        with ServerProcess(tmp_path).start() as restarted:
             assert restarted.key is None
-            client = ActaeClient(endpoint=restarted.url, api_key=key)
 
-            async def read_back():
-                try:
-                    events = await replay_all(client, channel)
-                    after = await client.record(channel, "after-restart", {}, actor="t")
-                    return events, after
-                finally:
-                    await client.disconnect()
+            async def read_back(client):
+                events = await replay_all(client, channel)
+                return events, await client.record(channel, "after-restart", {}, actor="t")
 
-            events, after = run(read_back())
-        finally:
-            restarted.stop()
-    finally:
-        srv.kill()
+            events, after = using(restarted, read_back, key=key)
 
     assert len(acked) >= kill_after
     assert [e.cursor for e in events] == list(range(1, len(events) + 1))
@@ -675,8 +636,7 @@ def test_acknowledged_writes_survive_sigkill(tmp_path):
 
 
 def test_restart_keeps_the_key_and_never_prints_it_again(tmp_path, unique):
-    first = ServerProcess(tmp_path).start()
-    try:
+    with ServerProcess(tmp_path).start() as first:
         key = first.key
         assert key and re.fullmatch(r"sk-[A-Za-z0-9_-]{32,}", key)
         key_lines = [line for line in first.lines if line.startswith("API key:")]
@@ -685,76 +645,56 @@ def test_restart_keeps_the_key_and_never_prints_it_again(tmp_path, unique):
             "channel_id": "kept", "event_type": "x", "payload": {"v": 1},
             "metadata": {"actor": "t", "agent_id": None, "user_id": None, "metadata": None}})
         assert status < 300
-    finally:
-        first.stop()
 
-    second = ServerProcess(tmp_path).start()
-    try:
+    with ServerProcess(tmp_path).start() as second:
         assert second.key is None
         assert any(line.startswith("API key:") for line in second.lines)
         assert not any("sk-" in line for line in second.lines)
         status, _, body = http("GET", second.url + "/api/v1/events/replay/kept?limit=10", key=key)
         assert status == 200 and [e["payload"] for e in body["events"]] == [{"v": 1}]
-    finally:
-        second.stop()
 
 
 def rotate(data_dir):
     """Run `actae.py key rotate`; return the new key it printed."""
-    done = subprocess.run([sys.executable, str(ROOT / "actae.py"), "key", "rotate", "--data-dir", str(data_dir)],
-                          capture_output=True, text=True, timeout=60, cwd=str(ROOT),
-                          env=ServerProcess(data_dir).env)
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = cli("key", "rotate", data_dir=data_dir)
     keys = [m.group(1) for line in done.stdout.splitlines() if (m := KEY_RE.match(line))]
     assert len(keys) == 1, done.stdout
     return keys[0]
 
 
-def refused_within(url: str, key: str, seconds: float) -> float:
-    """How long it took until `key` got 401 (a running server re-reads its keys every second)."""
-    started = time.monotonic()
-    while http("GET", url + "/api/v1/channels", key=key)[0] != 401:
-        assert time.monotonic() - started < seconds, f"old key still accepted after {seconds} s"
-        time.sleep(0.05)
-    return time.monotonic() - started
+def refused(url: str, key: str, seconds: float) -> None:
+    """`key` gets 401 within `seconds` (a running server re-reads its keys every second)."""
+    poll(lambda: http("GET", url + "/api/v1/channels", key=key)[0] == 401, seconds,
+         what=f"the old key to be refused (still accepted after {seconds} s)")
 
 
 @pytest.mark.parametrize("server_state", ["stopped", "running"])
 def test_key_rotate_revokes_the_old_key(tmp_path, server_state):
-    srv = ServerProcess(tmp_path).start()
-    old = srv.key
-    try:
+    with ServerProcess(tmp_path).start() as first:
+        old = first.key
         if server_state == "stopped":
-            srv.stop()
+            first.stop()
         new = rotate(tmp_path)
-        if server_state == "stopped":
-            srv = ServerProcess(tmp_path).start()
-            assert srv.key is None
-        assert new != old
-        refused_within(srv.url, old, 1.5)
-        assert http("GET", srv.url + "/api/v1/channels", key=new)[0] == 200
-        client = ActaeClient(endpoint=srv.url, api_key=old)
+        # Stopped: a restart after the rotation; running: the same server, told nothing.
+        with ServerProcess(tmp_path).start() if server_state == "stopped" else first as srv:
+            if server_state == "stopped":
+                assert srv.key is None
+            assert new != old
+            refused(srv.url, old, 1.5)
+            assert http("GET", srv.url + "/api/v1/channels", key=new)[0] == 200
 
-        async def old_key_over_sdk():
-            try:
+            async def old_key_over_sdk(client):
                 with pytest.raises(AuthError):
                     await client.list_channels()
-            finally:
-                await client.disconnect()
 
-        run(old_key_over_sdk())
-    finally:
-        srv.stop()
+            using(srv, old_key_over_sdk, key=old)
 
 
 def test_env_api_key_is_accepted_and_never_printed(tmp_path):
     env_key = "sk-from-env-" + "e" * 32
-    srv = ServerProcess(tmp_path, env={"ACTAE_API_KEY": env_key}).start()
-    try:
+    with ServerProcess(tmp_path, env={"ACTAE_API_KEY": env_key}).start() as srv:
         assert not any(env_key in line for line in srv.lines)
         assert http("GET", srv.url + "/api/v1/channels", key=env_key)[0] == 200
-    finally:
-        srv.stop()
     assert not any(env_key in line for line in srv.lines)
 
 
@@ -763,9 +703,7 @@ def test_env_api_key_is_accepted_and_never_printed(tmp_path):
     ("--help", ["--host", "--port", "--data-dir", "--version"]),
 ])
 def test_command_line_flags(flag, expected):
-    done = subprocess.run([sys.executable, str(ROOT / "actae.py"), flag], capture_output=True,
-                          text=True, timeout=60, cwd=str(ROOT))
-    assert done.returncode == 0, done.stderr
+    done = cli(flag)
     for pattern in expected:
         assert re.search(pattern, done.stdout), done.stdout
 
@@ -773,27 +711,25 @@ def test_command_line_flags(flag, expected):
 def test_an_open_websocket_stops_working_when_its_key_is_rotated(tmp_path):
     import websockets
 
-    srv = ServerProcess(tmp_path).start()
-
-    async def scenario():
+    async def scenario(srv):
         async with websockets.connect(srv.url.replace("http://", "ws://") + "/ws") as ws:
             await ws.recv()                                                   # connected
             await ws.send(json.dumps({"type": "auth", "api_key": srv.key}))
             assert json.loads(await ws.recv())["event"] == "authenticated"
             rotate(tmp_path)
-            started = time.monotonic()
-            while True:                   # the server re-reads its keys within a second
+
+            async def revoked_answer():
                 await ws.send(json.dumps({"type": "ping"}))
                 answer = json.loads(await asyncio.wait_for(ws.recv(), timeout=10))
                 if answer["type"] == "error":
-                    break
+                    return answer
                 assert answer["event"] == "pong", answer
-                assert time.monotonic() - started < 1.5, "the rotated key still works over the WebSocket"
-                await asyncio.sleep(0.05)
+                return None
+
+            # The server re-reads its keys within a second.
+            answer = await poll(revoked_answer, 1.5, what="the rotated key to stop working over the WebSocket")
             assert "revoked" in answer["message"]
             await asyncio.wait_for(ws.wait_closed(), timeout=10)
 
-    try:
-        run(scenario())
-    finally:
-        srv.stop()
+    with ServerProcess(tmp_path).start() as srv:
+        run(scenario(srv))

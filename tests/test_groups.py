@@ -59,7 +59,7 @@ def test_competing_consumers_split_work_and_a_lapsed_lease_is_redelivered(with_c
         with pytest.raises(APIError) as beyond:
             await client.ack_work(group, "fast", 7)                  # never claimed: cannot be acked
         assert beyond.value.status_code == 409
-        await asyncio.sleep(1.3)                                     # "slow" crashed: its lease lapses
+        await asyncio.sleep(1.3)            # time must pass: "slow" crashed, and its 1 s lease lapses
         with pytest.raises(ConsumerError):
             await client.heartbeat(group, "slow", lease_seconds=30)
         redelivered = await client.claim_work(group, "fast", limit=10)
@@ -89,7 +89,7 @@ def test_execution_group_leases_fence_stale_owners(with_client, unique):
         assert lease.generation == 1 and lease.owner_id == "owner-a"
         with pytest.raises(ExecutionNotOwnedError):
             await client.claim_member(group, "planner", "owner-b")     # live lease elsewhere
-        await asyncio.sleep(1.2)
+        await asyncio.sleep(1.2)            # time must pass: owner-a's 1 s lease lapses
         taken = await client.claim_member(group, "planner", "owner-b", lease_seconds=30)
         assert taken.generation == 2
         with pytest.raises(ExecutionNotOwnedError):

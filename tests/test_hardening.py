@@ -42,13 +42,12 @@ import httpx
 import pytest
 import websockets
 
-from conftest import ROOT, ServerProcess, http, query_database, run
+from conftest import ROOT, SESSION_COOKIE, ServerProcess, http, login, poll, query_database, run
 
 if str(ROOT) not in sys.path:          # `import actae` (the module under test) from the repository root
     sys.path.insert(0, str(ROOT))
 
 DEPTH_MAX = 64
-SESSION_COOKIE = "actae_session"
 INT64_MAX = 2**63 - 1
 CSRF_INPUT = re.compile(r"<input\b[^>]*\bname=[\"']csrf_token[\"'][^>]*>", re.I)
 INPUT_VALUE = re.compile(r"\bvalue=[\"']([^\"']*)[\"']", re.I)
@@ -135,19 +134,6 @@ def csrf_of(page: str):
     return html.unescape(value.group(1)) if value else None
 
 
-def login(server) -> httpx.Client:
-    """An httpx client with a dashboard session (same-origin POST; token sent when the form has one)."""
-    c = httpx.Client(base_url=server.url, follow_redirects=False, timeout=60)
-    form = {"api_key": server.key}
-    token = csrf_of(c.get("/login").text)
-    if token:
-        form["csrf_token"] = token
-    r = c.post("/login", data=form, headers={"Origin": server.url})
-    assert r.status_code == 303, (r.status_code, r.text[:300])
-    assert c.cookies.get(SESSION_COOKIE), r.headers
-    return c
-
-
 def with_cookie(server, path, cookie_value):
     """GET `path` with only this session cookie, no redirects followed."""
     return httpx.get(server.url + path, headers={"Cookie": f"{SESSION_COOKIE}={cookie_value}"},
@@ -165,7 +151,8 @@ def port_of(server) -> int:
 
 @pytest.fixture(scope="module")
 def web(server):
-    c = login(server)
+    """A dashboard session whose requests carry no Origin unless a test adds one (the origin checks)."""
+    c = login(server, origin_header=False)
     yield c
     c.close()
 
@@ -574,10 +561,8 @@ def in_process(tmp_path):
     srv = uvicorn.Server(config)
     thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not srv.started and thread.is_alive() and time.monotonic() < deadline:
-        time.sleep(0.02)
     try:
+        poll(lambda: srv.started or not thread.is_alive(), 20, what="the in-process server to start", every=0.02)
         assert srv.started, "the in-process server did not start"
         yield actae, sock.getsockname()[1], key
     finally:
@@ -620,8 +605,8 @@ def test_an_unexpected_exception_is_a_json_500_and_the_connection_stays_usable(i
             pytest.fail(f"the keep-alive connection was not usable after the 500: {exc!r}")
         assert status == 200, (status, body[:300])
         assert json.loads(body)["status"] == "ok"
-        time.sleep(0.2)                                  # a log line written after the response lands
-        errors = [r for r in records.values() if r.levelno >= logging.ERROR]
+        errors = poll(lambda: [r for r in records.values() if r.levelno >= logging.ERROR], 10,
+                      what="the bug to be logged")
         assert len(errors) == 1, f"the bug was logged {len(errors)} times: {[r.getMessage() for r in errors]}"
     finally:
         conn.close()
@@ -634,7 +619,7 @@ def test_an_unexpected_exception_is_a_json_500_and_the_connection_stays_usable(i
 # --------------------------------------------------------------------------------------------
 
 def test_logout_revokes_the_old_cookie(server):
-    c = login(server)
+    c = login(server, origin_header=False)
     try:
         old = c.cookies.get(SESSION_COOKIE)
         page = c.get("/")
@@ -672,7 +657,7 @@ def cookie_candidates(value):
 
 @pytest.mark.parametrize("forgery", ["stored_session_values", "old_signed_format"])
 def test_cookies_made_from_the_database_are_refused(server, forgery):
-    c = login(server)
+    c = login(server, origin_header=False)
     try:
         live = c.cookies.get(SESSION_COOKIE)
         tables = {name for (name,) in read_db(server, TABLES_SQLITE, postgresql=TABLES_POSTGRESQL)}
@@ -731,15 +716,13 @@ def test_loopback_hosts_are_admitted(server, path, host):
 
 @pytest.fixture(scope="module")
 def allow_host_server(tmp_path_factory):
-    srv = ServerProcess(tmp_path_factory.mktemp("actae-allow-host"),
-                        command=[sys.executable, str(ROOT / "actae.py"), "--allow-host", "actae.example"])
+    srv = ServerProcess(tmp_path_factory.mktemp("actae-allow-host"), args=["--allow-host", "actae.example"])
     try:
         srv.start()
-    except Exception as exc:  # noqa: BLE001 - report the server's own output
-        srv.kill()
+    except Exception as exc:  # noqa: BLE001 - report the server's own output (start() ended it)
         pytest.fail(f"`actae.py --allow-host actae.example` did not start ({exc!r}):\n" + "\n".join(srv.lines[-20:]))
-    yield srv
-    srv.stop()
+    with srv:
+        yield srv
 
 
 @pytest.mark.parametrize("path", list(HOST_PATHS))
@@ -850,7 +833,7 @@ def test_login_post_needs_same_origin(server, headers):
 
 @pytest.mark.parametrize("case", ["no-origin", "foreign-origin", "missing-token"])
 def test_logout_post_needs_same_origin_and_token(server, case):
-    c = login(server)
+    c = login(server, origin_header=False)
     try:
         token = csrf_of(c.get("/").text)
         form = {"csrf_token": token} if token and case != "missing-token" else {}

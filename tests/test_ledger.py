@@ -26,7 +26,9 @@ from actae_client import (
 
 from conftest import http, session_log
 
-LEASE_EXPIRY_WAIT = 1.2  # > lease_seconds=1
+# > lease_seconds=1. Time must pass here: a lease lapses on the clock, and the server takes no
+# injected time, so these sleeps stay sleeps (a poll would retry the very claim the test checks).
+LEASE_EXPIRY_WAIT = 1.2
 
 
 async def events(client, channel):

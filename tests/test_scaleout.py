@@ -24,10 +24,10 @@ databases on, e.g.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import itertools
 import json
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
@@ -37,7 +37,8 @@ import pytest
 from actae_client import ActaeClient, AgentSession, SessionLockedError
 from actae_client.errors import ActaeConnectionError
 
-from conftest import POSTGRES_URL, ROOT, ServerProcess, fresh_database_url, http, run, session_log
+from conftest import (POSTGRES_URL, ROOT, ServerProcess, fresh_database_url, http, poll, replay_all, run,
+                      session_log)
 
 pytestmark = pytest.mark.skipif(
     POSTGRES_URL is None,
@@ -111,34 +112,11 @@ class Clients:
             await client.disconnect()
 
 
-async def replay_all(client: ActaeClient, channel: str) -> list:
-    """Every event of `channel`, page by page."""
-    out, cursor = [], None
-    while True:
-        page = await client.replay(channel, cursor=cursor, limit=1000)
-        out += page
-        if len(page) < 1000:
-            return out
-        cursor = page[-1].cursor
-
-
 async def logs_through_each(clients, channel: str) -> list:
     """The channel's log as (cursor, id, type) read through every server; all must agree."""
     logs = [[(e.cursor, e.id, e.event_type) for e in await replay_all(c, channel)] for c in clients]
     assert all(log == logs[0] for log in logs[1:]), "the servers disagree about the log"
     return logs[0]
-
-
-async def poll(check, what: str, seconds: float = WAIT, every: float = 0.05):
-    """Await `check()` until it returns something truthy; fail after `seconds`."""
-    deadline = time.monotonic() + seconds
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(every)
 
 
 # --------------------------------------------------------------------------------------------
@@ -294,7 +272,7 @@ def test_a_fence_taken_over_through_another_server_stops_the_old_owner(cluster, 
                 except SessionLockedError:
                     return None
                 return new
-            new = await poll(take_over, "the lapsed lease to be taken over through server B", every=0.2)
+            new = await poll(take_over, WAIT, what="the lapsed lease to be taken over through server B", every=0.2)
             await new.step("work", output={"owner": "B"})
             with pytest.raises(SessionLockedError):
                 await old.step("work", output={"owner": "A"})
@@ -318,7 +296,7 @@ async def both_reach(raw, sdk_got, cursor):
 
     async def sdk_done():
         return sdk_got and sdk_got[-1].cursor >= cursor
-    await poll(sdk_done, "the SDK subscriber to reach the last cursor")
+    await poll(sdk_done, WAIT, what="the SDK subscriber to reach the last cursor")
 
 
 class RawSubscriber:
@@ -362,7 +340,7 @@ class RawSubscriber:
         async def reached():
             return self.events and max(e["cursor"] for e in self.events) >= cursor
         try:
-            await poll(reached, f"cursor {cursor} on the raw subscription")
+            await poll(reached, WAIT, what=f"cursor {cursor} on the raw subscription")
         except AssertionError as exc:
             got = [e["cursor"] for e in self.events]
             raise AssertionError(f"{exc}: {len(got)} frames, cursors {got[:5]}...{got[-5:]}, "
@@ -373,7 +351,7 @@ class RawSubscriber:
 
         async def ponged():
             return self.pongs > pongs
-        await poll(ponged, "the pong")
+        await poll(ponged, WAIT, what="the pong")
 
     async def close(self) -> None:
         if getattr(self, "ws", None) is not None:
@@ -381,6 +359,20 @@ class RawSubscriber:
         if getattr(self, "reader", None) is not None:
             self.reader.cancel()
             await asyncio.gather(self.reader, return_exceptions=True)
+
+
+@contextlib.asynccontextmanager
+async def subscribers(cluster, channel):
+    """(reader, raw, sdk_got) on server 0: an SDK client whose messages on `channel` land in
+    `sdk_got`, and a raw subscriber not yet opened; the raw one closed, the client disconnected after."""
+    sdk_got = []
+    async with cluster.client(0) as reader:
+        reader.on_message(lambda topic, event: sdk_got.append(event) if topic == channel else None)
+        raw = RawSubscriber(cluster.url(0), cluster.key)
+        try:
+            yield reader, raw, sdk_got
+        finally:
+            await raw.close()
 
 
 async def write_through(cluster, servers, channel, writers_per_server, each, tag):
@@ -412,19 +404,14 @@ def test_a_subscriber_on_one_server_gets_what_the_others_write_live(cluster, uni
     channel = unique("live")
 
     async def scenario():
-        sdk_got = []
-        async with cluster.client(0) as reader:
-            reader.on_message(lambda topic, event: sdk_got.append(event) if topic == channel else None)
+        async with subscribers(cluster, channel) as (reader, raw, sdk_got):
             await reader.subscribe(channel)                       # live only: nothing written yet
-            raw = await RawSubscriber(cluster.url(0), cluster.key).open(channel)
-            try:
-                recorded, published = await asyncio.gather(
-                    write_through(cluster, [1, 2], channel, writers_per_server=2, each=20, tag="live"),
-                    publish_through(cluster, 2, channel, 20, tag="ws"))
-                acked = recorded + published
-                await both_reach(raw, sdk_got, len(acked))
-            finally:
-                await raw.close()
+            await raw.open(channel)
+            recorded, published = await asyncio.gather(
+                write_through(cluster, [1, 2], channel, writers_per_server=2, each=20, tag="live"),
+                publish_through(cluster, 2, channel, 20, tag="ws"))
+            acked = recorded + published
+            await both_reach(raw, sdk_got, len(acked))
         return acked, raw, sdk_got
 
     acked, raw, sdk_got = run(scenario())
@@ -443,20 +430,14 @@ def test_a_subscriber_on_one_server_catches_up_from_a_cursor_then_follows_the_ot
 
     async def scenario():
         before = await write_through(cluster, [1, 2], channel, writers_per_server=1, each=10, tag="before")
-        sdk_got = []
-        async with cluster.client(0) as reader:
-            reader.on_message(lambda topic, event: sdk_got.append(event) if topic == channel else None)
-            raw = RawSubscriber(cluster.url(0), cluster.key)
-            try:
-                # Subscribe while the next writes are already running: the catch-up hands over to live.
-                _, _, after = await asyncio.gather(
-                    reader.subscribe(channel, cursor=start),
-                    raw.open(channel, cursor=start),
-                    write_through(cluster, [1, 2], channel, writers_per_server=2, each=10, tag="after"))
-                acked = before + after
-                await both_reach(raw, sdk_got, len(acked))
-            finally:
-                await raw.close()
+        async with subscribers(cluster, channel) as (reader, raw, sdk_got):
+            # Subscribe while the next writes are already running: the catch-up hands over to live.
+            _, _, after = await asyncio.gather(
+                reader.subscribe(channel, cursor=start),
+                raw.open(channel, cursor=start),
+                write_through(cluster, [1, 2], channel, writers_per_server=2, each=10, tag="after"))
+            acked = before + after
+            await both_reach(raw, sdk_got, len(acked))
         return acked, raw, sdk_got
 
     acked, raw, sdk_got = run(scenario())
@@ -488,9 +469,10 @@ def test_wakeups_due_at_once_fire_exactly_once_across_three_schedulers(cluster, 
             async def all_done():
                 listed = await clients[2].list_wakeups(status="done")
                 return {w.id for w in listed} >= {w.id for w in wakeups}
-            await poll(all_done, "every wake-up to be done", every=0.1)
+            await poll(all_done, WAIT, what="every wake-up to be done", every=0.1)
             # A second firing would come from another server's next scheduler round, at most a
-            # second after the first: let that round pass before counting.
+            # second after the first: let that round pass before counting (time must pass: no
+            # event marks a firing that did not happen).
             await asyncio.sleep(1.5)
 
             results = {}

@@ -1,19 +1,14 @@
 """Scheduler wake-ups and human approvals, with the real SDK against the real server."""
-import asyncio
-import time
 from datetime import datetime, timedelta, timezone
 
-from conftest import ServerProcess, http, run
+from conftest import ServerProcess, http, poll, using
 
 
 async def wait_for_status(client, wakeup_id, status, seconds=10.0):
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    async def reached():
         wakeup = await client.get_wakeup(wakeup_id)
-        if wakeup.status == status:
-            return wakeup
-        await asyncio.sleep(0.1)
-    raise AssertionError(f"wake-up {wakeup_id} never became {status}")
+        return wakeup if wakeup.status == status else None
+    return await poll(reached, seconds, what=f"wake-up {wakeup_id} to become {status}", every=0.1)
 
 
 def test_a_wakeup_fires_once_as_a_scheduler_event(with_client, unique):
@@ -62,32 +57,22 @@ def test_bad_wakeups_are_refused(server, unique):
 
 
 def test_a_pending_wakeup_survives_a_restart(tmp_path):
-    first = ServerProcess(tmp_path).start()
-    key = first.key
-
-    async def schedule():
-        from actae_client import ActaeClient
-        client = ActaeClient(endpoint=first.url, api_key=key)
+    async def schedule(client):
         due = datetime.now(timezone.utc) + timedelta(seconds=2)
         wakeup = await client.schedule_wakeup("restart-wake", due)
-        await client.disconnect()
         return wakeup.id
 
-    wakeup_id = run(schedule())
-    first.stop()
-    second = ServerProcess(tmp_path).start()
-    try:
-        async def check():
-            from actae_client import ActaeClient
-            client = ActaeClient(endpoint=second.url, api_key=key)
-            await wait_for_status(client, wakeup_id, "done")
-            events = await client.replay("restart-wake", limit=10)
-            assert [e.event_type for e in events] == ["scheduler.wakeup"]
-            await client.disconnect()
+    with ServerProcess(tmp_path).start() as first:
+        key = first.key
+        wakeup_id = using(first, schedule)
 
-        run(check())
-    finally:
-        second.stop()
+    async def check(client):
+        await wait_for_status(client, wakeup_id, "done")
+        events = await client.replay("restart-wake", limit=10)
+        assert [e.event_type for e in events] == ["scheduler.wakeup"]
+
+    with ServerProcess(tmp_path).start() as second:
+        using(second, check, key=key)
 
 
 def test_an_approval_round_trip_is_durable_and_idempotent(with_client, unique):

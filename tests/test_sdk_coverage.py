@@ -9,12 +9,11 @@ from __future__ import annotations
 import asyncio
 import inspect
 import re
-import time
 from pathlib import Path
 
 from actae_client import ActaeClient
 
-from conftest import ServerProcess, run
+from conftest import ServerProcess, poll, run
 
 TESTS = Path(__file__).resolve().parent
 # The hosted fleet gateway lives in FleetClient, not ActaeClient; nothing of it is excluded here.
@@ -82,30 +81,28 @@ def test_group_messages_through_the_client_calls(with_client, unique):
 
 
 def test_reconnect_callbacks_fire_when_the_server_restarts(tmp_path):
-    srv = ServerProcess(tmp_path).start()
-    key, port = srv.key, int(srv.url.rsplit(":", 1)[1])
     seen = []
 
-    async def scenario():
+    async def reconnected():
+        return "reconnected" in seen
+
+    async def scenario(srv):
+        key, port = srv.key, int(srv.url.rsplit(":", 1)[1])
         client = ActaeClient(endpoint=srv.url, api_key=key)
         client.on_disconnected(lambda: seen.append("disconnected"))
         client.on_reconnect(lambda: seen.append("reconnected"))
+        await client.connect()
+        await client.subscribe("reconnecting", cursor=0)
+        await asyncio.to_thread(srv.stop)
+        restarted = ServerProcess(tmp_path, port=port)
         try:
-            await client.connect()
-            await client.subscribe("reconnecting", cursor=0)
-            await asyncio.to_thread(srv.stop)
-            restarted = ServerProcess(tmp_path, port=port)
             await asyncio.to_thread(restarted.start)
-            try:
-                deadline = time.monotonic() + 30
-                while "reconnected" not in seen and time.monotonic() < deadline:
-                    await asyncio.sleep(0.1)
-                await client.record("reconnecting", "t", {"after": True}, actor="a")
-            finally:
-                await client.disconnect()
-                await asyncio.to_thread(restarted.stop)
+            await poll(reconnected, 30, what="the client to reconnect to the restarted server", every=0.1)
+            await client.record("reconnecting", "t", {"after": True}, actor="a")
         finally:
-            srv.stop()
+            await client.disconnect()
+            await asyncio.to_thread(restarted.stop)
 
-    run(scenario())
+    with ServerProcess(tmp_path).start() as srv:
+        run(scenario(srv))
     assert seen[:2] == ["disconnected", "reconnected"], seen

@@ -11,33 +11,21 @@ import json
 import re
 import sqlite3
 import statistics
-import subprocess
-import sys
 import time
 from urllib.parse import urlencode
 
 import pytest
 import websockets
-from actae_client import ActaeClient
 from actae_client.errors import APIError, AuthError
 
-from conftest import BACKEND, ROOT, ServerProcess, http, query_database, run
+from conftest import BACKEND, SESSION_COOKIE, ServerProcess, cli, http, login, poll, query_database, run, using
 
 KEY_LINE = re.compile(r"^API key:\s+(sk-\S+)")
 
 
-def cli(data_dir, *args):
-    """`python actae.py ARGS --data-dir DIR`; returns stdout (the command must succeed)."""
-    done = subprocess.run([sys.executable, str(ROOT / "actae.py"), *args, "--data-dir", str(data_dir)],
-                          capture_output=True, text=True, timeout=60, cwd=str(ROOT),
-                          env=ServerProcess(data_dir).env)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
-
-
 def create_key(data_dir, *flags):
     """`actae key create --name ... FLAGS`: (id, key) as printed once."""
-    out = cli(data_dir, "key", "create", "--name", "t", *flags)
+    out = cli("key", "create", "--name", "t", *flags, data_dir=data_dir).stdout
     (key,) = [m.group(1) for line in out.splitlines() if (m := KEY_LINE.match(line))]
     key_id = int(re.match(r"Key (\d+)", out).group(1))
     return key_id, key
@@ -45,24 +33,8 @@ def create_key(data_dir, *flags):
 
 @pytest.fixture(scope="module")
 def team(tmp_path_factory):
-    srv = ServerProcess(tmp_path_factory.mktemp("team")).start()
-    yield srv
-    srv.stop()
-
-
-def client_for(srv, key, **kw):
-    return ActaeClient(endpoint=srv.url, api_key=key, **kw)
-
-
-def using(srv, key, body, **kw):
-    """`await body(client)` on a fresh SDK client for `key` (closed after)."""
-    async def main():
-        client = client_for(srv, key, **kw)
-        try:
-            return await body(client)
-        finally:
-            await client.disconnect()
-    return run(main())
+    with ServerProcess(tmp_path_factory.mktemp("team")).start() as srv:
+        yield srv
 
 
 async def status_of(call):
@@ -83,7 +55,7 @@ def seed(srv, channel, steps=3):
             event = await client.record(channel, "agent.step", {"step": step, "note": "é<&>"}, actor="seed",
                                         step_number=step, metadata={"model": "m"})
             await client.save_state(channel, event.cursor, {"done": step})
-    using(srv, srv.key, body)
+    using(srv, body)
 
 
 # --------------------------------------------------------------------------------------------
@@ -120,13 +92,13 @@ def test_a_read_key_reads_everything_and_writes_nothing(team):
         caps = await client.capabilities()
         return caps, await client.get_cursor("ro-base")
 
-    caps, cursor = using(team, reader, body, timeout=3)
+    caps, cursor = using(team, body, key=reader, timeout=3)
     assert any("may not write" in e for e in errors), errors      # the WebSocket's error frame
     assert caps.read == ["*"] and caps.write == [] and caps.delete == [] and caps.admin == []
     assert caps.can_read("ro-base") and not caps.can_write("ro-base") and not caps.can_fork("ro-base")
     assert caps.key_source == "database" and caps.expires_at is None
     assert cursor == 3                                            # the 3 steps, nothing the reader tried
-    assert using(team, team.key, lambda c: c.get_channel_metadata("ro-base")).channel_id == "ro-base"
+    assert using(team, lambda c: c.get_channel_metadata("ro-base")).channel_id == "ro-base"
 
 
 def test_a_prefix_write_key_writes_only_what_matches_and_can_write_agrees(team):
@@ -142,7 +114,7 @@ def test_a_prefix_write_key_writes_only_what_matches_and_can_write_agrees(team):
         return caps, cases
 
     for key, writable in ((writer, {"proj-1", "proj-"}), (reader, set())):
-        caps, cases = using(team, key, attempts)
+        caps, cases = using(team, attempts, key=key)
         for channel, (previewed, status) in cases.items():
             assert previewed == (channel in writable), (channel, previewed)
             assert status == (200 if channel in writable else 403), (channel, status)
@@ -152,7 +124,7 @@ def test_a_prefix_write_key_writes_only_what_matches_and_can_write_agrees(team):
         listed = await client.list_channels()                     # only what the key may read
         assert set(listed) == {"proj-", "proj-1"}, listed
         return await status_of(client.replay("other-1"))
-    assert using(team, writer, narrow) == 403
+    assert using(team, narrow, key=writer) == 403
 
 
 def test_a_write_key_cannot_subscribe_outside_its_read_scope(team):
@@ -176,30 +148,32 @@ def test_a_write_key_cannot_subscribe_outside_its_read_scope(team):
 def test_expired_and_revoked_keys_get_401(team):
     _, short = create_key(team.data_dir, "--read", "*", "--expires-in", "0.00003")   # about 2.6 s
     revoked_id, revoked = create_key(team.data_dir, "--admin")
-    caps = using(team, short, lambda c: c.capabilities())
+    caps = using(team, lambda c: c.capabilities(), key=short)
     assert caps.expires_at is not None
-    assert using(team, revoked, lambda c: c.list_channels()) is not None
-    cli(team.data_dir, "key", "revoke", str(revoked_id))
-    time.sleep(2.8)
+    assert using(team, lambda c: c.list_channels(), key=revoked) is not None
+    cli("key", "revoke", str(revoked_id), data_dir=team.data_dir)
+    # Refused within 2.8 s: the short key has expired by then, and the server re-reads its keys every second.
+    poll(lambda: [http("GET", team.url + "/api/v1/channels", key=key)[0] for key in (short, revoked)] == [401, 401],
+         2.8, what="the expired and the revoked key to get 401")
     for key in (short, revoked):
         with pytest.raises(AuthError):
-            using(team, key, lambda c: c.list_channels())
+            using(team, lambda c: c.list_channels(), key=key)
         assert http("GET", team.url + "/api/v1/channels", key=key)[0] == 401
 
 
 def test_key_list_shows_scopes_and_use_never_the_key(team):
     key_id, key = create_key(team.data_dir, "--read", "list-*", "--delete", "list-1")
     assert http("GET", team.url + "/api/v1/events/cursor/list-1", key=key)[0] == 200
-    deadline = time.monotonic() + 5
-    while True:
-        listed = json.loads(cli(team.data_dir, "key", "list", "--json"))["keys"]
+
+    def listed_once_used():
+        listed = json.loads(cli("key", "list", "--json", data_dir=team.data_dir).stdout)["keys"]
         mine = next(k for k in listed if k["id"] == key_id)
-        if mine["last_used_at"] or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+        return (listed, mine) if mine["last_used_at"] else None
+
+    listed, mine = poll(listed_once_used, 5, every=0.2, what="`key list` to show the key's last use")
     assert mine["scopes"] == {"read": ["list-*"], "write": [], "delete": ["list-1"], "admin": []}
     assert mine["last_used_at"] and mine["created_at"] and mine["expires_at"] is None
-    table = cli(team.data_dir, "key", "list")
+    table = cli("key", "list", data_dir=team.data_dir).stdout
     assert "read=list-*; delete=list-1" in table
     for text in (table, json.dumps(listed)):
         assert key not in text and team.key not in text
@@ -227,34 +201,26 @@ def test_bad_scope_patterns_are_refused(team):
     status, _, answer = http("POST", team.url + "/api/v1/keys", key=team.key,
                              body={"name": "x", "scopes": {"read": ["a/b"]}})
     assert status == 400 and answer["status"] == "bad_request"
-    done = subprocess.run([sys.executable, str(ROOT / "actae.py"), "key", "create", "--name", "x", "--read", "a*b*",
-                           "--data-dir", str(team.data_dir)], capture_output=True, text=True, timeout=60,
-                          cwd=str(ROOT), env=ServerProcess(team.data_dir).env)
+    done = cli("key", "create", "--name", "x", "--read", "a*b*", data_dir=team.data_dir, check=False)
     assert done.returncode != 0 and "scopes" in done.stderr
 
 
 def test_key_rotate_replaces_the_admin_key_and_keeps_scoped_keys(tmp_path):
-    srv = ServerProcess(tmp_path).start()
-    try:
+    with ServerProcess(tmp_path).start() as srv:
         _, scoped = create_key(tmp_path, "--read", "*")
-        out = cli(tmp_path, "key", "rotate")
+        out = cli("key", "rotate", data_dir=tmp_path).stdout
         (new,) = [m.group(1) for line in out.splitlines() if (m := KEY_LINE.match(line))]
         assert http("GET", srv.url + "/api/v1/channels", key=srv.key)[0] == 401
         assert http("GET", srv.url + "/api/v1/channels", key=scoped)[0] == 200
         assert http("GET", srv.url + "/api/v1/auth/capabilities", key=new)[2]["permissions"]["admin"] == ["*"]
-    finally:
-        srv.stop()
 
 
 def test_the_environment_key_is_admin(tmp_path):
     env_key = "sk-env-" + "x" * 32
-    srv = ServerProcess(tmp_path, env={"ACTAE_API_KEY": env_key}).start()
-    try:
-        caps = using(srv, env_key, lambda c: c.capabilities())
+    with ServerProcess(tmp_path, env={"ACTAE_API_KEY": env_key}).start() as srv:
+        caps = using(srv, lambda c: c.capabilities(), key=env_key)
         assert caps.admin == ["*"] and caps.key_id == "env" and caps.key_source == "environment"
         assert http("GET", srv.url + "/api/v1/keys", key=env_key)[0] == 200
-    finally:
-        srv.stop()
 
 
 # --------------------------------------------------------------------------------------------
@@ -279,11 +245,11 @@ def test_signup_login_me_logout(team):
             await client.login("nobody@example.org", "correct horse")
         assert str(wrong.value) == str(unknown.value)
         assert await status_of(client.signup("ADA@example.org", "another one")) == 409
-    using(team, team.key, body)
+    using(team, body)
 
 
 def test_wrong_password_and_unknown_email_take_the_same_time(team):
-    using(team, team.key, lambda c: c.signup("timing@example.org", "s3cret-pass"))
+    using(team, lambda c: c.signup("timing@example.org", "s3cret-pass"))
 
     def timed(email):
         started = time.perf_counter()
@@ -298,25 +264,22 @@ def test_wrong_password_and_unknown_email_take_the_same_time(team):
 
 def test_signup_needs_an_admin_key_unless_open(team, tmp_path):
     _, reader = create_key(team.data_dir, "--read", "*")
-    assert using(team, reader, lambda c: status_of(c.signup("r@example.org", "password!"))) == 403
+    assert using(team, lambda c: status_of(c.signup("r@example.org", "password!")), key=reader) == 403
     with pytest.raises(AuthError):
-        using(team, "sk-not-a-key-000000000000000000000000", lambda c: c.signup("n@example.org", "password!"))
+        using(team, lambda c: c.signup("n@example.org", "password!"), key="sk-not-a-key-000000000000000000000000")
     assert http("GET", team.url + "/api/v1/auth/config")[2]["open_signup"] is False
 
-    srv = ServerProcess(tmp_path, command=[sys.executable, str(ROOT / "actae.py"), "--open-signup"]).start()
-    try:
+    with ServerProcess(tmp_path, args=["--open-signup"]).start() as srv:
         assert http("GET", srv.url + "/api/v1/auth/config")[2]["signup"] == "open"
-        result = using(srv, "sk-anything-at-all", lambda c: c.signup("open@example.org", "password!"))
+        result = using(srv, lambda c: c.signup("open@example.org", "password!"), key="sk-anything-at-all")
         assert result.user.email == "open@example.org"
-        caps = using(srv, result.token, lambda c: c.capabilities())
+        caps = using(srv, lambda c: c.capabilities(), key=result.token)
         assert (caps.read, caps.write, caps.admin) == ([], [], [])   # nobody granted it anything yet
-        assert using(srv, result.token, lambda c: status_of(c.list_channels())) == 403
+        assert using(srv, lambda c: status_of(c.list_channels()), key=result.token) == 403
         status, _, answer = http("POST", srv.url + "/api/v1/auth/signup", key="sk-anything",
                                  body={"email": "greedy@example.org", "password": "password!",
                                        "scopes": {"admin": ["*"]}})
         assert status == 403, answer
-    finally:
-        srv.stop()
 
 
 def test_a_users_token_carries_the_scopes_an_admin_granted(team):
@@ -331,10 +294,10 @@ def test_a_users_token_carries_the_scopes_an_admin_granted(team):
         assert caps.can_write("team-1") and not caps.can_write("solo-1")
         assert (await client.record("team-1", "t", {"by": "lin"}, actor="lin")).cursor == 1
         return await status_of(client.record("solo-1", "t", {}, actor="lin"))
-    assert using(team, signed["token"], body) == 403
+    assert using(team, body, key=signed["token"]) == 403
 
-    cli(team.data_dir, "user", "grant", "lin@example.org", "--read", "*")
-    caps = using(team, signed["token"], lambda c: c.capabilities())
+    cli("user", "grant", "lin@example.org", "--read", "*", data_dir=team.data_dir)
+    caps = using(team, lambda c: c.capabilities(), key=signed["token"])
     assert (caps.read, caps.write) == (["*"], [])
 
 
@@ -346,8 +309,8 @@ def test_api_key_login_and_preferences(team):
     assert caps["permissions"]["read"] == ["pref-*"] and caps["expires_at"]
     assert http("POST", team.url + "/api/v1/auth/api-key-login", body={"api_key": "sk-wrong"})[0] == 401
 
-    login = using(team, team.key, lambda c: c.signup("prefs@example.org", "password!"))
-    bearer = {"authorization": f"Bearer {login.token}"}
+    account = using(team, lambda c: c.signup("prefs@example.org", "password!"))
+    bearer = {"authorization": f"Bearer {account.token}"}
     path = team.url + "/api/v1/user/preferences"
     assert http("GET", path, key=team.key, headers=bearer)[2]["preferences"] == {}
     stored = http("PUT", path, key=team.key, headers=bearer, body={"preferences": {"theme": "dark", "n": [1]}})[2]
@@ -394,11 +357,12 @@ def http_no_redirect(method, url, *, raw=None, headers=None):
 
 
 def dashboard_cookie(srv, key):
-    form = urlencode({"api_key": key}).encode()
-    status, headers, _ = http_no_redirect("POST", srv.url + "/login", raw=form, headers={
-        "origin": srv.url, "content-type": "application/x-www-form-urlencoded"})
-    assert status == 303, status
-    return headers["set-cookie"].split(";")[0]
+    """The `Cookie` header value of a dashboard session logged in with `key`."""
+    client = login(srv, key=key)
+    try:
+        return f"{SESSION_COOKIE}={client.cookies[SESSION_COOKIE]}"
+    finally:
+        client.close()
 
 
 def test_the_keys_page_creates_lists_and_revokes(team):
@@ -454,12 +418,12 @@ def verify(srv, channel):
 
 def test_a_run_and_its_fork_verify_online_and_offline(team):
     seed(team, "chain-base", steps=4)                        # step k is cursor k
-    using(team, team.key, lambda c: c.fork("chain-base", "chain-fork", 3))
+    using(team, lambda c: c.fork("chain-base", "chain-fork", 3))
 
     async def tail(client):
         await client.record("chain-fork", "agent.step", {"step": 4, "big": 2**70, "x": 1.5e-7}, actor="fork",
                             step_number=4)
-    using(team, team.key, tail)
+    using(team, tail)
     for channel in ("chain-base", "chain-fork"):
         report = verify(team, channel)
         assert report["ok"] is True and report["first_broken_cursor"] is None, report
@@ -472,8 +436,8 @@ def test_a_run_and_its_fork_verify_online_and_offline(team):
 
 def test_editing_one_stored_byte_is_reported_at_that_cursor(team):
     seed(team, "tamper-base", steps=3)
-    using(team, team.key, lambda c: c.fork("tamper-base", "tamper-fork", 3))
-    using(team, team.key, lambda c: c.fork("tamper-base", "tamper-early", 1))
+    using(team, lambda c: c.fork("tamper-base", "tamper-fork", 3))
+    using(team, lambda c: c.fork("tamper-base", "tamper-early", 1))
     where = "WHERE channel_id = 'tamper-base' AND cursor = 2"
     ((payload,),) = query_database(team, f"SELECT payload FROM events {where}",
                                    postgresql=f"SELECT payload::text FROM events {where}")
@@ -496,10 +460,9 @@ def test_editing_one_stored_byte_is_reported_at_that_cursor(team):
                            "database never predates the event chain")
 def test_the_chain_is_built_for_events_written_before_it_existed(tmp_path):
     """A database from before the chain migration verifies after the upgrade."""
-    srv = ServerProcess(tmp_path).start()
-    seed(srv, "legacy", steps=2)
-    using(srv, srv.key, lambda c: c.fork("legacy", "legacy-fork", 2))
-    srv.stop()
+    with ServerProcess(tmp_path).start() as first:
+        seed(first, "legacy", steps=2)
+        using(first, lambda c: c.fork("legacy", "legacy-fork", 2))
     db = sqlite3.connect(tmp_path / "actae.db")
     with db:                                                  # what the old schema stored: keys unsorted
         for channel, cursor, payload in db.execute("SELECT channel_id, cursor, payload FROM events").fetchall():
@@ -516,18 +479,15 @@ def test_the_chain_is_built_for_events_written_before_it_existed(tmp_path):
     actae._backfill_chain(conn)
     conn.execute("COMMIT")
     conn.close()
-    key, srv = srv.key, ServerProcess(tmp_path).start()
-    srv.key = key                                             # a restart prints no key
-    try:
+    with ServerProcess(tmp_path).start() as srv:
+        srv.key = first.key                                   # a restart prints no key
         for channel in ("legacy", "legacy-fork"):
             assert verify(srv, channel)["ok"] is True
         legacy = exported(srv, "legacy")
         assert offline_chain(legacy) == [e["chain_hash"] for e in legacy]
         assert legacy[0]["payload"] == {"step": 1, "note": "é<&>"}
-        assert using(srv, srv.key, lambda c: c.record("legacy", "t", {}, actor="a")).cursor == 3
+        assert using(srv, lambda c: c.record("legacy", "t", {}, actor="a")).cursor == 3
         assert verify(srv, "legacy")["verified_events"] == 3
-    finally:
-        srv.stop()
 
 
 # --------------------------------------------------------------------------------------------
@@ -551,7 +511,7 @@ def test_a_closed_run_refuses_writes_and_still_reads_forks_and_diffs(team):
         diff = await client.diff_states("closing", "closing-fork")
         assert diff["left"]["state"] == {"done": 2}
         return [e.event_type for e in await client.replay("closing")]
-    assert using(team, team.key, body)[-1] == "channel.closed"
+    assert using(team, body)[-1] == "channel.closed"
     assert verify(team, "closing")["ok"] is True
     _, raw, answer = http("POST", team.url + "/api/v1/events/record", key=team.key,
                           body={"channel_id": "closing", "event_type": "t", "payload": {}})
@@ -566,20 +526,14 @@ def test_a_closed_run_refuses_writes_and_still_reads_forks_and_diffs(team):
 
 
 def test_instance_describes_the_server_and_survives_restarts(tmp_path):
-    srv = ServerProcess(tmp_path).start()
-    try:
+    with ServerProcess(tmp_path).start() as srv:
         status, _, first = http("GET", srv.url + "/api/v1/instance", key=srv.key)
         assert status == 200 and first["backend"] == BACKEND and first["version"]
         assert first["started_at"].endswith("Z") and "event_chain" in first["features"]
         assert http("GET", srv.url + "/healthz")[2]["instance_id"] == first["instance_id"]
         assert http("GET", srv.url + "/api/v1/instance")[0] == 401
-    finally:
-        srv.stop()
-    srv = ServerProcess(tmp_path).start()
-    try:
+    with ServerProcess(tmp_path).start() as srv:
         assert http("GET", srv.url + "/healthz")[2]["instance_id"] == first["instance_id"]
-    finally:
-        srv.stop()
 
 
 def test_new_routes_are_in_the_openapi_document_with_403(team):
