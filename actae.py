@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -63,6 +64,7 @@ import secrets
 import socket
 import sqlite3
 import sys
+import threading
 import time
 import typing
 import uuid
@@ -2018,6 +2020,19 @@ SQLITE_MIGRATIONS = [
     UPDATE states SET status = json_extract(state, '$.status')
      WHERE json_valid(state) AND json_type(state, '$.status') = 'text';
     """,
+    """
+    -- A state may be stored as a delta on an earlier version of its channel, or as a reference to
+    -- the row that holds it (a fork's first snapshot); rows before this are whole (NULLs). See
+    -- "state storage" in the domain for the columns.
+    ALTER TABLE states ADD COLUMN delta_base INTEGER;
+    ALTER TABLE states ADD COLUMN chain_start INTEGER;
+    ALTER TABLE states ADD COLUMN ref_channel TEXT;
+    ALTER TABLE states ADD COLUMN ref_version INTEGER;
+    ALTER TABLE states ADD COLUMN chain_bytes INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE states ADD COLUMN base_bytes INTEGER NOT NULL DEFAULT 0;
+    CREATE INDEX states_by_ref ON states (ref_channel, ref_version);
+    CREATE INDEX states_by_base ON states (channel_id, delta_base);
+    """,
 ]
 
 
@@ -2270,6 +2285,17 @@ POSTGRES_MIGRATIONS = [
         LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
         SELECT encode(sha256(convert_to(COALESCE(previous, '{CHAIN_GENESIS}') || head || at_cursor::text || tail,
                                         'UTF8')), 'hex') $$;
+    """,
+    """
+    -- States stored as deltas or shared with a fork (see SQLite's migration of the same change).
+    ALTER TABLE states ADD COLUMN delta_base BIGINT;
+    ALTER TABLE states ADD COLUMN chain_start BIGINT;
+    ALTER TABLE states ADD COLUMN ref_channel TEXT;
+    ALTER TABLE states ADD COLUMN ref_version BIGINT;
+    ALTER TABLE states ADD COLUMN chain_bytes BIGINT NOT NULL DEFAULT 0;
+    ALTER TABLE states ADD COLUMN base_bytes BIGINT NOT NULL DEFAULT 0;
+    CREATE INDEX states_by_ref ON states (ref_channel, ref_version);
+    CREATE INDEX states_by_base ON states (channel_id, delta_base);
     """,
 ]
 
@@ -2630,12 +2656,20 @@ def connect_postgres(url: str) -> PostgresConnection:
 
 @dataclass
 class Tx:
-    """What a write function gets: the connection, one clock reading, the events it appends."""
+    """What a write function gets: the connection, one clock reading, the events it appends, and
+    what to do once (and only if) its work is committed."""
 
     conn: Any                        # SqliteConnection or PostgresConnection
     now: datetime
     ts: str                          # `now` as stored: formatted once per batch, not per row
     events: list = field(default_factory=list)
+    after_commit: list = field(default_factory=list)     # callables, run after COMMIT succeeded
+
+
+def committed(txs: list) -> None:
+    for tx in txs:
+        for action in tx.after_commit:
+            action()
 
 
 @dataclass
@@ -2667,7 +2701,7 @@ def run_jobs(conn: Any, jobs: list) -> list:
 def run_jobs_pipelined(conn: Any, jobs: list) -> list:
     now = utc_now()
     ts = iso(now)
-    outcomes = []
+    outcomes, txs = [], []
     try:
         with conn.pipeline():
             for statement in conn.dialect.begin_write:
@@ -2675,18 +2709,20 @@ def run_jobs_pipelined(conn: Any, jobs: list) -> list:
             for job in jobs:
                 tx = Tx(conn, now, ts)
                 outcomes.append((job.work(tx, *job.args), tx.events))
+                txs.append(tx)
             conn.dialect.announce(conn, [event for _, events in outcomes for event in events])
             conn.execute(COMMIT)
     except BaseException:
         if conn.usable and conn.in_transaction:
             conn.execute(ROLLBACK)
         raise
+    committed(txs)
     return outcomes
 
 
 def run_jobs_isolated(conn: Any, jobs: list) -> list:
     """Each job in a savepoint, so one failure rolls back alone."""
-    outcomes = []
+    outcomes, txs = [], []
     for statement in conn.dialect.begin_write:
         conn.execute(statement)
     try:
@@ -2697,6 +2733,7 @@ def run_jobs_isolated(conn: Any, jobs: list) -> list:
             conn.execute("SAVEPOINT job")
             try:
                 outcome = (job.work(tx, *job.args), tx.events)
+                txs.append(tx)
             except Exception as exc:  # noqa: BLE001 - handed to the caller, never swallowed
                 if not conn.in_transaction:
                     raise              # the database aborted the whole transaction (disk full, I/O): all fail
@@ -2713,6 +2750,7 @@ def run_jobs_isolated(conn: Any, jobs: list) -> list:
         if conn.in_transaction:
             conn.execute(ROLLBACK)
         raise
+    committed(txs)
     return outcomes
 
 
@@ -3034,6 +3072,10 @@ def backend_for(location: Location) -> Backend:
 # function needs stays in that function.
 
 
+def state_version_row(conn: Conn, channel_id: str, version: int) -> Optional[Row]:
+    return conn.execute("SELECT * FROM states WHERE channel_id = ? AND version = ?", (channel_id, version)).fetchone()
+
+
 def channel_by_id(conn: Conn, channel_id: str) -> Optional[Row]:
     return conn.execute("SELECT * FROM channels WHERE id = ?", (channel_id,)).fetchone()
 
@@ -3172,8 +3214,11 @@ EVENT_ROW = CounterRow(
                "request_hash", "step_number", "depends_on", "dependencies", "created_at"),
     ("last_cursor", "chain_head"), ("cursor", "chain_hash"), {"step_number": "BIGINT"})
 STATE_ROW = CounterRow(
-    "states", ("channel_id", "cursor", "state", "sha256", "status", "operation_id", "created_at"),
-    ("state_version",), ("version",), {"cursor": "BIGINT", "state": "BYTEA"})
+    "states", ("channel_id", "cursor", "sha256", "status", "operation_id", "created_at", "state", "delta_base",
+               "chain_start", "ref_channel", "ref_version", "chain_bytes", "base_bytes"),
+    ("state_version",), ("version",), {"cursor": "BIGINT", "state": "BYTEA", "delta_base": "BIGINT",
+                                       "chain_start": "BIGINT", "ref_version": "BIGINT", "chain_bytes": "BIGINT",
+                                       "base_bytes": "BIGINT"})
 
 
 def unused_operation(table: str) -> str:
@@ -3406,10 +3451,295 @@ def state_row_at(conn: Conn, channel_id: str, cursor: Optional[int]) -> Optional
     ).fetchone()
 
 
-def state_of(row: Optional[Row]) -> StateAnswer:
+def state_of(conn: Conn, row: Optional[Row]) -> StateAnswer:
     if row is None:
         return StateAnswer(cursor=None, state=None)
-    return StateAnswer(cursor=row["cursor"], state=load_state(row["state"]), version=row["version"])
+    return StateAnswer(cursor=row["cursor"], state=state_value(conn, row), version=row["version"])
+
+
+def latest_state(conn: Conn, channel_id: str) -> StateAnswer:
+    return state_of(conn, state_row_at(conn, channel_id, None))
+
+
+# --- state storage: whole, a delta, or another row's ---------------------------------
+# An agent's state mostly grows a little each step (a conversation), so storing each version
+# whole costs the square of the run's length. A version is stored as one of:
+#   whole   `state` holds its packed JSON (every row written before deltas existed is one);
+#   delta   `state` holds the packed JSON of a delta against version `delta_base` of the same
+#           channel (the channel's latest when it was saved); `chain_start` is where its chain's
+#           whole (or shared) state is;
+#   shared  `ref_channel`/`ref_version` name the row whose state this is (a fork's first snapshot:
+#           a fork copies nothing).
+# A chain ends (the next version is stored whole) once its deltas' bytes pass DELTA_CHAIN_RATIO
+# times its start's: reading a version costs at most about that many times its start, and the
+# whole versions of a growing state add up geometrically, not quadratically. Small states are
+# always whole (a delta would not pay). Every read answers exactly the JSON that was saved.
+
+DELTA_MIN_BYTES = 4096                 # states smaller than this are stored whole
+DELTA_CHAIN_RATIO = 2                  # a chain's deltas may add up to this many times its start
+STATE_CACHE_BYTES = 64 * 1024 * 1024   # rebuilt states kept in memory (by channel, version, sha256)
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """How one states row stores its state (see above)."""
+
+    data: Union[str, bytes, None]         # packed JSON of the whole state or of the delta; None when shared
+    delta_base: Optional[int] = None
+    chain_start: Optional[int] = None
+    ref_channel: Optional[str] = None
+    ref_version: Optional[int] = None
+    chain_bytes: int = 0                  # delta bytes since the chain's start, this row's included
+    base_bytes: int = 0                   # the size of the chain's start
+
+    @property
+    def columns(self) -> tuple:
+        return (self.data, self.delta_base, self.chain_start, self.ref_channel, self.ref_version, self.chain_bytes,
+                self.base_bytes)
+
+
+class StateCache:
+    """Rebuilt states by (channel, version, sha256), least recently used first out, bounded in bytes.
+
+    Versions never change once committed, so an entry is never stale; only committed states are
+    put (readers see nothing else; writes put theirs after COMMIT). Callers never mutate a state."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.size = max_bytes, 0
+        self.entries: "collections.OrderedDict" = collections.OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple) -> Any:
+        with self.lock:
+            hit = self.entries.get(key)
+            if hit is None:
+                return MISSING
+            self.entries.move_to_end(key)
+            return hit[0]
+
+    def put(self, key: tuple, value: Any, size: int) -> None:
+        if size > self.max_bytes // 4:
+            return
+        with self.lock:
+            old = self.entries.pop(key, None)
+            self.size += size - (old[1] if old else 0)
+            self.entries[key] = (value, size)
+            while self.size > self.max_bytes:
+                _, (_, dropped) = self.entries.popitem(last=False)
+                self.size -= dropped
+
+    def forget_channel(self, channel_id: str) -> None:
+        with self.lock:
+            for key in [k for k in self.entries if k[0] == channel_id]:
+                self.size -= self.entries.pop(key)[1]
+
+
+MISSING = object()
+STATE_CACHE = StateCache(STATE_CACHE_BYTES)
+
+
+def state_key(row: Row) -> tuple:
+    return row["channel_id"], row["version"], row["sha256"]
+
+
+def state_delta(old: Any, new: Any) -> Optional[dict]:
+    """A delta that turns `old` into `new` (apply_delta), or None when only the whole will do.
+
+    {"=": v}: the value is v; {"+": [...]}: the list goes on with these items (after its first "n",
+    when "n" is given); {"k": {key: delta},
+    "x": [removed keys], "o": [every key, in order]}: a JSON object's changes ("o" only when the
+    order is not the one the changes leave). Values are compared by their JSON text, so 1 and 1.0,
+    or 1 and true, are different values (and read back as they were saved)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return dict_delta(old, new)
+    return None
+
+
+def dict_delta(old: dict, new: dict) -> dict:
+    changes = {}
+    for key, value in new.items():
+        if key not in old:
+            changes[key] = {"=": value}
+            continue
+        change = value_delta(old[key], value)
+        if change is not None:
+            changes[key] = change
+    delta: dict = {}
+    if changes:
+        delta["k"] = changes
+    removed = [key for key in old if key not in new]
+    if removed:
+        delta["x"] = removed
+    left_order = [key for key in old if key in new] + [key for key in new if key not in old]
+    if left_order != list(new):
+        delta["o"] = list(new)
+    return delta
+
+
+def value_delta(old: Any, new: Any) -> Optional[dict]:
+    """None when `new` is `old` exactly; else the delta from one to the other."""
+    if old is new:
+        return None
+    old_text, new_text = msgspec.json.encode(old), msgspec.json.encode(new)
+    if old_text == new_text:
+        return None
+    if isinstance(old, dict) and isinstance(new, dict):
+        return dict_delta(old, new)
+    if isinstance(old, list) and isinstance(new, list):
+        kept = kept_items(old, new, old_text, new_text)
+        if kept * 2 >= len(old) and kept > 0:
+            return {"+": new[kept:]} if kept == len(old) else {"n": kept, "+": new[kept:]}
+    return {"=": new}
+
+
+def kept_items(old: list, new: list, old_text: bytes, new_text: bytes) -> int:
+    """How many leading items the two lists share, to the byte."""
+    if len(new) > len(old) and new_text.startswith(old_text[:-1]) and new_text[len(old_text) - 1:len(old_text)] == b",":
+        # The new list's text begins with the old one's items and a comma: its first len(old) items
+        # are the old ones (JSON values delimit themselves). An append, the usual step.
+        return len(old)
+    kept = 0
+    for before, after in zip(old, new):
+        if msgspec.json.encode(before) != msgspec.json.encode(after):
+            break
+        kept += 1
+    return kept
+
+
+def apply_delta(old: Any, delta: dict) -> Any:
+    """`old` changed by `delta` (state_delta's form); `old` itself is left as it is."""
+    if "=" in delta:
+        return delta["="]
+    if "+" in delta:
+        return (old[:delta["n"]] if "n" in delta else old) + delta["+"]
+    removed = set(delta.get("x", ()))
+    out = {key: value for key, value in old.items() if key not in removed}
+    for key, change in delta.get("k", {}).items():
+        out[key] = apply_delta(out.get(key), change)
+    if "o" in delta:
+        out = {key: out[key] for key in delta["o"]}
+    return out
+
+
+def stored_size(data: Union[str, bytes, None]) -> int:
+    return 0 if data is None else len(data)
+
+
+def whole_state(conn: Conn, value: Any, text: Optional[str] = None) -> StoredState:
+    return StoredState(conn.dialect.pack_state(dump(value) if text is None else text))
+
+
+def whole_copy(conn: Conn, row: Row) -> StoredState:
+    """`row`'s state stored whole (a promotion's copy outlives the fork it came from)."""
+    if row["delta_base"] is None and row["ref_channel"] is None:
+        return StoredState(row["state"])          # already whole: the stored bytes as they are
+    return whole_state(conn, state_value(conn, row, remember=False))
+
+
+def encode_state(conn: Conn, channel_id: str, value: Any, text: str) -> StoredState:
+    """How to store `value` (whose JSON is `text`) as the channel's next version."""
+    if len(text) < DELTA_MIN_BYTES:
+        return whole_state(conn, value, text)
+    latest = state_row_at(conn, channel_id, None)
+    if latest is None:
+        return whole_state(conn, value, text)
+    delta = state_delta(state_value(conn, latest, remember=False), value)
+    if delta is None:
+        return whole_state(conn, value, text)
+    packed = conn.dialect.pack_state(dump(delta))
+    chained = latest["delta_base"] is not None or latest["ref_channel"] is not None
+    base_bytes = latest["base_bytes"] if chained else stored_size(latest["state"])
+    chain_bytes = (latest["chain_bytes"] if chained else 0) + stored_size(packed)
+    if chain_bytes > DELTA_CHAIN_RATIO * max(base_bytes, DELTA_MIN_BYTES // 4):
+        return whole_state(conn, value, text)
+    start = latest["version"] if latest["delta_base"] is None else latest["chain_start"]
+    return StoredState(packed, delta_base=latest["version"], chain_start=start, chain_bytes=chain_bytes,
+                       base_bytes=base_bytes)
+
+
+def shared_state(row: Row) -> StoredState:
+    """The same state as `row`, stored as a reference to the row that holds it (never a chain of them)."""
+    if row["ref_channel"] is not None:
+        target = (row["ref_channel"], row["ref_version"])
+    else:
+        target = (row["channel_id"], row["version"])
+    chained = row["delta_base"] is not None or row["ref_channel"] is not None
+    return StoredState(None, ref_channel=target[0], ref_version=target[1],
+                       chain_bytes=row["chain_bytes"] if chained else 0,
+                       base_bytes=row["base_bytes"] if chained else stored_size(row["state"]))
+
+
+def state_value(conn: Conn, row: Row, *, remember: bool = True) -> Any:
+    """The state a states row holds, whatever its stored form. `remember`: keep a rebuilt one in
+    STATE_CACHE (only for committed rows: a write transaction passes False)."""
+    if row["delta_base"] is None and row["ref_channel"] is None:
+        return load_state(row["state"])
+    key = state_key(row)
+    hit = STATE_CACHE.get(key)
+    if hit is not MISSING:
+        return hit
+    if row["ref_channel"] is not None:
+        value = state_value(conn, require_state_version(conn, row["ref_channel"], row["ref_version"]),
+                            remember=remember)
+    else:
+        value = rebuilt_state(conn, row, remember)
+    if remember:
+        STATE_CACHE.put(key, value, row["base_bytes"] * 4 + row["chain_bytes"])
+    return value
+
+
+def rebuilt_state(conn: Conn, row: Row, remember: bool) -> Any:
+    """A delta row's state: its chain's start, then each delta up to it (from the latest one cached)."""
+    chain = state_rows_between(conn, row["channel_id"], row["chain_start"], row["version"])
+    start = 0
+    for index in range(len(chain) - 1, 0, -1):
+        hit = STATE_CACHE.get(state_key(chain[index]))
+        if hit is not MISSING:
+            value, start = hit, index
+            break
+    else:
+        value = state_value(conn, chain[0], remember=remember)
+    for link in chain[start + 1:]:
+        value = apply_delta(value, load_state(link["state"]))
+    return value
+
+
+def state_rows_between(conn: Conn, channel_id: str, first: int, last: int) -> list:
+    return conn.execute("SELECT * FROM states WHERE channel_id = ? AND version BETWEEN ? AND ? ORDER BY version",
+                        (channel_id, first, last)).fetchall()
+
+
+def require_state_version(conn: Conn, channel_id: str, version: int) -> Row:
+    return present(state_version_row(conn, channel_id, version),
+                   lambda: NotFound(f"state version {version} of {channel_id} is gone"))
+
+
+def remember_saved(tx: Tx, channel_id: str, version: int, sha: str, value: Any, text: str) -> None:
+    """A saved large state goes into STATE_CACHE once committed: the next save diffs against it."""
+    if len(text) >= DELTA_MIN_BYTES:
+        tx.after_commit.append(lambda: STATE_CACHE.put((channel_id, version, sha), value, len(text)))
+
+
+def make_whole(tx: Tx, row: Row) -> None:
+    """Store a delta or shared row's state whole (before what it depends on is deleted)."""
+    value = state_value(tx.conn, row, remember=False)
+    tx.conn.execute("UPDATE states SET state = ?, delta_base = NULL, chain_start = NULL, ref_channel = NULL,"
+                    " ref_version = NULL, chain_bytes = 0, base_bytes = 0 WHERE channel_id = ? AND version = ?",
+                    (tx.conn.dialect.pack_state(dump(value)), row["channel_id"], row["version"]))
+
+
+def free_dependents(tx: Tx, channel_id: str, version: int) -> None:
+    """Before a version is deleted: the delta stored on it, and every fork snapshot shared from it,
+    are stored whole; the later deltas of that chain start from the one made whole."""
+    for row in tx.conn.execute("SELECT * FROM states WHERE ref_channel = ? AND ref_version = ?",
+                               (channel_id, version)).fetchall():
+        make_whole(tx, row)
+    after = tx.conn.execute("SELECT * FROM states WHERE channel_id = ? AND delta_base = ?",
+                            (channel_id, version)).fetchone()
+    if after is not None:
+        make_whole(tx, after)
+        tx.conn.execute("UPDATE states SET chain_start = ? WHERE channel_id = ? AND chain_start = ? AND version > ?",
+                        (after["version"], channel_id, after["chain_start"], after["version"]))
 
 
 def check_guards(conn: Conn, channel_id: str, expected_version: Optional[int],
@@ -3425,20 +3755,17 @@ def check_guards(conn: Conn, channel_id: str, expected_version: Optional[int],
         raise Conflict("version_conflict", f"expected state cursor {expected_cursor}, latest is {cursor}")
 
 
-def insert_state(tx: Tx, channel_id: str, cursor: int, stored: Union[str, bytes, None], sha: str,
+def insert_state(tx: Tx, channel_id: str, cursor: int, stored: StoredState, sha: str,
                  status: Optional[str], operation_id: Optional[str] = None, *,
                  new_operation: bool = False) -> Optional[int]:
-    """A new state version from a stored (packed) state; raises Conflict(channel_closed) on a closed run.
-    With `new_operation`, None when `operation_id` is used already (nothing is written).
-
-    Forks and promotions copy a snapshot's stored form as it is: no decoding, no re-encoding.
-    """
+    """A new state version, stored as `stored` says; raises Conflict(channel_closed) on a closed run.
+    With `new_operation`, None when `operation_id` is used already (nothing is written)."""
     sql, args, used = STATE_COUNTER, (tx.ts, channel_id), None
     if new_operation and operation_id is not None:
         sql, args = STATE_COUNTER_NEW, args + (channel_id, operation_id)
         used = lambda: state_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
     bumped = bump_channel(tx, channel_id, sql, args, STATE_ROW,
-                          (channel_id, cursor, stored, sha, status, operation_id, tx.ts), used)
+                          (channel_id, cursor, sha, status, operation_id, tx.ts, *stored.columns), used)
     return None if bumped is None else bumped[0]
 
 
@@ -3461,12 +3788,14 @@ def save_state(tx: Tx, channel_id: str, req: SaveState) -> int:
         if row is not None:
             return replayed_state(row, req.cursor, sha, req.operation_id)
     check_guards(tx.conn, channel_id, req.expected_version, req.expected_cursor)
-    packed = tx.conn.dialect.pack_state(dump(req.state))
-    version = insert_state(tx, channel_id, req.cursor, packed, sha, state_status(req.state), req.operation_id,
+    text = dump(req.state)
+    stored = encode_state(tx.conn, channel_id, req.state, text)
+    version = insert_state(tx, channel_id, req.cursor, stored, sha, state_status(req.state), req.operation_id,
                            new_operation=True)
     if version is None:
         return replayed_state(state_by_operation(tx.conn, channel_id, req.operation_id), req.cursor, sha,
                               req.operation_id)
+    remember_saved(tx, channel_id, version, sha, req.state, text)
     return version
 
 
@@ -3485,8 +3814,10 @@ def transition(tx: Tx, req: Transition) -> TransitionAnswer:
     meta = req.meta()
     event = append_event(tx, channel_id, req.type, req.payload, actor=req.actor(), metadata=meta.metadata,
                          agent_id=meta.agent_id, user_id=meta.user_id, operation_id=req.operation_id, hashed=hashed)
-    version = insert_state(tx, channel_id, event.cursor, tx.conn.dialect.pack_state(dump(req.state)),
-                           sha256_hex(canonical_json(req.state)), state_status(req.state))
+    text, sha = dump(req.state), sha256_hex(canonical_json(req.state))
+    stored = encode_state(tx.conn, channel_id, req.state, text)
+    version = insert_state(tx, channel_id, event.cursor, stored, sha, state_status(req.state))
+    remember_saved(tx, channel_id, version, sha, req.state, text)
     return TransitionAnswer(event=event, state_version=version)
 
 
@@ -3499,11 +3830,12 @@ def list_states(conn: Conn, channel_id: str, limit: int, offset: int) -> list[St
 
 
 def get_state_version(conn: Conn, channel_id: str, version: int) -> StateAnswer:
-    row = conn.execute("SELECT * FROM states WHERE channel_id = ? AND version = ?", (channel_id, version)).fetchone()
-    return state_of(row)
+    return state_of(conn, state_version_row(conn, channel_id, version))
 
 
 def delete_state_version(tx: Tx, channel_id: str, version: int) -> DeletedCount:
+    if state_version_row(tx.conn, channel_id, version) is not None:
+        free_dependents(tx, channel_id, version)
     deleted = tx.conn.execute("DELETE FROM states WHERE channel_id = ? AND version = ? RETURNING version",
                               (channel_id, version)).fetchall()
     return DeletedCount(deleted=len(deleted))
@@ -3715,7 +4047,7 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
         "source_state_version": snapshot["version"] if snapshot else 0, "restorable": restorable,
     }, depends_on=resolved_event_id)
     if snapshot is not None:
-        insert_state(tx, child_id, marker.cursor, snapshot["state"], snapshot["sha256"], snapshot["status"])
+        insert_state(tx, child_id, marker.cursor, shared_state(snapshot), snapshot["sha256"], snapshot["status"])
     return receipt_of(channel_by_id(conn, child_id))
 
 
@@ -3792,13 +4124,13 @@ def common_ancestor(conn: Conn, left_id: str, right_id: str) -> dict:
 
 def diff_channels(conn: Conn, left_id: str, right_id: str) -> ChannelDiff:
     """GET /channels/diff: latest states compared, plus the state both sides share."""
-    left, right = state_of(state_row_at(conn, left_id, None)), state_of(state_row_at(conn, right_id, None))
+    left, right = latest_state(conn, left_id), latest_state(conn, right_id)
     ancestor = common_ancestor(conn, left_id, right_id)
     common = None
     if ancestor:
         at = state_row_at(conn, ancestor["channel_id"], ancestor["cursor"])
         cursor = ancestor["cursor"] if ancestor["cursor"] is not None else (at["cursor"] if at else 0)
-        common = StateAt(channel_id=ancestor["channel_id"], cursor=cursor, state=load_state(at["state"]) if at else None)
+        common = StateAt(channel_id=ancestor["channel_id"], cursor=cursor, state=state_value(conn, at) if at else None)
     entries = diff_values(left.state, right.state)
     return ChannelDiff(
         left_channel_id=left_id, right_channel_id=right_id,
@@ -3832,7 +4164,7 @@ def decision_trail(conn: Conn, channel_id: str) -> Trail:
     if row["parent_id"] is not None:
         at = state_row_at(conn, row["parent_id"], row["resolved_cursor"]) if row["restorable"] else None
         boundary = StateAt(channel_id=row["parent_id"], cursor=row["resolved_cursor"],
-                           state=load_state(at["state"]) if at else None)
+                           state=state_value(conn, at) if at else None)
     return Trail(
         channel_id=channel_id, origin_run_id=row["origin_id"],
         ancestry=[Ancestor(channel_id=r["id"], parent_channel_id=r["parent_id"], forked_at_cursor=r["resolved_cursor"],
@@ -3934,7 +4266,7 @@ def promote_channel(tx: Tx, child_id: str) -> Promotion:
         "child_channel_id": child_id, "child_state_version": latest_version,
         "child_latest_cursor": child["last_cursor"],
     })
-    version = insert_state(tx, parent_id, event.cursor, latest["state"], latest["sha256"],
+    version = insert_state(tx, parent_id, event.cursor, whole_copy(tx.conn, latest), latest["sha256"],
                            latest["status"]) if latest else None
     tx.conn.execute("UPDATE channels SET outcome = 'promoted', promoted_event_id = ?, promoted_version = ?,"
                     " updated_at = ? WHERE id = ?", (event.id, latest_version, tx.ts, child_id))
@@ -3967,6 +4299,7 @@ def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> DeletedChannels:
     tx.conn.execute("UPDATE wakeups SET status = 'cancelled', error = 'channel deleted'"
                     " WHERE channel_id = ? AND status = 'pending'", (channel_id,))
     tx.conn.execute("DELETE FROM channels WHERE id = ?", (channel_id,))
+    tx.after_commit.append(lambda: STATE_CACHE.forget_channel(channel_id))
     return DeletedChannels(deleted=deleted + [channel_id])
 
 
@@ -5469,9 +5802,12 @@ def exported_channels(conn: Conn, channel_id: str, with_forks: bool) -> list:
     return lineage_ids + (descendants(conn, channel_id) if with_forks else [])
 
 
-def state_text(stored: Union[str, bytes, None]) -> Optional[str]:
-    """A snapshot's JSON text as it was saved, whether or not it is stored compressed."""
-    return zlib.decompress(stored).decode("utf-8") if isinstance(stored, bytes) else stored
+def state_text(conn: Conn, row: Row) -> Optional[str]:
+    """A snapshot's JSON text as it was saved, however it is stored."""
+    if row["delta_base"] is None and row["ref_channel"] is None:
+        stored = row["state"]
+        return zlib.decompress(stored).decode("utf-8") if isinstance(stored, bytes) else stored
+    return dump(state_value(conn, row))
 
 
 def line_of_row(kind: type, row: Row, **columns) -> ExportLine:
@@ -5486,7 +5822,7 @@ def stored_run(conn: Conn, channel_id: str) -> RunRows:
     for row in channel_event_rows(conn, channel_id):
         run.events[row["cursor"]] = line_of_row(EventLine, row)
     for row in conn.execute("SELECT * FROM states WHERE channel_id = ? ORDER BY version", (channel_id,)):
-        run.states[row["version"]] = line_of_row(StateLine, row, state=state_text(row["state"]))
+        run.states[row["version"]] = line_of_row(StateLine, row, state=state_text(conn, row))
     for row in channel_execution_rows(conn, channel_id):
         run.executions[row["key_name"]] = line_of_row(ExecutionLine, row)
     return run
@@ -5904,7 +6240,7 @@ async def api_state_save(request: Request, path, body: SaveState) -> SavedState:
 
 
 async def api_state_latest(request: Request, path) -> StateAnswer:
-    return state_of(await db_of(request).read(state_row_at, path.channel_id, None))
+    return await db_of(request).read(latest_state, path.channel_id)
 
 
 async def api_state_versions(request: Request, path, query: PageQuery) -> StateVersions:
@@ -7188,11 +7524,11 @@ def failed_state_failure(conn: Conn, row: Row) -> Optional[Failure]:
     good = conn.execute(
         "SELECT version, cursor FROM states WHERE channel_id = ? AND COALESCE(status, '')"
         f" NOT IN ({_sql_names(FAILED_STATE_STATUSES)}) ORDER BY version DESC LIMIT 1", (row["id"],)).fetchone()
-    bad = conn.execute("SELECT cursor, state FROM states WHERE channel_id = ? AND version > ? ORDER BY version LIMIT 1",
+    bad = conn.execute("SELECT * FROM states WHERE channel_id = ? AND version > ? ORDER BY version LIMIT 1",
                        (row["id"], good["version"] if good else 0)).fetchone()
     if bad is None:
         return None
-    state = load_state(bad["state"])
+    state = state_value(conn, bad)
     status = state.get("status") if isinstance(state, dict) else None
     at_step = step_at(conn, row, bad["cursor"])
     message = failure_message(state) or f'the state saved at step {at_step} has status "{status}"'
@@ -7412,15 +7748,16 @@ def snapshots(conn: Conn, channel_id: str, first: int, last: int) -> dict:
     `first`; a fork's first own step compares with the state it inherited).
     """
     previous_row = state_row_at(conn, channel_id, first - 1) if first > 1 else None
-    previous = load_state(previous_row["state"]) if previous_row else None
+    previous = state_value(conn, previous_row) if previous_row else None
     latest: dict = {}
     for r in conn.execute("SELECT * FROM states WHERE channel_id = ? AND cursor BETWEEN ? AND ? ORDER BY cursor, version",
                           (channel_id, first, last)):
         latest[r["cursor"]] = r             # a step saved twice: its last snapshot is the step's
     shown = {}
     for cursor in sorted(latest):
-        state = load_state(latest[cursor]["state"])
-        shown[cursor] = {**msgspec.structs.asdict(state_of(latest[cursor])), "changes": state_changes(previous, state)}
+        answer = state_of(conn, latest[cursor])
+        shown[cursor] = {**msgspec.structs.asdict(answer), "changes": state_changes(previous, answer.state)}
+        state = answer.state
         previous = state
     return shown
 
