@@ -3636,9 +3636,9 @@ def whole_copy(conn: Conn, row: Row) -> StoredState:
     return whole_state(conn, state_value(conn, row, remember=False))
 
 
-def encode_state(conn: Conn, channel_id: str, value: Any, text: str) -> StoredState:
-    """How to store `value` (whose JSON is `text`) as the channel's next version."""
-    if len(text) < DELTA_MIN_BYTES:
+def encode_state(conn: Conn, channel_id: str, value: Any, text: Optional[str]) -> StoredState:
+    """How to store `value` (whose JSON is `text`; None for a null state) as the channel's next version."""
+    if text is None or len(text) < DELTA_MIN_BYTES:
         return whole_state(conn, value, text)
     latest = state_row_at(conn, channel_id, None)
     if latest is None:
@@ -3714,9 +3714,9 @@ def require_state_version(conn: Conn, channel_id: str, version: int) -> Row:
                    lambda: NotFound(f"state version {version} of {channel_id} is gone"))
 
 
-def remember_saved(tx: Tx, channel_id: str, version: int, sha: str, value: Any, text: str) -> None:
+def remember_saved(tx: Tx, channel_id: str, version: int, sha: str, value: Any, text: Optional[str]) -> None:
     """A saved large state goes into STATE_CACHE once committed: the next save diffs against it."""
-    if len(text) >= DELTA_MIN_BYTES:
+    if text is not None and len(text) >= DELTA_MIN_BYTES:
         tx.after_commit.append(lambda: STATE_CACHE.put((channel_id, version, sha), value, len(text)))
 
 

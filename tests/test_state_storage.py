@@ -211,3 +211,13 @@ def test_a_database_written_before_deltas_opens_and_reads(tmp_path):
         assert_reads_back(now, "legacy", versions, states)
         more = [dict(states[-1], step=31 + n, extra="y" * 6000) for n in range(3)]
         assert_reads_back(now, "legacy", versions + save_all(now, "legacy", more), states + more)
+
+
+def test_a_null_state_and_a_large_state_after_it_are_stored_and_read(tmp_path):
+    with ServerProcess(tmp_path / "n").start() as srv:
+        big = {"messages": ["x" * 5000]}
+        for state in (None, big, None, dict(big, more=1)):
+            status, _, body = http("POST", srv.url + "/api/v1/state/nulls", key=srv.key, body={"cursor": 0, "state": state})
+            assert status == 200, body
+        versions = [1, 2, 3, 4]
+        assert_reads_back(srv, "nulls", versions, [None, big, None, dict(big, more=1)])
