@@ -2667,9 +2667,13 @@ class Tx:
 
 
 def committed(txs: list) -> None:
+    """What the committed jobs asked for once committed; a failure there is logged, never the write's."""
     for tx in txs:
         for action in tx.after_commit:
-            action()
+            try:
+                action()
+            except Exception:  # noqa: BLE001 - the write is committed whatever happens here
+                log.exception("an after-commit action failed")
 
 
 @dataclass
