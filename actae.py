@@ -2879,12 +2879,12 @@ class PostgresEngine(Engine):
 
     def __init__(self, location: Location):
         super().__init__(location)
-        readers = self.READERS
-        self.url, self._reader_count = location.url, readers
+        self.url, self._reader_count = location.url, self.READERS
         self.origin = secrets.token_hex(8)
         self._writer_pool = self._reader_pool = None
         self._writer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="actae-pg-writer")
-        self._reader_threads = concurrent.futures.ThreadPoolExecutor(readers, thread_name_prefix="actae-pg-reader")
+        self._reader_threads = concurrent.futures.ThreadPoolExecutor(self._reader_count,
+                                                                    thread_name_prefix="actae-pg-reader")
 
     async def open(self) -> None:
         with psycopg.connect(self.url) as raw:        # fails fast, with PostgreSQL's own message
@@ -3181,12 +3181,8 @@ class Where:
 
 
 def fetch_or_raise(conn: Conn, missing: Callable[[], ActaeError], sql: str, *args) -> Row:
-    """The one row `sql` selects; `missing()` is raised when there is none (built only then: these
-    lookups sit on every ledger and channel request)."""
-    row = conn.execute(sql, args).fetchone()
-    if row is None:
-        raise missing()
-    return row
+    """The one row a lookup only one place makes selects, or `missing()` raised."""
+    return present(conn.execute(sql, args).fetchone(), missing)
 
 
 def require_channel(conn: Conn, channel_id: str) -> Row:
@@ -3549,11 +3545,11 @@ def state_key(row: Row) -> tuple:
 def state_delta(old: Any, new: Any) -> Optional[dict]:
     """A delta that turns `old` into `new` (apply_delta), or None when only the whole will do.
 
-    {"=": v}: the value is v; {"+": [...]}: the list goes on with these items (after its first "n",
-    when "n" is given); {"k": {key: delta},
-    "x": [removed keys], "o": [every key, in order]}: a JSON object's changes ("o" only when the
-    order is not the one the changes leave). Values are compared by their JSON text, so 1 and 1.0,
-    or 1 and true, are different values (and read back as they were saved)."""
+    {"=": v}: the value is v. {"+": [...]}: the list goes on with these items (after its first "n"
+    items, when "n" is given). {"k": {key: delta}, "x": [removed keys], "o": [every key, in
+    order]}: a JSON object's changes ("o" only when the order is not the one the changes leave).
+    Values are compared by their JSON text, so 1 and 1.0, or 1 and true, are different values (and
+    read back as they were saved)."""
     if isinstance(old, dict) and isinstance(new, dict):
         return dict_delta(old, new)
     return None
