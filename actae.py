@@ -7269,7 +7269,7 @@ def stored_figures(conn: Conn, now: str) -> dict:
     """The stored-data gauges in one read. Each is an index walk (wake-ups: (status, run_at);
     approvals: the approval.requested rows by type, each answered or not through the partial
     index on answers), except runs by status, which evaluates the run-state expression once per
-    run: at 100k runs that is a few hundred milliseconds, hence the cache."""
+    run: its cost grows with the runs stored, hence the cache (Metrics.refresh_stored)."""
     runs = {state: count for state, count in conn.execute(
         f"SELECT ({run_state_sql(conn.dialect)}) AS run_state, COUNT(*) FROM channels c GROUP BY 1").fetchall()}
     request_id, answer_id = (conn.dialect.json_text(f"{alias}.payload", "request_id") for alias in ("r", "d"))
