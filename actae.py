@@ -37,11 +37,12 @@ Moving runs — export and import as JSON Lines, over HTTP and from the command 
 HTTP API: handlers — one per route, named after it, returning its response record
 HTTP API: the route table — API_ROUTES, scopes, authorization, the OpenAPI document
 WebSocket — /ws: in-band auth, subscribe with catch-up, publish with ack
+Observability: traces and metrics — Prometheus /metrics; every run as an OpenTelemetry trace, live and backfilled
 Dashboard: data for the pages — reads that build what each page shows
 Dashboard: page handlers — rendering, sign-in, the fork and delete forms, keys
 Connections — uvicorn's HTTP protocol with bounds an unauthenticated client cannot pass
 App factory — create_app: the routes, middleware and lifespan
-Command line — main(): serve, key, user, export, import
+Command line — main(): serve, key, user, export, import, otel-export
 """
 from __future__ import annotations
 
@@ -79,6 +80,7 @@ import aiosqlite
 import jinja2
 import markupsafe
 import msgspec
+import prometheus_client
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from starlette.applications import Starlette
@@ -86,11 +88,20 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute, compile_path
 from starlette.staticfiles import StaticFiles
 from msgspec import UNSET, Meta, Struct, UnsetType
 from starlette.websockets import WebSocket
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+# Traces: spans are built from the record (ReadableSpan) and sent by the SDK's batch processor
+# through its OTLP/HTTP exporter (see "Observability: traces and metrics").
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 try:                                   # the PostgreSQL backend; SQLite needs nothing more
     import psycopg
@@ -2033,6 +2044,12 @@ SQLITE_MIGRATIONS = [
     CREATE INDEX states_by_ref ON states (ref_channel, ref_version);
     CREATE INDEX states_by_base ON states (channel_id, delta_base);
     """,
+    """
+    -- The answers to approvals by (channel, request_id), so /metrics finds the approvals still pending
+    -- with one probe each (stored_figures); only approval.decided and approval.expired rows are in it.
+    CREATE INDEX events_approval_answers ON events (channel_id, json_extract(payload, '$.request_id'))
+     WHERE type IN ('approval.decided', 'approval.expired');
+    """,
 ]
 
 
@@ -2296,6 +2313,12 @@ POSTGRES_MIGRATIONS = [
     ALTER TABLE states ADD COLUMN base_bytes BIGINT NOT NULL DEFAULT 0;
     CREATE INDEX states_by_ref ON states (ref_channel, ref_version);
     CREATE INDEX states_by_base ON states (channel_id, delta_base);
+    """,
+    """
+    -- The answers to approvals by (channel, request_id), as on SQLite (see stored_figures).
+    CREATE INDEX events_approval_answers ON events
+        (channel_id, (CASE WHEN jsonb_typeof(payload::jsonb) = 'object' THEN payload::jsonb ->> 'request_id' END))
+     WHERE type IN ('approval.decided', 'approval.expired');
     """,
 ]
 
@@ -2969,6 +2992,8 @@ class Database:
         self._listener_task: Optional[asyncio.Task] = None
         self.on_commit: Callable[[list, Any], None] = lambda events, exclude: None
         self.on_notify: Callable[[Optional[str], Optional[int]], None] = lambda channel_id, cursor: None
+        # after every committed batch, its jobs, their (result, events) and the seconds it took (metrics, traces)
+        self.on_batch: Callable[[list, list, float], None] = lambda jobs, outcomes, seconds: None
         self._closed = False
         self.batches = 0
         self.batched_jobs = 0
@@ -3023,6 +3048,7 @@ class Database:
             await self._commit(jobs)
 
     async def _commit(self, jobs: list) -> None:
+        started = time.perf_counter()
         try:
             outcomes = await self.engine.write(run_jobs, jobs)
         except Exception as exc:  # noqa: BLE001 - the commit failed: nobody's write happened
@@ -3046,6 +3072,10 @@ class Database:
                 job.future.set_exception(result)
             else:
                 job.future.set_result(result)
+        try:
+            self.on_batch(jobs, outcomes, time.perf_counter() - started)
+        except Exception:  # noqa: BLE001 - metrics and traces must not break the writer
+            log.exception("observing a committed batch failed")
 
 
 @dataclass(frozen=True)
@@ -6551,11 +6581,10 @@ def metric_values(app) -> dict:
 
 
 async def metrics_text(request: Request) -> Response:
-    lines = []
-    for name, value in metric_values(request.app).items():
-        kind = "counter" if name.endswith("_total") else "gauge"
-        lines += [f"# TYPE {name} {kind}", f"{name} {value}"]
-    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+    """Prometheus metrics (the list: see "Observability: traces and metrics")."""
+    metrics = request.app.state.metrics
+    await metrics.refresh_stored(db_of(request))
+    return Response(metrics.text(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
 
 async def metrics_json(request: Request) -> MetricsJson:
@@ -7388,6 +7417,670 @@ async def ws_handle_frame(conn: WsConnection, db: Database, text: str) -> None:
     except Exception:  # noqa: BLE001 - a bug answers this frame with an error; the socket stays up
         log.exception("WebSocket frame failed")
         conn.send({"type": "error", "message": "internal error", "status": "internal"})
+
+
+# =============================================================================
+# Observability: traces and metrics (Prometheus at /metrics, every run as an OTLP trace)
+# =============================================================================
+# Metrics: prometheus_client, one registry per app. Counters and histograms count what THIS process
+# did (servers sharing a PostgreSQL database each count their own; sum them in Prometheus); the
+# gauges that describe stored data (runs by status, approvals waiting, wake-ups due, database size)
+# are read from the database, at most every STORE_GAUGES_SECONDS, so every server reports the same.
+#
+# Traces: each run (channel) is one trace, its ids derived from the record: trace id from the
+# channel, span id from (channel, cursor), the root's from (channel, 0). A batch that committed hands
+# its events to `TraceExport` (a deque append: nothing else happens on the write path); a task of its
+# own turns them into spans and gives them to a BatchSpanProcessor with a bounded queue, whose
+# thread talks OTLP/HTTP. A slow or dead collector fills that queue and spans are dropped, and
+# counted; writes never wait for it. `actae otel-export` builds the same spans from the stored run
+# (`run_spans`), through the same `SpanMaker`, so live, backfill and a run that crashed halfway agree.
+#
+#   invoke_agent {name}        the run, from its first event to its end (see run_root_span)
+#   ├── {step type}            one per AgentSession step: from the previous step's event (or the
+#   │                          run's first event) to its own event; gen_ai.* lifted from the payload
+#   └── execute_tool {tool}    one per ledger outcome event: tool.completed / tool.failed (from its
+#                              tool.started), tool.replayed and tool.blocked (instants), with
+#                              actae.ledger.outcome executed | failed | replayed | blocked
+#
+# A run ends, and its root span is sent, when `session.completed` is recorded, when the SDK marks
+# the session crashed or failed in the run's metadata, or when the run is closed. A run that ends
+# again (resumed after a crash) sends its root again, same ids, newer end and status. A fork is a
+# trace of its own whose root links to the parent's span of the step it forked after.
+
+STORE_GAUGES_SECONDS = 5.0             # how stale the stored-data gauges may be
+SPAN_QUEUE_MAX = 8192                  # spans the BatchSpanProcessor holds before it drops
+SPAN_BATCH_MAX = 512                   # spans per OTLP request
+PENDING_BATCHES_MAX = 4096             # committed batches waiting to become spans
+RUN_CLOCKS_MAX = 10_000                # channels whose last step time is kept (else read back)
+TOOL_STARTS_MAX = 256                  # tool.started times kept per channel
+EVENT_TYPE_LABELS_MAX = 256            # distinct `type` labels; later types count under "other"
+EXPORT_SHUTDOWN_SECONDS = 2.0          # what a stopping server gives the collector for queued spans
+EXPORT_TIMEOUT_SECONDS = 5.0           # one OTLP request, retries included
+OTLP_TRACES_PATH = "/v1/traces"
+HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# actae_ledger_claims_total{outcome}: what POST /executions/claim answered. reclaimed is a claim that
+# took over an expired or failed attempt; mismatch the 409 for a key reused with other params;
+# blocked a fork's tool policy refusing the claim (409 fork_tool_blocked).
+LEDGER_OUTCOMES = ("claimed", "reclaimed", "replayed", "in_progress", "mismatch", "blocked")
+APPROVAL_ANSWERS = ("approval.decided", "approval.expired")
+RUN_ENDING_STATUSES = ("crashed", "failed")   # an SDK status that ends a run without session.completed
+TOOL_SPAN_EVENTS = {"tool.completed": "executed", "tool.failed": "failed", "tool.replayed": "replayed",
+                    "tool.blocked": "blocked"}
+# gen_ai.* attributes lifted from a step, each under the names agents use for it (the SDK's own
+# OTel bridge reads the same ones); looked up in the payload, its output, input and usage, then
+# the event's metadata.
+GEN_AI_LIFTS = (
+    ("gen_ai.request.model", ("model", "request_model"), str),
+    ("gen_ai.response.model", ("response_model",), str),
+    ("gen_ai.provider.name", ("provider", "provider_name"), str),
+    ("gen_ai.operation.name", ("operation", "operation_name"), str),
+    ("gen_ai.usage.input_tokens", ("input_tokens", "prompt_tokens", "tokens"), int),
+    ("gen_ai.usage.output_tokens", ("output_tokens", "completion_tokens"), int),
+)
+
+
+class Metrics:
+    """The app's Prometheus registry: what the process counts, and the stored-data gauges' cache."""
+
+    def __init__(self):
+        prometheus_client.disable_created_metrics()      # no *_created series beside each counter
+        self.registry = r = prometheus_client.CollectorRegistry()
+        prometheus_client.ProcessCollector(registry=r)
+        prometheus_client.PlatformCollector(registry=r)
+        self.http = prometheus_client.Histogram(
+            "actae_http_request_duration_seconds", "HTTP requests by route template (\"other\": outside the"
+            " API table), method and status class", ("route", "method", "status_class"), buckets=HTTP_BUCKETS,
+            registry=r)
+        self.batch_jobs = prometheus_client.Histogram(
+            "actae_write_batch_jobs", "Write jobs per committed batch (group commit)", buckets=BATCH_BUCKETS,
+            registry=r)
+        self.commit_seconds = prometheus_client.Histogram(
+            "actae_commit_duration_seconds", "Time to run and commit one write batch", buckets=COMMIT_BUCKETS,
+            registry=r)
+        self.events = prometheus_client.Counter("actae_events_written", "Events committed by this process, by type",
+                                                ("type",), registry=r)
+        self.claims = prometheus_client.Counter("actae_ledger_claims", "Execution ledger claims by outcome",
+                                                ("outcome",), registry=r)
+        self.forks = prometheus_client.Counter("actae_forks_created", "Forks created by this process", registry=r)
+        self.spans_exported = prometheus_client.Counter(
+            "actae_spans_exported", "Spans the OTLP collector accepted", registry=r)
+        self.spans_dropped = prometheus_client.Counter(
+            "actae_spans_dropped", "Spans given up: queue full, collector refused or unreachable", registry=r)
+        for outcome in LEDGER_OUTCOMES:
+            self.claims.labels(outcome)
+        self._http_children: dict = {}
+        self._event_children: dict = {}
+        self.stored: dict = {}
+        self.stored_at = -math.inf
+        self._reading: Optional[asyncio.Task] = None
+
+    def observe_request(self, route: str, method: str, status: int, seconds: float) -> None:
+        key = (route, method, status // 100)
+        child = self._http_children.get(key)
+        if child is None:
+            child = self._http_children[key] = self.http.labels(route, method, f"{status // 100}xx")
+        child.observe(seconds)
+
+    def count_event(self, event_type: str) -> None:
+        child = self._event_children.get(event_type)
+        if child is None:
+            label = event_type if len(self._event_children) < EVENT_TYPE_LABELS_MAX else "other"
+            child = self._event_children.setdefault(label, self.events.labels(label))
+            if label == event_type:
+                self._event_children[event_type] = child
+        child.inc()
+
+    def observe_batch(self, jobs: list, outcomes: list, seconds: float) -> list:
+        """One committed batch: the histograms, its events, claims and forks. Returns the channels whose
+        run the batch ended through their metadata (the SDK marking a session crashed or failed)."""
+        self.batch_jobs.observe(len(jobs))
+        self.commit_seconds.observe(seconds)
+        ended = []
+        for job, (result, events) in zip(jobs, outcomes):
+            for event in events or ():
+                self.count_event(event.type)
+                if event.type == "fork.started":
+                    self.forks.inc()
+            if job.work is claim_execution:
+                self.claims.labels(claim_outcome(result)).inc()
+            elif job.work is put_metadata and isinstance(result, ChannelMetadata):
+                meta = result.experiment_metadata
+                if isinstance(meta, dict) and meta.get("status") in RUN_ENDING_STATUSES:
+                    ended.append(result.channel_id)
+        return ended
+
+    async def refresh_stored(self, db: "Database") -> None:
+        """Re-read the stored-data gauges when they are older than STORE_GAUGES_SECONDS (one read at a
+        time: concurrent scrapes share it)."""
+        if time.monotonic() - self.stored_at < STORE_GAUGES_SECONDS:
+            return
+        if self._reading is None:
+            self._reading = asyncio.ensure_future(db.read(stored_figures, iso(utc_now())))
+        reading = self._reading
+        try:
+            self.stored = await reading
+            self.stored_at = time.monotonic()
+        except Exception:  # noqa: BLE001 - /metrics still answers, with the last figures it had
+            log.warning("reading the stored-data gauges failed", exc_info=True)
+        finally:
+            if self._reading is reading:
+                self._reading = None
+
+    def text(self) -> bytes:
+        return prometheus_client.generate_latest(self.registry)
+
+
+def claim_outcome(result: Any) -> str:
+    """How a claim job ended, as actae_ledger_claims_total counts it."""
+    if isinstance(result, Claimed):
+        return result.status
+    if isinstance(result, Refused):
+        return "blocked"
+    if isinstance(result, ActaeError) and result.code == "idempotency_key_mismatch":
+        return "mismatch"
+    return "error"
+
+
+class LiveFigures:
+    """The gauges read at scrape time: this process's connections and write counters, and the
+    stored-data figures of the last read (Metrics.stored)."""
+
+    def __init__(self, app):
+        self.app = app
+
+    def describe(self) -> list:
+        return []                         # read only when scraped, never at registration
+
+    def collect(self):
+        state = self.app.state
+        db, hub, stored = state.db, state.hub, state.metrics.stored
+        now = time.time()
+        yield GaugeMetricFamily("actae_uptime_seconds", "Seconds since this server started",
+                                value=int(time.monotonic() - state.started))
+        yield CounterMetricFamily("actae_write_batches", "Write batches (transactions) committed", value=db.batches)
+        yield CounterMetricFamily("actae_write_jobs", "Write jobs in the committed batches", value=db.batched_jobs)
+        yield GaugeMetricFamily("actae_websocket_connections", "Open WebSocket connections",
+                                value=len(hub.connections))
+        yield GaugeMetricFamily("actae_websocket_subscriptions", "Channel subscriptions over all WebSocket connections",
+                                value=sum(len(c.subscriptions) for c in list(hub.connections)))
+        yield CounterMetricFamily("actae_websocket_messages_sent", "WebSocket frames sent", value=hub.messages_sent)
+        yield CounterMetricFamily("actae_websocket_messages_received", "WebSocket frames received",
+                                  value=hub.messages_received)
+        if not stored:
+            return
+        runs = GaugeMetricFamily("actae_runs", "Stored runs by status (as the dashboard shows it)", labels=("status",))
+        for status in RUN_STATES:
+            runs.add_metric((status,), stored["runs"].get(status, 0))
+        yield runs
+        oldest, due = stored["oldest_approval"], stored["oldest_due"]
+        yield GaugeMetricFamily("actae_approvals_pending", "approval.requested events with no approval.decided"
+                                " or approval.expired of the same request_id", value=stored["approvals"])
+        yield GaugeMetricFamily("actae_approval_oldest_pending_age_seconds", "Age of the oldest pending approval",
+                                value=max(0.0, now - parse_iso(oldest).timestamp()) if oldest else 0.0)
+        yield GaugeMetricFamily("actae_wakeups_due", "Pending wake-ups whose time has come", value=stored["wakeups"])
+        yield GaugeMetricFamily("actae_wakeup_oldest_lateness_seconds", "How late the oldest due wake-up is",
+                                value=max(0.0, now - parse_iso(due).timestamp()) if due else 0.0)
+        yield GaugeMetricFamily("actae_database_size_bytes", "Size of the database", value=stored["size"])
+
+
+def stored_figures(conn: Conn, now: str) -> dict:
+    """The stored-data gauges in one read. Each is an index walk (wake-ups: (status, run_at);
+    approvals: the approval.requested rows by type, each answered or not through the partial
+    index on answers), except runs by status, which evaluates the run-state expression once per
+    run: its cost grows with the runs stored, hence the cache (Metrics.refresh_stored)."""
+    runs = {state: count for state, count in conn.execute(
+        f"SELECT ({run_state_sql(conn.dialect)}) AS run_state, COUNT(*) FROM channels c GROUP BY 1").fetchall()}
+    request_id, answer_id = (conn.dialect.json_text(f"{alias}.payload", "request_id") for alias in ("r", "d"))
+    approvals = conn.execute(
+        "SELECT COUNT(*), MIN(r.created_at) FROM events r WHERE r.type = 'approval.requested' AND NOT EXISTS"
+        f" (SELECT 1 FROM events d WHERE d.type IN ({_sql_names(APPROVAL_ANSWERS)}) AND d.channel_id = r.channel_id"
+        f" AND {answer_id} = {request_id})").fetchone()
+    wakeups = conn.execute("SELECT COUNT(*), MIN(run_at) FROM wakeups WHERE status = 'pending' AND run_at <= ?",
+                           (now,)).fetchone()
+    size_sql = ("SELECT pg_database_size(current_database())" if conn.dialect is POSTGRES
+                else "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()")
+    return {"runs": runs, "approvals": approvals[0], "oldest_approval": approvals[1], "wakeups": wakeups[0],
+            "oldest_due": wakeups[1], "size": conn.execute(size_sql).fetchone()[0]}
+
+
+# --- traces: configuration ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OtlpConfig:
+    """Where spans go: the OTLP/HTTP traces URL, and the service name the resource carries."""
+
+    endpoint: str
+    service_name: str = "actae"
+
+
+def otlp_config(flag: Optional[str], environ: Optional[dict] = None) -> Optional[OtlpConfig]:
+    """--otlp-endpoint, else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (the traces URL as it is), else
+    OTEL_EXPORTER_OTLP_ENDPOINT (a base: /v1/traces is added); None when none is set, or when
+    OTEL_SDK_DISABLED=true. --otlp-endpoint is a base like the latter, unless it already ends in
+    /v1/traces. BadRequest names a URL that is not http(s)://host[:port][/path]."""
+    env = os.environ if environ is None else environ
+    if (env.get("OTEL_SDK_DISABLED") or "").strip().lower() == "true":
+        return None
+    if flag:
+        source, url, base = "--otlp-endpoint", flag, not flag.rstrip("/").endswith(OTLP_TRACES_PATH)
+    elif env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+        source, url, base = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"], False
+    elif env.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        source, url, base = "OTEL_EXPORTER_OTLP_ENDPOINT", env["OTEL_EXPORTER_OTLP_ENDPOINT"], True
+    else:
+        return None
+    url = url.strip()
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise BadRequest(f"{source} takes an OTLP/HTTP URL such as http://127.0.0.1:4318 (got {url!r})")
+    if base:
+        url = url.rstrip("/") + OTLP_TRACES_PATH
+    return OtlpConfig(url, (env.get("OTEL_SERVICE_NAME") or "").strip() or "actae")
+
+
+# --- traces: ids and spans, the same for live export and backfill -------------------
+
+
+def otel_trace_id(channel_id: str) -> int:
+    """A run's trace id: 128 bits of sha256 over its channel id (never 0, which means "no trace")."""
+    return int.from_bytes(hashlib.sha256(b"actae.trace\x00" + channel_id.encode()).digest()[:16], "big") or 1
+
+
+def otel_span_id(channel_id: str, cursor: int) -> int:
+    """The span of the event at `cursor` (0: the run's root span): 64 bits of sha256."""
+    digest = hashlib.sha256(b"actae.span\x00%s\x00%d" % (channel_id.encode(), cursor)).digest()
+    return int.from_bytes(digest[:8], "big") or 1
+
+
+def iso_ns(stamp: str) -> int:
+    """A stored timestamp (RFC 3339, milliseconds) as Unix nanoseconds."""
+    moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return round(moment.timestamp() * 1000) * 1_000_000
+
+
+def lifted_gen_ai(payload: Any, metadata: Any) -> dict:
+    """gen_ai.* attributes found in a step's payload (top level, output, input, usage) or metadata."""
+    places = []
+    if isinstance(payload, dict):
+        places.append(payload)
+        for key in ("output", "input"):
+            if isinstance(payload.get(key), dict):
+                places.append(payload[key])
+        places += [p["usage"] for p in list(places) if isinstance(p.get("usage"), dict)]
+    if isinstance(metadata, dict):
+        places.append(metadata)
+    found = {}
+    for attribute, names, kind in GEN_AI_LIFTS:
+        for place in places:
+            value = next((place[n] for n in names if n in place), None)
+            if isinstance(value, kind) and not isinstance(value, bool) and value != "":
+                found[attribute] = value
+                break
+    return found
+
+
+@dataclass
+class RunClock:
+    """What a run's next span needs from the events before it: when the run began, when its last
+    step ended, when each recent tool.started was. Live export keeps one per channel it has seen
+    in cursor order (`cursor` is the last one); otherwise it is read back (`clock_before`)."""
+
+    channel_id: str
+    cursor: int = 0
+    start_ns: Optional[int] = None
+    last_step_ns: Optional[int] = None
+    tool_starts: dict = field(default_factory=dict)     # tool.started event id -> ns
+
+
+def clock_before(conn: Conn, channel_id: str, cursor: int) -> RunClock:
+    """The RunClock as it stands just before the event at `cursor` (for live export)."""
+    first = first_event_at(conn, channel_id)
+    step = conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND cursor < ?"
+                        " AND step_number IS NOT NULL ORDER BY cursor DESC LIMIT 1", (channel_id, cursor)).fetchone()
+    return RunClock(channel_id, cursor - 1, iso_ns(first) if first else None, iso_ns(step[0]) if step else None)
+
+
+class SpanMaker:
+    """ReadableSpans built directly: the ids are the record's (otel_trace_id, otel_span_id) and the
+    times are the events', which the SDK's Tracer (random ids, times of the call) cannot give."""
+
+    def __init__(self, service_name: str = "actae"):
+        self.resource = Resource.create({"service.name": service_name, "service.version": __version__})
+        self.scope = InstrumentationScope("actae", __version__)
+        self.sampled = TraceFlags(TraceFlags.SAMPLED)
+
+    def context(self, channel_id: str, cursor: int) -> SpanContext:
+        return SpanContext(otel_trace_id(channel_id), otel_span_id(channel_id, cursor), is_remote=False,
+                           trace_flags=self.sampled)
+
+    def span(self, name: str, channel_id: str, cursor: int, start: int, end: int, attributes: dict,
+             status: Optional[Status] = None, links: tuple = ()) -> ReadableSpan:
+        parent = None if cursor == 0 else self.context(channel_id, 0)
+        return ReadableSpan(name, self.context(channel_id, cursor), parent, self.resource, attributes, (), links,
+                            SpanKind.INTERNAL, None, status or Status(StatusCode.UNSET), start, max(start, end),
+                            self.scope)
+
+    def advance(self, clock: RunClock, event: Event) -> list:
+        """The spans `event` closes (a step, a ledger outcome; most events close none), and the clock
+        moved past it."""
+        at = iso_ns(event.timestamp)
+        if clock.start_ns is None:
+            clock.start_ns = at
+        clock.cursor = event.cursor
+        record = {"actae.channel_id": event.channel_id, "actae.cursor": event.cursor,
+                  "actae.event_type": event.type, "actae.actor": event.actor}
+        payload = event.payload if isinstance(event.payload, dict) else {}
+        if event.step_number is not None:
+            start = clock.last_step_ns if clock.last_step_ns is not None else clock.start_ns
+            clock.last_step_ns = at
+            attributes = {**record, "actae.step_number": event.step_number,
+                          **lifted_gen_ai(event.payload, event.metadata)}
+            return [self.span(event.type, event.channel_id, event.cursor, start, at, attributes)]
+        if event.type == "tool.started":
+            clock.tool_starts[event.id] = at
+            while len(clock.tool_starts) > TOOL_STARTS_MAX:
+                clock.tool_starts.pop(next(iter(clock.tool_starts)))
+            return []
+        outcome = TOOL_SPAN_EVENTS.get(event.type)
+        tool = payload.get("tool_name")
+        if outcome is None or not isinstance(tool, str) or (payload.get("key_name"), tool) == SESSION_FENCE:
+            return []
+        start = clock.tool_starts.pop(event.depends_on, at) if outcome in ("executed", "failed") else at
+        attributes = {**record, "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
+                      "actae.ledger.outcome": outcome}
+        for attribute, key in (("gen_ai.tool.call.id", "execution_id"), ("actae.ledger.key", "key_name"),
+                               ("actae.ledger.policy", "policy"), ("actae.ledger.reason", "reason")):
+            if isinstance(payload.get(key), str):
+                attributes[attribute] = payload[key]
+        status = None
+        if outcome == "failed":
+            error = payload.get("error") if isinstance(payload.get("error"), dict) else {}
+            attributes["error.type"] = str(error.get("error_type") or "_OTHER")
+            status = Status(StatusCode.ERROR, str(error.get("message") or "the tool failed"))
+        return [self.span(f"execute_tool {tool}", event.channel_id, event.cursor, start, at, attributes, status)]
+
+
+def run_root_span(conn: Conn, channel_id: str, maker: SpanMaker, trigger: str = "backfill") -> Optional[ReadableSpan]:
+    """The run's root span `invoke_agent {name}`, from the record.
+
+    It begins at the run's first event and ends at its first `session.completed`, else at its
+    `channel.closed`, else at its last event (a crash the SDK recorded in the metadata; or, for a
+    backfill, a run still going or whose process died). Status ERROR, with the failure's message,
+    when the run failed or crashed (the dashboard's run_failure). None when there is nothing to
+    send: no such run, no event yet, or `trigger` "closed" on a run that had completed already.
+    """
+    row = conn.execute(f"SELECT c.*, ({run_state_sql(conn.dialect)}) AS run_state FROM channels c WHERE c.id = ?",
+                       (channel_id,)).fetchone()
+    if row is None or not row["last_cursor"]:
+        return None
+    completed = events_after(conn, channel_id, 0, 1, event_type="session.completed")
+    if completed and trigger == "closed":
+        return None
+    closed = [] if completed else events_after(conn, channel_id, 0, 1, event_type="channel.closed")
+    last = completed or closed or events_after(conn, channel_id, row["last_cursor"] - 1, 1)
+    first = events_after(conn, channel_id, 0, 1)
+    meta = experiment_of(row)
+    status = row["run_state"]
+    if completed and status not in ("failed", "crashed"):
+        status = "completed"        # the SDK writes its "completed" just after the event; the event decides
+    first_payload = load(first[0]["payload"])
+    name = (meta.get("session_name") or (first_payload.get("session_name") if isinstance(first_payload, dict) else None)
+            or row["display_name"] or channel_id)
+    attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": str(name),
+                  "gen_ai.conversation.id": channel_id, "actae.channel_id": channel_id,
+                  "actae.run.status": status, "actae.origin_run_id": row["origin_id"],
+                  "actae.step_count": last_step_number(conn, channel_id)}
+    if first[0]["agent_id"]:
+        attributes["gen_ai.agent.id"] = first[0]["agent_id"]
+    params = meta.get("params") if isinstance(meta.get("params"), dict) else {}
+    step = conn.execute("SELECT payload, metadata FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
+                        " ORDER BY cursor LIMIT 1", (channel_id,)).fetchone()
+    lifted = lifted_gen_ai(params, None) or (lifted_gen_ai(load(step["payload"]), load(step["metadata"])) if step else {})
+    attributes.update({k: v for k, v in lifted.items() if k in ("gen_ai.request.model", "gen_ai.provider.name")})
+    links = ()
+    if row["parent_id"]:
+        attributes.update({"actae.parent_channel_id": row["parent_id"], "actae.fork.at_step": row["forked_at_step"] or 0,
+                           "actae.fork.at_cursor": row["resolved_cursor"] or 0})
+        if row["source_state_sha256"]:
+            attributes["actae.receipt_sha256"] = row["source_state_sha256"]
+        links = (fork_boundary_link(conn, row, maker),)
+    failure = run_failure(conn, row, row["run_state"]) if status in ("failed", "crashed") else None
+    span_status = None
+    if failure is not None:
+        attributes["error.type"] = failure.kind
+        span_status = Status(StatusCode.ERROR, failure.message)
+    return maker.span(f"invoke_agent {name}", channel_id, 0, iso_ns(first[0]["created_at"]),
+                      iso_ns(last[0]["created_at"]), attributes, span_status, links)
+
+
+def fork_boundary_link(conn: Conn, row: Row, maker: SpanMaker) -> Link:
+    """A fork's link to the span of the step it forked after (on whichever ancestor recorded that
+    step), or to the parent's root when it forked before any step."""
+    parent, at_step = row["parent_id"], row["forked_at_step"]
+    target = (parent, 0)
+    if at_step:
+        try:
+            found = resolve_step(conn, parent, at_step)
+            target = (found.channel_id, found.cursor)
+        except NotFound:
+            pass
+    return Link(maker.context(*target), {"actae.link": "fork_boundary", "actae.channel_id": target[0],
+                                         "actae.cursor": target[1], "actae.step_number": at_step or 0})
+
+
+def run_spans(conn: Conn, channel_id: str, maker: SpanMaker) -> list:
+    """Every span of a stored run, root first: what live export sent, or would have (backfill)."""
+    root = run_root_span(conn, channel_id, maker)
+    if root is None:
+        return []
+    clock, spans, after = RunClock(channel_id), [root], 0
+    while True:
+        rows = events_after(conn, channel_id, after, REPLAY_LIMIT_MAX)
+        for row in rows:
+            spans += maker.advance(clock, event_of(row))
+        if len(rows) < REPLAY_LIMIT_MAX:
+            return spans
+        after = rows[-1]["cursor"]
+
+
+def backfill_spans(conn: Conn, channel_id: str, with_forks: bool, maker: SpanMaker) -> tuple:
+    """(spans, runs) of `actae otel-export`: the run, and with `with_forks` every fork below it."""
+    require_channel(conn, channel_id)
+    runs = [channel_id] + (descendants(conn, channel_id) if with_forks else [])
+    return [span for run in runs for span in run_spans(conn, run, maker)], runs
+
+
+# --- traces: the way out ------------------------------------------------------------
+
+
+class CountingExporter(SpanExporter):
+    """The OTLP exporter, counting what the collector took and what it refused (those spans are
+    dropped: the BatchSpanProcessor does not send a batch twice); failures are logged at most once
+    a minute, with the count."""
+
+    def __init__(self, inner: SpanExporter, metrics: Optional[Metrics], endpoint: str):
+        self.inner, self.metrics, self.endpoint = inner, metrics, endpoint
+        self.exported = self.failed = 0
+        self._warned_at = -math.inf
+        self._closed = False
+
+    def export(self, spans) -> SpanExportResult:
+        try:
+            result = self.inner.export(spans)
+        except Exception:  # noqa: BLE001 - the exporter's own failure is a refused batch too
+            result = SpanExportResult.FAILURE
+        if result is SpanExportResult.SUCCESS:
+            self.exported += len(spans)
+            if self.metrics:
+                self.metrics.spans_exported.inc(len(spans))
+        else:
+            self.failed += len(spans)
+            if self.metrics:
+                self.metrics.spans_dropped.inc(len(spans))
+            if time.monotonic() - self._warned_at > 60:
+                self._warned_at = time.monotonic()
+                log.warning("OTLP export to %s failed; %d span(s) dropped so far", self.endpoint, self.failed)
+        return result
+
+    def shutdown(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.inner.shutdown()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        return True
+
+
+def otlp_exporter(config: OtlpConfig, metrics: Optional[Metrics] = None) -> CountingExporter:
+    # The SDK logs every failed request and every full queue; CountingExporter and the
+    # actae_spans_dropped_total counter say it once instead.
+    logging.getLogger("opentelemetry").setLevel(logging.ERROR)
+    return CountingExporter(OTLPSpanExporter(endpoint=config.endpoint, timeout=EXPORT_TIMEOUT_SECONDS),
+                            metrics, config.endpoint)
+
+
+class TraceExport:
+    """Live export: committed events in, spans out, never in the writer's way.
+
+    `committed` runs on the write path and only appends to a bounded deque (a full one drops its
+    oldest batch, counted as dropped spans); `run` is the task that turns batches into spans,
+    reading the database where the clock of a channel is not known (first sight of it, or another
+    server wrote to it in between), and hands them to the BatchSpanProcessor."""
+
+    def __init__(self, db: "Database", config: OtlpConfig, metrics: Metrics):
+        self.db, self.config, self.metrics = db, config, metrics
+        self.maker = SpanMaker(config.service_name)
+        self.exporter = otlp_exporter(config, metrics)
+        self.processor = BatchSpanProcessor(self.exporter, max_queue_size=SPAN_QUEUE_MAX,
+                                            max_export_batch_size=SPAN_BATCH_MAX, schedule_delay_millis=500)
+        self.pending: collections.deque = collections.deque()
+        self.clocks: collections.OrderedDict = collections.OrderedDict()
+        self._wake: Optional[asyncio.Event] = None
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self.run())
+
+    def committed(self, events: list, ended: list) -> None:
+        """A batch's events (in commit order) and the runs its metadata writes ended."""
+        if len(self.pending) >= PENDING_BATCHES_MAX:
+            dropped, _ = self.pending.popleft()
+            self.metrics.spans_dropped.inc(sum(1 for e in dropped if e.step_number is not None
+                                               or e.type in TOOL_SPAN_EVENTS or e.type == "session.completed"))
+        self.pending.append((events, ended))
+        self._wake.set()
+
+    async def run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self.pending:
+                events, ended = self.pending.popleft()
+                for event in events:
+                    await self._guarded(self._event, event)
+                for channel_id in ended:
+                    await self._guarded(self._root, channel_id, "metadata")
+
+    async def _guarded(self, step: Callable, *args) -> None:
+        try:
+            await step(*args)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # noqa: BLE001 - a span is lost, never a write
+            self.metrics.spans_dropped.inc()
+            log.warning("building spans failed", exc_info=True)
+
+    async def _event(self, event: Event) -> None:
+        channel_id = event.channel_id
+        clock = self.clocks.pop(channel_id, None)
+        if clock is None or clock.cursor != event.cursor - 1:
+            known = clock.tool_starts if clock else {}
+            clock = await self.db.read(clock_before, channel_id, event.cursor)
+            clock.tool_starts.update(known)
+        if event.type in ("tool.completed", "tool.failed") and event.depends_on \
+                and event.depends_on not in clock.tool_starts:
+            started = await self.db.read(event_by_id, event.depends_on)
+            if started is not None:
+                clock.tool_starts[event.depends_on] = iso_ns(started["created_at"])
+        self.clocks[channel_id] = clock
+        while len(self.clocks) > RUN_CLOCKS_MAX:
+            self.clocks.popitem(last=False)
+        for span in self.maker.advance(clock, event):
+            self.emit(span)
+        if event.type in ("session.completed", "channel.closed"):
+            await self._root(channel_id, "completed" if event.type == "session.completed" else "closed")
+
+    async def _root(self, channel_id: str, trigger: str) -> None:
+        span = await self.db.read(run_root_span, channel_id, self.maker, trigger)
+        if span is not None:
+            self.emit(span)
+
+    def emit(self, span: ReadableSpan) -> None:
+        queue = getattr(getattr(self.processor, "_batch_processor", None), "_queue", None)
+        if queue is not None and len(queue) >= SPAN_QUEUE_MAX:
+            self.metrics.spans_dropped.inc()      # the processor drops its oldest span to take this one
+        self.processor.on_end(span)
+
+    async def stop(self) -> None:
+        """Stop building spans (what was not built yet is left), then close the way out."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.to_thread(self.close)
+
+    def close(self) -> None:
+        """Give the collector up to EXPORT_SHUTDOWN_SECONDS for what is queued, then stop."""
+        flusher = threading.Thread(target=self.processor.force_flush, daemon=True)
+        flusher.start()
+        flusher.join(EXPORT_SHUTDOWN_SECONDS)
+        self.exporter.shutdown()            # ends a retry still waiting on a dead collector
+        self.processor.shutdown()
+
+
+def observer(metrics: Metrics, traces: Optional[TraceExport]) -> Callable:
+    """Database.on_batch: count the batch, and hand its events to the live export."""
+    def on_batch(jobs: list, outcomes: list, seconds: float) -> None:
+        ended = metrics.observe_batch(jobs, outcomes, seconds)
+        if traces is not None:
+            events = [event for _, events in outcomes if events for event in events]
+            if events or ended:
+                traces.committed(events, ended)
+    return on_batch
+
+
+def otel_export_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae otel-export CHANNEL [--with-forks] [--otlp-endpoint URL]`: send a stored run's spans."""
+    try:
+        config = otlp_config(getattr(args, "otlp_endpoint", None))
+    except BadRequest as exc:
+        raise SystemExit(f"actae: {exc.message}")
+    if config is None:
+        raise SystemExit("actae: otel-export needs a collector: --otlp-endpoint URL, or OTEL_EXPORTER_OTLP_ENDPOINT"
+                         " (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
+    try:
+        spans, runs = read_once(location, backfill_spans, valid_channel(args.channel_id, "CHANNEL"),
+                                args.with_forks, SpanMaker(config.service_name))
+    except ActaeError as exc:
+        raise SystemExit(f"actae: {exc.message}")
+    exporter = otlp_exporter(config)
+    try:
+        for start in range(0, len(spans), SPAN_BATCH_MAX):
+            if exporter.export(spans[start:start + SPAN_BATCH_MAX]) is not SpanExportResult.SUCCESS:
+                print(f"actae: the collector at {config.endpoint} did not take the spans"
+                      f" ({exporter.exported} of {len(spans)} sent)", file=sys.stderr)
+                return 1
+    finally:
+        exporter.shutdown()
+    print(f"Exported {len(spans)} span(s) of {len(runs)} run(s) to {config.endpoint}")
+    return 0
 
 
 # =============================================================================
@@ -8840,11 +9533,19 @@ class ActaeApp(Starlette):
         super().__init__(*args, **kwargs)
         self.api = ApiIndex(api_endpoints)
         self.hosts = hosts
+        self.route_of = {endpoint: route.path for route, endpoint in api_endpoints.items()}   # the histogram's label
 
     async def __call__(self, scope, receive, send) -> None:
+        started = time.perf_counter()
         found = self.api.find(scope["method"], scope["path"]) if scope["type"] == "http" else None
         if found is None:
-            await super().__call__(scope, receive, send)
+            if scope["type"] != "http":
+                await super().__call__(scope, receive, send)
+                return
+            sent = []
+            await super().__call__(scope, receive, status_noting_send(send, sent))
+            self.state.metrics.observe_request("other", scope["method"], sent[0] if sent else 500,
+                                               time.perf_counter() - started)
             return
         endpoint, params = found
         if not await Guard.admits(self.hosts, scope, send):
@@ -8863,20 +9564,37 @@ class ActaeApp(Starlette):
         await send({"type": "http.response.start", "status": response.status_code,
                     "headers": [*headers, *SECURITY_HEADERS]})
         await send({"type": "http.response.body", "body": body})
+        self.state.metrics.observe_request(self.route_of[endpoint], scope["method"], response.status_code,
+                                           time.perf_counter() - started)
+
+
+def status_noting_send(send: Callable, sent: list) -> Callable:
+    """`send`, noting the response's status in `sent` (for the requests Starlette answers)."""
+    async def noting(message) -> None:
+        if message["type"] == "http.response.start":
+            sent.append(message["status"])
+        await send(message)
+    return noting
 
 
 def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: Optional[str] = None,
-               settings: Settings = Settings()) -> Starlette:
+               settings: Settings = Settings(), otlp: Optional[OtlpConfig] = None) -> Starlette:
     """The whole server: on the SQLite file in `data_dir`, or on PostgreSQL at `database_url`
-    (several servers may share that database). `env_key` is accepted besides stored keys."""
+    (several servers may share that database). `env_key` is accepted besides stored keys. With
+    `otlp`, every run is exported as it is written (TraceExport)."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(Location(data_dir, database_url))
     hub = Hub(db)
     db.on_commit, db.on_notify = hub.on_commit, hub.on_notify
+    metrics = Metrics()
+    traces = TraceExport(db, otlp, metrics) if otlp else None
+    db.on_batch = observer(metrics, traces)
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        if traces:
+            traces.start()
         await db.open()
         app.state.instance_id = await db.write(instance_identity)
         app.state.scheduler.start()
@@ -8885,6 +9603,8 @@ def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: O
         finally:
             await app.state.scheduler.stop()
             await db.close()
+            if traces:
+                await traces.stop()
 
     api_endpoints = {route: converting_bugs(api_endpoint(route)) for route in API_ROUTES}
     hosts = served_hosts(settings)
@@ -8902,6 +9622,8 @@ def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: O
     app.state.templates = template_env()
     app.state.dashboard_flash = FlashStore()
     app.state.openapi = openapi_document(API_ROUTES)
+    app.state.metrics, app.state.traces = metrics, traces
+    metrics.registry.register(LiveFigures(app))
     # Pages and JSON answers shrink several times over; small bodies are not worth it.
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES)
     return app
@@ -8921,8 +9643,14 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--database", default=argparse.SUPPRESS, metavar="URL",
                         help="a postgresql://user:password@host:port/name URL: keep the data in PostgreSQL,"
                              " which several servers may share (default: $ACTAE_DATABASE_URL, else SQLite)")
+    # SUPPRESS here too: `actae --otlp-endpoint URL otel-export CHANNEL` keeps the URL.
+    otlp_flag = argparse.ArgumentParser(add_help=False)
+    otlp_flag.add_argument("--otlp-endpoint", default=argparse.SUPPRESS, metavar="URL",
+                           help="send every run as an OpenTelemetry trace to this OTLP/HTTP collector, e.g."
+                                " http://127.0.0.1:4318 (/v1/traces is added); default:"
+                                " $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT, else none")
     parser = argparse.ArgumentParser(
-        prog="actae", parents=[common],
+        prog="actae", parents=[common, otlp_flag],
         description="Actae community server: record agent runs, fork them at a step, never repeat a side effect.")
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface to listen on (default: {DEFAULT_HOST})")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
@@ -8951,7 +9679,7 @@ def build_parser() -> argparse.ArgumentParser:
         scoped.add_argument(f"--{action}", action="append", default=[], metavar="PATTERN",
                             help=f"channels it may {action}: '*', a prefix ending in '*', or an id (repeatable)")
     scoped.add_argument("--admin", action="store_true", help="every action on every channel, plus keys and users")
-    commands = parser.add_subparsers(dest="command", metavar="{key,user,export,import}")
+    commands = parser.add_subparsers(dest="command", metavar="{key,user,export,import,otel-export}")
     key = commands.add_parser("key", parents=[common], help="manage API keys: create, list, revoke, rotate")
     key_commands = key.add_subparsers(dest="key_command", required=True, metavar="{create,list,revoke,rotate}")
     create = key_commands.add_parser("create", parents=[common, scoped], help="issue a scoped key and print it once")
@@ -8975,6 +9703,10 @@ def build_parser() -> argparse.ArgumentParser:
     imports = commands.add_parser("import", parents=[common], help="add the runs of an export file to this server")
     imports.add_argument("file", metavar="FILE", help="the file `actae export` wrote; - reads standard input")
     imports.add_argument("--json", action="store_true", help="print the answer as JSON")
+    otel = commands.add_parser("otel-export", parents=[common, otlp_flag],
+                               help="send a stored run to an OTLP collector as the trace live export sends")
+    otel.add_argument("channel_id", metavar="CHANNEL")
+    otel.add_argument("--with-forks", action="store_true", help="also every fork below it, forks of forks too")
     return parser
 
 
@@ -9102,7 +9834,7 @@ def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
                           timeout_keep_alive=settings.keepalive_timeout)
 
 
-def serve(port: int, location: Location, settings: Settings) -> int:
+def serve(port: int, location: Location, settings: Settings, otlp: Optional[OtlpConfig] = None) -> int:
     """Bind first (so --port 0 prints the real port), print the two lines, then serve until Ctrl-C."""
     host = settings.host
     try:
@@ -9120,9 +9852,11 @@ def serve(port: int, location: Location, settings: Settings) -> int:
     print(f"Actae {__version__} — data in {location.describe()}")
     print(f"Dashboard:   http://{shown_host}:{sock.getsockname()[1]}")
     print_key_line(key)
+    if otlp:
+        print(f"Traces:      every run to {otlp.endpoint} (OTLP/HTTP, service.name {otlp.service_name})")
     sys.stdout.flush()
     app = create_app(location.data_dir, database_url=location.url, env_key=os.environ.get("ACTAE_API_KEY"),
-                     settings=settings)
+                     settings=settings, otlp=otlp)
     try:
         uvicorn.Server(uvicorn_config(app, settings)).run(sockets=[sock])
     except KeyboardInterrupt:   # uvicorn re-raises Ctrl-C after its graceful shutdown has finished
@@ -9140,7 +9874,13 @@ def main(argv: Optional[list] = None) -> int:
         return user_command(args, location)
     if args.command in ("export", "import"):
         return (export_command if args.command == "export" else import_command)(args, location)
-    return serve(args.port, location, settings_of(args))
+    if args.command == "otel-export":
+        return otel_export_command(args, location)
+    try:
+        otlp = otlp_config(getattr(args, "otlp_endpoint", None))
+    except BadRequest as exc:
+        raise SystemExit(f"actae: {exc.message}")
+    return serve(args.port, location, settings_of(args), otlp)
 
 
 if __name__ == "__main__":

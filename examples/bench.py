@@ -50,6 +50,14 @@ Figures
   B1b steps/s      32 concurrent runs of M steps: 32 AgentSessions on one asyncio loop, 32
                    LangGraph threads sharing one SqliteSaver, 32 DBOS workflows started at once;
                    and our write requests/s over the same window.
+  B1b export       the same 32 AgentSessions against a fresh server per measurement (a new data
+                   dir, an untimed warm-up, the timed B1b, then it stops), each round once with
+                   OpenTelemetry export off and once with --otlp-endpoint pointing at each of three
+                   loopback collectors: one that answers 503 after a second ("503"), a port where
+                   nothing listens ("down"), and one that takes every span at once ("ok"). The
+                   targets are 503 / off and down / off (>= 0.9: a collector that is slow or gone
+                   must not slow the writes); ok / off is shown beside them, as is what each
+                   server's /metrics says it exported and dropped.
   B1b PostgreSQL   the same 32 AgentSessions against `actae.py --database <fresh database>`:
                    one server, then three servers on one database with the 32 runs spread
                    round-robin over their URLs (one SDK process, one client per server). Beside
@@ -101,6 +109,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import http.server
 import contextlib
 import importlib.metadata
 import importlib.util
@@ -149,6 +158,9 @@ PG_SERVERS = {"pg1": 1, "pg3": 3}       # a PostgreSQL column: how many servers 
 PG_SOURCES = ("ACTAE_BENCH_DATABASE_URL", "ACTAE_TEST_DATABASE_URL")   # after --postgres, in order
 PG_SKIPPED = "skipped: no PostgreSQL (pass --postgres URL)"
 WARM_STEPS = 1                          # steps of each run of the untimed B1b on fresh PostgreSQL servers
+# B1b with OpenTelemetry export: column -> the loopback collector it exports to (None: export off)
+EXPORT_COLUMNS = {"off": None, "503": "slow503", "down": "down", "ok": "ok"}
+EXPORT_SLOW_SECONDS = 1.0               # how long the "503" collector takes to refuse a request
 
 
 @dataclass
@@ -756,6 +768,63 @@ class Server:
                 self.proc.wait()
 
 
+class Collector:
+    """A loopback OTLP/HTTP collector for B1b with export: "ok" takes every request (and keeps
+    nothing), "slow503" answers 503 after EXPORT_SLOW_SECONDS; "down" is a port nobody listens on."""
+
+    def __init__(self, mode: str):
+        self.mode = mode
+        if mode == "down":
+            with socket.socket() as probe:     # a free port, closed again: connections are refused
+                probe.bind(("127.0.0.1", 0))
+                self.url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+            self.server = None
+            return
+        slow = mode == "slow503"
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("content-length") or 0))
+                if slow:
+                    time.sleep(EXPORT_SLOW_SECONDS)
+                self.send_response(503 if slow else 200)
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+
+def span_counts(url: str, key: str) -> dict:
+    """actae_spans_exported_total and actae_spans_dropped_total from a server's /metrics."""
+    request = urllib.request.Request(url + "/metrics", headers={"x-api-key": key})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    found = dict(re.findall(r"^actae_spans_(exported|dropped)_total (\S+)$", text, re.M))
+    return {"exported": float(found.get("exported", 0)), "dropped": float(found.get("dropped", 0))}
+
+
+def settled_spans(url: str, key: str, steps: int, timeout: float = 20.0) -> dict:
+    """`span_counts` once every step's span has been exported or dropped (a refused batch is dropped
+    when the exporter's retries run out, a few seconds on), or after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        counts = span_counts(url, key)
+        if counts["exported"] + counts["dropped"] >= steps or time.monotonic() > deadline:
+            return counts
+        time.sleep(0.2)
+
+
 class Worker:
     """A measured system in its own process: one JSON line per operation in, one reply out."""
 
@@ -1128,10 +1197,13 @@ class Bench:
         for worker in self.workers.values():
             worker.wait_ready()
         self.paths = {"ours": data_dir, **{name: Path(w.info["path"]) for name, w in peers.items()}}
+        self.collectors = {mode: Collector(mode) for mode in EXPORT_COLUMNS.values() if mode}
         say(f"started: server {self.url} (pid {self.server.pid}), bare endpoint {self.bare.found['url']}, "
             f"workers {', '.join(self.workers)}")
 
     def stop(self) -> None:
+        for collector in getattr(self, "collectors", {}).values():
+            collector.stop()
         for child in [*getattr(self, "workers", {}).values(), getattr(self, "server", None),
                       getattr(self, "bare", None)]:
             if child is not None:
@@ -1194,6 +1266,12 @@ class Bench:
                                                 for n, r in {**got["b1b"], **got["b1b_pg"]}.items())
             + " steps/s")
 
+        export_order = list(EXPORT_COLUMNS)
+        export_order = export_order[number % len(export_order):] + export_order[:number % len(export_order)]
+        got["b1b_export"] = {column: self.run_export(column, tag) for column in export_order}
+        say(f"round {number}: B1b with export " + ", ".join(f"{c} {r['steps'] / r['seconds']:.0f}"
+                                                          for c, r in got["b1b_export"].items()) + " steps/s")
+
         got["b3"] = {}
         for inflight, pairs in plan.b3_pairs.items():
             result, server_cpu = self._ours("b3", inflight=inflight, pairs=pairs, tag=f"{tag}-b3")
@@ -1201,6 +1279,31 @@ class Bench:
         say(f"round {number}: B3 " + ", ".join(f"{k} in flight {r['steps'] / r['seconds']:.0f}"
                                                 for k, r in got["b3"].items()) + " pairs/s")
         self.rounds.append(got)
+
+    def run_export(self, column: str, tag: str) -> dict:
+        """B1b on a fresh SQLite server exporting to EXPORT_COLUMNS[column]'s collector (or not
+        exporting): start it, connect, an untimed warm-up, the timed B1b, its span counters, stop."""
+        plan, mode = self.plan, EXPORT_COLUMNS[column]
+        argv = [sys.executable, str(ROOT / "actae.py"), "--port", "0",
+                "--data-dir", str(self.folder / f"export-{tag}-{column}")]
+        if mode:
+            argv += ["--otlp-endpoint", self.collectors[mode].url]
+        server = Server(f"actae exporting ({column})", argv, {"url": URL_LINE, "key": KEY_LINE}).wait()
+        ours, target = self.workers["ours"], f"export-{column}"
+        try:
+            url, key = server.found["url"], server.found["key"]
+            ours.call("connect", target=target, urls=[url], key=key)
+            try:
+                ours.call("b1b", runs=plan.runs, n=WARM_STEPS, tag=f"{tag}-{column}-warm", target=target)
+                before = cpu_seconds(server.pid)
+                result = ours.call("b1b", runs=plan.runs, n=plan.run_steps, tag=f"{tag}-b1b-x", target=target)
+                result["server_cpu"] = cpu_seconds(server.pid) - before
+                result.update(spans=settled_spans(url, key, result["steps"]) if mode else span_counts(url, key))
+            finally:
+                ours.call("disconnect", target=target)
+        finally:
+            server.stop()
+        return result
 
     def run_postgres(self, column: str, tag: str) -> dict:
         """B1b on PG_SERVERS[column] servers sharing a fresh database: start them (the first alone,
@@ -1458,7 +1561,39 @@ def summarise_postgres(bench: Bench) -> dict:
                                      for r in got.get("b1b_pg", {}).values())}
 
 
-def ratios(figures: dict, plan: Plan, postgresql: Optional[dict] = None) -> dict:
+EXPORT_HEADS = {"off": "export off", "503": "503 after 1 s", "down": "collector down", "ok": "collector ok"}
+
+
+def summarise_export(bench: Bench) -> dict:
+    """B1b with OpenTelemetry export: each column's medians (steps/s, server CPU per write) and
+    the spans its servers said they exported and dropped, summed over rounds."""
+    rows = {"export_b1b_steps_per_s": ("B1b steps/s, fresh server", "steps/s"),
+            "export_server_cpu_ms_per_write": ("server CPU per write request", "ms"),
+            "export_spans_exported": ("spans exported (all rounds)", "spans"),
+            "export_spans_dropped": ("spans dropped (all rounds)", "spans")}
+    figures = {}
+    for name, (label, unit) in rows.items():
+        values, samples = {}, {}
+        for column in EXPORT_COLUMNS:
+            runs = [got["b1b_export"][column] for got in bench.rounds]
+            if name == "export_b1b_steps_per_s":
+                samples[column] = [r["steps"] / r["seconds"] for r in runs]
+            elif name == "export_server_cpu_ms_per_write":
+                samples[column] = [r["server_cpu"] * 1000 / r["writes"] for r in runs]
+            else:
+                samples[column] = [r["spans"][name.rsplit("_", 1)[1]] for r in runs]
+            values[column] = (sum if name.startswith("export_spans") else statistics.median)(samples[column])
+        figures[name] = {"label": label, "unit": unit, "values": values, "samples": samples}
+    return figures
+
+
+def export_table(figures: dict) -> str:
+    return markdown(["B1b with OpenTelemetry export", "unit", *EXPORT_HEADS.values()],
+                    [[f["label"], f["unit"], *(number(f["values"][c]) for c in EXPORT_COLUMNS)]
+                     for f in figures.values()])
+
+
+def ratios(figures: dict, plan: Plan, postgresql: Optional[dict] = None, export: Optional[dict] = None) -> dict:
     """The performance targets: {name: {label, value, op, target, pass}}; a ratio without a target
     has op, target and pass null; a PostgreSQL one not measured has value null and says why under
     `skipped`."""
@@ -1480,6 +1615,7 @@ def ratios(figures: dict, plan: Plan, postgresql: Optional[dict] = None) -> dict
         ("b1b_over_dbos", "B1b ours / DBOS (the faster of its two setups)", v["b1b_steps_per_s"]["ours"] / best_dbos,
          ">=", 4),
         *pg_checks,
+        *export_checks(export),
         ("b3_pairs_per_s_64", "B3 pairs/s at 64 in flight", v["b3_pairs_per_s_64"]["ours"], ">=", 1000),
     ]
     for which, n in zip(("small", "mid", "large"), plan.sizes):
@@ -1500,6 +1636,17 @@ def ratios(figures: dict, plan: Plan, postgresql: Optional[dict] = None) -> dict
         if name in pg_skipped:
             result[name]["skipped"] = pg_skipped[name]
     return result
+
+
+def export_checks(export: Optional[dict]) -> list[tuple]:
+    """B1b with export to a slow (503) and to a dead collector, each over export off (>= 0.9)."""
+    if not export:
+        return []
+    b1b = export["export_b1b_steps_per_s"]["values"]
+    return [("b1b_export_503_over_off", "B1b with export to a collector answering 503 slowly / export off",
+             b1b["503"] / b1b["off"], ">=", 0.9),
+            ("b1b_export_down_over_off", "B1b with export to a collector that is down / export off",
+             b1b["down"] / b1b["off"], ">=", 0.9)]
 
 
 def postgres_checks(postgresql: Optional[dict]) -> tuple[list[tuple], dict]:
@@ -1527,7 +1674,7 @@ def number(value: Optional[float]) -> str:
     return f"{value:.2f}"
 
 
-def table(figures: dict, checks: dict, postgresql: dict) -> str:
+def table(figures: dict, checks: dict, postgresql: dict, export: Optional[dict] = None) -> str:
     heads = ["figure", "unit", "ours", "LangGraph", "DBOS", "DBOS (WAL)", "bare / raw / floor"]
     rows = []
     for f in figures.values():
@@ -1535,6 +1682,9 @@ def table(figures: dict, checks: dict, postgresql: dict) -> str:
         limit = next((f"{c} {number(values[c])}" for c in LIMIT_COLUMNS if c in values), "-")
         rows.append([f["label"], f["unit"], *(number(values.get(s)) for s in SYSTEMS), limit])
     lines = [markdown(heads, rows), "", *pg_table(postgresql), ""]
+    if export:
+        b1b = export["export_b1b_steps_per_s"]["values"]
+        lines += [export_table(export), f"  collector ok / export off: {b1b['ok'] / b1b['off']:.2f} (no target)", ""]
     lines.append(markdown(["target", "value", "target", "result"],
                           [[c["label"], c.get("skipped") or number(c["value"]),
                             "(none)" if c["op"] is None else f"{c['op']} {c['target']:g}",
@@ -1663,9 +1813,11 @@ def run_bench(args: argparse.Namespace, plan: Plan, postgres: Optional[Postgres]
         bench.run_disk()
         figures = summarise(bench)
         postgresql = summarise_postgres(bench)
-        checks = ratios(figures, plan, postgresql)
+        export = summarise_export(bench)
+        checks = ratios(figures, plan, postgresql, export)
         return {"meta": meta(bench, args.quick, time.monotonic() - STARTED), "figures": figures,
-                "ratios": checks, "postgresql": postgresql, "probes": bench.once["probe"], "rounds": bench.rounds}
+                "ratios": checks, "postgresql": postgresql, "export": export, "probes": bench.once["probe"],
+                "rounds": bench.rounds}
     except BaseException:
         if getattr(bench, "server", None) is not None:
             say("the server's last lines:\n" + "\n".join(bench.server.lines))
@@ -1714,7 +1866,7 @@ def main(argv: Optional[list] = None) -> int:
     m = report["meta"]
     print(f"{m['machine']} ({m['cpu']}), {m['date']}, actae {m['actae_commit']}, "
           f"{'quick' if args.quick else 'full'} run in {m['seconds']:.0f} s, medians of {plan.rounds} rounds\n")
-    print(table(figures, checks, report["postgresql"]))
+    print(table(figures, checks, report["postgresql"], report["export"]))
     probe = report["probes"]
     print(f"\nprobe: the same ledger key with other params: ours {probe['ours']['mismatch']}")
     print(f"probe: the same DBOS workflow id with another input: {probe['dbos']['behaviour']}")

@@ -55,7 +55,7 @@ RATIOS = {
     "server_cpu_ms_per_write", "server_cpu_write_over_bare", "b1a_over_langgraph", "b1a_time_over_floor",
     "b1b_over_langgraph", "b1b_over_dbos", "b3_pairs_per_s_64", "b2_over_langgraph_small",
     "b2_over_langgraph_mid", "b2_over_langgraph_large", "b2_large_over_small", "peak_rss_mb",
-    "disk_over_bytes_in",
+    "disk_over_bytes_in", "b1b_export_503_over_off", "b1b_export_down_over_off",
 }
 PG = ("pg1", "pg3")
 PG_FIGURES = {       # figure -> whether it needs PostgreSQL's own CPU (read from /proc: a local server only)
@@ -228,3 +228,22 @@ def test_every_system_commits_with_fsync(quick_run):
     assert workers["dbos"]["synchronous"] == 2
     assert workers["dbos_wal"]["journal_mode"] == "wal" and workers["dbos_wal"]["synchronous"] == 2
     assert report["meta"]["dbos_fork_statuses"] == ["ENQUEUED"], "a parked DBOS fork must not run"
+
+
+EXPORT_COLUMNS = {"off", "503", "down", "ok"}
+
+
+def test_b1b_with_export_on_against_off(quick_run):
+    """B1b with OpenTelemetry export to a collector answering 503 slowly, to one that is down and to
+    one that takes everything, beside export off: a figure per column; spans dropped where the
+    collector refused, exported where it took them, none either way with export off."""
+    report, stdout = finished(quick_run)
+    figures = report["export"]
+    for name in ("export_b1b_steps_per_s", "export_server_cpu_ms_per_write"):
+        assert set(figures[name]["values"]) == EXPORT_COLUMNS, figures[name]
+        assert all(positive(v) for v in figures[name]["values"].values()), figures[name]
+    exported, dropped = figures["export_spans_exported"]["values"], figures["export_spans_dropped"]["values"]
+    assert exported["off"] == dropped["off"] == 0
+    assert exported["ok"] > 0 and dropped["ok"] == 0
+    assert exported["503"] == exported["down"] == 0
+    assert "B1b with OpenTelemetry export" in stdout

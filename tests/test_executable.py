@@ -169,10 +169,15 @@ def test_bundle_has_ui_and_the_runtime_modules(exe):
         "psycopg_pool",
         "starlette.applications",
         "starlette.staticfiles",
+        "prometheus_client",
+        "opentelemetry.sdk.trace",
+        "opentelemetry.exporter.otlp.proto.http.trace_exporter",
+        "opentelemetry.exporter.http.transport._requests",
     )
     wanted = {name for name in candidates if importlib.util.find_spec(name) is not None}
     assert {"uvicorn.protocols.http.h11_impl", "uvicorn.lifespan.on", "aiosqlite", "jinja2",
-            "psycopg", "psycopg_binary", "psycopg_pool"} <= wanted
+            "psycopg", "psycopg_binary", "psycopg_pool", "prometheus_client",
+            "opentelemetry.exporter.otlp.proto.http.trace_exporter"} <= wanted
     assert not (wanted - modules), f"missing from the bundle: {sorted(wanted - modules)}"
 
 

@@ -1,0 +1,506 @@
+"""Observability (issue 21): every run as an OpenTelemetry trace, and Prometheus metrics.
+
+Each test starts real servers (conftest's ServerProcess) and, where traces are checked, a real
+OTLP/HTTP collector on loopback (`Collector`: http.server in a thread, decoding each request with
+opentelemetry-proto). The fork walkthrough runs through the real SDK (examples/fork_demo.py).
+
+- the walkthrough's spans: a root per run, a span per step in order, gen_ai.* and actae.*
+  attributes, the fork's link to the parent's boundary step, ERROR on the failed run, the blocked
+  charge marked blocked and never executed; `actae otel-export` sends the same trace again
+- a run that crashed (the SDK marks it) and one whose process died: their step spans agree with
+  the backfill, and the crash is an ERROR root
+- a collector that answers 503 slowly, or is not there: writes succeed, the server stays healthy,
+  actae_spans_dropped_total rises (the speed is measured in examples/bench.py, not here)
+- /metrics parses with prometheus_client's parser, and after a scripted sequence every named
+  metric moved by exactly what the sequence did
+- configuration errors are named at start
+"""
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import http.server as http_server
+import importlib.util
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import ROOT, ServerProcess, http
+
+
+# --------------------------------------------------------------------------------------------
+# A real OTLP/HTTP collector on loopback
+# --------------------------------------------------------------------------------------------
+
+
+def any_value(value):
+    kind = value.WhichOneof("value")
+    return None if kind is None else getattr(value, kind)
+
+
+class Collector:
+    """POST /v1/traces on 127.0.0.1: decodes ExportTraceServiceRequest and keeps each span as a dict.
+    `mode` "ok" answers 200; "slow503" waits `delay` seconds, then answers 503."""
+
+    def __init__(self, mode: str = "ok", delay: float = 2.0):
+        self.mode, self.delay = mode, delay
+        self.spans: list[dict] = []
+        self.requests = 0
+        self.lock = threading.Lock()
+        collector = self
+
+        class Handler(http_server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with collector.lock:
+                    collector.requests += 1
+                if collector.mode == "slow503":
+                    time.sleep(collector.delay)
+                    self.send_response(503)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                got = []
+                for resource_spans in request.resource_spans:
+                    resource = {a.key: any_value(a.value) for a in resource_spans.resource.attributes}
+                    for scope_spans in resource_spans.scope_spans:
+                        for s in scope_spans.spans:
+                            got.append({
+                                "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
+                                "parent": s.parent_span_id.hex(), "name": s.name, "kind": s.kind,
+                                "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
+                                "attributes": {a.key: any_value(a.value) for a in s.attributes},
+                                "status": (s.status.code, s.status.message),
+                                "links": [(link.trace_id.hex(), link.span_id.hex(),
+                                           {a.key: any_value(a.value) for a in link.attributes}) for link in s.links],
+                                "service": resource.get("service.name"), "scope": scope_spans.scope.name})
+                with collector.lock:
+                    collector.spans += got
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http_server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def taken(self) -> list[dict]:
+        with self.lock:
+            return list(self.spans)
+
+    def wait_for(self, condition, timeout=30.0, what="spans"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            spans = self.taken()
+            if condition(spans):
+                return spans
+            time.sleep(0.05)
+        raise AssertionError(f"the collector never got the {what}; it has {len(self.taken())} span(s)")
+
+
+@pytest.fixture
+def collector():
+    c = Collector()
+    yield c
+    c.stop()
+
+
+def exporting_server(tmp_path, collector_url, name="data", *, via_env=False):
+    """A server exporting to `collector_url`: by --otlp-endpoint, or by OTEL_EXPORTER_OTLP_ENDPOINT."""
+    if via_env:
+        return ServerProcess(tmp_path / name, env={"OTEL_EXPORTER_OTLP_ENDPOINT": collector_url,
+                                                   "OTEL_SERVICE_NAME": "actae-test"}).start()
+    command = [sys.executable, str(ROOT / "actae.py"), "--otlp-endpoint", collector_url]
+    return ServerProcess(tmp_path / name, command=command).start()
+
+
+def otel_export(server: ServerProcess, collector_url: str, channel: str, *extra) -> subprocess.CompletedProcess:
+    """`actae otel-export CHANNEL` against the server's own database."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env.pop("ACTAE_DATABASE_URL", None)
+    database = ["--database", server.database] if server.database else []
+    return subprocess.run([sys.executable, str(ROOT / "actae.py"), "otel-export", channel, *extra,
+                           "--data-dir", str(server.data_dir), *database, "--otlp-endpoint", collector_url],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=str(ROOT))
+
+
+def trace_id(channel: str) -> str:
+    return hashlib.sha256(b"actae.trace\x00" + channel.encode()).digest()[:16].hex()
+
+
+def span_id(channel: str, cursor: int) -> str:
+    return hashlib.sha256(b"actae.span\x00%s\x00%d" % (channel.encode(), cursor)).digest()[:8].hex()
+
+
+def load_fork_demo():
+    spec = importlib.util.spec_from_file_location("fork_demo_observability", ROOT / "examples" / "fork_demo.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sdk(server, body):
+    from actae_client import ActaeClient
+
+    async def main():
+        client = ActaeClient(endpoint=server.url, api_key=server.key)
+        try:
+            return await body(client)
+        finally:
+            await client.disconnect()
+
+    return asyncio.run(main())
+
+
+def roots(spans):
+    return [s for s in spans if not s["parent"]]
+
+
+def comparable(spans):
+    """Spans as a set of everything a backend shows (ids, names, times, attributes, status, links)."""
+    return {(s["trace_id"], s["span_id"], s["parent"], s["name"], s["start"], s["end"], s["status"],
+             tuple(sorted(s["attributes"].items())), repr(s["links"])) for s in spans}
+
+
+# --------------------------------------------------------------------------------------------
+# Acceptance 1 and 3: the walkthrough as traces, live and backfilled
+# --------------------------------------------------------------------------------------------
+
+
+def test_the_fork_walkthrough_as_traces_live_and_backfilled(tmp_path, collector):
+    server = exporting_server(tmp_path, collector.url)
+    try:
+        demo = load_fork_demo()
+        name = f"otel-{uuid.uuid4().hex[:8]}"
+        base, fork = f"{name}-base", f"{name}-fork"
+        checks = sdk(server, lambda client: demo.walkthrough(client, base, fork))
+        assert all(ok for _, ok, _ in checks), [c for c in checks if not c[1]]
+        spans = collector.wait_for(lambda got: len(roots(got)) >= 2, what="two roots")
+        by_trace = {trace_id(base): [s for s in spans if s["trace_id"] == trace_id(base)],
+                    trace_id(fork): [s for s in spans if s["trace_id"] == trace_id(fork)]}
+        assert len(spans) == sum(map(len, by_trace.values())), "every span belongs to one of the two runs"
+
+        # one root per run, named after the agent, the ids derived from the record
+        for channel in (base, fork):
+            (root,) = roots(by_trace[trace_id(channel)])
+            assert root["name"] == f"invoke_agent {channel}"
+            assert root["span_id"] == span_id(channel, 0)
+            assert root["service"] == "actae" and root["scope"] == "actae"
+            a = root["attributes"]
+            assert a["gen_ai.operation.name"] == "invoke_agent" and a["gen_ai.agent.name"] == channel
+            assert a["gen_ai.conversation.id"] == channel and a["actae.channel_id"] == channel
+            assert all(s["parent"] == root["span_id"] for s in by_trace[trace_id(channel)] if s is not root)
+            assert all(s["start"] <= s["end"] for s in by_trace[trace_id(channel)])
+            assert all(root["start"] <= s["start"] and s["end"] <= root["end"] for s in by_trace[trace_id(channel)])
+
+        # a span per step, in order, each from the previous step's end, with its record's attributes
+        for channel, numbers, model in ((base, [1, 2, 3, 4, 5, 6], "fast"), (fork, [4, 5, 6], "slow")):
+            steps = sorted((s for s in by_trace[trace_id(channel)] if "actae.step_number" in s["attributes"]),
+                           key=lambda s: s["attributes"]["actae.cursor"])
+            assert [s["attributes"]["actae.step_number"] for s in steps] == numbers
+            assert [s["name"] for s in steps] == demo.STEPS[numbers[0] - 1:]
+            for before, after in zip(steps, steps[1:]):
+                assert before["end"] == after["start"]
+            for s in steps:
+                a = s["attributes"]
+                assert a["actae.channel_id"] == channel and a["actae.event_type"] == s["name"]
+                assert a["actae.actor"] == "agent_session" and a["gen_ai.request.model"] == model
+                assert s["span_id"] == span_id(channel, a["actae.cursor"])
+            assert roots(by_trace[trace_id(channel)])[0]["attributes"]["gen_ai.request.model"] == model
+
+        base_root, fork_root = roots(by_trace[trace_id(base)])[0], roots(by_trace[trace_id(fork)])[0]
+        # the failed parent: ERROR with the failure's message; the fork completed
+        assert base_root["status"][0] == 2 and "failed" in base_root["status"][1]
+        assert base_root["attributes"]["actae.run.status"] == "failed"
+        assert fork_root["status"][0] == 0 and fork_root["attributes"]["actae.run.status"] == "completed"
+        # the fork: its own trace, its root linked to the parent's span of step 3
+        boundary = next(s for s in by_trace[trace_id(base)] if s["attributes"].get("actae.step_number") == 3)
+        assert [(t, sid) for t, sid, _ in fork_root["links"]] == [(trace_id(base), boundary["span_id"])]
+        assert fork_root["attributes"]["actae.parent_channel_id"] == base
+        assert fork_root["attributes"]["actae.fork.at_step"] == 3
+        status, _, receipt = http("GET", server.url + f"/api/v1/channels/{fork}/receipt", key=server.key)
+        assert status == 200 and fork_root["attributes"]["actae.receipt_sha256"] == receipt["source_state_sha256"]
+
+        # the charge: executed once on the parent, blocked (never executed) on the fork
+        tools = [s for s in spans if s["attributes"].get("gen_ai.operation.name") == "execute_tool"]
+        assert {s["name"] for s in tools} == {"execute_tool charge_customer"}
+        executed = [s for s in tools if s["attributes"]["actae.ledger.outcome"] == "executed"]
+        assert [s["trace_id"] for s in executed] == [trace_id(base)]
+        assert executed[0]["attributes"]["gen_ai.tool.name"] == "charge_customer"
+        assert executed[0]["attributes"]["actae.ledger.key"] == "inv-1"
+        (blocked,) = [s for s in tools if s["trace_id"] == trace_id(fork)]
+        assert blocked["attributes"]["actae.ledger.outcome"] == "blocked"
+        assert blocked["attributes"]["actae.ledger.policy"] == "block"
+        assert blocked["attributes"]["actae.event_type"] == "tool.blocked"
+
+        # acceptance 3: the backfill sends the same trace, ids, names, times and attributes
+        again = Collector()
+        try:
+            done = otel_export(server, again.url, base, "--with-forks")
+            assert done.returncode == 0, done.stderr
+            assert f"Exported {len(spans)} span(s) of 2 run(s)" in done.stdout
+            backfilled = again.wait_for(lambda got: len(got) >= len(spans), what="backfilled spans")
+            assert comparable(backfilled) == comparable(spans)
+        finally:
+            again.stop()
+    finally:
+        server.stop()
+
+
+def test_a_crashed_run_and_one_whose_process_died(tmp_path, collector):
+    """The SDK marks a crash in the run's metadata: the root is sent then, ERROR with the reason. A
+    run whose process died sends its steps and no root; the backfill adds the root, same ids."""
+    server = exporting_server(tmp_path, collector.url, via_env=True)
+    crashed, died = f"crash-{uuid.uuid4().hex[:6]}", f"died-{uuid.uuid4().hex[:6]}"
+
+    async def scenario(client):
+        from actae_client import AgentSession
+
+        with pytest.raises(RuntimeError):
+            async with AgentSession(client, crashed) as session:
+                await session.step("plan", input={"model": "m1"}, output={"usage": {"input_tokens": 7,
+                                                                                    "output_tokens": 3}})
+                raise RuntimeError("the model went away")
+        # a process that died after two steps: session.started and steps, nothing after
+        await client.record(died, "session.started", {"session_name": died}, actor="agent_session")
+        for number in (1, 2):
+            await client.record(died, "work", {"step_number": number}, actor="agent_session", step_number=number)
+
+    try:
+        sdk(server, scenario)
+        spans = collector.wait_for(lambda got: roots(got) and sum(s["trace_id"] == trace_id(died) for s in got) >= 2,
+                                   what="the crash's root and the dead run's steps")
+        (root,) = roots(spans)
+        assert root["trace_id"] == trace_id(crashed) and root["service"] == "actae-test"
+        assert root["status"][0] == 2 and "the model went away" in root["status"][1]
+        assert root["attributes"]["actae.run.status"] == "crashed" and root["attributes"]["error.type"] == "crashed"
+        (plan,) = [s for s in spans if s["trace_id"] == trace_id(crashed) and s["name"] == "plan"]
+        assert plan["attributes"]["gen_ai.usage.input_tokens"] == 7
+        assert plan["attributes"]["gen_ai.usage.output_tokens"] == 3
+        live_died = [s for s in spans if s["trace_id"] == trace_id(died)]
+        assert sorted(s["attributes"]["actae.step_number"] for s in live_died) == [1, 2]
+        assert all(s["parent"] == span_id(died, 0) for s in live_died)
+
+        for channel, live in ((crashed, [s for s in spans if s["trace_id"] == trace_id(crashed)]), (died, live_died)):
+            again = Collector()
+            try:
+                assert otel_export(server, again.url, channel).returncode == 0
+                backfilled = again.wait_for(lambda got: len(got) >= len(live) + (channel == died), what="backfill")
+            finally:
+                again.stop()
+            assert comparable(live) <= comparable(backfilled)
+            extra = comparable(backfilled) - comparable(live)
+            if channel == died:     # the backfill closes the dead run's root at its last event
+                (only,) = [s for s in backfilled if not s["parent"]]
+                assert len(extra) == 1 and only["span_id"] == span_id(died, 0)
+                assert only["end"] == max(s["end"] for s in live_died) and only["status"][0] == 0
+            else:
+                assert not extra
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# Acceptance 2: a slow or dead collector never fails a write
+# --------------------------------------------------------------------------------------------
+
+
+def metric_values(server) -> dict:
+    """{(name, frozenset(labels)): value} from /metrics, parsed with prometheus_client's parser."""
+    status, headers, text = http("GET", server.url + "/metrics", key=server.key)
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return values
+
+
+def value(values, name, **labels) -> float:
+    return values.get((name, frozenset(labels.items())), 0.0)
+
+
+@pytest.mark.parametrize("collector_state", ["answers 503 slowly", "is not there"])
+def test_a_slow_or_dead_collector_drops_spans_and_never_a_write(tmp_path, collector_state):
+    if collector_state == "is not there":
+        gone = Collector()
+        url = gone.url
+        gone.stop()                          # nothing listens on that port any more
+    else:
+        gone = Collector("slow503", delay=2.0)
+        url = gone.url
+    server = exporting_server(tmp_path, url)
+    channel = f"slow-{uuid.uuid4().hex[:6]}"
+    try:
+        for number in range(1, 41):
+            status, _, body = http("POST", server.url + "/api/v1/events/record", key=server.key, body={
+                "channel_id": channel, "event_type": "work", "payload": {"n": number}, "step_number": number})
+            assert status == 200, body
+        deadline = time.monotonic() + 60
+        while value(metric_values(server), "actae_spans_dropped_total") < 1:
+            assert time.monotonic() < deadline, "actae_spans_dropped_total never rose"
+            time.sleep(0.2)
+        figures = metric_values(server)
+        assert value(figures, "actae_spans_exported_total") == 0
+        assert value(figures, "actae_events_written_total", type="work") == 40
+        status, _, health = http("GET", server.url + "/healthz")
+        assert status == 200 and health["status"] == "ok"
+        status, _, events = http("GET", server.url + f"/api/v1/events/replay/{channel}?limit=100", key=server.key)
+        assert status == 200 and len(events["events"] if isinstance(events, dict) else events) == 40
+        assert server.stop() == 0                # and it still stops promptly
+    finally:
+        server.kill()
+        if collector_state != "is not there":
+            gone.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# Acceptance 4: exact metric deltas after a scripted sequence
+# --------------------------------------------------------------------------------------------
+
+
+STORED = ("actae_runs", "actae_approvals_pending", "actae_wakeups_due", "actae_database_size_bytes")
+
+
+def test_metrics_move_by_exactly_what_a_scripted_sequence_did(tmp_path):
+    server = ServerProcess(tmp_path / "metrics").start()
+    url, key = server.url, server.key
+    tag = uuid.uuid4().hex[:6]
+    writes, work, approvals, failed = f"w-{tag}", f"l-{tag}", f"a-{tag}", f"f-{tag}"
+
+    def post(path, body, expect=200):
+        status, _, answer = http("POST", url + path, key=key, body=body)
+        assert status == expect, (path, status, answer)
+        return answer
+
+    try:
+        post("/api/v1/events/record", {"channel_id": writes, "event_type": "warm", "payload": {}})  # the key's touch
+        started = time.monotonic()
+        before = metric_values(server)
+        n = 7
+        for i in range(n):
+            post("/api/v1/events/record", {"channel_id": writes, "event_type": "obs.write", "payload": {"i": i}})
+        claim = {"channel_id": work, "key_name": "k1", "tool_name": "pay", "params": {"cents": 100}}
+        first = post("/api/v1/executions/claim", claim)
+        assert first["status"] == "claimed"
+        post(f"/api/v1/executions/{first['execution']['id']}/complete",
+             {"claim_token": first["claim_token"], "result": {"ok": True}})
+        assert post("/api/v1/executions/claim", claim)["status"] == "replayed"
+        mismatch = post("/api/v1/executions/claim", {**claim, "params": {"cents": 999}}, expect=409)
+        assert "idempotency_key_mismatch" in str(mismatch)
+        for request_id in ("r1", "r2"):
+            post("/api/v1/events/record", {"channel_id": approvals, "event_type": "approval.requested",
+                                           "payload": {"request_id": request_id, "summary": "ship it?"},
+                                           "operation_id": request_id})
+        post("/api/v1/events/record", {"channel_id": failed, "event_type": "run.failed",
+                                       "payload": {"error": "boom"}})
+        post("/api/v1/channels/fork", {"source_channel_id": writes, "new_channel_id": f"{writes}-fork",
+                                       "at_cursor": 0})
+        status, _, _ = http("GET", url + "/no/such/page", key=key)
+        assert status == 404
+        jobs = n + 3 + 1 + 2 + 1 + 1           # records, claim/complete/replay, the mismatch, approvals, failed, fork
+
+        deadline = time.monotonic() + 30        # the stored-data gauges are cached a few seconds
+        after = metric_values(server)
+        while value(after, "actae_approvals_pending") != 2:
+            assert time.monotonic() < deadline, "actae_approvals_pending never reached 2"
+            time.sleep(0.2)
+            after = metric_values(server)
+
+        def delta(name, **labels):
+            return value(after, name, **labels) - value(before, name, **labels)
+
+        assert delta("actae_events_written_total", type="obs.write") == n
+        assert delta("actae_events_written_total", type="approval.requested") == 2
+        assert delta("actae_events_written_total", type="tool.started") == 1
+        assert delta("actae_events_written_total", type="tool.completed") == 1
+        assert delta("actae_events_written_total", type="tool.replayed") == 0     # emit_replay_event is off
+        assert delta("actae_events_written_total", type="run.failed") == 1
+        assert delta("actae_events_written_total", type="fork.started") == 1
+        assert {outcome: delta("actae_ledger_claims_total", outcome=outcome) for outcome in
+                ("claimed", "reclaimed", "replayed", "in_progress", "mismatch", "blocked")} == \
+            {"claimed": 1, "reclaimed": 0, "replayed": 1, "in_progress": 0, "mismatch": 1, "blocked": 0}
+        assert delta("actae_forks_created_total") == 1
+        # every write request was one batch of one job (sequential requests); beside them the wake-up
+        # scheduler commits its own one-job batch about once a second, whatever the clients do
+        batches = delta("actae_write_batch_jobs_count")
+        assert jobs <= batches <= jobs + int(time.monotonic() - started) + 2
+        assert delta("actae_write_batch_jobs_sum") == batches
+        assert delta("actae_write_batch_jobs_bucket", le="1.0") == batches
+        assert delta("actae_commit_duration_seconds_count") == batches
+        assert delta("actae_commit_duration_seconds_sum") > 0
+        assert delta("actae_write_batches_total") == batches and delta("actae_write_jobs_total") == batches
+        record = {"route": "/api/v1/events/record", "method": "POST"}
+        assert delta("actae_http_request_duration_seconds_count", status_class="2xx", **record) == n + 2 + 1
+        claims = {"route": "/api/v1/executions/claim", "method": "POST"}
+        assert delta("actae_http_request_duration_seconds_count", status_class="2xx", **claims) == 2
+        assert delta("actae_http_request_duration_seconds_count", status_class="4xx", **claims) == 1
+        assert delta("actae_http_request_duration_seconds_count", route="/api/v1/executions/{execution_id}/complete",
+                     method="POST", status_class="2xx") == 1
+        assert delta("actae_http_request_duration_seconds_count", route="other", method="GET",
+                     status_class="4xx") == 1
+        assert not any(name == "actae_http_request_duration_seconds_count" and ("route", "/no/such/page") in labels
+                       for name, labels in after)
+        # the stored-data gauges: a fresh database, so the values are the sequence's own
+        assert value(after, "actae_approvals_pending") == 2
+        assert 0 <= value(after, "actae_approval_oldest_pending_age_seconds") < 120
+        assert value(after, "actae_runs", status="failed") == 1
+        assert value(after, "actae_runs", status="blocked") == 1          # waiting on its approvals
+        assert sum(v for (name, _), v in after.items() if name == "actae_runs") == 5   # writes, its fork, work...
+        assert value(after, "actae_wakeups_due") == 0 and value(after, "actae_wakeup_oldest_lateness_seconds") == 0
+        assert value(after, "actae_database_size_bytes") > 0
+        assert value(after, "actae_websocket_connections") == 0 and value(after, "actae_websocket_subscriptions") == 0
+        assert delta("actae_spans_exported_total") == 0 and delta("actae_spans_dropped_total") == 0
+        assert value(after, "process_cpu_seconds_total") > 0             # the library's process collector
+
+        # an approval answered leaves the count; an expired one too
+        post("/api/v1/events/record", {"channel_id": approvals, "event_type": "approval.decided",
+                                       "payload": {"request_id": "r1", "decision": "approved"}})
+        deadline = time.monotonic() + 30
+        while value(metric_values(server), "actae_approvals_pending") != 1:
+            assert time.monotonic() < deadline, "the decided approval still counts as pending"
+            time.sleep(0.2)
+        # /metrics.json keeps its shape
+        status, _, snapshot = http("GET", url + "/metrics.json", key=key)
+        assert status == 200 and set(snapshot) >= {"status", "timestamp", "uptime_seconds", "websocket", "database"}
+        assert set(snapshot["database"]) == {"write_batches", "write_jobs"}
+    finally:
+        server.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# Configuration
+# --------------------------------------------------------------------------------------------
+
+
+def test_bad_collector_urls_are_named_at_start(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    bad = subprocess.run([sys.executable, str(ROOT / "actae.py"), "--otlp-endpoint", "ftp://collector",
+                          "--data-dir", str(tmp_path / "a"), "--port", "0"],
+                         capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode != 0 and "--otlp-endpoint takes an OTLP/HTTP URL" in bad.stderr
+    bad = subprocess.run([sys.executable, str(ROOT / "actae.py"), "--data-dir", str(tmp_path / "b"), "--port", "0"],
+                         capture_output=True, text=True, timeout=60,
+                         env={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"})
+    assert bad.returncode != 0 and "OTEL_EXPORTER_OTLP_ENDPOINT takes an OTLP/HTTP URL" in bad.stderr
+    missing = subprocess.run([sys.executable, str(ROOT / "actae.py"), "otel-export", "some-run",
+                              "--data-dir", str(tmp_path / "c")], capture_output=True, text=True, timeout=60, env=env)
+    assert missing.returncode != 0 and "otel-export needs a collector" in missing.stderr
