@@ -9557,7 +9557,9 @@ class ActaeApp(Starlette):
             response = Response(error_body(exc.code, exc.message), exc.status, media_type="application/json")
         headers, body = response.raw_headers, response.body
         if len(body) >= GZIP_MIN_BYTES and accepts_gzip(scope):
-            body = gzip.compress(body, compresslevel=5, mtime=0)
+            # Level 1: a 300 KB state compresses in 3 ms at it, 13 ms at level 5 (on the event loop,
+            # for 15% fewer bytes): an API answer is read by a program, often over loopback.
+            body = gzip.compress(body, compresslevel=1, mtime=0)
             headers = [(k, v) for k, v in headers if k != b"content-length"]
             headers += [(b"content-length", str(len(body)).encode()), (b"content-encoding", b"gzip"),
                         (b"vary", b"accept-encoding")]
