@@ -7204,8 +7204,10 @@ def internal_request(app, route: Any, params: dict, query: str, raw: Optional[by
 
 
 async def fleet_dispatch(app, principal: FleetPrincipal, target: Target, route: Any, params: dict, query: str,
-                         raw: Optional[bytes], *, idempotency_key: Optional[str] = None) -> Any:
-    """`route` on `target` for `principal`: the direct route's answer record, or its error raised."""
+                         raw: Optional[bytes], *, idempotency_key: Optional[str] = None, verbatim: bool = False) -> Any:
+    """`route` on `target` for `principal`: the direct route's answer record, or its error raised. With
+    `verbatim`, a remote's answer (checked against the record) is passed on byte for byte, so nothing
+    it says beyond the record's declared fields is lost on the way."""
     raw = with_operation_id(route, raw, idempotency_key)
     request = internal_request(app, route, params, query, raw)
     if target.remote is None:
@@ -7213,7 +7215,8 @@ async def fleet_dispatch(app, principal: FleetPrincipal, target: Target, route: 
             request.state.user, request.state.bearer = principal.user(), None
         return await serve_route(request, route, principal)
     authorize_remote(principal, route, await route_parts(request, route))
-    return await remote_dispatch(app, target.remote, route, request.url.path, query, raw, idempotency_key)
+    return await remote_dispatch(app, target.remote, route, request.url.path, query, raw, idempotency_key,
+                                 verbatim)
 
 
 def authorize_remote(principal: Principal, route: Any, parts: dict) -> None:
@@ -7308,7 +7311,7 @@ async def remote_login(app, remote: RemoteInstance, *, again: bool = False) -> s
 
 
 async def remote_dispatch(app, remote: RemoteInstance, route: Any, path: str, query: str, raw: Optional[bytes],
-                          idempotency_key: Optional[str]) -> Any:
+                          idempotency_key: Optional[str], verbatim: bool = False) -> Any:
     url = remote.url + path + (f"?{query}" if query else "")
     headers = {"x-api-key": remote.key, "accept": "application/json", "content-type": "application/json"}
     if idempotency_key:
@@ -7324,10 +7327,11 @@ async def remote_dispatch(app, remote: RemoteInstance, route: Any, path: str, qu
     if status != 200:
         raise remote_error(remote, status, data)
     try:
-        return msgspec.json.decode(data, type=route.answer)     # typed: the direct route's answer record
+        answer = msgspec.json.decode(data, type=route.answer)     # typed: the direct route's answer record
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise InstanceFailed(remote.id, "bad_answer", f"its answer is not a {getattr(route.answer, '__name__', 'JSON')}"
                              f" answer: {exc}", retryable=False) from None
+    return Response(data, media_type="application/json") if verbatim else answer
 
 
 # --- multi-instance queries: keyset pages over the direct query route ---------------------------------
@@ -7530,7 +7534,8 @@ async def fleet_operation(request: Request, path, body: OperationEnvelope) -> Op
     if route.body is not None:
         raw = b"" if body.body is None or (body.body == {} and route.body_optional) else msgspec.json.encode(body.body)
     return await fleet_dispatch(app, principal, await fleet_target(app, path.instance_id), route, params,
-                                query_text(query), raw, idempotency_key=request.headers.get("idempotency-key"))
+                                query_text(query), raw, idempotency_key=request.headers.get("idempotency-key"),
+                                verbatim=True)
 
 
 async def fleet_resource(request: Request, path, operation_id: str, params: dict, record: Record) -> Any:
@@ -7538,7 +7543,7 @@ async def fleet_resource(request: Request, path, operation_id: str, params: dict
     principal.require_scope(FLEET_MANIFEST[operation_id].scope)
     return await fleet_dispatch(app, principal, await fleet_target(app, path.instance_id), fleet_route(operation_id),
                                 params, "", msgspec.json.encode(record),
-                                idempotency_key=request.headers.get("idempotency-key"))
+                                idempotency_key=request.headers.get("idempotency-key"), verbatim=True)
 
 
 async def fleet_record(request: Request, path, body: RecordEvent) -> EventAnswer:
@@ -7600,7 +7605,8 @@ async def fleet_direct_call(request: Request, route: Any, token: str) -> Any:
     target = await fleet_target(app, request.headers.get("x-actae-instance-id") or app.state.instance_id)
     raw = await read_capped(request) if route.body is not None else None
     return await fleet_dispatch(app, principal, target, route, dict(request.path_params),
-                                request.url.query, raw, idempotency_key=request.headers.get("idempotency-key"))
+                                request.url.query, raw, idempotency_key=request.headers.get("idempotency-key"),
+                                verbatim=True)
 
 
 def fleet_endpoint(route: Any, endpoint: Callable) -> Callable:
