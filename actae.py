@@ -8518,6 +8518,8 @@ async def fleet_stream_endpoint(websocket: WebSocket) -> None:
             while (await websocket.receive())["type"] != "websocket.disconnect":
                 pass
         running = [asyncio.create_task(pump()), asyncio.create_task(until_closed()), *tasks]
+        if conn is not None:
+            conn.pump_task = running[0]    # a client too slow for WS_QUEUE_MAX events is cut off, as on /ws
         await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
         tasks = running
     finally:
@@ -8548,8 +8550,13 @@ async def fleet_ndjson_stream(request: Request) -> Response:
 
     async def lines():
         try:
-            while True:
-                frame = await queue.get()
+            while not (conn is not None and conn.cut):      # too slow for WS_QUEUE_MAX events: the stream ends
+                try:
+                    frame = await asyncio.wait_for(queue.get(), 1.0)
+                except asyncio.TimeoutError:
+                    if all(task.done() for task in tasks):
+                        return                                # the remote's stream ended
+                    continue
                 yield msgspec.json.encode(frame["event"]) + b"\n"
         finally:
             await close_fleet_stream(app, tasks, conn)
