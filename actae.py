@@ -33,16 +33,20 @@ Domain: consumer groups — at-least-once workers on one channel
 Domain: execution groups — fenced member leases, durable messages, group forks
 Domain: principals, API keys, accounts, login tokens, dashboard sessions
 Authentication — the key ring, token and session checks, same-origin and form tokens
+Fleet: remote instances, organisation tokens — their keys encrypted beside the database, fleet tokens, tickets
 Moving runs — export and import as JSON Lines, over HTTP and from the command line
 HTTP API: handlers — one per route, named after it, returning its response record
+Fleet gateway: the manifest, dispatch — local in process, remote over HTTP; keyset queries; the handlers
 HTTP API: the route table — API_ROUTES, scopes, authorization, the OpenAPI document
 WebSocket — /ws: in-band auth, subscribe with catch-up, publish with ack
 Observability: traces and metrics — Prometheus /metrics; every run as an OpenTelemetry trace, live and backfilled
+Fleet gateway: event streams — the ticketed WebSocket and the NDJSON stream, local or relayed
 Dashboard: data for the pages — reads that build what each page shows
 Dashboard: page handlers — rendering, sign-in, the fork and delete forms, keys
+Dashboard: the Fleet page — each instance's reachability, version, backend and run count
 Connections — uvicorn's HTTP protocol with bounds an unauthenticated client cannot pass
 App factory — create_app: the routes, middleware and lifespan
-Command line — main(): serve, key, user, export, import, otel-export
+Command line — main(): serve, key, user, export, import, otel-export, instance, org-token
 """
 from __future__ import annotations
 
@@ -88,7 +92,7 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route, WebSocketRoute, compile_path
 from starlette.staticfiles import StaticFiles
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -194,6 +198,11 @@ class Settings:
     max_header_bytes: int = 64 * 1024  # request line and headers
     max_headers: int = 100
     open_signup: bool = False          # anyone may create an account (else only an admin key may)
+    # The fleet gateway (see the Fleet sections): the organisation it serves and its bounds.
+    organization: str = "local"        # --organization: the id in /v1/organizations/{id}/...
+    fleet_token_ttl: float = 300.0     # seconds a fleet token (POST /api/v1/fleet/token) lives
+    fleet_ticket_ttl: float = 30.0     # seconds a stream ticket waits for its one use
+    fleet_timeout: float = 10.0        # seconds a remote instance has to answer one gateway request
 
 
 # =============================================================================
@@ -261,6 +270,23 @@ class DatabaseUnavailable(ActaeError):
     retrying with the same operation_id is safe."""
 
     status, code = 503, "database_unavailable"
+
+
+class UnsupportedOperation(ActaeError):
+    """426: the fleet gateway does not dispatch this manifest operation (logins, sessions: not fleet commands)."""
+
+    status, code = 426, "unsupported_operation"
+
+
+class InstanceFailed(ActaeError):
+    """An instance of the fleet gave the gateway no answer: down, too slow, or refusing the gateway's key.
+    502 (504 when it was too slow); in a multi-instance answer, an entry of `errors` instead."""
+
+    status, code = 502, "instance_unavailable"
+
+    def __init__(self, instance_id: str, code: str, message: str, *, status: int = 502, retryable: bool = True):
+        super().__init__(f"instance {instance_id}: {message}", code=code, status=status)
+        self.instance_id, self.retryable = instance_id, retryable
 
 
 def error_body(code: str, message: str) -> bytes:
@@ -873,6 +899,58 @@ class ErrorBody(Struct):
     error: str
 
 
+# --- the fleet gateway (/v1/organizations/{organization_id}/..., /api/v1/fleet/...) ----------------
+
+SdkScope = Annotated[str, Meta(max_length=64, description='a scope of the SDK\'s manifest ("events:read", '
+                                                            '"forks:create", ...); "" asks for all the token grants')]
+PageToken = Annotated[str, Meta(max_length=4096, description="opaque: pass it back unchanged")]
+
+
+class FleetTokenRequest(Record, kw_only=True):
+    """The SDK's exchange of an organisation token (the Bearer credential) for a fleet token."""
+
+    purpose: Optional[Literal["fleet_access"]] = None
+    organization_id: Optional[Annotated[str, Meta(max_length=256)]] = None   # another one: 403
+    scopes: Optional[Annotated[list[SdkScope], Meta(max_length=100)]] = None  # none or blank: all it grants
+
+
+class OperationEnvelope(Record, kw_only=True):
+    """POST .../ops/{operation_id}: a manifest operation's path parameters, query and body, kept apart."""
+
+    path_params: Optional[dict[Annotated[str, Meta(max_length=64)], Union[Label, Int64]]] = None
+    query: Optional[JsonObject] = None
+    body: Document = None
+    params: Optional[JsonObject] = None   # the legacy combined form: path parameters, the rest the query
+
+
+class FleetEventFilter(EventQuery, kw_only=True):
+    """The direct query's filters; `pagination: "keyset"` asks for per-instance continuation tokens."""
+
+    pagination: Optional[Literal["keyset", "offset"]] = None
+
+
+class FleetQuery(Record, kw_only=True):
+    instances: Annotated[list[Id], Meta(min_length=1, max_length=100)]
+    query: FleetEventFilter = msgspec.field(default_factory=FleetEventFilter)
+    page_tokens: Optional[dict[Id, PageToken]] = None   # instance id -> the token its last page gave
+
+
+class StreamTicketRequest(Record, kw_only=True):
+    instance_id: Id
+    channel_id: Optional[ChannelId] = None      # else the stream's own channel_id parameter
+    resume_cursor: Optional[Count] = None       # events after this cursor (else only new ones)
+
+
+class FleetStreamQuery(Record, kw_only=True):
+    """The gateway's streams: the WebSocket's ticket, the channel and where to resume."""
+
+    ticket: Optional[Token] = None
+    channel_id: Optional[ChannelId] = None
+    resume_cursor: Optional[Count] = None
+    cursor: Optional[Count] = None              # the NDJSON stream's name for resume_cursor
+    instance_id: Optional[Id] = None            # the NDJSON stream's, else X-Actae-Instance-Id
+
+
 # --- decoding: the one place input becomes a record ---------------------------------------
 
 
@@ -982,6 +1060,7 @@ PATH_PARAMETERS = {
     "channel_id": ChannelId, "group_id": ChannelId, "member_id": ChannelId, "fork_group_id": ChannelId,
     "version": Count, "step_number": Positive,
     "event_id": Id, "execution_id": Id, "wakeup_id": Id, "message_id": Id, "key_id": Positive,
+    "organization_id": Id, "instance_id": Id, "operation_id": Id,     # the fleet gateway's routes
 }
 
 
@@ -1696,6 +1775,122 @@ class MetricsJson(Answer, kw_only=True):
     database: DatabaseFigures
 
 
+# --- the fleet gateway ------------------------------------------------------------------------------
+
+
+class FleetInstance(Answer, kw_only=True):
+    """One instance of the organisation: the gateway's own server, or a registered remote one."""
+
+    instance_id: str
+    name: str
+    local: bool
+    url: Optional[str]                 # a remote's base URL; null for the gateway's own server
+    dashboard_url: str
+    added_at: Optional[str]
+
+
+class FleetInstances(Answer, kw_only=True):
+    organization_id: str
+    gateway_protocol_version: str
+    instances: list[FleetInstance]
+
+
+class FleetCapabilities(Answer, kw_only=True):
+    """What an instance runs and which manifest operations the gateway dispatches to it."""
+
+    organization_id: str
+    instance_id: str
+    local: bool
+    gateway_protocol_version: str
+    api_version: str
+    version: str
+    engine_version: str
+    backend: str
+    features: list[str]
+    supported_fleet_operations: list[str]
+
+
+class FleetToken(Answer, kw_only=True):
+    """A short-lived fleet token: the SDK sends it as `authorization: Bearer` to the gateway's routes."""
+
+    token: str
+    token_type: str
+    expires_in: int
+    organization_id: str
+    scopes: list[str]
+
+
+class StreamTicket(Answer, kw_only=True):
+    """A one-use ticket for the gateway's event stream (GET .../events/stream?ticket=...)."""
+
+    ticket: str
+    expires_in: int
+    instance_id: str
+    channel_id: Optional[str]
+    resume_cursor: Optional[int]
+
+
+class FleetEvent(Event, kw_only=True):
+    instance_id: str
+
+
+class InstanceFailure(Answer, kw_only=True):
+    """An instance a multi-instance read could not include, and why."""
+
+    instance_id: str
+    code: str
+    message: str
+    retryable: bool
+
+
+class FleetPage(Answer, kw_only=True):
+    next_page_tokens: dict[str, str]
+
+
+class FleetEvents(Answer, kw_only=True):
+    """Events of one or more instances, newest first, beside an entry for each instance that failed."""
+
+    events: list[FleetEvent]
+    errors: list[InstanceFailure]
+    page: FleetPage
+    next_page_token: Optional[str]
+
+
+# POST .../ops/{operation_id} answers what the operation's own direct route answers (documented there).
+OperationAnswer = dict[str, Any]
+
+
+class RemoteInstanceInfo(Answer, kw_only=True):
+    """A registered remote instance as `instance list` shows it: never its key."""
+
+    instance_id: str
+    name: str
+    url: str
+    key_prefix: str
+    timeout_seconds: Optional[float]
+    added_at: str
+
+
+class OrgTokenInfo(Answer, kw_only=True):
+    """An organisation token as `org-token list` shows it: never the token itself."""
+
+    id: int
+    name: str
+    prefix: str
+    scopes: Permissions
+    created_at: str
+    expires_at: Optional[str]
+    revoked_at: Optional[str]
+
+
+class FleetErrorBody(Struct):
+    """The gateway's error answers: the usual two fields, and `message` (what the SDK's FleetClient reads)."""
+
+    status: str
+    error: str
+    message: str
+
+
 @dataclass(frozen=True)
 class TextAnswer:
     """A 2xx answer that is not JSON (a file, the Prometheus text): documented as a string."""
@@ -2050,6 +2245,43 @@ SQLITE_MIGRATIONS = [
     CREATE INDEX events_approval_answers ON events (channel_id, json_extract(payload, '$.request_id'))
      WHERE type IN ('approval.decided', 'approval.expired');
     """,
+    """
+    -- The fleet gateway. The remote instances this server's organisation reaches: each remote's
+    -- API key is encrypted (Fernet) with the key in the file fleet_key beside the database, never
+    -- in it, so a copy of the database does not reveal it.
+    CREATE TABLE fleet_instances (
+        id               TEXT PRIMARY KEY,         -- the remote server's own instance id
+        name             TEXT NOT NULL,
+        url              TEXT NOT NULL,            -- its base URL
+        key_ciphertext   TEXT NOT NULL,            -- Fernet token of its API key
+        key_prefix       TEXT NOT NULL,            -- first characters, to tell keys apart
+        timeout_seconds  REAL,                     -- NULL: the server's --fleet-timeout
+        added_at         TEXT NOT NULL
+    );
+    -- Organisation tokens (the SDK's FleetClient exchanges one for a fleet token), by hash only.
+    CREATE TABLE org_tokens (
+        id          INTEGER PRIMARY KEY,
+        name        TEXT NOT NULL,
+        token_hash  TEXT NOT NULL UNIQUE,          -- sha256 of the token
+        prefix      TEXT NOT NULL,
+        scopes      TEXT NOT NULL,                 -- {"read": [...], "write": [...], "delete": [...], "admin": [...]}
+        created_at  TEXT NOT NULL,
+        expires_at  TEXT,                          -- NULL: never expires
+        revoked_at  TEXT
+    );
+    -- One-use, short-lived tickets for the gateway's event stream, by hash.
+    CREATE TABLE fleet_tickets (
+        ticket_hash    TEXT PRIMARY KEY,
+        org_token_id   INTEGER NOT NULL,
+        scopes         TEXT NOT NULL,              -- the SDK scopes of the fleet token that minted it
+        instance_id    TEXT NOT NULL,
+        channel_id     TEXT,
+        resume_cursor  INTEGER,
+        created_at     TEXT NOT NULL,
+        expires_at     TEXT NOT NULL,
+        used_at        TEXT
+    );
+    """,
 ]
 
 
@@ -2319,6 +2551,39 @@ POSTGRES_MIGRATIONS = [
     CREATE INDEX events_approval_answers ON events
         (channel_id, (CASE WHEN jsonb_typeof(payload::jsonb) = 'object' THEN payload::jsonb ->> 'request_id' END))
      WHERE type IN ('approval.decided', 'approval.expired');
+    """,
+    """
+    -- The fleet gateway, as SQLite's fleet migration makes it (remote keys encrypted with fleet_key).
+    CREATE TABLE fleet_instances (
+        id               TEXT PRIMARY KEY,
+        name             TEXT NOT NULL,
+        url              TEXT NOT NULL,
+        key_ciphertext   TEXT NOT NULL,
+        key_prefix       TEXT NOT NULL,
+        timeout_seconds  DOUBLE PRECISION,
+        added_at         TEXT NOT NULL
+    );
+    CREATE TABLE org_tokens (
+        id          BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
+        name        TEXT NOT NULL,
+        token_hash  TEXT NOT NULL UNIQUE,
+        prefix      TEXT NOT NULL,
+        scopes      TEXT NOT NULL,
+        created_at  TEXT NOT NULL,
+        expires_at  TEXT,
+        revoked_at  TEXT
+    );
+    CREATE TABLE fleet_tickets (
+        ticket_hash    TEXT PRIMARY KEY,
+        org_token_id   BIGINT NOT NULL,
+        scopes         TEXT NOT NULL,
+        instance_id    TEXT NOT NULL,
+        channel_id     TEXT,
+        resume_cursor  BIGINT,
+        created_at     TEXT NOT NULL,
+        expires_at     TEXT NOT NULL,
+        used_at        TEXT
+    );
     """,
 ]
 
@@ -3184,6 +3449,26 @@ def present(row: Optional[Row], missing: Callable[[], ActaeError]) -> Row:
     if row is None:
         raise missing()
     return row
+
+
+# --- the fleet gateway's instances and organisation tokens ---------------------------------------
+
+
+def fleet_instance_by_id(conn: Conn, instance_id: str) -> Optional[Row]:
+    return conn.execute("SELECT * FROM fleet_instances WHERE id = ?", (instance_id,)).fetchone()
+
+
+def fleet_instance_rows(conn: Conn) -> list:
+    return conn.execute("SELECT * FROM fleet_instances ORDER BY added_at, id").fetchall()
+
+
+def org_token_by_id(conn: Conn, token_id: int) -> Optional[Row]:
+    return conn.execute("SELECT * FROM org_tokens WHERE id = ?", (token_id,)).fetchone()
+
+
+def active_org_token_rows(conn: Conn) -> list:
+    """Every organisation token not revoked (expired ones too: `org-token list` shows their expiry)."""
+    return conn.execute("SELECT * FROM org_tokens WHERE revoked_at IS NULL ORDER BY id").fetchall()
 
 
 # =============================================================================
@@ -5606,6 +5891,361 @@ def require_form_token(request: Request, form: dict) -> None:
 
 
 # =============================================================================
+# Fleet: remote instances, organisation tokens, fleet tokens, stream tickets
+# =============================================================================
+# Every server is also the gateway of one organisation (--organization, default "local"). Its
+# instances are the server itself, under its own instance id, and the remote Actae servers
+# registered with `actae instance add`. A remote's API key is stored encrypted (Fernet) with a key
+# kept in FLEET_KEY_FILE beside the database, never inside it. Organisation tokens are stored as
+# hashes, like API keys; the SDK's FleetClient exchanges one for a short-lived fleet token, signed
+# (like login tokens, under a key of its own) and carrying the SDK's scope names, and a stream
+# ticket is a one-use row that expires. The organisation's instances and tokens are held in memory
+# and read again when more than FLEET_REFRESH_SECONDS old, as the key ring is.
+
+FLEET_KEY_FILE = "fleet_key"           # encrypts the remote instances' keys; beside the database, never inside it
+FLEET_PROTOCOL_VERSION = "1"           # the gateway protocol this server speaks (capabilities report it)
+FLEET_REFRESH_SECONDS = KEY_REFRESH_SECONDS
+ORG_TOKEN_PREFIX = "ot-"
+FLEET_TICKET_PREFIX = "tk-"
+ORGANIZATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+FLEET_PATHS = ("/v1/organizations/", "/api/v1/fleet/")   # the gateway's own routes
+
+# The SDK's scope names (its manifest) onto this server's actions. A fleet token holds SDK scopes;
+# each is granted when the organisation token has patterns for its action. An operation then needs
+# its scope in the fleet token and, as its direct route does, the action on its channels from the
+# organisation token's patterns. "manage" scopes are granted with write and carry the token's read,
+# write and delete patterns (listing, creating, cancelling: the direct routes need each).
+FLEET_SCOPES = {
+    "events:read": "read", "state:read": "read", "channels:read": "read", "payloads:read": "read",
+    "events:write": "write", "state:write": "write", "channels:write": "write",
+    "forks:create": "write", "forks:promote": "write",
+    "state:delete": "delete", "channels:delete": "delete",
+    "groups:manage": "write", "execution_groups:manage": "write", "experiments:manage": "write",
+    "scheduler:manage": "write", "executions:manage": "write",
+}
+
+
+def is_fleet_path(path: str) -> bool:
+    return path.startswith(FLEET_PATHS)
+
+
+def org_grant(stored: Any) -> dict:
+    """An organisation token's channel patterns for read, write and delete (admin: all three on '*')."""
+    scopes = scopes_of(stored)
+    if "*" in scopes["admin"]:
+        return {action: ["*"] for action in ACTIONS[:3]}
+    return {action: list(dict.fromkeys(scopes[action] + scopes["admin"])) for action in ACTIONS[:3]}
+
+
+def granted_scopes(grant: dict, requested: Optional[list]) -> list:
+    """The SDK scopes a fleet token gets: those requested that the grant allows; none or only blank
+    names (what the SDK sends with ACTAE_FLEET_SCOPES unset: [""]) mean all that it allows."""
+    allowed = [name for name, action in FLEET_SCOPES.items() if grant[action]]
+    wanted = {name.strip() for name in requested or () if name.strip()}
+    return allowed if not wanted else [name for name in allowed if name in wanted]
+
+
+def fleet_patterns(grant: dict, fleet_scopes: Any) -> dict:
+    """The channel patterns a fleet token acts with: the grant's, for the actions its scopes name."""
+    actions = set()
+    for name in fleet_scopes:
+        actions.update(ACTIONS[:3] if name.endswith(":manage") else [FLEET_SCOPES.get(name)])
+    return {**{action: grant[action] if action in actions else [] for action in ACTIONS[:3]}, "admin": []}
+
+
+@dataclass(frozen=True)
+class FleetPrincipal(Principal):
+    """A fleet token's caller: the organisation token behind it, with the SDK scopes it was granted."""
+
+    organization_id: str = ""
+    org_token_id: int = 0
+    fleet_scopes: tuple = ()
+    name: str = ""
+    created_at: str = ""
+
+    @property
+    def actor(self) -> str:
+        return f"org-token:{self.org_token_id}"
+
+    @property
+    def owner(self) -> str:
+        return f"org-token:{self.org_token_id}"
+
+    def user(self) -> UserInfo:
+        """Who GET /auth/me names through the gateway: the organisation token (it is no account)."""
+        return UserInfo(id=self.owner, email=None, name=self.name, created_at=self.created_at)
+
+    def require_scope(self, scope: str) -> None:
+        if scope not in self.fleet_scopes:
+            raise Forbidden(f"this fleet token lacks the {scope} scope (it has {', '.join(self.fleet_scopes) or 'none'})")
+
+
+def fleet_principal(row: Row, organization_id: str, fleet_scopes: Any) -> FleetPrincipal:
+    scopes = tuple(fleet_scopes)
+    return FleetPrincipal(f"fleet:{row['id']}", fleet_patterns(org_grant(row["scopes"]), scopes), "fleet",
+                          "fleet_token", expires_at=row["expires_at"], organization_id=organization_id,
+                          org_token_id=row["id"], fleet_scopes=scopes, name=row["name"], created_at=row["created_at"])
+
+
+# --- remote instances: their keys encrypted beside the database ------------------------------------
+
+
+def fleet_cipher(data_dir: Path) -> Any:
+    """The Fernet key that encrypts remote instances' keys: a file beside the database (0600), made on
+    first use. A copy of the database alone cannot decrypt them."""
+    from cryptography.fernet import Fernet        # imported here: only the fleet needs it
+
+    path = Path(data_dir) / FLEET_KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return Fernet(path.read_bytes().strip())
+    with os.fdopen(fd, "wb") as out:
+        out.write(Fernet.generate_key())
+    return Fernet(path.read_bytes().strip())
+
+
+@dataclass(frozen=True)
+class RemoteInstance:
+    """A registered remote instance, its key decrypted (None when this data dir's fleet_key cannot)."""
+
+    id: str
+    name: str
+    url: str
+    key: Optional[str]
+    key_prefix: str
+    timeout: Optional[float]
+    added_at: str
+
+
+def remote_of(row: Row, cipher: Any) -> RemoteInstance:
+    try:
+        key = cipher.decrypt(row["key_ciphertext"].encode("ascii")).decode("utf-8")
+    except Exception:  # noqa: BLE001 - a fleet_key that is not the one it was encrypted with
+        key = None
+    return RemoteInstance(row["id"], row["name"], row["url"], key, row["key_prefix"], row["timeout_seconds"],
+                          row["added_at"])
+
+
+def remote_info(row: Row) -> RemoteInstanceInfo:
+    return RemoteInstanceInfo(instance_id=row["id"], name=row["name"], url=row["url"], key_prefix=row["key_prefix"],
+                              timeout_seconds=row["timeout_seconds"], added_at=row["added_at"])
+
+
+def add_instance(tx: Tx, instance_id: str, name: str, url: str, ciphertext: str, prefix: str,
+                 timeout: Optional[float]) -> RemoteInstanceInfo:
+    """`instance add`: register a remote instance (again: its URL, key, name and timeout are replaced)."""
+    tx.conn.execute(
+        "INSERT INTO fleet_instances (id, name, url, key_ciphertext, key_prefix, timeout_seconds, added_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET name = excluded.name, url = excluded.url,"
+        " key_ciphertext = excluded.key_ciphertext, key_prefix = excluded.key_prefix,"
+        " timeout_seconds = excluded.timeout_seconds", (instance_id, name, url, ciphertext, prefix, timeout, tx.ts))
+    return remote_info(fleet_instance_by_id(tx.conn, instance_id))
+
+
+def remove_instance(tx: Tx, instance_id: str) -> RemoteInstanceInfo:
+    row = present(fleet_instance_by_id(tx.conn, instance_id), lambda: NotFound(f"no instance {instance_id}"))
+    tx.conn.execute("DELETE FROM fleet_instances WHERE id = ?", (instance_id,))
+    return remote_info(row)
+
+
+def list_instances(conn: Conn) -> list[RemoteInstanceInfo]:
+    return [remote_info(row) for row in fleet_instance_rows(conn)]
+
+
+# --- organisation tokens --------------------------------------------------------------------------
+
+
+def org_token_info(row: Row) -> OrgTokenInfo:
+    return OrgTokenInfo(id=row["id"], name=row["name"], prefix=row["prefix"],
+                        scopes=permissions_of(scopes_of(row["scopes"])), created_at=row["created_at"],
+                        expires_at=row["expires_at"], revoked_at=row["revoked_at"])
+
+
+def create_org_token(tx: Tx, name: str, scopes: dict, expires_in_days: Optional[float]) -> tuple:
+    """`org-token create`: store only the token's hash; returns (its listing, the token)."""
+    token = ORG_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    expires_at = iso(tx.now + timedelta(days=expires_in_days)) if expires_in_days else None
+    token_id = tx.conn.execute(
+        "INSERT INTO org_tokens (name, token_hash, prefix, scopes, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)"
+        " RETURNING id", (name, key_hash(token), token[:7], dump(scopes_of(scopes)), tx.ts, expires_at)).fetchone()[0]
+    return org_token_info(org_token_by_id(tx.conn, token_id)), token
+
+
+def revoke_org_token(tx: Tx, token_id: int) -> OrgTokenInfo:
+    """End an organisation token now (and the fleet tokens and tickets made from it); twice is fine."""
+    present(org_token_by_id(tx.conn, token_id), lambda: NotFound(f"organisation token {token_id} not found"))
+    tx.conn.execute("UPDATE org_tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (tx.ts, token_id))
+    return org_token_info(org_token_by_id(tx.conn, token_id))
+
+
+def list_org_tokens(conn: Conn) -> list[OrgTokenInfo]:
+    return [org_token_info(row) for row in active_org_token_rows(conn)]
+
+
+def fleet_directory_rows(conn: Conn) -> tuple:
+    return fleet_instance_rows(conn), active_org_token_rows(conn)
+
+
+# --- fleet tokens (signed, short-lived) and stream tickets (stored, one use) --------------------------
+
+FLEET_TOKEN_HEADER = b64url(b'{"alg":"HS256","typ":"actae-fleet"}')
+
+
+def fleet_signing_key(secret: bytes) -> bytes:
+    """Fleet tokens are signed with a key derived from the token secret: never valid as login tokens."""
+    return hmac.new(secret, b"actae fleet tokens", hashlib.sha256).digest()
+
+
+def sign_fleet_token(secret: bytes, claims: dict) -> str:
+    body = b64url(json.dumps(claims, separators=(",", ":"), sort_keys=True).encode("utf-8"))
+    signature = hmac.new(fleet_signing_key(secret), f"{FLEET_TOKEN_HEADER}.{body}".encode("ascii"),
+                         hashlib.sha256).digest()
+    return f"{FLEET_TOKEN_HEADER}.{body}.{b64url(signature)}"
+
+
+def fleet_token_claims(secret: bytes, token: str, now: float) -> Optional[dict]:
+    """The claims of a fleet token we signed that has not expired, else None."""
+    try:
+        header, body, signature = token.split(".")
+        if header != FLEET_TOKEN_HEADER:
+            return None
+        expected = hmac.new(fleet_signing_key(secret), f"{header}.{body}".encode("ascii"), hashlib.sha256).digest()
+        if not same_secret(signature, b64url(expected)):
+            return None
+        claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    except (ValueError, UnicodeError, TypeError):
+        return None
+    if not isinstance(claims, dict) or not is_number(claims.get("exp")) or claims["exp"] <= now:
+        return None
+    if not (is_int(claims.get("otk")) and isinstance(claims.get("org"), str) and isinstance(claims.get("scp"), list)):
+        return None
+    return claims
+
+
+def looks_like_fleet_token(credential: str) -> bool:
+    return credential.startswith(FLEET_TOKEN_HEADER + ".")
+
+
+def mint_ticket(tx: Tx, ticket_hash: str, org_token_id: int, scopes: list, instance_id: str,
+                channel_id: Optional[str], resume_cursor: Optional[int], ttl: float) -> str:
+    """Store a stream ticket's hash with what it opens; returns when it expires."""
+    tx.conn.execute("DELETE FROM fleet_tickets WHERE expires_at <= ? OR used_at IS NOT NULL", (tx.ts,))
+    expires_at = iso(tx.now + timedelta(seconds=ttl))
+    tx.conn.execute(
+        "INSERT INTO fleet_tickets (ticket_hash, org_token_id, scopes, instance_id, channel_id, resume_cursor,"
+        " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (ticket_hash, org_token_id, dump(scopes), instance_id, channel_id, resume_cursor, tx.ts, expires_at))
+    return expires_at
+
+
+def use_ticket(tx: Tx, ticket_hash: str) -> Optional[dict]:
+    """The ticket's row, now marked used; None when it is unknown, used or expired (one use only)."""
+    row = tx.conn.execute("UPDATE fleet_tickets SET used_at = ? WHERE ticket_hash = ? AND used_at IS NULL"
+                          " AND expires_at > ? RETURNING *", (tx.ts, ticket_hash, tx.ts)).fetchone()
+    return dict(row) if row is not None else None
+
+
+# --- the organisation in memory ---------------------------------------------------------------------
+
+
+class FleetDirectory:
+    """The remote instances (keys decrypted) and live organisation tokens, in memory.
+
+    `instance add|remove` and `org-token create|revoke` may run in another process: the directory is
+    read again when more than FLEET_REFRESH_SECONDS old (an unknown token: when more than
+    KEY_MISS_RELOAD_SECONDS old), each read shared by every request waiting on it, as KeyRing does.
+    """
+
+    def __init__(self, db: Database, data_dir: Path):
+        self.db, self.data_dir = db, Path(data_dir)
+        self.cipher: Any = None
+        self.instances: dict = {}          # id -> RemoteInstance
+        self.tokens_by_hash: dict = {}     # token hash -> row (dict)
+        self.tokens_by_id: dict = {}
+        self.loaded_at = -math.inf
+        self.loading: Optional[asyncio.Future] = None
+
+    async def reload(self) -> None:
+        instances, tokens = await self.db.read(fleet_directory_rows)
+        if instances and self.cipher is None:
+            self.cipher = await asyncio.to_thread(fleet_cipher, self.data_dir)
+        self.instances = {row["id"]: remote_of(row, self.cipher) for row in instances}
+        rows = [dict(row) for row in tokens]
+        self.tokens_by_hash = {row["token_hash"]: row for row in rows}
+        self.tokens_by_id = {row["id"]: row for row in rows}
+        self.loaded_at = time.monotonic()
+
+    async def fresh(self, max_age: float = FLEET_REFRESH_SECONDS) -> "FleetDirectory":
+        if time.monotonic() - self.loaded_at > max_age:
+            if self.loading is None or self.loading.done():
+                self.loading = asyncio.ensure_future(self.reload())
+            await asyncio.shield(self.loading)
+        return self
+
+
+def live_org_token(row: Optional[dict]) -> Optional[dict]:
+    if row is None or (row["expires_at"] is not None and row["expires_at"] <= iso(utc_now())):
+        return None
+    return row
+
+
+async def check_org_token(app, token: str) -> dict:
+    """The organisation token's row; Unauthorized when it is unknown, expired or revoked."""
+    directory = await app.state.fleet.directory.fresh()
+    hashed = key_hash(token)
+    row = directory.tokens_by_hash.get(hashed)
+    if row is None:
+        row = (await directory.fresh(KEY_MISS_RELOAD_SECONDS)).tokens_by_hash.get(hashed)
+    if live_org_token(row) is None:
+        raise Unauthorized("invalid, expired or revoked organisation token")
+    return row
+
+
+async def org_token_principal(app, token_id: int, organization_id: str, fleet_scopes: Any) -> FleetPrincipal:
+    """The principal of a fleet token (or ticket) made from organisation token `token_id`, while that lives."""
+    row = live_org_token((await app.state.fleet.directory.fresh()).tokens_by_id.get(token_id))
+    if row is None:
+        raise Unauthorized("the organisation token behind this fleet token was revoked or expired")
+    if organization_id != app.state.settings.organization:
+        raise Forbidden(f"this token is for organisation {organization_id!r}; this gateway serves "
+                        f"{app.state.settings.organization!r}")
+    return fleet_principal(row, organization_id, fleet_scopes)
+
+
+async def check_fleet_token(app, token: str) -> FleetPrincipal:
+    claims = fleet_token_claims(app.state.token_secret, token, time.time())
+    if claims is None:
+        raise Unauthorized("invalid or expired fleet token: exchange the organisation token again"
+                           " (POST /api/v1/fleet/token)")
+    return await org_token_principal(app, claims["otk"], claims["org"], claims["scp"])
+
+
+async def fleet_authenticate(request: Request, route: Any) -> FleetPrincipal:
+    """The gateway's credentials: a fleet token (auth "fleet"), or for the exchange an organisation token."""
+    token = bearer_token(request)
+    if token is None:
+        kind = "organisation token" if route.auth == "org" else "fleet token (POST /api/v1/fleet/token)"
+        raise Unauthorized(f"send the {kind} as `authorization: Bearer <token>`")
+    app = request.app
+    if route.auth == "org":
+        row = request.state.org_token = await check_org_token(app, token)
+        return fleet_principal(row, app.state.settings.organization, granted_scopes(org_grant(row["scopes"]), None))
+    return await check_fleet_token(app, token)
+
+
+class FleetState:
+    """The gateway's per-server state: the directory, remote login tokens, the HTTP threads."""
+
+    def __init__(self, db: Database, data_dir: Path):
+        self.directory = FleetDirectory(db, data_dir)
+        self.remote_tokens: dict = {}      # instance id -> (login token, monotonic expiry) for Bearer-only routes
+        # Remote instances are called with urllib (no HTTP client dependency) on these threads, each
+        # call bounded by its instance's timeout.
+        self.http = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="actae-fleet")
+
+
+# =============================================================================
 # Moving runs: export and import (one JSON Lines file per run and its lineage)
 # =============================================================================
 # A file is a header line, then one line per stored row: each channel's row, its events (cursor
@@ -6746,6 +7386,646 @@ async def openapi_json(request: Request) -> dict[str, Any]:
 
 
 # =============================================================================
+# Fleet gateway: the manifest, dispatch to an instance, multi-instance queries, the handlers
+# =============================================================================
+# A gateway request names an instance: the local one is served in process, through the same
+# route (serve_route: its records, its scopes, its handler) an HTTP request takes; a remote one
+# over HTTP with its stored key, the caller's Idempotency-Key passed on (and, where the route's
+# body has an operation_id and the caller sent none, used as it, so a retried write lands once).
+# Either way the answer is the direct route's own answer record. A multi-instance read never
+# hides a failure: each instance that is down, too slow or refuses is an entry in `errors`.
+
+# The SDK's manifest (actae_client/manifest.py, 1.3.0), the operations the gateway dispatches:
+# "id method path scope", and " -" after the ones that are not fleet commands (refused, 426).
+FLEET_MANIFEST_TEXT = """
+auth.capabilities.get GET /api/v1/auth/capabilities events:read
+auth.signup POST /api/v1/auth/signup public -
+auth.login POST /api/v1/auth/login public -
+auth.api_key_login POST /api/v1/auth/api-key-login public -
+auth.config.get GET /api/v1/auth/config public -
+auth.me.get GET /api/v1/auth/me events:read
+auth.logout POST /api/v1/auth/logout public -
+user.preferences.get GET /api/v1/user/preferences events:read
+user.preferences.put PUT /api/v1/user/preferences events:write
+instance.get GET /api/v1/instance events:read
+events.record POST /api/v1/events/record events:write
+events.transition POST /api/v1/events/transition events:write
+events.replay GET /api/v1/events/replay/{channel_id} events:read
+events.query POST /api/v1/events/query events:read
+events.cursor.get GET /api/v1/events/cursor/{channel_id} events:read
+events.verify_chain GET /api/v1/events/verify/{channel_id} payloads:read
+events.causal_graph.get GET /api/v1/events/{event_id}/causal-graph events:read
+channels.list GET /api/v1/channels channels:read
+state.save POST /api/v1/state/{channel_id} state:write
+state.load GET /api/v1/state/{channel_id} state:read
+state.versions.list GET /api/v1/state/{channel_id}/versions state:read
+state.version.get GET /api/v1/state/{channel_id}/version/{version} state:read
+state.version.delete DELETE /api/v1/state/{channel_id}/version/{version} state:delete
+forks.create POST /api/v1/channels/fork forks:create
+channels.diff GET /api/v1/channels/diff state:read
+channels.compare GET /api/v1/channels/compare channels:read
+channels.outcome.set PATCH /api/v1/channels/{channel_id}/outcome channels:write
+forks.promote POST /api/v1/channels/{channel_id}/promote forks:promote
+channels.delete DELETE /api/v1/channels/{channel_id} channels:delete
+channels.metadata.get GET /api/v1/channels/{channel_id}/metadata channels:read
+channels.metadata.put PUT /api/v1/channels/{channel_id}/metadata channels:write
+channels.steps.latest GET /api/v1/channels/{channel_id}/steps channels:read
+channels.steps.resolve GET /api/v1/channels/{channel_id}/steps/{step_number} channels:read
+channels.forks.list GET /api/v1/channels/{channel_id}/forks channels:read
+channels.fork_tree.get GET /api/v1/channels/{channel_id}/fork-tree channels:read
+channels.trail.get GET /api/v1/channels/{channel_id}/trail channels:read
+channels.receipt.get GET /api/v1/channels/{channel_id}/receipt channels:read
+channels.close POST /api/v1/channels/{channel_id}/close channels:write
+groups.create POST /api/v1/groups groups:manage
+groups.list GET /api/v1/groups groups:manage
+groups.delete DELETE /api/v1/groups/{group_id} groups:manage
+groups.join POST /api/v1/groups/{group_id}/join groups:manage
+groups.claim_work POST /api/v1/groups/{group_id}/work groups:manage
+groups.ack POST /api/v1/groups/{group_id}/ack groups:manage
+groups.heartbeat POST /api/v1/groups/{group_id}/heartbeat groups:manage
+groups.offsets.get GET /api/v1/groups/{group_id}/offsets groups:manage
+execution_groups.create POST /api/v1/execution-groups execution_groups:manage
+execution_groups.list GET /api/v1/execution-groups execution_groups:manage
+execution_groups.members.add POST /api/v1/execution-groups/{group_id}/members execution_groups:manage
+execution_groups.members.list GET /api/v1/execution-groups/{group_id}/members execution_groups:manage
+execution_groups.members.claim POST /api/v1/execution-groups/{group_id}/members/{member_id}/claim execution_groups:manage
+execution_groups.members.heartbeat POST /api/v1/execution-groups/{group_id}/members/{member_id}/heartbeat execution_groups:manage
+execution_groups.members.release POST /api/v1/execution-groups/{group_id}/members/{member_id}/release execution_groups:manage
+execution_groups.messages.send POST /api/v1/execution-groups/{group_id}/messages execution_groups:manage
+execution_groups.messages.list GET /api/v1/execution-groups/{group_id}/members/{member_id}/messages execution_groups:manage
+execution_groups.messages.ack POST /api/v1/execution-group-messages/{message_id}/ack execution_groups:manage
+execution_groups.forks.create POST /api/v1/execution-group-forks forks:create
+execution_groups.forks.get GET /api/v1/execution-group-forks/{fork_group_id} forks:create
+execution_groups.forks.promote POST /api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote forks:promote
+experiments.create POST /api/v1/experiments experiments:manage
+experiments.list GET /api/v1/experiments experiments:manage
+experiments.get GET /api/v1/experiments/{group_id} experiments:manage
+experiments.members.add POST /api/v1/experiments/{group_id}/members experiments:manage
+experiments.rank GET /api/v1/experiments/{group_id}/rank experiments:manage
+scheduler.wakeups.create POST /api/v1/scheduler/wakeups scheduler:manage
+scheduler.wakeups.list GET /api/v1/scheduler/wakeups scheduler:manage
+scheduler.wakeups.get GET /api/v1/scheduler/wakeups/{id} scheduler:manage
+scheduler.wakeups.cancel DELETE /api/v1/scheduler/wakeups/{id} scheduler:manage
+executions.claim POST /api/v1/executions/claim executions:manage
+executions.list GET /api/v1/executions executions:manage
+executions.get GET /api/v1/executions/{id} executions:manage
+executions.delete DELETE /api/v1/executions/{id} executions:manage
+executions.complete POST /api/v1/executions/{id}/complete executions:manage
+executions.fail POST /api/v1/executions/{id}/fail executions:manage
+executions.heartbeat POST /api/v1/executions/{id}/heartbeat executions:manage
+executions.cancel POST /api/v1/executions/{id}/cancel executions:manage
+"""
+
+
+@dataclass(frozen=True)
+class ManifestOperation:
+    id: str
+    method: str
+    path: str
+    scope: str
+    fleet_supported: bool
+
+
+FLEET_MANIFEST = {op.id: op for op in (
+    ManifestOperation("actae.api.v1." + parts[0], parts[1], parts[2], parts[3], len(parts) == 4)
+    for parts in (line.split() for line in FLEET_MANIFEST_TEXT.strip().splitlines()))}
+
+
+def route_shape(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", "{}", path)
+
+
+@functools.cache
+def fleet_operation_routes() -> dict:
+    """Each fleet-supported manifest operation's route in API_ROUTES (matched by method and path shape)."""
+    routes = {(r.method, route_shape(r.path)): r for r in API_ROUTES}
+    return {op.id: routes[(op.method, route_shape(op.path))] for op in FLEET_MANIFEST.values() if op.fleet_supported}
+
+
+@functools.cache
+def route_operations() -> dict:
+    """(method, path shape) of a route -> the manifest operation it serves."""
+    return {(op.method, route_shape(op.path)): op for op in FLEET_MANIFEST.values()}
+
+
+def fleet_route(operation_id: str) -> Any:
+    return fleet_operation_routes()[operation_id]
+
+
+def supported_operation(operation_id: str) -> ManifestOperation:
+    op = FLEET_MANIFEST.get(operation_id)
+    if op is None:
+        raise NotFound(f"unknown API manifest operation: {operation_id}", code="unknown_operation")
+    if not op.fleet_supported:
+        raise UnsupportedOperation(f"unsupported API operation: {operation_id} is not a fleet command"
+                                   " (sign-ins and sessions are made with each instance directly)")
+    return op
+
+
+# --- dispatch: in process for the local instance, HTTP for a remote one ------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    instance_id: str
+    remote: Optional[RemoteInstance] = None      # None: this server itself
+
+
+async def fleet_target(app, instance_id: str) -> Target:
+    """The instance named: this server, or a registered remote one (NotFound otherwise)."""
+    if instance_id == app.state.instance_id:
+        return Target(instance_id)
+    remote = (await app.state.fleet.directory.fresh()).instances.get(instance_id)
+    if remote is None:
+        raise NotFound(f"instance {instance_id} is not in organisation {app.state.settings.organization}",
+                       code="unknown_instance")
+    if remote.key is None:
+        raise InstanceFailed(instance_id, "key_unreadable", f"its key cannot be decrypted with this data dir's"
+                             f" {FLEET_KEY_FILE}: run `actae instance add` for it again", retryable=False)
+    return Target(instance_id, remote)
+
+
+def fill_path(template: str, params: dict) -> str:
+    """A route path with its parameters in place, each percent-encoded as one segment."""
+    return re.sub(r"\{(\w+)\}", lambda m: quote_segment(str(params[m.group(1)])), template)
+
+
+def quote_segment(value: str) -> str:
+    from urllib.parse import quote
+    return quote(value, safe="")
+
+
+def query_text(query: dict) -> str:
+    """A query object as a query string: null left out, booleans as true/false, lists repeated."""
+    pairs = []
+    for name, value in query.items():
+        for item in value if isinstance(value, list) else [value]:
+            if item is not None:
+                pairs.append((name, ("true" if item else "false") if isinstance(item, bool)
+                              else item if isinstance(item, str) else json.dumps(item) if isinstance(item, dict)
+                              else str(item)))
+    return urlencode(pairs)
+
+
+def with_operation_id(route: Any, raw: Optional[bytes], idempotency_key: Optional[str]) -> Optional[bytes]:
+    """The Idempotency-Key as the body's operation_id where the route's body has one and none was sent."""
+    if not idempotency_key or raw is None or route.body is None or "operation_id" not in route.body.__struct_fields__:
+        return raw
+    try:
+        value = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return raw                      # the route's own decoding answers 400
+    if isinstance(value, dict) and not value.get("operation_id"):
+        return msgspec.json.encode({**value, "operation_id": idempotency_key})
+    return raw
+
+
+def internal_request(app, route: Any, params: dict, query: str, raw: Optional[bytes]) -> Request:
+    """A Request for `route` made in process: what serve_route reads of an HTTP one."""
+    path = fill_path(route.path, params)
+    scope = {"type": "http", "http_version": "1.1", "method": route.method, "scheme": "http", "path": path,
+             "raw_path": path.encode("ascii"), "root_path": "", "query_string": query.encode("ascii"),
+             "headers": [(b"content-type", b"application/json")], "app": app, "path_params": dict(params),
+             "client": None, "server": None}
+    chunks = [raw or b""]
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": chunks.pop() if chunks else b"", "more_body": False}
+    return Request(scope, receive)
+
+
+async def fleet_dispatch(app, principal: FleetPrincipal, target: Target, route: Any, params: dict, query: str,
+                         raw: Optional[bytes], *, idempotency_key: Optional[str] = None, verbatim: bool = False) -> Any:
+    """`route` on `target` for `principal`: the direct route's answer record, or its error raised. With
+    `verbatim`, a remote's answer (checked against the record) is passed on byte for byte, so nothing
+    it says beyond the record's declared fields is lost on the way."""
+    raw = with_operation_id(route, raw, idempotency_key)
+    request = internal_request(app, route, params, query, raw)
+    if target.remote is None:
+        if route.auth == "bearer":         # GET /auth/me: the organisation token, as a user without an address
+            request.state.user, request.state.bearer = principal.user(), None
+        return await serve_route(request, route, principal)
+    authorize_remote(principal, route, await route_parts(request, route))
+    return await remote_dispatch(app, target.remote, route, request.url.path, query, raw, idempotency_key,
+                                 verbatim)
+
+
+def authorize_remote(principal: Principal, route: Any, parts: dict) -> None:
+    """The fleet token's channel patterns, checked at the gateway before a remote instance is asked (the
+    remote checks its own key's scopes too). A channel the route finds by a lookup (an execution's,
+    a wake-up's) is not known here: that needs the action on every channel."""
+    for action, where in route.scopes:
+        if principal.can_everywhere(action):
+            continue
+        if where == SOMEWHERE:
+            if not principal.can_somewhere(action):
+                raise Forbidden(f"this credential may not {action} any channel")
+            continue
+        kind, _, name = where.partition(".")
+        if where == EVERY or kind not in ("path", "query", "body"):
+            principal.require(action, None)
+            continue
+        value = getattr(parts.get(kind), name, None)
+        for channel in (value if isinstance(value, list) else [value]) if value else [None]:
+            principal.require(action, channel)
+
+
+def remote_timeout(app, remote: RemoteInstance) -> float:
+    return remote.timeout or app.state.settings.fleet_timeout
+
+
+def http_exchange(method: str, url: str, headers: dict, body: Optional[bytes], timeout: float) -> tuple:
+    """One HTTP request with urllib (blocking: run it on the fleet's threads); (status, body bytes).
+    Redirects are not followed: the instance's key goes to its own URL only."""
+    import urllib.error
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with opener.open(request, timeout=timeout) as answer:
+            return answer.status, answer.read(MAX_BODY_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read(MAX_BODY_BYTES + 1)
+
+
+async def remote_http(app, remote: RemoteInstance, method: str, url: str, headers: dict, body: Optional[bytes],
+                      timeout: Optional[float] = None) -> tuple:
+    """(status, body) from a remote instance, within its timeout; InstanceFailed when it gives none."""
+    timeout = timeout or remote_timeout(app, remote)
+    loop = asyncio.get_running_loop()
+    try:
+        return await asyncio.wait_for(loop.run_in_executor(
+            app.state.fleet.http, http_exchange, method, url, headers, body, timeout), timeout + 0.5)
+    except (asyncio.TimeoutError, TimeoutError, socket.timeout):
+        raise InstanceFailed(remote.id, "timeout", f"no answer within {timeout:g} s", status=504) from None
+    except OSError as exc:                   # refused, reset, unknown host: urllib's URLError is one
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, (TimeoutError, socket.timeout)):
+            raise InstanceFailed(remote.id, "timeout", f"no answer within {timeout:g} s", status=504) from None
+        raise InstanceFailed(remote.id, "unreachable", f"cannot reach {remote.url}: {reason}") from None
+
+
+def remote_error(remote: RemoteInstance, status: int, data: bytes) -> ActaeError:
+    """A remote instance's refusal as the gateway's: its status and code, except that its 401 (the
+    gateway's key) and its 5xx are the gateway's 502 (a 401 would make the SDK drop its fleet token)."""
+    try:
+        body = msgspec.json.decode(data)
+        code, message = str(body.get("status") or "error"), str(body.get("error") or body.get("message") or "")
+    except (msgspec.DecodeError, AttributeError):
+        code, message = "error", data[:200].decode("utf-8", "replace")
+    if status == 401:
+        return InstanceFailed(remote.id, "instance_unauthorized", f"it refused the gateway's key: {message}",
+                              retryable=False)
+    if status >= 500:
+        return InstanceFailed(remote.id, code, message or f"it answered {status}", status=503 if status == 503 else 502)
+    return ActaeError(message, code=code, status=status)
+
+
+async def remote_login(app, remote: RemoteInstance, *, again: bool = False) -> str:
+    """A login token for the remote's key (its Bearer-only routes), kept until shortly before it expires."""
+    held = app.state.fleet.remote_tokens.get(remote.id)
+    if held is not None and not again and held[1] > time.monotonic():
+        return held[0]
+    status, data = await remote_http(app, remote, "POST", remote.url + "/api/v1/auth/api-key-login",
+                                     {"x-api-key": remote.key, "content-type": "application/json"}, b"{}")
+    if status != 200:
+        raise remote_error(remote, status, data)
+    token = msgspec.json.decode(data, type=LoggedIn).token
+    app.state.fleet.remote_tokens[remote.id] = (token, time.monotonic() + TOKEN_TTL_SECONDS / 2)
+    return token
+
+
+async def remote_dispatch(app, remote: RemoteInstance, route: Any, path: str, query: str, raw: Optional[bytes],
+                          idempotency_key: Optional[str], verbatim: bool = False) -> Any:
+    url = remote.url + path + (f"?{query}" if query else "")
+    headers = {"x-api-key": remote.key, "accept": "application/json", "content-type": "application/json"}
+    if idempotency_key:
+        headers["idempotency-key"] = idempotency_key
+    body = (raw or b"") if route.body is not None or route.text_body is not None or route.method != "GET" else None
+    for attempt in (0, 1):
+        if route.auth == "bearer":
+            headers["authorization"] = "Bearer " + await remote_login(app, remote, again=attempt > 0)
+        status, data = await remote_http(app, remote, route.method, url, headers, body)
+        if status == 401 and route.auth == "bearer" and attempt == 0:
+            continue                       # its login token ended (logout, restart): log in once more
+        break
+    if status != 200:
+        raise remote_error(remote, status, data)
+    try:
+        answer = msgspec.json.decode(data, type=route.answer)     # typed: the direct route's answer record
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InstanceFailed(remote.id, "bad_answer", f"its answer is not a {getattr(route.answer, '__name__', 'JSON')}"
+                             f" answer: {exc}", retryable=False) from None
+    return Response(data, media_type="application/json") if verbatim else answer
+
+
+# --- multi-instance queries: keyset pages over the direct query route ---------------------------------
+
+
+def query_fingerprint(q: EventQuery) -> str:
+    """What a page token is bound to: the query's filters (not its limit, offset or pagination)."""
+    filters = msgspec.to_builtins(q)
+    for name in ("limit", "offset", "pagination"):
+        filters.pop(name, None)
+    return sha256_hex(canonical_json(filters))[:16]
+
+
+def page_token(instance_id: str, fingerprint: str, key: Optional[tuple]) -> str:
+    doc = {"v": 1, "i": instance_id, "f": fingerprint}
+    if key is not None:
+        doc.update(t=key[0], c=key[1], k=key[2])
+    return b64url(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8"))
+
+
+def read_page_token(token: str, instance_id: str, fingerprint: str) -> Optional[tuple]:
+    """The (timestamp, channel, cursor) a page token continues after (None: from the start); 400 otherwise."""
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        assert isinstance(doc, dict) and doc.get("v") == 1
+        if doc.get("i") != instance_id or doc.get("f") != fingerprint:
+            raise BadRequest(f"page_tokens[{instance_id!r}] was made for another instance or query")
+        if "t" not in doc:
+            return None
+        parse_iso(doc["t"])
+        assert isinstance(doc["c"], str) and is_int(doc["k"])
+        return doc["t"], doc["c"], doc["k"]
+    except (ValueError, TypeError, KeyError, AssertionError, UnicodeError, BadRequest) as exc:
+        if isinstance(exc, BadRequest) and "was made for" in exc.message:
+            raise
+        raise BadRequest(f"page_tokens[{instance_id!r}] is not a page token of this gateway") from None
+
+
+def event_key(event: Event) -> tuple:
+    return event.timestamp, event.channel_id, event.cursor
+
+
+def newest_first(events: list, instance_of: Callable = lambda e: "") -> list:
+    """The direct query's order (timestamp descending, then channel, then cursor descending), across instances."""
+    ordered = sorted(events, key=lambda e: (instance_of(e), e.channel_id, -e.cursor))
+    return sorted(ordered, key=lambda e: e.timestamp, reverse=True)      # stable: ties keep the order above
+
+
+async def keyset_page(run: Callable, base: EventQuery, after: Optional[tuple], limit: int) -> tuple:
+    """Up to `limit` events after the key `after`, in the direct query's order; (events, maybe more).
+
+    Built on the direct query's own filters, so it works the same on every instance: the events of
+    the key's millisecond that come after it (a `from`=`to` window), then those older than it."""
+    found: list = []
+    until = base.until
+    if after is not None:
+        moment, channel, cursor = parse_iso(after[0]), after[1], after[2]
+        offset = 0
+        while True:
+            batch = await run(msgspec.structs.replace(base, since=moment, until=moment, limit=REPLAY_LIMIT_MAX,
+                                                      offset=offset))
+            found += [e for e in batch if (e.channel_id, -e.cursor) > (channel, -cursor)]
+            if len(batch) < REPLAY_LIMIT_MAX:
+                break
+            offset += len(batch)
+        if len(found) >= limit:
+            return found[:limit], True
+        until = moment - timedelta(milliseconds=1)
+        if base.until is not None:
+            until = min(until, base.until)
+        if base.since is not None and until < base.since:
+            return found, False
+    need = limit - len(found)
+    batch = await run(msgspec.structs.replace(base, until=until, limit=need, offset=0))
+    return found + batch, len(batch) == need
+
+
+def failure_of(instance_id: str, exc: ActaeError) -> InstanceFailure:
+    retryable = exc.retryable if isinstance(exc, InstanceFailed) else exc.status >= 500
+    return InstanceFailure(instance_id=instance_id, code=exc.code, message=exc.message, retryable=retryable)
+
+
+async def fleet_query(app, principal: FleetPrincipal, body: FleetQuery) -> FleetEvents:
+    """POST .../events/query: each instance's page of the direct query, merged newest first."""
+    q = body.query
+    keyset = q.pagination == "keyset" or bool(body.page_tokens)
+    base = EventQuery(**{name: getattr(q, name) for name in EventQuery.__struct_fields__})
+    if keyset:
+        base = msgspec.structs.replace(base, offset=0)
+    fingerprint = query_fingerprint(base)
+    instance_ids = list(dict.fromkeys(body.instances))
+    given = body.page_tokens or {}
+    starts = {i: read_page_token(given[i], i, fingerprint) if i in given else None for i in instance_ids}
+    route = fleet_route("actae.api.v1.events.query")
+
+    async def one(instance_id: str) -> tuple:
+        try:
+            target = await fleet_target(app, instance_id)
+
+            async def run(query: EventQuery) -> list:
+                answer = await fleet_dispatch(app, principal, target, route, {}, "", msgspec.json.encode(query))
+                return answer.events
+            if keyset:
+                events, more = await keyset_page(run, base, starts[instance_id], q.limit)
+            else:
+                events, more = await run(base), False
+            return events, more, None
+        except ActaeError as exc:
+            return [], False, failure_of(instance_id, exc)
+
+    results = dict(zip(instance_ids, await asyncio.gather(*(one(i) for i in instance_ids))))
+    merged = [FleetEvent(**msgspec.structs.asdict(e), instance_id=i) for i, (events, _, _) in results.items()
+              for e in events]
+    shown = newest_first(merged, lambda e: e.instance_id)[:q.limit]
+    tokens: dict = {}
+    if keyset:
+        for instance_id, (events, more, failure) in results.items():
+            included = [e for e in shown if e.instance_id == instance_id]
+            if failure is not None or (events and not included):     # not advanced: the same page again
+                tokens[instance_id] = given.get(instance_id) or page_token(instance_id, fingerprint, None)
+            elif included and (more or len(included) < len(events)):
+                tokens[instance_id] = page_token(instance_id, fingerprint, event_key(included[-1]))
+    errors = [failure for _, _, failure in results.values() if failure is not None]
+    return FleetEvents(events=shown, errors=errors, page=FleetPage(next_page_tokens=tokens),
+                       next_page_token=tokens.get(instance_ids[0]) if len(instance_ids) == 1 else None)
+
+
+# --- the handlers ---------------------------------------------------------------------------------------
+
+
+def fleet_caller(request: Request, path: Any) -> FleetPrincipal:
+    """The fleet token's principal, when the path names the organisation it and this gateway belong to."""
+    principal, organization = request.state.principal, request.app.state.settings.organization
+    if path.organization_id != organization:
+        raise Forbidden(f"this gateway serves organisation {organization!r}, not {path.organization_id!r}")
+    return principal
+
+
+def local_instance(app) -> FleetInstance:
+    return FleetInstance(instance_id=app.state.instance_id, name="local", local=True, url=None, dashboard_url="/",
+                         added_at=None)
+
+
+async def fleet_token_exchange(request: Request, body: FleetTokenRequest) -> FleetToken:
+    """Exchange an organisation token for a short-lived fleet token with the requested scopes it grants."""
+    row, settings = request.state.org_token, request.app.state.settings
+    if body.organization_id not in (None, settings.organization):
+        raise Forbidden(f"this gateway serves organisation {settings.organization!r}, not {body.organization_id!r}")
+    scopes = granted_scopes(org_grant(row["scopes"]), body.scopes)
+    if not scopes:
+        raise Forbidden(f"the organisation token grants none of the requested scopes ({', '.join(body.scopes or ())})")
+    now = time.time()
+    expires = now + settings.fleet_token_ttl
+    if row["expires_at"] is not None:
+        expires = min(expires, parse_iso(row["expires_at"]).timestamp())
+    token = sign_fleet_token(request.app.state.token_secret, {
+        "iss": "actae", "org": settings.organization, "otk": row["id"], "scp": scopes, "exp": expires,
+        "jti": secrets.token_urlsafe(12)})
+    return FleetToken(token=token, token_type="Bearer", expires_in=max(0, int(expires - now)),
+                      organization_id=settings.organization, scopes=scopes)
+
+
+async def fleet_instances(request: Request, path) -> FleetInstances:
+    """The organisation's instances: this server, then the registered remote ones."""
+    fleet_caller(request, path)
+    app = request.app
+    directory = await app.state.fleet.directory.fresh()
+    remotes = [FleetInstance(instance_id=r.id, name=r.name, local=False, url=r.url, dashboard_url=r.url + "/",
+                             added_at=r.added_at) for r in directory.instances.values()]
+    return FleetInstances(organization_id=app.state.settings.organization,
+                          gateway_protocol_version=FLEET_PROTOCOL_VERSION, instances=[local_instance(app), *remotes])
+
+
+async def fleet_capabilities(request: Request, path) -> FleetCapabilities:
+    """An instance's versions and the manifest operations the gateway dispatches to it."""
+    principal, app = fleet_caller(request, path), request.app
+    target = await fleet_target(app, path.instance_id)
+    info = await fleet_dispatch(app, principal, target, fleet_route("actae.api.v1.instance.get"), {}, "", None)
+    return FleetCapabilities(
+        organization_id=app.state.settings.organization, instance_id=path.instance_id, local=target.remote is None,
+        gateway_protocol_version=FLEET_PROTOCOL_VERSION, api_version=info.api_version, version=info.version,
+        engine_version=info.version, backend=info.backend, features=info.features,
+        supported_fleet_operations=[op.id for op in FLEET_MANIFEST.values() if op.fleet_supported])
+
+
+async def fleet_operation(request: Request, path, body: OperationEnvelope) -> OperationAnswer:
+    """Run one manifest operation on one instance; it answers what the operation's direct route answers."""
+    principal, app = fleet_caller(request, path), request.app
+    op = supported_operation(path.operation_id)
+    principal.require_scope(op.scope)
+    route = fleet_route(op.id)
+    names, ours = re.findall(r"\{([^}]+)\}", op.path), re.findall(r"\{(\w+)\}", route.path)
+    given = {**(body.params or {}), **(body.path_params or {})}
+    missing = [name for name in names if name not in given]
+    if missing:
+        raise BadRequest(f"missing path parameters for {op.id}: {missing}")
+    params = {our: str(given[name]) for name, our in zip(names, ours)}
+    query = {**{k: v for k, v in (body.params or {}).items() if k not in names}, **(body.query or {})}
+    raw = None
+    if route.body is not None:
+        raw = b"" if body.body is None or (body.body == {} and route.body_optional) else msgspec.json.encode(body.body)
+    return await fleet_dispatch(app, principal, await fleet_target(app, path.instance_id), route, params,
+                                query_text(query), raw, idempotency_key=request.headers.get("idempotency-key"),
+                                verbatim=True)
+
+
+async def fleet_resource(request: Request, path, operation_id: str, params: dict, record: Record) -> Any:
+    principal, app = fleet_caller(request, path), request.app
+    principal.require_scope(FLEET_MANIFEST[operation_id].scope)
+    return await fleet_dispatch(app, principal, await fleet_target(app, path.instance_id), fleet_route(operation_id),
+                                params, "", msgspec.json.encode(record),
+                                idempotency_key=request.headers.get("idempotency-key"), verbatim=True)
+
+
+async def fleet_record(request: Request, path, body: RecordEvent) -> EventAnswer:
+    """Record an event on one instance (its POST /api/v1/events/record)."""
+    return await fleet_resource(request, path, "actae.api.v1.events.record", {}, body)
+
+
+async def fleet_fork(request: Request, path, body: Fork) -> Receipt:
+    """Fork a run on one instance (its POST /api/v1/channels/fork); the Idempotency-Key is the operation id."""
+    return await fleet_resource(request, path, "actae.api.v1.forks.create", {}, body)
+
+
+async def fleet_save_state(request: Request, path, body: SaveState) -> SavedState:
+    """Save a state on one instance (its POST /api/v1/state/{channel_id}); the Idempotency-Key is the operation id."""
+    same_channel(body.channel_id, path.channel_id)
+    return await fleet_resource(request, path, "actae.api.v1.state.save", {"channel_id": path.channel_id}, body)
+
+
+async def fleet_query_events(request: Request, path, body: FleetQuery) -> FleetEvents:
+    """Query one or more instances; keyset pages carry a continuation token per instance."""
+    principal = fleet_caller(request, path)
+    principal.require_scope("events:read")
+    return await fleet_query(request.app, principal, body)
+
+
+async def fleet_stream_ticket(request: Request, path, body: StreamTicketRequest) -> StreamTicket:
+    """A one-use ticket that opens the event stream of one instance (and channel) for a short while."""
+    principal, app = fleet_caller(request, path), request.app
+    principal.require_scope("events:read")
+    await fleet_target(app, body.instance_id)
+    if body.channel_id is not None:
+        principal.require("read", body.channel_id)
+    ticket, ttl = FLEET_TICKET_PREFIX + secrets.token_urlsafe(24), app.state.settings.fleet_ticket_ttl
+    await db_of(request).write(mint_ticket, sha256_hex(ticket), principal.org_token_id, list(principal.fleet_scopes),
+                               body.instance_id, body.channel_id, body.resume_cursor, ttl)
+    return StreamTicket(ticket=ticket, expires_in=max(1, round(ttl)), instance_id=body.instance_id,
+                        channel_id=body.channel_id, resume_cursor=body.resume_cursor)
+
+
+# --- a direct route called with a fleet token (the SDK's FleetClient.call) -----------------------------
+
+
+def fleet_error(exc: ActaeError) -> Response:
+    """The gateway's error answer: {"status", "error"} and `message`, the field the SDK's FleetClient reads."""
+    return Response(msgspec.json.encode(FleetErrorBody(status=exc.code, error=exc.message, message=exc.message)),
+                    status_code=exc.status, media_type="application/json")
+
+
+async def fleet_direct_call(request: Request, route: Any, token: str) -> Any:
+    """A direct route's request carrying a fleet token: the manifest operation it is, dispatched to the
+    instance X-Actae-Instance-Id names (this server without one). Only fleet commands: no open proxy."""
+    app = request.app
+    principal = await check_fleet_token(app, token)
+    op = route_operations().get((route.method, route_shape(route.path)))
+    if op is None:
+        raise UnsupportedOperation(f"{route.method} {route.path} is not a manifest operation: call the instance itself")
+    supported_operation(op.id)
+    principal.require_scope(op.scope)
+    target = await fleet_target(app, request.headers.get("x-actae-instance-id") or app.state.instance_id)
+    raw = await read_capped(request) if route.body is not None else None
+    return await fleet_dispatch(app, principal, target, route, dict(request.path_params),
+                                request.url.query, raw, idempotency_key=request.headers.get("idempotency-key"),
+                                verbatim=True)
+
+
+def fleet_endpoint(route: Any, endpoint: Callable) -> Callable:
+    """A route's endpoint as the gateway needs it: its own routes answer errors in the SDK's fleet shape;
+    a direct route sent a fleet token (`authorization: Bearer`) is dispatched as a fleet command."""
+    if is_fleet_path(route.path):
+        async def gateway(request: Request) -> Response:
+            try:
+                return await endpoint(request)
+            except ActaeError as exc:
+                return fleet_error(exc)
+        gateway.__name__ = endpoint.__name__
+        return gateway
+    fleet_call = converting_bugs(lambda request: fleet_direct_call(request, route, bearer_token(request)))
+
+    async def direct(request: Request) -> Response:
+        token = bearer_token(request)
+        if token is None or not looks_like_fleet_token(token):
+            return await endpoint(request)
+        try:
+            return api_response(await fleet_call(request))
+        except ActaeError as exc:
+            return fleet_error(exc)
+    direct.__name__ = endpoint.__name__
+    return direct
+
+
+# =============================================================================
 # HTTP API: the route table, and the OpenAPI document generated from it
 # =============================================================================
 
@@ -6812,7 +8092,8 @@ class Api:
     scopes: tuple = ()
     # key: x-api-key (a key or a login token); user: the Bearer login token when one is sent, else
     # the key; bearer: the Bearer login token only (the account it names); optional: a key if one is
-    # valid (signup); public: none (probes, logins, the API description).
+    # valid (signup); public: none (probes, logins, the API description); fleet: a fleet token (the
+    # gateway's routes); org: an organisation token (the fleet token exchange).
     auth: str = "key"
 
     @property
@@ -6831,6 +8112,8 @@ class Api:
 
     @property
     def tag(self) -> str:
+        if is_fleet_path(self.path):
+            return "fleet"
         parts = self.path.split("/")
         return parts[3] if len(parts) > 3 and parts[1] == "api" else "server"
 
@@ -6844,6 +8127,21 @@ class Api:
 def answer_type(handler: Callable) -> Any:
     return typing.get_type_hints(handler)["return"]
 
+
+FLEET_ORG_PATH = "/v1/organizations/{organization_id}"
+FLEET_ROUTES = [
+    Api("POST", "/api/v1/fleet/token", fleet_token_exchange, body=FleetTokenRequest, auth="org"),
+    Api("GET", f"{FLEET_ORG_PATH}/instances", fleet_instances, auth="fleet"),
+    Api("GET", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/capabilities", fleet_capabilities, auth="fleet"),
+    Api("POST", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/ops/{{operation_id}}", fleet_operation, body=OperationEnvelope,
+        auth="fleet"),
+    Api("POST", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/events", fleet_record, body=RecordEvent, auth="fleet"),
+    Api("POST", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/forks", fleet_fork, body=Fork, auth="fleet"),
+    Api("PUT", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/state/{{channel_id}}", fleet_save_state, body=SaveState,
+        auth="fleet"),
+    Api("POST", f"{FLEET_ORG_PATH}/events/query", fleet_query_events, body=FleetQuery, auth="fleet"),
+    Api("POST", f"{FLEET_ORG_PATH}/events/stream/tickets", fleet_stream_ticket, body=StreamTicketRequest, auth="fleet"),
+]
 
 P, B = "path.channel_id", "body.channel_id"
 API_ROUTES = [
@@ -6956,6 +8254,9 @@ API_ROUTES = [
     Api("GET", "/api/v1/keys", api_keys_list, scopes=ADMIN),
     Api("POST", "/api/v1/keys", api_keys_create, body=CreateKey, scopes=ADMIN),
     Api("DELETE", "/api/v1/keys/{key_id}", api_keys_revoke, scopes=ADMIN),
+    # The fleet gateway (the SDK's FleetClient): a fleet token each, whose scopes fleet_dispatch checks
+    # per operation; the exchange takes the organisation token. The streams are outside the table.
+    *FLEET_ROUTES,
     Api("GET", "/api/v1/instance", api_instance),
     Api("GET", "/readyz", readyz),
     Api("GET", "/metrics", metrics_text, answers="text/plain"),
@@ -7035,7 +8336,8 @@ def openapi_document(routes: list) -> dict:
             operation["x-actae-scopes"] = [{"action": action, "channel": where} for action, where in route.scopes]
         operation["security"] = {"public": [], "optional": [{}, {"apiKey": []}],
                                  "user": [{"bearer": []}, {"apiKey": []}],
-                                 "bearer": [{"bearer": []}]}.get(route.auth, [{"apiKey": []}])
+                                 "bearer": [{"bearer": []}], "fleet": [{"bearer": []}],
+                                 "org": [{"bearer": []}]}.get(route.auth, [{"apiKey": []}])
         paths.setdefault(route.path, {})[route.method.lower()] = operation
     return ecma_patterns({
         "openapi": "3.1.0",
@@ -7064,6 +8366,8 @@ async def authenticate(request: Request, route: Api) -> Optional[Principal]:
     """The route's principal (None where none is needed); Unauthorized when a needed one is missing."""
     if route.auth == "public":
         return None
+    if route.auth in ("fleet", "org"):         # the fleet gateway: a fleet token, or (to get one) an org token
+        return await fleet_authenticate(request, route)
     if route.auth in ("user", "bearer"):
         bearer = bearer_token(request)
         if bearer is not None:
@@ -7108,25 +8412,36 @@ async def authorize(request: Request, route: Api, parts: dict) -> None:
             principal.require(action, channel)
 
 
+async def route_parts(request: Request, route: Api) -> dict:
+    """The records a route declares (path, query, body), decoded and checked."""
+    parts = {}
+    if route.path_params is not None:
+        parts["path"] = decode_params(request.path_params, route.path_params, "path")
+    if route.query is not None:
+        parts["query"] = decode_params(request.query_params, route.query, "query string")
+    if route.body is not None:
+        parts["body"] = decode_body(await read_capped(request), route.body, optional=route.body_optional)
+    elif route.text_body is not None:     # a file may be large: parsed off the event loop
+        parts["body"] = await asyncio.to_thread(route.text_body.parse,
+                                                await read_capped(request, route.text_body.max_bytes))
+    return parts
+
+
+async def serve_route(request: Request, route: Api, principal: Optional[Principal]) -> Any:
+    """A route's answer for `principal`: its records decoded, its scopes checked, its handler run.
+    HTTP requests come here after their credential is checked; the fleet gateway calls it in process."""
+    request.state.principal = principal
+    parts = await route_parts(request, route)
+    if route.scopes:
+        await authorize(request, route, parts)
+    return await route.handler(request, **parts)
+
+
 def api_endpoint(route: Api) -> Callable:
     """The Starlette endpoint of a route: key check, then the declared records decoded, then the handler."""
-    path_kind = route.path_params
 
     async def endpoint(request: Request) -> Response:
-        request.state.principal = await authenticate(request, route)
-        parts = {}
-        if path_kind is not None:
-            parts["path"] = decode_params(request.path_params, path_kind, "path")
-        if route.query is not None:
-            parts["query"] = decode_params(request.query_params, route.query, "query string")
-        if route.body is not None:
-            parts["body"] = decode_body(await read_capped(request), route.body, optional=route.body_optional)
-        elif route.text_body is not None:     # a file may be large: parsed off the event loop
-            parts["body"] = await asyncio.to_thread(route.text_body.parse,
-                                                    await read_capped(request, route.text_body.max_bytes))
-        if route.scopes:
-            await authorize(request, route, parts)
-        return api_response(await route.handler(request, **parts))
+        return api_response(await serve_route(request, route, await authenticate(request, route)))
 
     endpoint.__name__ = route.handler.__name__
     return endpoint
@@ -8081,6 +9396,229 @@ def otel_export_command(args: argparse.Namespace, location: Location) -> int:
         exporter.shutdown()
     print(f"Exported {len(spans)} span(s) of {len(runs)} run(s) to {config.endpoint}")
     return 0
+# Fleet gateway: event streams (the ticketed WebSocket, the NDJSON stream)
+# =============================================================================
+# One channel of one instance, from a cursor: the local instance's events come from this server's
+# hub (the same gapless, in-order delivery as /ws), a remote one's from that server's /ws, which
+# the gateway subscribes to with its key. The subscription is in place before the client's
+# stream opens, so nothing recorded after the client connected is missed; a resume cursor
+# replays exactly the events after it.
+
+
+def fleet_stream_event(frame: dict, instance_id: str) -> Optional[dict]:
+    """A /ws broadcast frame as the fleet's event, naming its instance (None for any other frame)."""
+    if frame.get("type") != "broadcast" or not isinstance(frame.get("payload"), dict):
+        return None
+    event = frame["payload"].get("event")
+    return {**event, "instance_id": instance_id} if isinstance(event, dict) else None
+
+
+def fleet_ws_frame(event: dict) -> dict:
+    return {"type": "event", "instance_id": event["instance_id"], "channel_id": event["channel_id"], "event": event}
+
+
+class FleetStreamConnection(WsConnection):
+    """A gateway stream's subscription to this server's hub: only events go out, as fleet events."""
+
+    def __init__(self, websocket: Any, hub: Hub, instance_id: str, principal: Principal):
+        super().__init__(websocket, hub)
+        self.instance_id, self.principal = instance_id, principal
+
+    def send(self, frame: dict) -> None:
+        event = fleet_stream_event(frame, self.instance_id)
+        if event is not None:
+            super().send(fleet_ws_frame(event))
+
+    async def send_paced(self, frame: dict) -> None:
+        event = fleet_stream_event(frame, self.instance_id)
+        if event is not None:
+            await super().send_paced(fleet_ws_frame(event))
+
+
+async def recv_frame(ws: Any, timeout: float) -> dict:
+    frame = json.loads(await asyncio.wait_for(ws.recv(), timeout))
+    return frame if isinstance(frame, dict) else {}
+
+
+async def remote_events(app, remote: RemoteInstance, channel_id: str, cursor: Optional[int],
+                        emit: Callable, ready: asyncio.Future) -> None:
+    """Relay a remote instance's events of `channel_id` (after `cursor`) to `emit`, from its /ws;
+    `ready` is resolved once it has confirmed the subscription (or failed with the reason)."""
+    from websockets.asyncio.client import connect      # websockets comes with uvicorn[standard]
+
+    timeout = remote_timeout(app, remote)
+    url = "ws" + remote.url[len("http"):] + "/ws"
+    try:
+        async with connect(url, open_timeout=timeout, max_size=MAX_BODY_BYTES, compression=None) as ws:
+            await recv_frame(ws, timeout)                                   # connected
+            await ws.send(json.dumps({"type": "auth", "api_key": remote.key}))
+            if (await recv_frame(ws, timeout)).get("event") != "authenticated":
+                raise InstanceFailed(remote.id, "instance_unauthorized", "its /ws refused the gateway's key",
+                                     retryable=False)
+            await ws.send(json.dumps({"type": "subscribe", "topic": channel_id, "cursor": cursor,
+                                      "request_id": "fleet"}))
+            confirmed = await recv_frame(ws, timeout)
+            if confirmed.get("type") == "error":
+                status = {"forbidden": 403, "bad_request": 400, "not_found": 404}.get(confirmed.get("status"), 502)
+                raise ActaeError(str(confirmed.get("message")), code=str(confirmed.get("status") or "error"),
+                                 status=status)
+            if not ready.done():
+                ready.set_result(None)
+            async for text in ws:
+                event = fleet_stream_event(json.loads(text), remote.id)
+                if event is not None:
+                    await emit(event)
+    except (OSError, asyncio.TimeoutError, TimeoutError) as exc:
+        failure = InstanceFailed(remote.id, "unreachable", f"cannot stream from {remote.url}: {first_line(exc)}")
+        if not ready.done():
+            ready.set_exception(failure)
+            return
+        raise failure from None
+    except Exception as exc:  # noqa: BLE001 - the reason goes to whoever waits for the stream to open
+        if not ready.done():
+            ready.set_exception(exc if isinstance(exc, ActaeError) else
+                                InstanceFailed(remote.id, "stream_failed", first_line(exc)))
+            return
+        raise
+
+
+async def open_fleet_stream(app, principal: Principal, target: Target, channel_id: str,
+                            cursor: Optional[int], sink: Any) -> tuple:
+    """Subscribe to `channel_id` of the target from `cursor`; (the queue its fleet events arrive on as
+    dicts, the tasks feeding it). Raises (403, 502, ...) before anything is open when it cannot be."""
+    principal.require("read", channel_id)
+    queue: asyncio.Queue = asyncio.Queue(maxsize=WS_QUEUE_MAX)
+    if target.remote is None:
+        conn = FleetStreamConnection(sink, app.state.hub, target.instance_id, principal)
+        conn.outbox = queue                # its frames wait here for the stream's own pump
+
+        async def subscribed() -> None:
+            await ws_subscribe(conn, app.state.db, SubscribeFrame(topic=channel_id, cursor=cursor))
+            await asyncio.Event().wait()   # then live delivery goes on until the stream ends
+        subscribing = asyncio.create_task(subscribed())
+        await asyncio.sleep(0)         # ws_subscribe watches the topic before its first wait: nothing is missed
+        return queue, [subscribing], conn
+
+    async def emit(event: dict) -> None:
+        await queue.put(fleet_ws_frame(event))
+    ready = asyncio.get_running_loop().create_future()
+    upstream = asyncio.create_task(remote_events(app, target.remote, channel_id, cursor, emit, ready))
+    try:
+        await asyncio.wait_for(asyncio.shield(ready), remote_timeout(app, target.remote) * 3)
+    except asyncio.TimeoutError:
+        upstream.cancel()
+        raise InstanceFailed(target.instance_id, "timeout", "its stream did not open in time", status=504) from None
+    except BaseException:
+        upstream.cancel()
+        raise
+    return queue, [upstream], None
+
+
+async def close_fleet_stream(app, tasks: list, conn: Optional[FleetStreamConnection]) -> None:
+    if conn is not None:
+        app.state.hub.leave(conn)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def deny_websocket(websocket: WebSocket, exc: ActaeError) -> None:
+    """Refuse the handshake with the gateway's JSON error (a close before accept where that cannot be sent)."""
+    try:
+        await websocket.send_denial_response(fleet_error(exc))
+    except RuntimeError:
+        await websocket.close(code=1008)
+
+
+async def fleet_stream_endpoint(websocket: WebSocket) -> None:
+    """GET /v1/organizations/{organization_id}/events/stream?ticket=...&resume_cursor=...&channel_id=...
+
+    The ticket (one use, short-lived) says who and which instance; events go out as
+    {"type": "event", "instance_id", "channel_id", "event"}, each once, in cursor order."""
+    app = websocket.app
+    try:
+        organization = app.state.settings.organization
+        if websocket.path_params.get("organization_id") != organization:
+            raise Forbidden(f"this gateway serves organisation {organization!r}")
+        query = decode_params(websocket.query_params, FleetStreamQuery, "query string")
+        if not query.ticket:
+            raise Unauthorized("a stream ticket is required: POST /v1/organizations/{organization_id}/events/stream/tickets")
+        ticket = await app.state.db.write(use_ticket, sha256_hex(query.ticket))
+        if ticket is None:
+            raise Unauthorized("unknown, used or expired stream ticket: mint a new one")
+        principal = await org_token_principal(app, ticket["org_token_id"], organization, load(ticket["scopes"]))
+        principal.require_scope("events:read")
+        if ticket["channel_id"] is not None and query.channel_id not in (None, ticket["channel_id"]):
+            raise Forbidden(f"this ticket opens channel {ticket['channel_id']}, not {query.channel_id}")
+        channel_id = query.channel_id or ticket["channel_id"]
+        if channel_id is None:
+            raise BadRequest("name the channel: channel_id in the ticket or in the query string")
+        cursor = query.resume_cursor if query.resume_cursor is not None else ticket["resume_cursor"]
+        target = await fleet_target(app, ticket["instance_id"])
+        queue, tasks, conn = await open_fleet_stream(app, principal, target, channel_id, cursor, websocket)
+    except ActaeError as exc:
+        await deny_websocket(websocket, exc)
+        return
+    try:
+        await websocket.accept()
+
+        async def pump() -> None:
+            while True:
+                await websocket.send_text(json.dumps(await queue.get()))
+
+        async def until_closed() -> None:
+            while (await websocket.receive())["type"] != "websocket.disconnect":
+                pass
+        running = [asyncio.create_task(pump()), asyncio.create_task(until_closed()), *tasks]
+        if conn is not None:
+            conn.pump_task = running[0]    # a client too slow for WS_QUEUE_MAX events is cut off, as on /ws
+        await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+        tasks = running
+    finally:
+        await close_fleet_stream(app, tasks, conn)
+        with contextlib.suppress(Exception):
+            await websocket.close()
+
+
+async def fleet_ndjson_stream(request: Request) -> Response:
+    """GET /api/v1/fleet/stream?channel_id=...&cursor=...: the same events as JSON lines (the fleet token
+    as `authorization: Bearer`, the instance in X-Actae-Instance-Id)."""
+    app = request.app
+    try:
+        token = bearer_token(request)
+        if token is None:
+            raise Unauthorized("send the fleet token as `authorization: Bearer <token>`")
+        principal = await check_fleet_token(app, token)
+        principal.require_scope("events:read")
+        query = decode_params(request.query_params, FleetStreamQuery, "query string")
+        if query.channel_id is None:
+            raise BadRequest("name the channel: ?channel_id=...")
+        cursor = query.cursor if query.cursor is not None else query.resume_cursor
+        instance_id = request.headers.get("x-actae-instance-id") or query.instance_id or app.state.instance_id
+        target = await fleet_target(app, instance_id)
+        queue, tasks, conn = await open_fleet_stream(app, principal, target, query.channel_id, cursor, None)
+    except ActaeError as exc:
+        return fleet_error(exc)
+
+    async def lines():
+        try:
+            while not (conn is not None and conn.cut):      # too slow for WS_QUEUE_MAX events: the stream ends
+                try:
+                    frame = await asyncio.wait_for(queue.get(), 1.0)
+                except asyncio.TimeoutError:
+                    if all(task.done() for task in tasks):
+                        return                                # the remote's stream ended
+                    continue
+                yield msgspec.json.encode(frame["event"]) + b"\n"
+        finally:
+            await close_fleet_stream(app, tasks, conn)
+    return StreamingResponse(lines(), media_type="application/x-ndjson",
+                             headers={"content-encoding": "identity", "cache-control": "no-store"})
+
+
+def fleet_stream_routes() -> list:
+    return [WebSocketRoute("/v1/organizations/{organization_id}/events/stream", fleet_stream_endpoint),
+            Route("/api/v1/fleet/stream", converting_bugs(fleet_ndjson_stream), methods=["GET"])]
 
 
 # =============================================================================
@@ -8719,7 +10257,7 @@ def template_env() -> jinja2.Environment:
 def is_page(request) -> bool:
     """Dashboard requests get HTML errors; the API, probes and JSON twins get the JSON error body."""
     path = request.url.path
-    return not (path.startswith(("/api/", "/ws")) or path in ("/healthz", "/readyz", "/metrics", "/metrics.json",
+    return not (path.startswith(("/api/", "/ws", "/v1/")) or path in ("/healthz", "/readyz", "/metrics", "/metrics.json",
                                                                "/openapi.json")
                 or request.query_params.get("format") == "json")
 
@@ -9188,6 +10726,54 @@ async def page_keys_revoke(request: Request) -> Response:
 
 
 # =============================================================================
+# Dashboard: the Fleet page (the organisation's instances, each asked as it is shown)
+# =============================================================================
+
+FLEET_PAGE_TIMEOUT = 3.0               # a slow instance shows as unreachable rather than holding the page
+
+
+async def fleet_instance_row(app, principal: FleetPrincipal, instance: FleetInstance) -> dict:
+    """One instance as the Fleet page shows it: reachable or why not, version, backend, run count."""
+    row = {**msgspec.structs.asdict(instance), "reachable": False, "error": None, "version": None,
+           "backend": None, "runs": None}
+    try:
+        target = await fleet_target(app, instance.instance_id)
+        if target.remote is not None:
+            target = Target(target.instance_id, dataclasses_replace(
+                target.remote, timeout=min(remote_timeout(app, target.remote), FLEET_PAGE_TIMEOUT)))
+        info = await fleet_dispatch(app, principal, target, fleet_route("actae.api.v1.instance.get"), {}, "", None)
+        channels = await fleet_dispatch(app, principal, target, fleet_route("actae.api.v1.channels.list"), {}, "",
+                                        None)
+        row.update(reachable=True, version=info.version, backend=info.backend, runs=len(channels.channels))
+    except ActaeError as exc:
+        row["error"] = exc.message
+    return row
+
+
+def dataclasses_replace(value: Any, **changes) -> Any:
+    import dataclasses
+    return dataclasses.replace(value, **changes)
+
+
+async def page_fleet(request: Request) -> Response:
+    principal = request.state.principal
+    if not principal.is_admin:
+        raise Forbidden("only an admin may see the fleet")
+    app = request.app
+    directory = await app.state.fleet.directory.fresh()
+    instances = [local_instance(app)] + [
+        FleetInstance(instance_id=r.id, name=r.name, local=False, url=r.url, dashboard_url=r.url + "/",
+                      added_at=r.added_at) for r in directory.instances.values()]
+    # The page asks each instance what any API caller with every scope would get.
+    viewer = FleetPrincipal("dashboard", {**ADMIN_SCOPES, "admin": []}, "fleet", "session",
+                            organization_id=app.state.settings.organization, fleet_scopes=tuple(FLEET_SCOPES),
+                            name="dashboard")
+    rows = await asyncio.gather(*(fleet_instance_row(app, viewer, i) for i in instances))
+    return render(request, "fleet.html", {"title": "Fleet", "active": "fleet",
+                                          "organization_id": app.state.settings.organization, "instances": rows})
+
+
+# =============================================================================
 # Connections: uvicorn's HTTP protocol with bounds an unauthenticated client cannot pass
 # =============================================================================
 # uvicorn has a keep-alive timeout and a concurrency limit, but no bound on header size, no
@@ -9453,6 +11039,7 @@ PAGE_ROUTES = [
     ("POST", "/keys", page_keys_create),
     ("POST", "/keys/{key_id}/revoke", page_keys_revoke),
     ("POST", "/logout", page_logout),
+    ("GET", "/fleet", page_fleet),
 ]
 
 
@@ -9463,6 +11050,7 @@ def app_routes(api_endpoints: dict) -> list:
     return routes + [Route("/login", converting_bugs(page_login), methods=["GET"]),
                      Route("/login", converting_bugs(page_login_submit), methods=["POST"]),
                      WebSocketRoute("/ws", ws_endpoint),
+                     *fleet_stream_routes(),
                      Mount("/static", StaticFiles(directory=str(UI_DIR / "static")), name="static")]
 
 
@@ -9608,7 +11196,7 @@ def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: O
             if traces:
                 await traces.stop()
 
-    api_endpoints = {route: converting_bugs(api_endpoint(route)) for route in API_ROUTES}
+    api_endpoints = {route: fleet_endpoint(route, converting_bugs(api_endpoint(route))) for route in API_ROUTES}
     hosts = served_hosts(settings)
     app = ActaeApp(routes=app_routes(api_endpoints), lifespan=lifespan, middleware=[Middleware(Guard, hosts=hosts)],
                    exception_handlers={ActaeError: on_actae_error, HTTPException: on_http_error},
@@ -9626,6 +11214,7 @@ def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: O
     app.state.openapi = openapi_document(API_ROUTES)
     app.state.metrics, app.state.traces = metrics, traces
     metrics.registry.register(LiveFigures(app))
+    app.state.fleet = FleetState(db, data_dir)
     # Pages and JSON answers shrink several times over; small bodies are not worth it.
     app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES)
     return app
@@ -9675,13 +11264,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"request line and headers together (default: {default.max_header_bytes})")
     parser.add_argument("--open-signup", action="store_true",
                         help="let anyone create an account (by default only an admin key may)")
+    add_fleet_flags(parser)
     # The same scope flags for a key and for an account.
     scoped = argparse.ArgumentParser(add_help=False)
     for action in ACTIONS[:3]:
         scoped.add_argument(f"--{action}", action="append", default=[], metavar="PATTERN",
                             help=f"channels it may {action}: '*', a prefix ending in '*', or an id (repeatable)")
     scoped.add_argument("--admin", action="store_true", help="every action on every channel, plus keys and users")
-    commands = parser.add_subparsers(dest="command", metavar="{key,user,export,import,otel-export}")
+    commands = parser.add_subparsers(dest="command", metavar="{key,user,export,import,otel-export,instance,org-token}")
     key = commands.add_parser("key", parents=[common], help="manage API keys: create, list, revoke, rotate")
     key_commands = key.add_subparsers(dest="key_command", required=True, metavar="{create,list,revoke,rotate}")
     create = key_commands.add_parser("create", parents=[common, scoped], help="issue a scoped key and print it once")
@@ -9709,6 +11299,7 @@ def build_parser() -> argparse.ArgumentParser:
                                help="send a stored run to an OTLP collector as the trace live export sends")
     otel.add_argument("channel_id", metavar="CHANNEL")
     otel.add_argument("--with-forks", action="store_true", help="also every fork below it, forks of forks too")
+    add_fleet_commands(commands, common, scoped)
     return parser
 
 
@@ -9825,7 +11416,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
     return Settings(host=args.host, allow_hosts=tuple(args.allow_host), max_connections=args.max_connections,
                     header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout,
                     body_timeout=args.body_timeout, max_header_bytes=args.max_header_bytes,
-                    open_signup=args.open_signup)
+                    open_signup=args.open_signup, **fleet_settings_of(args))
 
 
 def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
@@ -9853,6 +11444,7 @@ def serve(port: int, location: Location, settings: Settings, otlp: Optional[Otlp
     shown_host = f"[{host}]" if ":" in host else host
     print(f"Actae {__version__} — data in {location.describe()}")
     print(f"Dashboard:   http://{shown_host}:{sock.getsockname()[1]}")
+    print(f"Organization: {settings.organization} (fleet gateway: /v1/organizations/{settings.organization}/)")
     print_key_line(key)
     if otlp:
         print(f"Traces:      every run to {otlp.endpoint} (OTLP/HTTP, service.name {otlp.service_name})")
@@ -9866,6 +11458,148 @@ def serve(port: int, location: Location, settings: Settings, otlp: Optional[Otlp
     return 0
 
 
+# --- the fleet: --organization, `instance`, `org-token` ------------------------------------------------
+
+
+def add_fleet_flags(parser: argparse.ArgumentParser) -> None:
+    fleet, default = parser.add_argument_group("the fleet gateway (the SDK's FleetClient)"), Settings()
+    fleet.add_argument("--organization", default=default.organization, metavar="ID",
+                       help=f"the organisation this server's gateway serves, /v1/organizations/ID/ "
+                            f"(default: {default.organization})")
+    fleet.add_argument("--fleet-token-ttl", type=float, default=default.fleet_token_ttl, metavar="SECONDS",
+                       help=f"how long a fleet token from POST /api/v1/fleet/token lives (default: "
+                            f"{default.fleet_token_ttl:g})")
+    fleet.add_argument("--fleet-ticket-ttl", type=float, default=default.fleet_ticket_ttl, metavar="SECONDS",
+                       help=f"how long a stream ticket waits for its one use (default: {default.fleet_ticket_ttl:g})")
+    fleet.add_argument("--fleet-timeout", type=float, default=default.fleet_timeout, metavar="SECONDS",
+                       help=f"time a remote instance has to answer one gateway request, unless `instance add "
+                            f"--timeout` set its own (default: {default.fleet_timeout:g})")
+
+
+def fleet_settings_of(args: argparse.Namespace) -> dict:
+    if not ORGANIZATION_ID.fullmatch(args.organization):
+        raise SystemExit("actae: --organization takes 1-128 characters of A-Z a-z 0-9 . _ : -")
+    for flag in ("fleet_token_ttl", "fleet_ticket_ttl", "fleet_timeout"):
+        if not getattr(args, flag) > 0:
+            raise SystemExit(f"actae: --{flag.replace('_', '-')} must be a positive number of seconds")
+    return {"organization": args.organization, "fleet_token_ttl": args.fleet_token_ttl,
+            "fleet_ticket_ttl": args.fleet_ticket_ttl, "fleet_timeout": args.fleet_timeout}
+
+
+def add_fleet_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
+    instance = commands.add_parser("instance", parents=[common],
+                                   help="the fleet's remote instances: add, list, remove")
+    instance_commands = instance.add_subparsers(dest="instance_command", required=True, metavar="{add,list,remove}")
+    add = instance_commands.add_parser("add", parents=[common],
+                                       help="register a remote Actae server (it must answer /api/v1/instance with the key)")
+    add.add_argument("url", metavar="URL", help="the remote server's base URL, such as http://10.0.0.5:8002")
+    add.add_argument("--key", required=True, metavar="KEY",
+                     help="an API key of the remote server; stored encrypted with the fleet_key file beside the database")
+    add.add_argument("--name", help="what to call it (default: its host and port)")
+    add.add_argument("--timeout", type=float, metavar="SECONDS",
+                     help="time it has to answer one gateway request (default: the server's --fleet-timeout)")
+    listing = instance_commands.add_parser("list", parents=[common], help="this server and the registered instances")
+    listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    remove = instance_commands.add_parser("remove", parents=[common], help="unregister an instance")
+    remove.add_argument("instance_id", metavar="ID", help="the id `instance list` shows")
+    org = commands.add_parser("org-token", parents=[common],
+                              help="organisation tokens for the SDK's FleetClient: create, list, revoke")
+    org_commands = org.add_subparsers(dest="org_token_command", required=True, metavar="{create,list,revoke}")
+    create = org_commands.add_parser("create", parents=[common, scoped],
+                                     help="issue an organisation token and print it once")
+    create.add_argument("--name", required=True, help="what the token is for (shown by `org-token list`)")
+    create.add_argument("--expires-in", type=float, metavar="DAYS", help="the token stops working after DAYS days")
+    tokens = org_commands.add_parser("list", parents=[common], help="the active organisation tokens (never the tokens)")
+    tokens.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    revoke = org_commands.add_parser("revoke", parents=[common], help="end an organisation token now")
+    revoke.add_argument("token_id", type=int, metavar="ID", help="the id `org-token list` shows")
+
+
+def fetch_instance_info(url: str, key: str, timeout: float = 10.0) -> Instance:
+    """What a remote server says of itself at /api/v1/instance with `key`; exits with why it cannot."""
+    try:
+        status, data = http_exchange("GET", url + "/api/v1/instance", {"x-api-key": key, "accept": "application/json"},
+                                     None, timeout)
+    except OSError as exc:
+        raise SystemExit(f"actae: cannot reach {url}: {getattr(exc, 'reason', exc)}")
+    if status != 200:
+        try:
+            message = msgspec.json.decode(data).get("error")
+        except (msgspec.DecodeError, AttributeError):
+            message = data[:200].decode("utf-8", "replace")
+        raise SystemExit(f"actae: {url}/api/v1/instance answered {status} with that key: {message}")
+    try:
+        return msgspec.json.decode(data, type=Instance)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        raise SystemExit(f"actae: {url} does not answer like an Actae server") from None
+
+
+def instance_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae instance add|list|remove`."""
+    if args.instance_command == "add":
+        url = args.url.rstrip("/")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+            raise SystemExit(f"actae: give the server's base URL, such as http://10.0.0.5:8002 (got {args.url!r})")
+        if args.timeout is not None and not args.timeout > 0:
+            raise SystemExit("actae: --timeout must be a positive number of seconds")
+        info = fetch_instance_info(url, args.key)
+        if info.instance_id == write_once(location, instance_identity):
+            raise SystemExit("actae: that is this server itself: it is always an instance of its own fleet")
+        ciphertext = fleet_cipher(location.data_dir).encrypt(args.key.encode("utf-8")).decode("ascii")
+        added = write_once(location, add_instance, info.instance_id, args.name or parts.netloc, url, ciphertext,
+                           args.key[:7], args.timeout)
+        print(f"Instance {added.instance_id} ({added.name}) at {added.url}: Actae {info.version}, {info.backend}")
+    elif args.instance_command == "list":
+        local_id, remotes = write_once(location, instance_identity), read_once(location, list_instances)
+        if args.json:
+            print(msgspec.json.format(msgspec.json.encode({"local_instance_id": local_id, "instances": remotes}),
+                                      indent=2).decode())
+            return 0
+        print(f"{'ID':<38} {'NAME':<20} {'URL':<40} ADDED")
+        print(f"{local_id:<38} {'(this server)':<20} {'-':<40} -")
+        for r in remotes:
+            print(f"{r.instance_id:<38} {r.name:<20} {r.url:<40} {r.added_at}")
+    else:
+        try:
+            removed = write_once(location, remove_instance, args.instance_id)
+        except NotFound as exc:
+            raise SystemExit(f"actae: {exc.message}")
+        print(f"Instance {removed.instance_id} ({removed.name}) removed")
+    return 0
+
+
+def org_token_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae org-token create|list|revoke`."""
+    if args.org_token_command == "create":
+        if args.expires_in is not None and args.expires_in <= 0:
+            raise SystemExit("actae: --expires-in must be a positive number of days")
+        created, token = write_once(location, create_org_token, args.name, scopes_of_args(args), args.expires_in)
+        print(f"Organisation token {created.id} ({created.name}): {scopes_text(created.scopes)}"
+              + (f", expires {created.expires_at}" if created.expires_at else ""))
+        print(token)
+        print("(shown once: store it now; the SDK's FleetClient takes it as organization_token)")
+    elif args.org_token_command == "list":
+        tokens = read_once(location, list_org_tokens)
+        if args.json:
+            print(msgspec.json.format(msgspec.json.encode({"org_tokens": tokens}), indent=2).decode())
+            return 0
+        print(f"{'ID':>4}  {'NAME':<20} {'SCOPES':<40} {'CREATED':<25} EXPIRES")
+        for t in tokens:
+            print(f"{t.id:>4}  {t.name:<20} {scopes_text(t.scopes):<40} {t.created_at:<25} {t.expires_at or 'never'}")
+    else:
+        try:
+            revoked = write_once(location, revoke_org_token, args.token_id)
+        except NotFound as exc:
+            raise SystemExit(f"actae: {exc.message}")
+        print(f"Organisation token {revoked.id} ({revoked.name}) revoked at {revoked.revoked_at}")
+    return 0
+
+
+def fleet_command(args: argparse.Namespace, location: Location) -> int:
+    return (instance_command if args.command == "instance" else org_token_command)(args, location)
+
+
 def main(argv: Optional[list] = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
@@ -9874,6 +11608,8 @@ def main(argv: Optional[list] = None) -> int:
         return key_command(args, location)
     if args.command == "user":
         return user_command(args, location)
+    if args.command in ("instance", "org-token"):
+        return fleet_command(args, location)
     if args.command in ("export", "import"):
         return (export_command if args.command == "export" else import_command)(args, location)
     if args.command == "otel-export":
