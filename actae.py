@@ -9396,6 +9396,9 @@ def otel_export_command(args: argparse.Namespace, location: Location) -> int:
         exporter.shutdown()
     print(f"Exported {len(spans)} span(s) of {len(runs)} run(s) to {config.endpoint}")
     return 0
+
+
+# =============================================================================
 # Fleet gateway: event streams (the ticketed WebSocket, the NDJSON stream)
 # =============================================================================
 # One channel of one instance, from a cursor: the local instance's events come from this server's
