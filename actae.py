@@ -1920,9 +1920,14 @@ MANY_RUNS_FACTS = {
         ADD COLUMN last_state_status TEXT
     """,
 }
+# The first runs page lists roots by last activity: SQLite's planner takes an index with parent_id in
+# front (its IS NULL is an equality there); PostgreSQL's orders only by a partial index of the roots.
+ROOTS_INDEX = {
+    "sqlite": "CREATE INDEX channels_roots_by_activity ON channels (parent_id, updated_at, id)",
+    "postgresql": "CREATE INDEX channels_roots_by_activity ON channels (updated_at, id) WHERE parent_id IS NULL",
+}
 MANY_RUNS_INDEXES = """
     CREATE INDEX channels_by_state ON channels (run_state, updated_at, id);
-    CREATE INDEX channels_roots_by_activity ON channels (updated_at, id) WHERE parent_id IS NULL;
     CREATE INDEX channels_by_origin ON channels (origin_id, created_at, id);
     CREATE INDEX approvals_by_status ON approvals (status, requested_at, channel_id, request_id);
     CREATE INDEX approvals_by_time ON approvals (requested_at, channel_id, request_id);
@@ -1979,6 +1984,7 @@ def _migrate_many_runs(conn: "Conn") -> None:
     refresh_run_facts(conn)
     run_script(conn, many_runs_schema(conn.dialect, "INTEGER" if sqlite else "BIGINT", "VIRTUAL" if sqlite else "STORED"))
     run_script(conn, MANY_RUNS_INDEXES)
+    conn.execute(ROOTS_INDEX["sqlite" if sqlite else "postgresql"])
     reindex_approvals(conn)
 
 
