@@ -1920,10 +1920,12 @@ MANY_RUNS_FACTS = {
         ADD COLUMN last_state_status TEXT
     """,
 }
-# The first runs page lists roots by last activity: SQLite's planner takes an index with parent_id in
-# front (its IS NULL is an equality there); PostgreSQL's orders only by a partial index of the roots.
+# The first runs page lists roots by last activity, from an index of the roots only (a fork's events
+# do not touch it). SQLite's planner takes it with parent_id in front (its IS NULL is an equality
+# there, and it would otherwise prefer channels_by_parent and sort); PostgreSQL's orders only without.
 ROOTS_INDEX = {
-    "sqlite": "CREATE INDEX channels_roots_by_activity ON channels (parent_id, updated_at, id)",
+    "sqlite": "CREATE INDEX channels_roots_by_activity ON channels (parent_id, updated_at, id)"
+              " WHERE parent_id IS NULL",
     "postgresql": "CREATE INDEX channels_roots_by_activity ON channels (updated_at, id) WHERE parent_id IS NULL",
 }
 MANY_RUNS_INDEXES = """
