@@ -31,6 +31,9 @@ Domain: scheduled wake-ups — stored wake-ups and the write that fires them
 Scheduler — the task that fires due wake-ups, across restarts
 Domain: consumer groups — at-least-once workers on one channel
 Domain: execution groups — fenced member leases, durable messages, group forks
+Domain: the approvals inbox — the index of approval events append_event keeps, listing, deciding
+Domain: bulk fork from failure — select by status, fork each run after its own last good step
+Domain: retention — prune whole runs that nothing needs, return the space, the daily prune
 Domain: principals, API keys, accounts, login tokens, dashboard sessions
 Authentication — the key ring, token and session checks, same-origin and form tokens
 Fleet: remote instances, organisation tokens — their keys encrypted beside the database, fleet tokens, tickets
@@ -181,6 +184,16 @@ MEMBER_POLICIES = ("fork", "share")    # group fork: a member's channel is forke
 SESSION_FENCE = ("__session_lock__", "agent.session")
 # Keys a fork manifest must name for the strongest reproducibility grade, `context_exact`.
 CONTEXT_EXACT_KEYS = ("model", "environment", "dependencies", "seed")
+# Many runs: the bulk fork, the approvals inbox, retention.
+BULK_FORK_STATUSES = ("failed", "crashed")       # what a bulk fork takes by default: every run that went wrong
+BULK_FORK_MAX = 1000                             # runs one bulk fork may take; a wider filter is refused
+APPROVAL_STATUSES = ("pending", "decided", "expired")
+APPROVAL_DECISIONS = ("approved", "rejected")
+APPROVALS_LIMIT_MAX = 1000
+PRUNE_STATUSES = ("completed", "failed", "any")
+PRUNE_BATCH = 100                                # runs deleted per write transaction
+PRUNE_LISTED_MAX = 1000                          # run ids an answer lists (its counts cover them all)
+RETENTION_INTERVAL_SECONDS = 24 * 3600           # --retain-days prunes at start, then this often
 
 log = logging.getLogger("actae")
 
@@ -203,6 +216,7 @@ class Settings:
     fleet_token_ttl: float = 300.0     # seconds a fleet token (POST /api/v1/fleet/token) lives
     fleet_ticket_ttl: float = 30.0     # seconds a stream ticket waits for its one use
     fleet_timeout: float = 10.0        # seconds a remote instance has to answer one gateway request
+    retain_days: Optional[float] = None  # prune runs idle this many days, at start and then daily (None: never)
 
 
 # =============================================================================
@@ -772,6 +786,69 @@ class ForkExecutionGroup(Record, kw_only=True):
         self.tool_policies = self.tool_policies or {}
 
 
+# --- many runs: the bulk fork, the approvals inbox, retention ----------------------------------
+
+RunStatus = Literal[RUN_STATES]
+Days = Annotated[float, Meta(ge=0, le=36500, description="days (fractions allowed)")]
+
+
+class BulkForkFilter(Record, kw_only=True):
+    """Which runs a bulk fork takes; every field narrows the selection (AND)."""
+
+    status: Annotated[list[RunStatus], Meta(min_length=1, max_length=32)] = \
+        msgspec.field(default_factory=lambda: list(BULK_FORK_STATUSES))
+    since: Optional[Timestamp] = None         # last activity at or after
+    until: Optional[Timestamp] = None         # last activity at or before
+    channel_prefix: Optional[Annotated[str, Meta(max_length=256, pattern=r"^[A-Za-z0-9._:-]*\Z")]] = None
+    failure_contains: Optional[Label] = None  # a substring of the failure's message (any case)
+    channel_ids: Optional[Annotated[list[ChannelId], Meta(max_length=BULK_FORK_MAX)]] = None   # only these runs
+
+    def __post_init__(self):
+        check_utc(self.since)
+        check_utc(self.until)
+
+
+class BulkFork(Idempotent, kw_only=True):
+    """POST /forks/bulk and `actae fork-failed`: fork every selected run after its own last good step
+    (or after step `at`), with one intervention, one tool policy and one name pattern."""
+
+    filter: BulkForkFilter = msgspec.field(default_factory=BulkForkFilter)
+    at: Union[Literal["last_good_step"], Positive] = "last_good_step"
+    intervention: Optional[JsonObject] = None
+    tool_policies: Optional[ToolPolicies] = None
+    name: Annotated[str, Meta(min_length=1, max_length=512,
+                              description="the fork's id: {channel_id} is the run's id, {step} the step")] = \
+        "{channel_id}-retry"
+    dry_run: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.tool_policies = self.tool_policies or None
+        if "{channel_id}" not in self.name:
+            raise ValueError("name must contain {channel_id}, so that each fork gets a name of its own")
+
+
+class ApprovalsQuery(ClampedLimit, kw_only=True):
+    LIMIT_MAX: ClassVar[int] = APPROVALS_LIMIT_MAX
+    status: Optional[Literal[APPROVAL_STATUSES]] = None     # none: every approval
+    channel_id: Optional[ChannelId] = None
+
+
+class DecideApproval(Record, kw_only=True):
+    decision: Literal[APPROVAL_DECISIONS]
+    reason: Optional[LongText] = None
+    channel_id: Optional[ChannelId] = None    # needed only when several runs used the same request id
+
+
+class Prune(Record, kw_only=True):
+    """POST /admin/prune and `actae prune`: delete whole runs idle longer than `older_than_days`."""
+
+    older_than_days: Days
+    status: Literal[PRUNE_STATUSES] = "any"
+    keep_failed_days: Optional[Days] = None   # failed and crashed runs are kept this long instead
+    dry_run: bool = False
+
+
 # --- keys, accounts, preferences --------------------------------------------------------------
 
 # A scope pattern: "*", a prefix ending in "*", or one exact channel id.
@@ -890,6 +967,24 @@ class LedgerPageQuery(Record, kw_only=True):
 
 class FlashQuery(Record, kw_only=True):
     error: Optional[PageText] = None        # the flash id of a refused form
+
+
+class BulkForkPageQuery(Record, kw_only=True):
+    """The bulk fork form: the runs ticked on the runs list (`run`, repeated: read as a list by the
+    page), or with `all` every run its filter matches."""
+
+    q: PageText = ""                  # with `all`: the runs list's search ...
+    status: PageText = ""             # ... and status filter
+    all: bool = False
+    intervention: PageText = ""
+    tool_policies: PageText = ""
+    name: PageText = "{channel_id}-retry"
+    done: PageText = ""               # the operation id of the bulk fork just made
+
+
+class ApprovalsPageQuery(Record, kw_only=True):
+    status: PageText = "pending"      # one of APPROVAL_STATUSES, or "all"
+    error: Optional[PageText] = None  # the flash id of a refused decision
 
 
 class ErrorBody(Struct):
@@ -1061,6 +1156,7 @@ PATH_PARAMETERS = {
     "version": Count, "step_number": Positive,
     "event_id": Id, "execution_id": Id, "wakeup_id": Id, "message_id": Id, "key_id": Positive,
     "organization_id": Id, "instance_id": Id, "operation_id": Id,     # the fleet gateway's routes
+    "request_id": Id,
 }
 
 
@@ -1621,6 +1717,88 @@ class GroupForkAnswer(Answer, kw_only=True):
     fork: GroupFork
 
 
+# --- many runs: the bulk fork, the approvals inbox, retention -----------------------------------
+
+
+class BulkForked(Answer, kw_only=True):
+    """One run of a bulk fork: the fork made after `step` (in a dry run, the fork it would make: no receipt)."""
+
+    source_channel_id: str
+    channel_id: str
+    step: int
+    receipt: Optional[Receipt]
+
+
+class BulkSkipped(Answer, kw_only=True):
+    channel_id: str
+    reason: str
+
+
+class BulkForkAnswer(Answer, kw_only=True):
+    """What a bulk fork made (or, with dry_run, would make), and the runs it left alone and why."""
+
+    forks: list[BulkForked]
+    skipped: list[BulkSkipped]
+    dry_run: bool
+
+
+class Approval(Answer, kw_only=True):
+    """An approval request as the inbox shows it: `status` is expired once its timeout has passed."""
+
+    request_id: str
+    channel_id: str
+    summary: Optional[str]
+    details: Any
+    requester: str
+    requested_at: str
+    timeout_at: Optional[str]
+    age_seconds: float
+    status: Literal[APPROVAL_STATUSES]
+    decision: Optional[Literal[APPROVAL_DECISIONS]]
+    decided_by: Optional[str]
+    reason: Optional[str]
+    decided_at: Optional[str]
+
+
+class Approvals(Answer, kw_only=True):
+    approvals: list[Approval]
+
+
+class ApprovalDecision(Answer, kw_only=True):
+    """A decided approval and its `approval.decided` event (the first one, when it was decided before)."""
+
+    approval: Approval
+    event: Event
+    replayed: bool
+
+
+class PrunedRows(Answer, kw_only=True):
+    runs: int
+    events: int
+    states: int
+    executions: int
+    approvals: int
+    wakeups: int
+
+
+class KeptRun(Answer, kw_only=True):
+    channel_id: str
+    reason: str
+
+
+class PruneAnswer(Answer, kw_only=True):
+    """What a prune deleted (a dry run: would delete), the old runs it kept and why, and the space."""
+
+    dry_run: bool
+    deleted: list[str]                 # at most PRUNE_LISTED_MAX ids; `rows.runs` counts them all
+    kept: list[KeptRun]
+    rows: PrunedRows
+    bytes_before: int
+    bytes_after: int
+    bytes_freed: int
+    space: str                         # how the space went back to the disk, or what to run for it
+
+
 # --- principals, keys, accounts -----------------------------------------------------------------
 
 
@@ -1931,6 +2109,93 @@ def _backfill_chain(conn: Conn) -> None:
             conn.execute("UPDATE channels SET chain_head = ? WHERE id = ?", (previous, channel["id"]))
             done.add(channel["id"])
         pending = [r for r in pending if r["id"] not in done]
+
+
+# Many runs: what a runs page shows per run lives on the channel row, kept there by the write path
+# (the counter UPDATEs of append_event and insert_state), so listing, filtering and selecting runs
+# costs one page of an index, not a pass over every run; approvals get an index of their own, kept
+# in the same transaction as their events; a bulk fork's answer is kept under its operation id.
+MANY_RUNS_FACTS = {
+    # The type of the event at last_cursor; the first event of ERROR_EVENT_TYPES; the latest snapshot's
+    # "status". (No comment after a column: SQLite keeps the text, and the table's definition with it.)
+    "sqlite": """
+    ALTER TABLE channels ADD COLUMN last_event_type TEXT;
+    ALTER TABLE channels ADD COLUMN error_cursor INTEGER;
+    ALTER TABLE channels ADD COLUMN last_state_status TEXT
+    """,
+    "postgresql": """
+    ALTER TABLE channels ADD COLUMN last_event_type TEXT, ADD COLUMN error_cursor BIGINT,
+        ADD COLUMN last_state_status TEXT
+    """,
+}
+# The first runs page lists roots by last activity, from an index of the roots only (a fork's events
+# do not touch it). SQLite's planner takes it with parent_id in front (its IS NULL is an equality
+# there, and it would otherwise prefer channels_by_parent and sort); PostgreSQL's orders only without.
+ROOTS_INDEX = {
+    "sqlite": "CREATE INDEX channels_roots_by_activity ON channels (parent_id, updated_at, id)"
+              " WHERE parent_id IS NULL",
+    "postgresql": "CREATE INDEX channels_roots_by_activity ON channels (updated_at, id) WHERE parent_id IS NULL",
+}
+MANY_RUNS_INDEXES = """
+    CREATE INDEX channels_by_state ON channels (run_state, updated_at, id);
+    CREATE INDEX channels_by_origin ON channels (origin_id, created_at, id);
+    CREATE INDEX approvals_by_status ON approvals (status, requested_at, channel_id, request_id);
+    CREATE INDEX approvals_by_time ON approvals (requested_at, channel_id, request_id);
+    CREATE INDEX approvals_by_request ON approvals (request_id)
+    """
+
+
+def many_runs_schema(dialect: "Dialect", integer: str, generated: str) -> str:
+    """The run-state column (computed by the database from the row: SQLite VIRTUAL, PostgreSQL STORED),
+    the approvals index and the bulk forks' answers; `integer` is the backend's 64-bit integer."""
+    return f"""
+    ALTER TABLE channels ADD COLUMN run_state TEXT GENERATED ALWAYS AS ({run_state_sql(dialect)}) {generated};
+    CREATE TABLE approvals (
+        channel_id        TEXT NOT NULL REFERENCES channels(id),
+        request_id        TEXT NOT NULL,
+        summary           TEXT,
+        details           TEXT,                   -- JSON, as the request carried it
+        requester         TEXT NOT NULL,          -- the approval.requested event's actor
+        requested_at      TEXT NOT NULL,
+        requested_cursor  {integer} NOT NULL,
+        timeout_at        TEXT,                   -- requested_at + timeout_seconds, past it: expired
+        status            TEXT NOT NULL CHECK (status IN (
+                              'pending',          -- waiting for a decision
+                              'decided',          -- its first approval.decided event is recorded
+                              'expired')),        -- approval.expired, or the SDK's timeout wake-up fired
+        decision          TEXT CHECK (decision IN ('approved', 'rejected')),
+        decided_by        TEXT,                   -- the approval.decided event's actor
+        reason            TEXT,
+        decided_at        TEXT,
+        decided_cursor    {integer},
+        PRIMARY KEY (channel_id, request_id)
+    );
+    CREATE TABLE bulk_forks (
+        operation_id  TEXT PRIMARY KEY,           -- the request's operation id: one answer each
+        request_hash  TEXT NOT NULL,
+        answer        TEXT NOT NULL,              -- the answer as first given (JSON)
+        created_at    TEXT NOT NULL
+    )
+    """
+
+
+def run_script(conn: "Conn", script: str) -> None:
+    """Statements separated by `;` (none of these scripts has one inside a statement)."""
+    for statement in script.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+def _migrate_many_runs(conn: "Conn") -> None:
+    """The columns, indexes and tables of many runs, filled in for the runs already stored: a page
+    of an old database shows after this exactly what it showed before."""
+    sqlite = conn.dialect is SQLITE
+    run_script(conn, MANY_RUNS_FACTS["sqlite" if sqlite else "postgresql"])
+    refresh_run_facts(conn)
+    run_script(conn, many_runs_schema(conn.dialect, "INTEGER" if sqlite else "BIGINT", "VIRTUAL" if sqlite else "STORED"))
+    run_script(conn, MANY_RUNS_INDEXES)
+    conn.execute(ROOTS_INDEX["sqlite" if sqlite else "postgresql"])
+    reindex_approvals(conn)
 
 
 # SQLite's forward migrations; PRAGMA user_version records how many ran. Append, never edit.
@@ -2282,6 +2547,7 @@ SQLITE_MIGRATIONS = [
         used_at        TEXT
     );
     """,
+    _migrate_many_runs,
 ]
 
 
@@ -2585,6 +2851,7 @@ POSTGRES_MIGRATIONS = [
         used_at        TEXT
     );
     """,
+    _migrate_many_runs,
 ]
 
 
@@ -2921,7 +3188,7 @@ def migrate_postgres(raw: "psycopg.Connection") -> None:
         done = raw.execute("SELECT COALESCE(MAX(version), 0) FROM actae_migrations").fetchone()[0]
         for number, script in enumerate(POSTGRES_BACKEND.migrations[done:], start=done + 1):
             with raw.transaction():
-                raw.execute(script)
+                script(PostgresConnection(raw)) if callable(script) else raw.execute(script)
                 raw.execute("INSERT INTO actae_migrations (version, applied_at) VALUES (%s, %s)",
                             (number, iso(utc_now())))
     finally:
@@ -3443,6 +3710,37 @@ def message_by_id(conn: Conn, message_id: str) -> Optional[Row]:
     return conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone()
 
 
+def refresh_run_facts(conn: Conn, channel_id: Optional[str] = None) -> None:
+    """Recompute what the write path keeps on a channel row (the type of its last event, its first
+    error event, its latest snapshot's status) from its rows; None: every channel (the migration)."""
+    where, args = ("", ()) if channel_id is None else (" WHERE id = ?", (channel_id,))
+    conn.execute(
+        "UPDATE channels SET"
+        " last_event_type = (SELECT e.type FROM events e WHERE e.channel_id = channels.id"
+        " AND e.cursor = channels.last_cursor),"
+        " error_cursor = (SELECT MIN(e.cursor) FROM events e WHERE e.channel_id = channels.id"
+        f" AND e.type IN ({_sql_names(ERROR_EVENT_TYPES)})),"
+        " last_state_status = (SELECT s.status FROM states s WHERE s.channel_id = channels.id"
+        f" ORDER BY s.version DESC LIMIT 1){where}", args)
+
+
+def event_at(conn: Conn, channel_id: str, cursor: int) -> Optional[Row]:
+    return conn.execute("SELECT * FROM events WHERE channel_id = ? AND cursor = ?", (channel_id, cursor)).fetchone()
+
+
+def bulk_fork_by_operation(conn: Conn, operation_id: str) -> Optional[Row]:
+    return conn.execute("SELECT * FROM bulk_forks WHERE operation_id = ?", (operation_id,)).fetchone()
+
+
+def union_of_pages(conn: Conn, pages: list, order: str, limit: int) -> list:
+    """Rows of several `(sql, args)` queries, each one ordered page of an index, merged by the database
+    in `order` (their common ORDER BY) and cut at `limit`; one query runs as it is."""
+    if len(pages) == 1:
+        return conn.execute(*pages[0]).fetchall()
+    sql = " UNION ALL ".join(f"SELECT * FROM ({page}) AS part{i}" for i, (page, _) in enumerate(pages))
+    return conn.execute(f"{sql} ORDER BY {order} LIMIT ?", [arg for _, args in pages for arg in args] + [limit]).fetchall()
+
+
 def present(row: Optional[Row], missing: Callable[[], ActaeError]) -> Row:
     """`row`, or `missing()` raised when there is none (built only then: these lookups sit on every
     ledger and channel request)."""
@@ -3546,10 +3844,11 @@ def unused_operation(table: str) -> str:
 # columns are the old row's); a state's takes the next version. The _NEW forms also refuse an
 # operation id the channel has used.
 EVENT_COUNTER = ("UPDATE channels SET last_cursor = last_cursor + 1,"
-                 " chain_head = actae_chain(chain_head, ?, last_cursor + 1, ?), updated_at = ?"
+                 " chain_head = actae_chain(chain_head, ?, last_cursor + 1, ?), updated_at = ?,"
+                 " last_event_type = ?, error_cursor = COALESCE(error_cursor, CASE WHEN ? = 1 THEN last_cursor + 1 END)"
                  " WHERE id = ? AND closed_at IS NULL")
 EVENT_COUNTER_NEW = EVENT_COUNTER + unused_operation("events")
-STATE_COUNTER = ("UPDATE channels SET state_version = state_version + 1, updated_at = ?"
+STATE_COUNTER = ("UPDATE channels SET state_version = state_version + 1, updated_at = ?, last_state_status = ?"
                  " WHERE id = ? AND closed_at IS NULL")
 STATE_COUNTER_NEW = STATE_COUNTER + unused_operation("states")
 
@@ -3588,7 +3887,7 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                              payload_text=payload_text, actor=actor, agent_id=agent_id, user_id=user_id,
                              metadata_text=metadata_text, step_number=step_number, depends_on=depends_on,
                              timestamp=tx.ts)
-    sql, args, used = EVENT_COUNTER, (head, tail, tx.ts, channel_id), None
+    sql, args, used = EVENT_COUNTER, (head, tail, tx.ts, event_type, int(event_type in ERROR_EVENT_SET), channel_id), None
     if new_operation and operation_id is not None:
         sql, args = EVENT_COUNTER_NEW, args + (channel_id, operation_id)
         used = lambda: event_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
@@ -3602,6 +3901,8 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                   channel_cursor=cursor, timestamp=tx.ts, agent_id=agent_id, user_id=user_id, metadata=metadata,
                   depends_on=depends_on, step_number=step_number, chain_hash=chain_hash)
     tx.events.append(event)
+    if event_type in APPROVAL_INDEXED:
+        index_approval(tx.conn, channel_id, cursor, event_type, payload, actor, tx.ts)
     return event
 
 
@@ -4075,7 +4376,7 @@ def insert_state(tx: Tx, channel_id: str, cursor: int, stored: StoredState, sha:
                  new_operation: bool = False) -> Optional[int]:
     """A new state version, stored as `stored` says; raises Conflict(channel_closed) on a closed run.
     With `new_operation`, None when `operation_id` is used already (nothing is written)."""
-    sql, args, used = STATE_COUNTER, (tx.ts, channel_id), None
+    sql, args, used = STATE_COUNTER, (tx.ts, status, channel_id), None
     if new_operation and operation_id is not None:
         sql, args = STATE_COUNTER_NEW, args + (channel_id, operation_id)
         used = lambda: state_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
@@ -4153,6 +4454,8 @@ def delete_state_version(tx: Tx, channel_id: str, version: int) -> DeletedCount:
         free_dependents(tx, channel_id, version)
     deleted = tx.conn.execute("DELETE FROM states WHERE channel_id = ? AND version = ? RETURNING version",
                               (channel_id, version)).fetchall()
+    if deleted:
+        refresh_run_facts(tx.conn, channel_id)      # the latest snapshot may be another one now
     return DeletedCount(deleted=len(deleted))
 
 
@@ -4608,7 +4911,7 @@ def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> DeletedChannels:
     deleted = []
     for child in children:
         deleted += delete_channel(tx, child, True).deleted
-    for table in ("events", "states", "executions"):
+    for table in ("events", "states", "executions", "approvals"):
         tx.conn.execute(f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,))
     tx.conn.execute("DELETE FROM experiment_members WHERE channel_id = ?", (channel_id,))
     tx.conn.execute("UPDATE wakeups SET status = 'cancelled', error = 'channel deleted'"
@@ -5396,6 +5699,584 @@ def promote_group_fork_member(tx: Tx, fork_id: str, member_id: str) -> GroupFork
         tx.conn.execute("UPDATE execution_groups SET fork = ?, updated_at = ? WHERE id = ?",
                         (dump(fork), tx.ts, fork_id))
     return fork
+
+
+# =============================================================================
+# Domain: the approvals inbox (an index of approval events, kept by append_event)
+# =============================================================================
+# The SDK's approvals are events: `approval.requested` {request_id, summary, details?,
+# timeout_seconds?} under operation id = request_id; `approval.decided` {request_id, decision,
+# reason?} under a deterministic operation id; `approval.expired` {request_id}; and, with a timeout,
+# a wake-up that fires `scheduler.wakeup` {approval_request_id, kind: "approval_timeout"} at the
+# deadline. append_event hands each of these to index_approval inside the event's own transaction,
+# so the inbox reads one small table and never scans logs.
+
+APPROVAL_REQUESTED, APPROVAL_DECIDED, APPROVAL_EXPIRED = "approval.requested", "approval.decided", "approval.expired"
+WAKEUP_EVENT = "scheduler.wakeup"
+APPROVAL_INDEXED = frozenset({APPROVAL_REQUESTED, APPROVAL_DECIDED, APPROVAL_EXPIRED, WAKEUP_EVENT})
+OPERATION_NAMESPACE = uuid.UUID("3f74e5f1-9b2c-4a7e-8f1d-000000000001")   # the SDKs' deterministic ids
+
+
+def deterministic_operation_key(scope: str, action: str, *identity: Any) -> str:
+    """The SDKs' deterministic operation id: a UUIDv5 over the NUL-joined parts, capped at 256 bytes."""
+    parts = [scope, action, *("" if v is None else v if isinstance(v, str) else str(v) for v in identity)]
+    name = "\x00".join(parts).encode("utf-8", "surrogatepass")[:256]
+    raw = bytearray(hashlib.sha1(OPERATION_NAMESPACE.bytes + name).digest()[:16])
+    raw[6] = (raw[6] & 0x0F) | 0x50
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    return str(uuid.UUID(bytes=bytes(raw)))
+
+
+def approval_deadline(requested_at: str, timeout: Any) -> Optional[str]:
+    """requested_at + `timeout` seconds; None without a number, or for a deadline past the year 9999."""
+    if not is_number(timeout):
+        return None
+    try:
+        return iso(parse_iso(requested_at) + timedelta(seconds=timeout))
+    except (OverflowError, ValueError):
+        return None
+
+
+def inbox_text(value: Any) -> Optional[str]:
+    """A payload value as the inbox stores it: text as it is, anything else as JSON; no NUL (PostgreSQL
+    text cannot hold one, and the event itself keeps the exact value)."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else canonical_json(value)
+    return text.replace("\x00", "\ufffd")
+
+
+def index_approval(conn: Conn, channel_id: str, cursor: int, event_type: str, payload: Any, actor: str,
+                   ts: str) -> None:
+    """Keep the inbox in step with one event of APPROVAL_INDEXED (any payload: what is not an
+    approval's changes nothing). A request is pending until its first decision, an approval.expired
+    or its timeout wake-up; a later event does not change that first outcome."""
+    if not isinstance(payload, dict):
+        return
+    if event_type == WAKEUP_EVENT:
+        if payload.get("kind") != "approval_timeout":
+            return
+        request_id, event_type = payload.get("approval_request_id"), APPROVAL_EXPIRED
+    else:
+        request_id = payload.get("request_id")
+    if not isinstance(request_id, str) or not request_id or "\x00" in request_id:
+        return
+    if event_type == APPROVAL_REQUESTED:
+        conn.execute(
+            "INSERT INTO approvals (channel_id, request_id, summary, details, requester, requested_at,"
+            " requested_cursor, timeout_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending')"
+            " ON CONFLICT (channel_id, request_id) DO NOTHING",
+            (channel_id, request_id, inbox_text(payload.get("summary")), inbox_text(payload.get("details")),
+             actor, ts, cursor, approval_deadline(ts, payload.get("timeout_seconds"))))
+    elif event_type == APPROVAL_DECIDED:
+        decision = payload.get("decision")
+        if decision in APPROVAL_DECISIONS:
+            conn.execute("UPDATE approvals SET status = 'decided', decision = ?, decided_by = ?, reason = ?,"
+                         " decided_at = ?, decided_cursor = ? WHERE channel_id = ? AND request_id = ?"
+                         " AND status <> 'decided'",
+                         (decision, actor, inbox_text(payload.get("reason")), ts, cursor, channel_id, request_id))
+    else:
+        conn.execute("UPDATE approvals SET status = 'expired' WHERE channel_id = ? AND request_id = ?"
+                     " AND status = 'pending'", (channel_id, request_id))
+
+
+def reindex_approvals(conn: Conn, channel_id: Optional[str] = None) -> None:
+    """The inbox rows of stored events (one channel, or all: the migration), as append_event keeps them."""
+    where = Where().add(f"type IN ({_sql_names(tuple(sorted(APPROVAL_INDEXED)))})").add_if(channel_id, "channel_id = ?")
+    rows = conn.execute(f"SELECT channel_id, cursor, type, payload, actor, created_at FROM events{where}"
+                        " ORDER BY channel_id, cursor", where.args).fetchall()
+    for row in rows:
+        index_approval(conn, row["channel_id"], row["cursor"], row["type"], load(row["payload"]), row["actor"],
+                       row["created_at"])
+
+
+def approval_status(row: Row, now: str) -> str:
+    """pending, decided or expired: a pending request past its timeout is expired."""
+    if row["status"] == "pending" and row["timeout_at"] is not None and row["timeout_at"] <= now:
+        return "expired"
+    return row["status"]
+
+
+def approval_of(row: Row, now: datetime) -> Approval:
+    age = max(0.0, (now - parse_iso(row["requested_at"])).total_seconds())
+    return Approval(request_id=row["request_id"], channel_id=row["channel_id"], summary=row["summary"],
+                    details=load(row["details"]), requester=row["requester"], requested_at=row["requested_at"],
+                    timeout_at=row["timeout_at"], age_seconds=round(age, 3), status=approval_status(row, iso(now)),
+                    decision=row["decision"], decided_by=row["decided_by"], reason=row["reason"],
+                    decided_at=row["decided_at"])
+
+
+def list_approvals(conn: Conn, status: Optional[str], channel_id: Optional[str], limit: int,
+                   now: datetime) -> list[Approval]:
+    """GET /approvals: oldest request first; each status is one range of approvals_by_status (expired:
+    two, merged), so a page costs what one page costs."""
+    ts = iso(now)
+    if status == "pending":
+        parts = [Where().add("status = 'pending'").add("(timeout_at IS NULL OR timeout_at > ?)", ts)]
+    elif status == "decided":
+        parts = [Where().add("status = 'decided'")]
+    elif status == "expired":
+        parts = [Where().add("status = 'expired'"), Where().add("status = 'pending'").add("timeout_at <= ?", ts)]
+    else:
+        parts = [Where()]
+    order = "requested_at, channel_id, request_id"
+    pages = [(f"SELECT * FROM approvals{w.add_if(channel_id, 'channel_id = ?')} ORDER BY {order} LIMIT ?",
+              [*w.args, limit]) for w in parts]
+    return [approval_of(r, now) for r in union_of_pages(conn, pages, order, limit)]
+
+
+def require_approval(conn: Conn, request_id: str, channel_id: Optional[str]) -> Row:
+    """The approval request with this id (on `channel_id`, when given); 409 when several runs use the id."""
+    where = Where().add("request_id = ?", request_id).add_if(channel_id, "channel_id = ?")
+    rows = conn.execute(f"SELECT * FROM approvals{where} ORDER BY channel_id LIMIT 2", where.args).fetchall()
+    if not rows:
+        raise NotFound(f"approval request {request_id} not found" + (f" on run {channel_id}" if channel_id else ""))
+    if len(rows) > 1:
+        raise Conflict("approval_ambiguous", f"runs {rows[0]['channel_id']} and {rows[1]['channel_id']} both have "
+                                             f"approval request {request_id}: name the run with channel_id")
+    return rows[0]
+
+
+def decide_approval(tx: Tx, request_id: str, channel_id: Optional[str], decision: str, reason: Optional[str],
+                    actor: str) -> ApprovalDecision:
+    """Record the decision exactly as the SDK's decide_approval does (same payload, same deterministic
+    operation id), with `actor` as the one who decided. The same decision again changes nothing and
+    answers the first; another decision of a decided request, or any of an expired one, is refused."""
+    row = require_approval(tx.conn, request_id, channel_id)
+    channel_id = row["channel_id"]
+    if row["status"] == "decided":
+        if row["decision"] != decision:
+            raise Conflict("approval_decided", f"approval request {request_id} was {row['decision']} already, by "
+                                               f"{row['decided_by']} at {row['decided_at']}")
+        event = present(event_at(tx.conn, channel_id, row["decided_cursor"]),
+                        lambda: NotFound(f"the decision of approval request {request_id} is gone"))
+        return ApprovalDecision(approval=approval_of(row, tx.now), event=event_of(event), replayed=True)
+    if approval_status(row, tx.ts) == "expired":
+        raise Conflict("approval_expired", f"approval request {request_id} has expired"
+                                           + (f" (its timeout passed at {row['timeout_at']})" if row["status"] == "pending"
+                                              else "") + ": nothing waits for a decision any more")
+    payload = {"request_id": request_id, "decision": decision}
+    if reason is not None:
+        payload["reason"] = reason
+    event = record_event(tx, RecordEvent(
+        channel_id=channel_id, event_type=APPROVAL_DECIDED, payload=payload, metadata=EventMeta(actor=actor),
+        operation_id=deterministic_operation_key("approval", decision, request_id)))
+    return ApprovalDecision(approval=approval_of(require_approval(tx.conn, request_id, channel_id), tx.now),
+                            event=event, replayed=False)
+
+
+# =============================================================================
+# Domain: bulk fork from failure (every selected run forked after its own last good step)
+# =============================================================================
+# One write job: the selection (indexed by run_state), every fork and the answer, kept under the
+# request's operation id, commit together or not at all; a run whose fork is refused (a name taken
+# by another run, no snapshot at the step) is skipped with the reason, in its own savepoint. The
+# forks are the ones the dashboard's fork form makes, so AgentSession.resume(client, fork) continues
+# each one after the step it kept.
+
+
+def bulk_fork_candidates(conn: Conn, selection: BulkForkFilter) -> list:
+    """The runs the filter selects (RUN_COLUMNS rows), least recently active first, at most
+    BULK_FORK_MAX + 1: one range of channels_by_state per status."""
+    if selection.channel_ids is not None and not selection.channel_ids:
+        return []
+    pages = []
+    for state in dict.fromkeys(selection.status):
+        where = Where().add("c.run_state = ?", state)
+        where.add_if(selection.since and iso(selection.since), "c.updated_at >= ?")
+        where.add_if(selection.until and iso(selection.until), "c.updated_at <= ?")
+        if selection.channel_prefix:
+            where.add("substr(c.id, 1, ?) = ?", len(selection.channel_prefix), selection.channel_prefix)
+        if selection.channel_ids:
+            ids = list(dict.fromkeys(selection.channel_ids))
+            where.add(f"c.id IN ({', '.join('?' * len(ids))})", *ids)
+        pages.append((f"SELECT {RUN_COLUMNS} FROM channels c{where} ORDER BY c.updated_at, c.id LIMIT ?",
+                      [*where.args, BULK_FORK_MAX + 1]))
+    return union_of_pages(conn, pages, "updated_at, id", BULK_FORK_MAX + 1)
+
+
+@dataclass(frozen=True)
+class PlannedFork:
+    source_channel_id: str           # the run that went wrong
+    step: int                        # the fork keeps steps 1..step
+    fork: Fork                       # the fork request (its source is the run that recorded that step)
+
+
+def everyone(channel_id: str) -> bool:
+    return True
+
+
+def plan_bulk_fork(conn: Conn, req: BulkFork, may_write: Callable[[str], bool]) -> tuple:
+    """([PlannedFork], [BulkSkipped]): what the request would fork, and which selected runs it leaves and why."""
+    wanted = req.filter.failure_contains.lower() if req.filter.failure_contains else None
+    picked = []
+    for row in bulk_fork_candidates(conn, req.filter):
+        failure = run_failure(conn, row, row["run_state"])
+        if wanted is None or (failure is not None and wanted in failure.message.lower()):
+            picked.append((row, failure))
+    if len(picked) > BULK_FORK_MAX:
+        raise BadRequest(f"more than {BULK_FORK_MAX} runs match: narrow the filter (since, until, channel_prefix, "
+                         "failure_contains or channel_ids)")
+    planned, skipped = [], []
+    for row, failure in picked:
+        run_id = row["id"]
+        last = max(row["last_step"] or 0, (row["forked_at_step"] or 0) if row["parent_id"] else 0)
+        if req.at == "last_good_step":
+            step = failure.last_good_step if failure is not None else last
+            if not step:
+                skipped.append(BulkSkipped(channel_id=run_id, reason="no step completed before it went wrong"))
+                continue
+        elif req.at > last:
+            skipped.append(BulkSkipped(channel_id=run_id, reason=f"it has no step {req.at} (its last is {last})"))
+            continue
+        else:
+            step = req.at
+        name = req.name.replace("{channel_id}", run_id).replace("{step}", str(step))
+        if not CHANNEL_ID.fullmatch(name) or name == run_id:
+            skipped.append(BulkSkipped(channel_id=run_id, reason=f"the name pattern gives {name[:300]!r}, which is "
+                                                                 "not a channel id of its own"))
+            continue
+        if not (may_write(run_id) and may_write(name)):
+            skipped.append(BulkSkipped(channel_id=run_id, reason=f"this credential may not write {run_id} and {name}"))
+            continue
+        try:
+            boundary = resolve_step(conn, run_id, step)
+        except NotFound:
+            skipped.append(BulkSkipped(channel_id=run_id, reason=f"step {step} is not in the step index"))
+            continue
+        experiment = {"session_name": name, "params": experiment_of(row).get("params"),
+                      "forked_from": boundary.channel_id, "forked_from_channel": run_id, "forked_at_step": step,
+                      "forked_at_cursor": boundary.cursor, "status": "created"}
+        if req.intervention is not None:
+            experiment["intervention"] = req.intervention
+        planned.append(PlannedFork(run_id, step, Fork(
+            source_channel_id=boundary.channel_id, new_channel_id=name, at_cursor=boundary.cursor, display_name=name,
+            reason=f"Bulk fork of {run_id} after step {step}", experiment_metadata=experiment,
+            manifest={"source": "bulk_fork"}, tool_policies=req.tool_policies)))
+    return planned, skipped
+
+
+def preview_bulk_fork(conn: Conn, req: BulkFork, may_write: Callable[[str], bool] = everyone) -> BulkForkAnswer:
+    """A dry run: what the request would fork, writing nothing (its operation id included). A fork that
+    exists already with the same definition is listed with its receipt: the real run answers it again."""
+    planned, skipped = plan_bulk_fork(conn, req, may_write)
+    forks = []
+    for item in planned:
+        fork = item.fork
+        existing = channel_by_id(conn, fork.new_channel_id)
+        if existing is not None:
+            if existing["parent_id"] == fork.source_channel_id and existing["requested_cursor"] == fork.at_cursor \
+                    and load(existing["tool_policies"]) == fork.tool_policies:
+                forks.append(BulkForked(source_channel_id=item.source_channel_id, channel_id=fork.new_channel_id,
+                                        step=item.step, receipt=receipt_of(existing, replayed=True)))
+            else:
+                skipped.append(BulkSkipped(channel_id=item.source_channel_id,
+                                           reason=f"channel {fork.new_channel_id} already exists with a different "
+                                                  "definition"))
+        elif state_row_at(conn, fork.source_channel_id, fork.at_cursor) is None:
+            skipped.append(BulkSkipped(channel_id=item.source_channel_id,
+                                       reason=f"no state snapshot of {fork.source_channel_id} at step {item.step}"))
+        else:
+            forks.append(BulkForked(source_channel_id=item.source_channel_id, channel_id=fork.new_channel_id,
+                                    step=item.step, receipt=None))
+    return BulkForkAnswer(forks=forks, skipped=skipped, dry_run=True)
+
+
+def bulk_fork(tx: Tx, req: BulkFork, may_write: Callable[[str], bool] = everyone) -> BulkForkAnswer:
+    """POST /forks/bulk (not a dry run): fork every planned run in this one transaction. The same
+    operation id again answers the first answer and forks nothing; without one, a fork named like an
+    earlier one of the same run and step replays that fork."""
+    conn = tx.conn
+    hashed = request_hash({k: v for k, v in msgspec.to_builtins(req).items() if k != "operation_id"})
+    if req.operation_id is not None:
+        stored = bulk_fork_by_operation(conn, req.operation_id)
+        if stored is not None:
+            require_same_request(stored["request_hash"], hashed, req.operation_id, "bulk fork")
+            return msgspec.json.decode(stored["answer"], type=BulkForkAnswer)
+    planned, skipped = plan_bulk_fork(conn, req, may_write)
+    forks = []
+    for item in planned:
+        conn.execute("SAVEPOINT bulk_fork")
+        appended = len(tx.events)
+        try:
+            receipt = fork_channel(tx, item.fork)
+        except ActaeError as exc:
+            if not conn.in_transaction:
+                raise
+            conn.execute("ROLLBACK TO bulk_fork")
+            del tx.events[appended:]
+            skipped.append(BulkSkipped(channel_id=item.source_channel_id, reason=exc.message))
+        else:
+            forks.append(BulkForked(source_channel_id=item.source_channel_id, channel_id=item.fork.new_channel_id,
+                                    step=item.step, receipt=receipt))
+        conn.execute("RELEASE bulk_fork")
+    answer = BulkForkAnswer(forks=forks, skipped=skipped, dry_run=False)
+    if req.operation_id is not None:
+        conn.execute("INSERT INTO bulk_forks (operation_id, request_hash, answer, created_at) VALUES (?, ?, ?, ?)",
+                     (req.operation_id, hashed, dump(answer), tx.ts))
+    return answer
+
+
+# =============================================================================
+# Domain: retention (prune whole runs, never one that a kept run or live work still needs)
+# =============================================================================
+# A run is deleted whole (events, states, ledger rows, approvals, wake-ups; the step index is its
+# events) when it was last active before the cutoff, has the status asked for, and nothing needs it:
+# no pending approval, live claim, pending wake-up or group uses it, and every fork of it goes too
+# (a fork's history lives in its parents). The plan is read first; the deletions follow in batches
+# of PRUNE_BATCH runs, children before parents, each batch one write transaction that checks every
+# rule again, so a run that became active or needed meanwhile stays. Then the space goes back: on
+# SQLite by incremental vacuum on the writer connection between batches of writes (or one VACUUM
+# that switches an older file to incremental vacuum); PostgreSQL's operator runs VACUUM (FULL).
+
+FAILURE_STATES = ("crashed", "failed")
+PRUNE_GUARDS = (        # (why a run is kept, its table, the condition); `?` is the prune's now
+    ("a pending approval", "approvals", "status = 'pending' AND (timeout_at IS NULL OR timeout_at > ?)"),
+    ("a live claim", "executions", "status = 'running' AND lease_until > ?"),
+    ("a pending wake-up", "wakeups", "status = 'pending'"),
+    ("a consumer group reading it", "consumer_groups", ""),
+    ("an execution group member on it", "execution_group_members", ""),
+)
+
+
+def guard_sql(table: str, condition: str, one_channel: bool) -> str:
+    where = " AND ".join(c for c in (condition, "channel_id = ?" if one_channel else "") if c)
+    return f"SELECT DISTINCT channel_id FROM {table}{' WHERE ' + where if where else ''}"
+
+
+def prune_cutoffs(req: Prune, now: datetime) -> tuple:
+    """(the cutoff, the failed runs' cutoff or None) as stored timestamps."""
+    cutoff = iso(now - timedelta(days=req.older_than_days))
+    failed = iso(now - timedelta(days=req.keep_failed_days)) if req.keep_failed_days is not None else None
+    return cutoff, failed
+
+
+def prune_eligible(row: Row, req: Prune, cutoffs: tuple) -> bool:
+    """Old enough, and of the status asked for (failed: crashed too)."""
+    failed = row["run_state"] in FAILURE_STATES
+    if (req.status == "completed" and row["run_state"] != "completed") or (req.status == "failed" and not failed):
+        return False
+    cutoff, failed_cutoff = cutoffs
+    return row["updated_at"] < (failed_cutoff if failed and failed_cutoff is not None else cutoff)
+
+
+def run_guard(conn: Conn, channel_id: str, now: str) -> Optional[str]:
+    """Why a run must stay whatever its age (one of PRUNE_GUARDS, or forks of it), else None."""
+    for reason, table, condition in PRUNE_GUARDS:
+        args = (now, channel_id) if "?" in condition else (channel_id,)
+        if conn.execute(guard_sql(table, condition, True), args).fetchone() is not None:
+            return f"it has {reason}"
+    if conn.execute("SELECT 1 FROM channels WHERE parent_id = ? LIMIT 1", (channel_id,)).fetchone() is not None:
+        return "it has forks that are kept"
+    return None
+
+
+@dataclass
+class PrunePlan:
+    deletable: list                  # channel ids, every fork before its parent
+    kept: list                       # [KeptRun] of the old runs that stay
+
+
+def plan_prune(conn: Conn, req: Prune, now: datetime) -> PrunePlan:
+    """Which runs the rules let a prune delete, read at one moment (a read transaction)."""
+    cutoffs, ts = prune_cutoffs(req, now), iso(now)
+    latest = max(c for c in cutoffs if c is not None)
+    with read_snapshot(conn):
+        rows = conn.execute("SELECT id, parent_id, run_state, updated_at FROM channels WHERE updated_at < ?"
+                            " ORDER BY updated_at, id", (latest,)).fetchall()
+        eligible = {r["id"]: r for r in rows if prune_eligible(r, req, cutoffs)}
+        guarded: dict = {}
+        for reason, table, condition in PRUNE_GUARDS:
+            for (channel_id,) in conn.execute(guard_sql(table, condition, False), (ts,) if "?" in condition else ()):
+                guarded.setdefault(channel_id, f"it has {reason}")
+        children: dict = {}
+        ids = list(eligible)
+        for start in range(0, len(ids), ID_BATCH):
+            batch = ids[start:start + ID_BATCH]
+            for child, parent in conn.execute(f"SELECT id, parent_id FROM channels WHERE parent_id IN"
+                                              f" ({', '.join('?' * len(batch))})", batch):
+                children.setdefault(parent, []).append(child)
+    verdict: dict = {}
+
+    def decide(run_id: str) -> Optional[str]:
+        """None when the run may go; else why it stays (a fork that stays keeps its whole lineage)."""
+        if run_id not in verdict:
+            reason = guarded.get(run_id) if run_id in eligible else "it is newer than the cutoff, or of another status"
+            for child in children.get(run_id, ()) if reason is None else ():
+                if decide(child) is not None:
+                    reason = f"it is an ancestor of {child}, which is kept"
+                    break
+            verdict[run_id] = reason
+        return verdict[run_id]
+
+    depth: dict = {}
+
+    def depth_of(run_id: str) -> int:
+        if run_id not in depth:
+            parent = eligible[run_id]["parent_id"]
+            depth[run_id] = depth_of(parent) + 1 if parent in eligible else 0
+        return depth[run_id]
+
+    deletable = [run_id for run_id in eligible if decide(run_id) is None]
+    deletable.sort(key=depth_of, reverse=True)              # forks (deeper) before their parents
+    kept = [KeptRun(channel_id=run_id, reason=verdict[run_id]) for run_id in eligible if verdict[run_id] is not None]
+    return PrunePlan(deletable, kept)
+
+
+def run_rows(conn: Conn, channel_id: str) -> tuple:
+    """(states, executions, approvals, wake-ups) a run holds."""
+    return tuple(conn.execute(
+        "SELECT (SELECT COUNT(*) FROM states WHERE channel_id = ?), (SELECT COUNT(*) FROM executions WHERE channel_id = ?),"
+        " (SELECT COUNT(*) FROM approvals WHERE channel_id = ?), (SELECT COUNT(*) FROM wakeups WHERE channel_id = ?)",
+        (channel_id,) * 4).fetchone())
+
+
+def add_rows(total: dict, events: int, held: tuple) -> None:
+    total["runs"] += 1
+    total["events"] += events
+    for name, count in zip(("states", "executions", "approvals", "wakeups"), held):
+        total[name] += count
+
+
+def prune_runs(tx: Tx, ids: list, req: Prune, now: str) -> tuple:
+    """Delete these runs (forks first), each only if every rule still lets it go at `now` (the plan's
+    instant); returns (deleted ids, kept [KeptRun], row counts)."""
+    conn, cutoffs = tx.conn, prune_cutoffs(req, parse_iso(now))
+    deleted, kept, total = [], [], dict.fromkeys(PrunedRows.__struct_fields__, 0)
+    for run_id in ids:
+        row = channel_by_id(conn, run_id)
+        if row is None:
+            continue                     # deleted meanwhile
+        reason = None if prune_eligible(row, req, cutoffs) else "it was active again after the plan"
+        reason = reason or run_guard(conn, run_id, now)
+        if reason is not None:
+            kept.append(KeptRun(channel_id=run_id, reason=reason))
+            continue
+        add_rows(total, row["last_cursor"], run_rows(conn, run_id))
+        delete_channel(tx, run_id, False)
+        conn.execute("DELETE FROM wakeups WHERE channel_id = ?", (run_id,))
+        deleted.append(run_id)
+    return deleted, kept, total
+
+
+def planned_rows(conn: Conn, ids: list) -> dict:
+    """What deleting these runs would delete (a dry run's counts)."""
+    total = dict.fromkeys(PrunedRows.__struct_fields__, 0)
+    for run_id in ids:
+        row = channel_by_id(conn, run_id)
+        if row is not None:
+            add_rows(total, row["last_cursor"], run_rows(conn, run_id))
+    return total
+
+
+def database_bytes(conn: Conn) -> int:
+    """The database's size: SQLite's pages in use by the file, PostgreSQL's pg_database_size."""
+    if conn.dialect is SQLITE:
+        return sqlite_pragma(conn, "page_count") * sqlite_pragma(conn, "page_size")
+    return conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+
+
+POSTGRES_SPACE = ("PostgreSQL keeps the freed pages for new rows (autovacuum marks them free); to give the disk back "
+                  "run VACUUM (FULL, ANALYZE) channels, events, states, executions, approvals, wakeups (it locks each "
+                  "table while it rewrites it), or pg_repack, which does not")
+INCREMENTAL_VACUUM_PAGES = 2000           # pages freed per step: a few milliseconds of the writer's time
+
+
+def sqlite_pragma(conn: Conn, name: str) -> Any:
+    """A SQLite PRAGMA's value (`name` is one of ours, never input); the whole result is read, so a
+    pragma that works row by row (incremental_vacuum, wal_checkpoint) runs to its end."""
+    rows = conn.execute(f"PRAGMA {name}").fetchall()
+    return rows[0][0] if rows else None
+
+
+def reclaim_step(conn: Conn) -> Optional[str]:
+    """One step of giving freed SQLite pages back (outside any transaction, on the writer connection):
+    None while there is more to do, else what was done. A file made before incremental vacuum (or
+    one where it makes no progress) is rewritten once by VACUUM, which switches it over."""
+    free = sqlite_pragma(conn, "freelist_count")
+    incremental = sqlite_pragma(conn, "auto_vacuum") == 2            # 2: INCREMENTAL
+    if incremental and free:
+        sqlite_pragma(conn, f"incremental_vacuum({INCREMENTAL_VACUUM_PAGES})")
+        left = sqlite_pragma(conn, "freelist_count")
+        if 0 < left < free:
+            return None
+        free = left
+    if free:
+        sqlite_pragma(conn, "auto_vacuum = INCREMENTAL")
+        conn.execute("VACUUM")
+    sqlite_pragma(conn, "wal_checkpoint(TRUNCATE)")
+    if free:
+        return "VACUUM rewrote the database (from now on it vacuums incrementally); WAL checkpointed"
+    return "incremental vacuum returned the freed pages to the file system; WAL checkpointed"
+
+
+def prune_answer(req: Prune, deleted: list, kept: list, rows: dict, before: int, after: int, space: str) -> PruneAnswer:
+    return PruneAnswer(dry_run=req.dry_run, deleted=deleted[:PRUNE_LISTED_MAX], kept=kept[:PRUNE_LISTED_MAX],
+                       rows=PrunedRows(**rows), bytes_before=before, bytes_after=after,
+                       bytes_freed=max(0, before - after), space=space)
+
+
+async def prune_database(db: Database, req: Prune, now: datetime) -> PruneAnswer:
+    """The server's prune: plan, batches through the writer (other writes go on between them), then the space."""
+    plan = await db.read(plan_prune, req, now)
+    before = await db.read(database_bytes)
+    if req.dry_run:
+        rows = await db.read(planned_rows, plan.deletable)
+        return prune_answer(req, plan.deletable, plan.kept, rows, before, before, "a dry run: nothing was deleted")
+    deleted, kept, rows = [], list(plan.kept), dict.fromkeys(PrunedRows.__struct_fields__, 0)
+    for start in range(0, len(plan.deletable), PRUNE_BATCH):
+        gone, stayed, counted = await db.write(prune_runs, plan.deletable[start:start + PRUNE_BATCH], req, iso(now))
+        deleted += gone
+        kept += stayed
+        rows = {k: rows[k] + counted[k] for k in rows}
+    if db.location.backend != "sqlite":
+        space = POSTGRES_SPACE
+    elif not deleted:
+        space = "nothing was deleted"
+    else:
+        space = None
+        while space is None:             # each step is one call on the writer's thread, between write batches
+            space = await db.engine.write(reclaim_step)
+    return prune_answer(req, deleted, kept, rows, before, await db.read(database_bytes), space)
+
+
+class Retention:
+    """Prunes one at a time; with --retain-days, at start and then every `interval` seconds. `clock`
+    is the prune's idea of now (tests move it on instead of waiting days)."""
+
+    def __init__(self, db: Database, retain_days: Optional[float], *, clock: Callable[[], datetime] = utc_now,
+                 interval: float = RETENTION_INTERVAL_SECONDS):
+        self.db, self.retain_days, self.clock, self.interval = db, retain_days, clock, interval
+        self.lock = asyncio.Lock()
+        self.last: Optional[PruneAnswer] = None
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        if self.retain_days is not None:
+            self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def prune(self, req: Prune) -> PruneAnswer:
+        async with self.lock:
+            return await prune_database(self.db, req, self.clock())
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.last = await self.prune(Prune(older_than_days=self.retain_days))
+                rows = self.last.rows
+                log.info("retention: deleted %d runs idle over %g days (%d events), %d bytes freed",
+                         rows.runs, self.retain_days, rows.events, self.last.bytes_freed)
+            except (ShuttingDown, asyncio.CancelledError):
+                raise
+            except Exception:  # noqa: BLE001 - a failed prune is tried again at the next interval
+                log.exception("the daily prune failed")
+            await asyncio.sleep(self.interval)
 
 
 # =============================================================================
@@ -6790,6 +7671,8 @@ def import_runs(tx: Tx, file: ExportFile) -> Imported:
     check_ids_free(tx.conn, new)
     for run in new:
         insert_run(tx, run)
+        refresh_run_facts(tx.conn, run.channel.id)      # what the write path would have kept on the row
+        reindex_approvals(tx.conn, run.channel.id)
     for run in new:
         check_imported_chain(tx.conn, run, file)
     fresh = {run.channel.id for run in new}
@@ -7170,6 +8053,44 @@ async def api_execution_group_forks_promote(request: Request, path, body: Empty)
     return GroupForkAnswer(fork=await db_of(request).write(promote_group_fork_member, path.fork_group_id, path.member_id))
 
 
+# --- many runs: the bulk fork, the approvals inbox, retention ------------------------------------
+
+
+async def api_forks_bulk(request: Request, body: BulkFork) -> BulkForkAnswer:
+    """Fork every selected run after its own last good step (dry_run: only say what would be forked)."""
+    principal = request.state.principal
+    may_write = everyone if principal.can_everywhere("write") else functools.partial(principal.can, "write")
+    if body.dry_run:
+        return await db_of(request).read(preview_bulk_fork, body, may_write)
+    return await db_of(request).write(bulk_fork, body, may_write)
+
+
+async def api_approvals_list(request: Request, query: ApprovalsQuery) -> Approvals:
+    """The approval requests across runs, oldest first: pending, decided or expired."""
+    return Approvals(approvals=await db_of(request).read(list_approvals, query.status, query.channel_id, query.limit,
+                                                         utc_now()))
+
+
+async def decide_for(request: Request, request_id: str, body: DecideApproval) -> ApprovalDecision:
+    """Decide as the caller: write on the approval's run is checked on the run the id names (one id may
+    be used on several runs, so the route table cannot look it up)."""
+    row = await db_of(request).read(require_approval, request_id, body.channel_id)
+    principal = request.state.principal
+    principal.require("write", row["channel_id"])
+    return await db_of(request).write(decide_approval, request_id, row["channel_id"], body.decision, body.reason,
+                                      principal.actor)
+
+
+async def api_approvals_decide(request: Request, path, body: DecideApproval) -> ApprovalDecision:
+    """Approve or reject a pending request: the approval.decided event the SDK's decide_approval records."""
+    return await decide_for(request, path.request_id, body)
+
+
+async def api_admin_prune(request: Request, body: Prune) -> PruneAnswer:
+    """Delete whole runs idle longer than older_than_days (never one a kept run or live work needs)."""
+    return await request.app.state.retention.prune(body)
+
+
 # --- health, metrics, capabilities ------------------------------------------------
 
 
@@ -7245,7 +8166,8 @@ async def api_auth_capabilities(request: Request) -> Capabilities:
 
 
 INSTANCE_FEATURES = ["events", "state", "forks", "ledger", "scheduler", "consumer_groups", "execution_groups",
-                     "experiments", "websocket", "scoped_keys", "accounts", "event_chain", "close"]
+                     "experiments", "websocket", "scoped_keys", "accounts", "event_chain", "close",
+                     "bulk_fork", "approvals", "retention"]
 
 
 async def api_instance(request: Request) -> Instance:
@@ -8237,6 +9159,13 @@ API_ROUTES = [
     Api("GET", "/api/v1/execution-group-forks/{fork_group_id}", api_execution_group_forks_get, scopes=reads(EVERY)),
     Api("POST", "/api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote",
         api_execution_group_forks_promote, body=Empty, body_optional=True, scopes=writes(EVERY)),
+    # Many runs. A bulk fork skips each run the credential may not write (or whose fork it may not);
+    # deciding checks write on the approval's run itself; pruning is the admin's.
+    Api("POST", "/api/v1/forks/bulk", api_forks_bulk, body=BulkFork, scopes=writes(SOMEWHERE)),
+    Api("GET", "/api/v1/approvals", api_approvals_list, query=ApprovalsQuery, scopes=reads("query.channel_id")),
+    Api("POST", "/api/v1/approvals/{request_id}/decide", api_approvals_decide, body=DecideApproval,
+        scopes=writes(SOMEWHERE)),
+    Api("POST", "/api/v1/admin/prune", api_admin_prune, body=Prune, scopes=ADMIN),
     Api("POST", "/api/v1/scheduler/wakeups", api_wakeups_schedule, body=ScheduleWakeup, scopes=writes(B)),
     Api("GET", "/api/v1/scheduler/wakeups", api_wakeups_list, query=WakeupsQuery, scopes=reads("query.channel_id")),
     Api("GET", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_get, scopes=reads("wakeup.wakeup_id")),
@@ -9636,6 +10565,7 @@ FAILED_STATE_STATUSES = ("failed", "error")
 ERROR_EVENT_TYPES = ("error", "run.error", "run.failed", "session.error", "session.failed",
                      "step.error", "step.failed", "agent.error", "agent.failed")
 # A run that has not completed and whose last event is one of these is stuck on a refusal or a human.
+ERROR_EVENT_SET = frozenset(ERROR_EVENT_TYPES)   # append_event notes a run's first one (error_cursor)
 BLOCKING_EVENT_TYPES = ("tool.blocked", "approval.requested", "approval.expired")
 LEDGER_SINCE = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 STEP_CHANGES_SHOWN = 20                # changed keys listed per step (the count says how many in all)
@@ -9652,32 +10582,35 @@ def _sql_names(names: tuple) -> str:
     return ", ".join(f"'{name}'" for name in names)
 
 
-# A run's status in one SQL expression (over `channels c`), so the runs list, its filter, the fork tree
-# and the run page always agree. Per dialect: the SDK's status is a field of a JSON column.
-@functools.cache
+# A run's status in one SQL expression over its own channels row: the generated column run_state (see
+# _migrate_many_runs), so the runs list, its filter, the fork tree and the run page always agree, and
+# an index answers a status filter. Its inputs are columns the write path keeps: the SDK's status (a
+# field of a JSON column, per dialect), the outcome, the latest snapshot's status, the first error
+# event and the last event's type.
 def run_state_sql(dialect: Dialect) -> str:
-    sdk_status = dialect.json_text("c.experiment_metadata", "status")
-    latest_state_status = "(SELECT s.status FROM states s WHERE s.channel_id = c.id ORDER BY s.version DESC LIMIT 1)"
+    sdk_status = dialect.json_text("experiment_metadata", "status")
     return f"""CASE
-    WHEN {sdk_status} = 'crashed' OR c.outcome = 'crashed' THEN 'crashed'
+    WHEN {sdk_status} = 'crashed' OR outcome = 'crashed' THEN 'crashed'
     WHEN {sdk_status} IN ({_sql_names(FAILED_STATE_STATUSES)})
-      OR {latest_state_status} IN ({_sql_names(FAILED_STATE_STATUSES)})
-      OR EXISTS (SELECT 1 FROM events e WHERE e.type IN ({_sql_names(ERROR_EVENT_TYPES)}) AND e.channel_id = c.id)
+      OR last_state_status IN ({_sql_names(FAILED_STATE_STATUSES)})
+      OR error_cursor IS NOT NULL
       THEN 'failed'
-    WHEN COALESCE({sdk_status}, '') <> 'completed'
-      AND (SELECT e.type FROM events e WHERE e.channel_id = c.id AND e.cursor = c.last_cursor)
-          IN ({_sql_names(BLOCKING_EVENT_TYPES)}) THEN 'blocked'
+    WHEN COALESCE({sdk_status}, '') <> 'completed' AND last_event_type IN ({_sql_names(BLOCKING_EVENT_TYPES)})
+      THEN 'blocked'
     ELSE COALESCE({sdk_status}, 'recorded') END"""
 
 
-@functools.cache
+RUN_COLUMNS = ("c.*,"                   # run_state among them
+               " (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id) AS last_step,"
+               " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks,"
+               " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = 1) AS first_event_at,"
+               " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = c.last_cursor)"
+               " AS last_event_at")
+
+
 def run_columns(dialect: Dialect) -> str:
-    return (f"c.*, ({run_state_sql(dialect)}) AS run_state,"
-            " (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id) AS last_step,"
-            " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks,"
-            " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = 1) AS first_event_at,"
-            " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = c.last_cursor)"
-            " AS last_event_at")
+    """What a listed run's row carries: the channel (with run_state) and a few lookups by its own key."""
+    return RUN_COLUMNS
 
 
 def shown_status(run_state: Any) -> str:
@@ -9685,11 +10618,11 @@ def shown_status(run_state: Any) -> str:
     return "failed" if run_state in ("crashed", "failed") else str(run_state)
 
 
-def status_filter(conn: Conn, where: Where, status: str) -> None:
-    if status == "failed":
-        where.add(f"({run_state_sql(conn.dialect)}) IN ('crashed', 'failed')")
-    elif status:
-        where.add(f"({run_state_sql(conn.dialect)}) = ?", status)
+def listed_states(status: str) -> tuple:
+    """The run_state values a list's status filter takes ("failed": crashes too); (None,) for no filter."""
+    if not status:
+        return (None,)
+    return ("crashed", "failed") if status == "failed" else (status,)
 
 
 def millis_between(earlier: Optional[str], later: Optional[str]) -> Optional[int]:
@@ -9745,8 +10678,9 @@ def crash_failure(conn: Conn, row: Row) -> Failure:
 
 
 def error_event_failure(conn: Conn, row: Row) -> Optional[Failure]:
-    event = conn.execute(f"SELECT * FROM events WHERE type IN ({_sql_names(ERROR_EVENT_TYPES)}) AND channel_id = ?"
-                         " ORDER BY cursor LIMIT 1", (row["id"],)).fetchone()
+    if row["error_cursor"] is None:           # the write path notes the run's first error event
+        return None
+    event = event_at(conn, row["id"], row["error_cursor"])
     if event is None:
         return None
     message = failure_message(load(event["payload"])) or f"the run recorded {event['type']}"
@@ -9771,8 +10705,7 @@ def failed_state_failure(conn: Conn, row: Row) -> Optional[Failure]:
 
 
 def blocked_failure(conn: Conn, row: Row) -> Failure:
-    event = conn.execute("SELECT * FROM events WHERE channel_id = ? AND cursor = ?",
-                         (row["id"], row["last_cursor"])).fetchone()
+    event = event_at(conn, row["id"], row["last_cursor"])
     payload = load(event["payload"])
     payload = payload if isinstance(payload, dict) else {}
     if event["type"] == "tool.blocked":
@@ -9872,18 +10805,21 @@ def runs_page(conn: Conn, q: str, status: str, after: Optional[str]) -> tuple:
     Unfiltered, the page lists root runs, each with its forks grouped under it; a search or a status
     filter lists every matching run on its own.
     """
-    where = Where()
     grouped = not q and not status
-    if grouped:
-        where.add("c.parent_id IS NULL")
-    if q:
-        like = conn.dialect.like
-        where.add(f"(c.id {like} ? OR c.display_name {like} ?)", f"%{q}%", f"%{q}%")
-    status_filter(conn, where, status)
-    if after:
-        where.add(*after_page_token(after, "c.updated_at", "c.id"))
-    rows = conn.execute(f"SELECT {run_columns(conn.dialect)} FROM channels c{where} ORDER BY c.updated_at DESC, c.id DESC LIMIT ?",
-                        (*where.args, RUNS_PAGE_SIZE + 1)).fetchall()
+    pages = []                            # one index range per run_state; "failed" merges two of them
+    for state in listed_states(status):
+        where = Where()
+        if grouped:
+            where.add("c.parent_id IS NULL")
+        if q:
+            like = conn.dialect.like
+            where.add(f"(c.id {like} ? OR c.display_name {like} ?)", f"%{q}%", f"%{q}%")
+        where.add_if(state, "c.run_state = ?")
+        if after:
+            where.add(*after_page_token(after, "c.updated_at", "c.id"))
+        pages.append((f"SELECT {run_columns(conn.dialect)} FROM channels c{where}"
+                      " ORDER BY c.updated_at DESC, c.id DESC LIMIT ?", [*where.args, RUNS_PAGE_SIZE + 1]))
+    rows = union_of_pages(conn, pages, "updated_at DESC, id DESC", RUNS_PAGE_SIZE + 1)
     runs = [listed_run(conn, r) for r in rows[:RUNS_PAGE_SIZE]]
     everyone = list(runs)
     for run in runs:
@@ -10185,6 +11121,58 @@ def ledger_page(conn: Conn, filters: dict, before: Optional[str]) -> tuple:
     return executions, blocked_attempts(conn, filters.get("channel_id")), next_page_token(rows, "created_at"), tools
 
 
+# --- many runs: the bulk fork form, the approvals inbox, the storage page --------------------------
+
+
+def matching_run_ids(conn: Conn, q: str, status: str) -> list:
+    """The ids of every run the runs list's search and status filter match (at most BULK_FORK_MAX + 1),
+    most recently active first: what "fork all that match this filter" forks."""
+    pages = []
+    for state in listed_states(status):
+        where = Where()
+        if q:
+            like = conn.dialect.like
+            where.add(f"(c.id {like} ? OR c.display_name {like} ?)", f"%{q}%", f"%{q}%")
+        where.add_if(state, "c.run_state = ?")
+        pages.append((f"SELECT c.id, c.updated_at FROM channels c{where} ORDER BY c.updated_at DESC, c.id DESC LIMIT ?",
+                      [*where.args, BULK_FORK_MAX + 1]))
+    return [r["id"] for r in union_of_pages(conn, pages, "updated_at DESC, id DESC", BULK_FORK_MAX + 1)]
+
+
+def stored_size_sql(dialect: Dialect, column: str) -> str:
+    """SQL for the bytes a text or blob column holds."""
+    return f"length(CAST({column} AS BLOB))" if dialect is SQLITE else f"octet_length({column})"
+
+
+STORAGE_LISTED = 20
+
+
+def storage_page(conn: Conn) -> dict:
+    """The database's size, and the runs that hold the most and that were idle the longest."""
+    sqlite = conn.dialect is SQLITE
+    free = sqlite_pragma(conn, "freelist_count") * sqlite_pragma(conn, "page_size") if sqlite else None
+    counted = conn.execute("SELECT COUNT(*), COALESCE(SUM(last_cursor), 0) FROM channels").fetchone()
+    pending = conn.execute("SELECT COUNT(*) FROM approvals WHERE status = 'pending'").fetchone()[0]
+
+    def listed(sql: str) -> list:
+        runs = []
+        for row in conn.execute(sql, (STORAGE_LISTED,)).fetchall():
+            held = conn.execute(
+                f"SELECT (SELECT COALESCE(SUM({stored_size_sql(conn.dialect, 'payload')}), 0) FROM events"
+                f" WHERE channel_id = ?), (SELECT COALESCE(SUM({stored_size_sql(conn.dialect, 'state')}), 0)"
+                " FROM states WHERE channel_id = ?), (SELECT COUNT(*) FROM states WHERE channel_id = ?)",
+                (row["id"],) * 3).fetchone()
+            runs.append({"channel_id": row["id"], "events": row["last_cursor"], "states": held[2],
+                         "bytes": int(held[0]) + int(held[1]), "last_activity": row["updated_at"]})
+        return runs
+    return {"backend": "sqlite" if sqlite else "postgresql", "bytes": database_bytes(conn), "free_bytes": free,
+            "runs": counted[0], "events": int(counted[1]), "pending_approvals": pending,
+            "largest": listed("SELECT id, last_cursor, updated_at FROM channels"
+                              " ORDER BY last_cursor + state_version DESC, id LIMIT ?"),
+            "oldest": listed("SELECT id, last_cursor, updated_at FROM channels ORDER BY updated_at, id LIMIT ?"),
+            "space": "" if sqlite else POSTGRES_SPACE}
+
+
 # =============================================================================
 # Dashboard: page handlers (rendering, sign-in, forms; one per page)
 # =============================================================================
@@ -10401,7 +11389,7 @@ async def page_runs(request: Request) -> Response:
     return render(request, "runs.html", {"title": "Runs", "runs": runs, "q": q, "status": status,
                                          "statuses": list(RUN_STATES), "next_url": next_url,
                                          "grouped": not q and not status, "deleted": query.deleted[:256],
-                                         "deleted_count": query.count})
+                                         "deleted_count": query.count, "selectable": status in BULK_FORK_STATUSES})
 
 
 def timeline_links(channel_id: str, start: int, total: int, event_type: str, more: Optional[int]) -> dict:
@@ -10728,6 +11716,109 @@ async def page_keys_revoke(request: Request) -> Response:
     return RedirectResponse("/keys", status_code=303)
 
 
+# --- many runs: the bulk fork form, the approvals inbox, the storage page --------------------------
+
+
+def may_write_of(principal: Principal) -> Callable[[str], bool]:
+    return everyone if principal.can_everywhere("write") else functools.partial(principal.can, "write")
+
+
+def bulk_fork_of_form(fields: dict, runs: list, dry_run: bool, operation_id: Optional[str] = None) -> BulkFork:
+    """The bulk fork form as the request POST /api/v1/forks/bulk takes: exactly these runs, whatever their status."""
+    return record_from(BulkFork, {
+        "filter": {"status": list(RUN_STATES), "channel_ids": runs},
+        "intervention": form_json_object(fields, "intervention", "Intervention"),
+        "tool_policies": form_tool_policies(fields), "name": fields.get("name") or "{channel_id}-retry",
+        "operation_id": operation_id, "dry_run": dry_run}, "bulk fork form")
+
+
+def picked_runs(values: list) -> list:
+    runs = list(dict.fromkeys(v for value in values for v in value.split() if v))
+    if len(runs) > BULK_FORK_MAX:
+        raise BadRequest(f"at most {BULK_FORK_MAX} runs at once: filter the runs list further")
+    return [valid_channel(run, "run") for run in runs]
+
+
+async def page_bulk_fork_form(request: Request) -> Response:
+    """GET /forks/bulk: what a bulk fork of the ticked runs (or of every run the list's filter matches)
+    would make, and the form that makes it; `?done=<operation id>`: what one made."""
+    query = page_query(request, BulkForkPageQuery)
+    db = db_of(request)
+    fields = {"intervention": query.intervention, "tool_policies": query.tool_policies, "name": query.name}
+    context = {"title": "Bulk fork", "form": fields, "error": None, "done": bool(query.done), "runs": [],
+               "operation_id": str(uuid.uuid4()), "answer": BulkForkAnswer(forks=[], skipped=[], dry_run=True)}
+    if query.done:
+        stored = await db.read(bulk_fork_by_operation, query.done)
+        if stored is None:
+            raise NotFound(f"no bulk fork with operation id {query.done}")
+        context["answer"] = msgspec.json.decode(stored["answer"], type=BulkForkAnswer)
+        return render(request, "bulk_fork.html", context)
+    if query.all:
+        if query.status and query.status not in RUN_STATES:
+            raise BadRequest(f"status must be one of {', '.join(RUN_STATES)}")
+        runs = await db.read(matching_run_ids, query.q.strip(), query.status)
+    else:
+        runs = request.query_params.getlist("run")
+    try:
+        context["runs"] = picked_runs(runs)
+        req = bulk_fork_of_form(fields, context["runs"], True)
+        context["answer"] = await db.read(preview_bulk_fork, req, may_write_of(request.state.principal))
+    except BadRequest as exc:
+        context["error"] = exc.message
+        return render(request, "bulk_fork.html", context, status=400)
+    return render(request, "bulk_fork.html", context)
+
+
+async def page_bulk_fork(request: Request) -> Response:
+    """POST /forks/bulk: make the forks the form previewed (its operation id makes a second post a replay)."""
+    form = await read_form(request)
+    try:
+        req = bulk_fork_of_form(form, picked_runs([form.get("runs", "")]), False, form.get("operation_id") or None)
+    except BadRequest as exc:
+        return render(request, "bulk_fork.html", {
+            "title": "Bulk fork", "form": {k: form.get(k, "") for k in ("intervention", "tool_policies", "name")},
+            "error": exc.message, "done": False, "runs": [], "operation_id": str(uuid.uuid4()),
+            "answer": BulkForkAnswer(forks=[], skipped=[], dry_run=True)}, status=400)
+    if req.operation_id is None:
+        raise BadRequest("the form has no operation id: open the bulk fork page again")
+    await db_of(request).write(bulk_fork, req, may_write_of(request.state.principal))
+    return RedirectResponse(f"/forks/bulk?{urlencode({'done': req.operation_id})}", status_code=303)
+
+
+async def page_approvals(request: Request) -> Response:
+    query = page_query(request, ApprovalsPageQuery)
+    if query.status not in (*APPROVAL_STATUSES, "all"):
+        raise BadRequest(f"status must be one of {', '.join(APPROVAL_STATUSES)} or all")
+    approvals = await db_of(request).read(list_approvals, None if query.status == "all" else query.status, None,
+                                          APPROVALS_LIMIT_MAX, utc_now())
+    flash = flash_store(request.app).get(query.error)
+    return render(request, "approvals.html", {
+        "title": "Approvals", "approvals": approvals, "status": query.status, "statuses": [*APPROVAL_STATUSES, "all"],
+        "error": flash["error"] if flash else None, "decided": request.query_params.get("decided", "")[:256]})
+
+
+async def page_approval_decide(request: Request) -> Response:
+    """POST /approvals/{request_id}/decide: the signed-in key or account decides; back to the inbox."""
+    form = await read_form(request)
+    request_id = decode_params(request.path_params, path_record("/{request_id}"), "path").request_id
+    try:
+        body = record_from(DecideApproval, {"decision": form.get("decision", ""), "reason": form.get("reason") or None,
+                                            "channel_id": form.get("channel_id") or None}, "decision")
+        await decide_for(request, request_id, body)
+    except (BadRequest, Conflict) as exc:
+        flash_id = flash_store(request.app).put({"error": exc.message})
+        return RedirectResponse(f"/approvals?{urlencode({'error': flash_id})}", status_code=303)
+    return RedirectResponse(f"/approvals?{urlencode({'decided': request_id})}", status_code=303)
+
+
+async def page_storage(request: Request) -> Response:
+    if not request.state.principal.is_admin:
+        raise Forbidden("only an admin may see the storage page")
+    storage = await db_of(request).read(storage_page)
+    storage["retain_days"] = request.app.state.retention.retain_days
+    return render(request, "storage.html", {"title": "Storage", "storage": storage})
+
+
 # =============================================================================
 # Dashboard: the Fleet page (the organisation's instances, each asked as it is shown)
 # =============================================================================
@@ -11043,6 +12134,11 @@ PAGE_ROUTES = [
     ("POST", "/keys/{key_id}/revoke", page_keys_revoke),
     ("POST", "/logout", page_logout),
     ("GET", "/fleet", page_fleet),
+    ("GET", "/forks/bulk", page_bulk_fork_form),
+    ("POST", "/forks/bulk", page_bulk_fork),
+    ("GET", "/approvals", page_approvals),
+    ("POST", "/approvals/{request_id}/decide", page_approval_decide),
+    ("GET", "/storage", page_storage),
 ]
 
 
@@ -11191,9 +12287,11 @@ def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: O
         await db.open()
         app.state.instance_id = await db.write(instance_identity)
         app.state.scheduler.start()
+        app.state.retention.start()
         try:
             yield
         finally:
+            await app.state.retention.stop()
             await app.state.scheduler.stop()
             await db.close()
             if traces:
@@ -11208,6 +12306,7 @@ def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: O
     app.state.keys = KeyRing(db)
     app.state.settings = settings
     app.state.scheduler = Scheduler(db)
+    app.state.retention = Retention(db, settings.retain_days)
     app.state.instance_id, app.state.started = str(uuid.uuid4()), time.monotonic()
     app.state.started_at = iso(utc_now())
     app.state.token_secret = token_secret(data_dir)
@@ -11268,13 +12367,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--open-signup", action="store_true",
                         help="let anyone create an account (by default only an admin key may)")
     add_fleet_flags(parser)
+    parser.add_argument("--retain-days", type=float, metavar="DAYS",
+                        help="prune runs idle longer than DAYS, at start and then daily (the rules of `actae prune`)")
     # The same scope flags for a key and for an account.
     scoped = argparse.ArgumentParser(add_help=False)
     for action in ACTIONS[:3]:
         scoped.add_argument(f"--{action}", action="append", default=[], metavar="PATTERN",
                             help=f"channels it may {action}: '*', a prefix ending in '*', or an id (repeatable)")
     scoped.add_argument("--admin", action="store_true", help="every action on every channel, plus keys and users")
-    commands = parser.add_subparsers(dest="command", metavar="{key,user,export,import,otel-export,instance,org-token}")
+    commands = parser.add_subparsers(dest="command",
+                                     metavar="{key,user,export,import,otel-export,instance,org-token,fork-failed,prune}")
     key = commands.add_parser("key", parents=[common], help="manage API keys: create, list, revoke, rotate")
     key_commands = key.add_subparsers(dest="key_command", required=True, metavar="{create,list,revoke,rotate}")
     create = key_commands.add_parser("create", parents=[common, scoped], help="issue a scoped key and print it once")
@@ -11303,6 +12405,7 @@ def build_parser() -> argparse.ArgumentParser:
     otel.add_argument("channel_id", metavar="CHANNEL")
     otel.add_argument("--with-forks", action="store_true", help="also every fork below it, forks of forks too")
     add_fleet_commands(commands, common, scoped)
+    add_many_runs_commands(commands, common)
     return parser
 
 
@@ -11357,6 +12460,138 @@ def user_command(args: argparse.Namespace, location: Location) -> int:
     except NotFound as exc:
         raise SystemExit(f"actae: {exc.message}")
     print(f"{granted.email}: {scopes_text(granted.scopes)}")
+    return 0
+
+
+def add_many_runs_commands(commands: Any, common: argparse.ArgumentParser) -> None:
+    """`actae fork-failed` and `actae prune`: the bulk fork and retention, beside a running server too."""
+    fork = commands.add_parser("fork-failed", parents=[common],
+                               help="fork every run that went wrong after its own last good step")
+    fork.add_argument("--status", action="append", choices=RUN_STATES, metavar="STATUS",
+                      help=f"runs of this status (repeatable; default: {' and '.join(BULK_FORK_STATUSES)})")
+    fork.add_argument("--since", metavar="ISO", help="last active at or after this RFC 3339 time")
+    fork.add_argument("--until", metavar="ISO", help="last active at or before this RFC 3339 time")
+    fork.add_argument("--prefix", metavar="P", help="runs whose id starts with P")
+    fork.add_argument("--contains", metavar="TEXT", help="runs whose failure message contains TEXT (any case)")
+    fork.add_argument("--at", type=int, metavar="K", help="fork after step K instead of each run's last good step")
+    fork.add_argument("--intervention", metavar="JSON", help="the forks' intervention, a JSON object")
+    fork.add_argument("--policy", action="append", default=[], metavar="TOOL=POLICY",
+                      help=f"a tool policy of the forks ({'|'.join(TOOL_POLICIES)}; TOOL may be *; repeatable)")
+    fork.add_argument("--name", default="{channel_id}-retry", metavar="PATTERN",
+                      help="the forks' ids: {channel_id} is the run's id, {step} the step (default: %(default)s)")
+    fork.add_argument("--operation-id", metavar="ID", help="an idempotency key: the same one again forks nothing new")
+    fork.add_argument("--dry-run", action="store_true", help="list what would be forked; record nothing")
+    fork.add_argument("--json", action="store_true", help="print the answer as JSON")
+    prune = commands.add_parser("prune", parents=[common],
+                                help="delete whole runs idle longer than --older-than days (and return the space)")
+    prune.add_argument("--older-than", type=float, required=True, metavar="DAYS",
+                       help="runs last active more than DAYS ago (0: every run last active before now)")
+    prune.add_argument("--status", choices=PRUNE_STATUSES, default="any", help="only runs of this status (default: any)")
+    prune.add_argument("--keep-failed-days", type=float, metavar="DAYS",
+                       help="keep failed and crashed runs until they are DAYS old instead")
+    prune.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
+    prune.add_argument("--json", action="store_true", help="print the answer as JSON")
+
+
+def retain_days_of(args: argparse.Namespace) -> Optional[float]:
+    days = getattr(args, "retain_days", None)
+    if days is not None and not (0 <= days <= 36500):
+        raise SystemExit("actae: --retain-days takes a number of days from 0 to 36500")
+    return days
+
+
+def bulk_fork_of_args(args: argparse.Namespace) -> BulkFork:
+    """The command line's flags as the request POST /forks/bulk takes; exits with a message when one is bad."""
+    policies = {}
+    for item in args.policy:
+        tool, _, policy = item.partition("=")
+        if not tool or policy not in TOOL_POLICIES:
+            raise SystemExit(f"actae: --policy takes TOOL=POLICY with POLICY one of {', '.join(TOOL_POLICIES)} "
+                             f"(got {item!r})")
+        policies[tool] = policy
+    try:
+        intervention = decode_json(args.intervention.encode(), Any, "--intervention") if args.intervention else None
+        selection = {"status": args.status or list(BULK_FORK_STATUSES), "since": args.since, "until": args.until,
+                     "channel_prefix": args.prefix, "failure_contains": args.contains}
+        return record_from(BulkFork, {"filter": {k: v for k, v in selection.items() if v is not None},
+                                      "at": args.at if args.at is not None else "last_good_step",
+                                      "intervention": intervention, "tool_policies": policies or None,
+                                      "name": args.name, "operation_id": args.operation_id,
+                                      "dry_run": args.dry_run}, "arguments")
+    except BadRequest as exc:
+        raise SystemExit(f"actae: {exc.message}")
+
+
+def fork_failed_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae fork-failed [--status S]... [--since ISO] [--prefix P] [--contains TEXT] [--at K] ...`."""
+    req = bulk_fork_of_args(args)
+    try:
+        answer = read_once(location, preview_bulk_fork, req) if req.dry_run else write_once(location, bulk_fork, req)
+    except ActaeError as exc:
+        raise SystemExit(f"actae: {exc.message}")
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
+        return 0
+    verb = "Would fork" if answer.dry_run else "Forked"
+    print(f"{verb} {len(answer.forks)} run(s):")
+    for item in answer.forks:
+        print(f"  {item.source_channel_id} after step {item.step} -> {item.channel_id}")
+    if answer.skipped:
+        print(f"Skipped {len(answer.skipped)}:")
+        for item in answer.skipped:
+            print(f"  {item.channel_id}: {item.reason}")
+    return 0
+
+
+def prune_with(conn: Conn, req: Prune, now: datetime) -> PruneAnswer:
+    """The command line's prune on its own connection: the server's steps, each batch its own transaction."""
+    plan = plan_prune(conn, req, now)
+    before = database_bytes(conn)
+    if req.dry_run:
+        return prune_answer(req, plan.deletable, plan.kept, planned_rows(conn, plan.deletable), before, before,
+                            "a dry run: nothing was deleted")
+    deleted, kept, rows = [], list(plan.kept), dict.fromkeys(PrunedRows.__struct_fields__, 0)
+    for start in range(0, len(plan.deletable), PRUNE_BATCH):
+        ((outcome, events),) = run_jobs(conn, [_Job(prune_runs, (plan.deletable[start:start + PRUNE_BATCH], req,
+                                                                 iso(now)), None)])
+        if events is None:
+            raise outcome
+        deleted, kept, rows = deleted + outcome[0], kept + outcome[1], {k: rows[k] + outcome[2][k] for k in rows}
+    space = POSTGRES_SPACE if conn.dialect is not SQLITE else "nothing was deleted"
+    while conn.dialect is SQLITE and deleted and (step := reclaim_step(conn)) is None:
+        pass
+    if conn.dialect is SQLITE and deleted:
+        space = step
+    return prune_answer(req, deleted, kept, rows, before, database_bytes(conn), space)
+
+
+def prune_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae prune --older-than DAYS [--status completed|failed|any] [--keep-failed-days DAYS] [--dry-run]`."""
+    try:
+        req = record_from(Prune, {"older_than_days": args.older_than, "status": args.status,
+                                  "keep_failed_days": args.keep_failed_days, "dry_run": args.dry_run}, "arguments")
+    except BadRequest as exc:
+        raise SystemExit(f"actae: {exc.message}")
+    conn = connect_sync(location)
+    try:
+        answer = prune_with(conn, req, utc_now())
+    except ActaeError as exc:
+        raise SystemExit(f"actae: {exc.message}")
+    finally:
+        conn.close()
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
+        return 0
+    rows = answer.rows
+    print(f"{'Would delete' if answer.dry_run else 'Deleted'} {rows.runs} run(s): {rows.events} events, "
+          f"{rows.states} states, {rows.executions} ledger rows, {rows.approvals} approvals, {rows.wakeups} wake-ups")
+    for channel_id in answer.deleted:
+        print(f"  {channel_id}")
+    if answer.kept:
+        print(f"Kept {len(answer.kept)} old run(s):")
+        for item in answer.kept:
+            print(f"  {item.channel_id}: {item.reason}")
+    print(f"Space: {answer.bytes_before} -> {answer.bytes_after} bytes ({answer.bytes_freed} freed); {answer.space}")
     return 0
 
 
@@ -11419,7 +12654,7 @@ def settings_of(args: argparse.Namespace) -> Settings:
     return Settings(host=args.host, allow_hosts=tuple(args.allow_host), max_connections=args.max_connections,
                     header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout,
                     body_timeout=args.body_timeout, max_header_bytes=args.max_header_bytes,
-                    open_signup=args.open_signup, **fleet_settings_of(args))
+                    open_signup=args.open_signup, retain_days=retain_days_of(args), **fleet_settings_of(args))
 
 
 def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
@@ -11615,6 +12850,8 @@ def main(argv: Optional[list] = None) -> int:
         return fleet_command(args, location)
     if args.command in ("export", "import"):
         return (export_command if args.command == "export" else import_command)(args, location)
+    if args.command in ("fork-failed", "prune"):
+        return (fork_failed_command if args.command == "fork-failed" else prune_command)(args, location)
     if args.command == "otel-export":
         return otel_export_command(args, location)
     try:

@@ -221,11 +221,12 @@ class Plan:
     b4_steps: int = 200                   # B4: steps of the growing run
     b4_early: int = 10                    # B4: the step of the early latest-state read
     b4_samples: int = 15                  # B4: samples of each read and of the fork
+    b5_sizes: tuple = (2000, 100_000)     # B5: runs before and after the second load
 
 
 QUICK = Plan(rounds=2, steps=100, run_steps=5, get_requests=500, commits=60,
              b3_pairs={1: 10, 8: 40, 64: 128}, sizes=(10, 100, 1000), forks=3, disk_steps=100,
-             b4_steps=40, b4_samples=3)
+             b4_steps=40, b4_samples=3, b5_sizes=(500, 5000))
 
 # =============================================================================
 # The state every system is handed
@@ -1747,6 +1748,166 @@ class Bench:
 
 
 # =============================================================================
+# B5: many runs (the runs list, its status filter, the inbox, a search)
+# =============================================================================
+# Its own server on its own data directory. The runs are loaded by this process straight into the
+# server's SQLite file through the server's own write path (actae.append_event and put_metadata in
+# batched transactions, beside the running server, as `actae import` would), not by 600,000 HTTP
+# calls: every column the write path keeps is kept exactly as an SDK's requests would keep it.
+
+B5_EVENTS = 6                                   # per run: session.started, 4 steps, how it ended
+B5_BATCH = 1000                                 # runs per write transaction while loading
+B5_SAMPLES = 25                                 # timed requests per page (in rounds); the median is the figure
+B5_WARM = 5                                     # untimed requests per page first (caches, prepared statements)
+B5_PAGES = {                                    # figure -> (label, what is asked)
+    "first_page": ("the first runs page (HTML)", "/"),
+    "failed": ("?status=failed (HTML)", "/?status=failed"),
+    "inbox": ("the approvals inbox, pending (API)", "/api/v1/approvals?status=pending&limit=50"),
+    "search": ("a substring search of run ids (HTML)", None),
+}
+
+
+def b5_kind(i: int) -> str:
+    """How run i ends: 1 in 10 failed, 1 in 10 waits for an approval, the rest completed (so that 500
+    runs fill a page of each: 50 runs, 50 requests)."""
+    return "failed" if i % 10 == 3 else "waiting" if i % 10 == 7 else "completed"
+
+
+def b5_load(data_dir: Path, start: int, stop: int) -> float:
+    """Add runs start..stop-1 (six events each) through actae's write path; returns the seconds it took."""
+    sys.path.insert(0, str(ROOT))
+    import actae
+
+    def batch(tx, lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            name, kind = f"b5-{i:07d}", b5_kind(i)
+            actae.append_event(tx, name, "session.started", {"session_name": name, "params": {"i": i}},
+                               actor="agent_session")
+            for step in range(1, B5_EVENTS - 1):
+                actae.append_event(tx, name, "work", {"step_number": step, "input": {"i": i}, "output": {"ok": True}},
+                                   actor="agent_session", step_number=step)
+            if kind == "failed":
+                actae.append_event(tx, name, "run.failed", {"error": "model outage: 503"}, actor="agent")
+            elif kind == "waiting":
+                actae.append_event(tx, name, "approval.requested", {"request_id": f"req-{i}", "summary": "refund?"},
+                                   actor="agent", operation_id=f"req-{i}")
+            else:
+                actae.append_event(tx, name, "session.completed", {"total_steps": B5_EVENTS - 2}, actor="agent_session")
+            status = {"failed": "stepping", "waiting": "stepping"}.get(kind, "completed")
+            actae.put_metadata(tx, name, actae.PutMetadata(display_name=name,
+                                                           experiment_metadata={"status": status, "step_count": 4}))
+
+    began = time.perf_counter()
+    conn = actae.connect_sync(actae.Location(data_dir))
+    try:
+        for lo in range(start, stop, B5_BATCH):
+            ((result, events),) = actae.run_jobs(conn, [actae._Job(batch, (lo, min(stop, lo + B5_BATCH)), None)])
+            if events is None:
+                raise result
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()    # timings then read the database file
+    finally:
+        conn.close()
+    return time.perf_counter() - began
+
+
+class Pages:
+    """One keep-alive HTTP connection with a dashboard session (and the key for the API)."""
+
+    def __init__(self, url: str, key: str):
+        import http.client
+
+        parts = urlsplit(url)
+        self.host, self.key = parts.netloc, key
+        self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=120)
+        body = f"api_key={key}"
+        self.conn.request("POST", "/login", body=body, headers={
+            "Origin": url, "Content-Type": "application/x-www-form-urlencoded"})
+        response = self.conn.getresponse()
+        response.read()
+        cookie = response.getheader("set-cookie") or ""
+        if response.status != 303 or "actae_session=" not in cookie:
+            raise RuntimeError(f"B5: the dashboard login answered {response.status}")
+        self.cookie = cookie.split(";", 1)[0]
+
+    def get_ms(self, path: str) -> float:
+        began = time.perf_counter()
+        self.conn.request("GET", path, headers={"Cookie": self.cookie, "x-api-key": self.key})
+        response = self.conn.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"B5: GET {path} answered {response.status}")
+        return (time.perf_counter() - began) * 1000
+
+    def medians(self, paths: dict) -> dict:
+        """{name: (median ms, samples)}: the pages asked in turn, round after round, after a warm-up."""
+        for _ in range(B5_WARM):
+            for path in paths.values():
+                self.get_ms(path)
+        samples: dict = {name: [] for name in paths}
+        for _ in range(B5_SAMPLES):
+            for name, path in paths.items():
+                samples[name].append(self.get_ms(path))
+        return {name: (statistics.median(got), got) for name, got in samples.items()}
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def run_b5(folder: Path, sizes: tuple) -> dict:
+    """Load sizes[0] runs, time the pages, load up to sizes[1], time them again: the B5 section."""
+    data_dir = folder / "b5"
+    server = Server("actae (B5)", [sys.executable, str(ROOT / "actae.py"), "--port", "0", "--data-dir", str(data_dir)],
+                    {"url": URL_LINE, "key": KEY_LINE}).wait()
+    measured, loaded, load_seconds = {}, 0, 0.0
+    try:
+        url, key = server.found["url"], server.found["key"]
+        for size in sizes:
+            load_seconds += b5_load(data_dir, loaded, size)
+            loaded = size
+            pages = Pages(url, key)
+            try:
+                wanted = f"{size // 2:07d}"[-5:]                  # matches a handful of ids in the middle
+                paths = {name: path or f"/?q={wanted}" for name, (_, path) in B5_PAGES.items()}
+                measured[size] = pages.medians(paths)
+            finally:
+                pages.close()
+            say(f"B5 at {size:,} runs: " + ", ".join(f"{n} {m[0]:.1f} ms" for n, m in measured[size].items()))
+    finally:
+        server.stop()
+    small, large = sizes
+    figures = {}
+    for name, (label, _) in B5_PAGES.items():
+        figures[f"b5_{name}_ms"] = {"label": f"B5 {label}", "unit": "ms",
+                                    "values": {f"{small:,} runs": measured[small][name][0],
+                                               f"{large:,} runs": measured[large][name][0]},
+                                    "samples": {f"{small:,} runs": measured[small][name][1],
+                                                f"{large:,} runs": measured[large][name][1]}}
+    checks = {}
+    for name in ("first_page", "failed", "inbox"):
+        value = measured[large][name][0] / measured[small][name][0]
+        checks[f"b5_{name}_large_over_small"] = {
+            "label": f"B5 {B5_PAGES[name][0]}: {large:,} runs / {small:,}", "value": value, "op": "<=",
+            "target": 1.5, "pass": value <= 1.5}
+    search = measured[large]["search"][0]
+    checks["b5_search_ms_large"] = {"label": f"B5 substring search at {large:,} runs, ms", "value": search,
+                                    "op": "<=", "target": 100, "pass": search <= 100}
+    return {"sizes": list(sizes), "events_per_run": B5_EVENTS, "load_runs_per_s": sizes[-1] / load_seconds,
+            "figures": figures, "ratios": checks}
+
+
+def b5_table(b5: dict) -> str:
+    small, large = b5["sizes"]
+    rows = [[f["label"], f["unit"], *(number(v) for v in f["values"].values())] for f in b5["figures"].values()]
+    lines = [f"B5: {small:,} then {large:,} runs of {b5['events_per_run']} events, loaded at "
+             f"{b5['load_runs_per_s']:,.0f} runs/s through the write path; medians of {B5_SAMPLES} requests",
+             markdown(["figure", "unit", f"{small:,} runs", f"{large:,} runs"], rows), "",
+             markdown(["target", "value", "target", "result"],
+                      [[c["label"], number(c["value"]), f"{c['op']} {c['target']:g}", "PASS" if c["pass"] else "FAIL"]
+                       for c in b5["ratios"].values()])]
+    return "\n".join(lines)
+
+
+# =============================================================================
 # Report
 # =============================================================================
 
@@ -2189,6 +2350,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--run-steps", type=int, help="B1b: steps of each of the 32 runs")
     parser.add_argument("--dir", type=Path, help="put the temporary folder (every database) here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
+    parser.add_argument("--b5", action="store_true", help="run only B5 (many runs; needs no peers)")
     parser.add_argument("--postgres", metavar="URL",
                         help="also measure B1b on PostgreSQL: a maintenance-database URL whose user may"
                              " CREATE DATABASE (default $ACTAE_BENCH_DATABASE_URL, else $ACTAE_TEST_DATABASE_URL)")
@@ -2214,14 +2376,14 @@ def run_bench(args: argparse.Namespace, plan: Plan, postgres: Optional[Postgres]
         bench.run_probes()
         bench.run_disk()
         bench.run_b4()
+        b5 = run_b5(folder, plan.b5_sizes)
         figures = summarise(bench)
         postgresql = summarise_postgres(bench)
         export = summarise_export(bench)
         checks = ratios(figures, plan, postgresql, export)
         return {"meta": meta(bench, args.quick, time.monotonic() - STARTED), "figures": figures,
                 "ratios": checks, "postgresql": postgresql, "export": export, "probes": bench.once["probe"],
-                "b4": bench.once["b4"],
-                "rounds": bench.rounds}
+                "b4": bench.once["b4"], "b5": b5, "rounds": bench.rounds}
     except BaseException:
         if getattr(bench, "server", None) is not None:
             say("the server's last lines:\n" + "\n".join(bench.server.lines))
@@ -2232,12 +2394,32 @@ def run_bench(args: argparse.Namespace, plan: Plan, postgres: Optional[Postgres]
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def b5_only(args: argparse.Namespace) -> int:
+    """`bench.py --b5 [--quick]`: B5 alone, printed and written as {"b5": ...}."""
+    plan = QUICK if args.quick else Plan()
+    if args.dir:
+        args.dir.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="actae-bench-b5-", dir=args.dir))
+    try:
+        b5 = run_b5(folder, plan.b5_sizes)
+    finally:
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({"b5": b5}, indent=2) + "\n")
+    print(b5_table(b5))
+    print(f"\nreport: {args.json}")
+    return 0
+
+
 def main(argv: Optional[list] = None) -> int:
     args = build_parser().parse_args(argv)
     if args.worker:
         return serve_worker(args)
     if args.bare_server:
         return serve_bare()
+    if args.b5:
+        return b5_only(args)
     if missing := missing_peers():
         print(f"bench: cannot import {', '.join(missing)}; install the peers first:\n"
               f"    pip install -r examples/requirements-bench.txt", file=sys.stderr)
@@ -2272,6 +2454,7 @@ def main(argv: Optional[list] = None) -> int:
           f"{'quick' if args.quick else 'full'} run in {m['seconds']:.0f} s, medians of {plan.rounds} rounds\n")
     print(table(figures, checks, report["postgresql"], report["export"]))
     probe = report["probes"]
+    print(f"\n{b5_table(report['b5'])}")
     print(f"\nprobe: the same ledger key with other params: ours {probe['ours']['mismatch']}")
     print(f"probe: the same DBOS workflow id with another input: {probe['dbos']['behaviour']}")
     print(f"\nreport: {args.json}")

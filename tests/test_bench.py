@@ -322,3 +322,21 @@ def test_b1b_with_export_on_against_off(quick_run):
     assert exported["ok"] > 0 and dropped["ok"] == 0
     assert exported["503"] == exported["down"] == 0
     assert "B1b with OpenTelemetry export" in stdout
+
+
+def test_b5_times_the_runs_list_the_filter_the_inbox_and_a_search_at_two_sizes(quick_run):
+    report, stdout = finished(quick_run)
+    b5 = report["b5"]
+    small, large = b5["sizes"]
+    assert 0 < small < large and b5["events_per_run"] == 6 and positive(b5["load_runs_per_s"])
+    assert set(b5["figures"]) == {"b5_first_page_ms", "b5_failed_ms", "b5_inbox_ms", "b5_search_ms"}
+    for figure in b5["figures"].values():
+        assert figure["label"] in stdout and figure["unit"] == "ms"
+        assert set(figure["values"]) == {f"{small:,} runs", f"{large:,} runs"}
+        assert all(positive(v) for v in figure["values"].values())
+        assert all(samples and all(positive(s) for s in samples) for samples in figure["samples"].values())
+    assert set(b5["ratios"]) == {"b5_first_page_large_over_small", "b5_failed_large_over_small",
+                                 "b5_inbox_large_over_small", "b5_search_ms_large"}
+    for check in b5["ratios"].values():
+        assert positive(check["value"]) and check["op"] == "<=" and isinstance(check["pass"], bool)
+        assert check["label"] in stdout

@@ -1,0 +1,223 @@
+"""The bulk fork from the dashboard, in Chromium: filter the runs list to the failed runs, select
+them all, fork them with an intervention after seeing what will be made, and find the six forks
+listed with links. Also: ticking single runs, a form error, a second post of the same form, and the
+new pages (bulk fork, approvals, storage) at phone width without inline script.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import importlib.util
+import os
+import re
+import uuid
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+
+from conftest import ROOT, http, run
+
+CHROMIUM = os.environ.get("ACTAE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOTS = ROOT / "screenshots"
+PHONE = {"width": 390, "height": 844}
+
+
+def load_example():
+    spec = importlib.util.spec_from_file_location("fork_failed_page_example", ROOT / "examples" / "fork_failed.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+example = load_example()
+
+
+def build(server, prefix: str) -> dict:
+    """The example's ten runs (six fail at steps 1..6); {failed run: last good step}."""
+    from actae_client import ActaeClient
+
+    async def main():
+        client = ActaeClient(endpoint=server.url, api_key=server.key)
+        try:
+            for i in range(example.RUNS):
+                await example.original_run(client, f"{prefix}-run{i}",
+                                           example.OUTAGES[i] if i < len(example.OUTAGES) else None)
+        finally:
+            await client.disconnect()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:      # off Playwright's loop
+        pool.submit(run, main()).result()
+    return {f"{prefix}-run{i}": step for i, (_, step) in enumerate(example.OUTAGES)}
+
+
+@pytest.fixture(scope="module")
+def outage(server):
+    prefix = f"page{uuid.uuid4().hex[:8]}"
+    return prefix, build(server, prefix)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"no Chromium at {CHROMIUM}: .ci/run installs Debian's chromium")
+        pytest.skip(f"no Chromium at {CHROMIUM}")
+    SHOTS.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
+
+
+def logged_in(browser, server, viewport=None):
+    context = browser.new_context(viewport=viewport or {"width": 1280, "height": 800}, is_mobile=bool(viewport))
+    page = context.new_page()
+    page.goto(server.url + "/login")
+    page.fill("input[name=api_key]", server.key)
+    with page.expect_navigation():
+        page.click("form[action='/login'] button[type=submit]")
+    return context, page
+
+
+def test_filter_failed_select_all_fork_with_an_intervention(browser, server, outage):
+    prefix, expected = outage
+    context, page = logged_in(browser, server)
+    page.goto(server.url + "/")
+    page.fill("input[name=q]", f"{prefix}-run")
+    page.select_option("select[name=status]", "failed")
+    with page.expect_navigation():
+        page.click("form.filters button[type=submit]")
+    listed = page.locator("tr.run-row").evaluate_all("rows => rows.map(r => r.dataset.channel)")
+    assert sorted(listed) == sorted(expected)
+    page.screenshot(path=str(SHOTS / "bulk-01-failed-runs.png"), full_page=True)
+
+    with page.expect_navigation():
+        page.click("#fork-all")                                   # every run this filter matches
+    assert urlsplit(page.url).path == "/forks/bulk"
+    rows = page.locator("tr.bulk-fork")
+    assert rows.count() == 6
+    shown = {r["source"]: r for r in rows.evaluate_all("rows => rows.map(r => ({source: r.dataset.source, "
+                                                       "fork: r.dataset.fork, step: r.cells[1].innerText}))")}
+    assert {s: int(r["step"]) for s, r in shown.items()} == expected
+    assert all(r["fork"] == f"{s}-retry" for s, r in shown.items())
+    assert page.locator("a.fork-link").count() == 0               # nothing made yet
+    assert "Fork 6 runs" in page.locator("#bulk-fork-submit").inner_text()
+
+    page.fill("textarea[name=intervention]", '{"model": "fallback", "note": "after the outage"}')
+    page.fill("textarea[name=tool_policies]", '{"charge_customer": "block"}')
+    with page.expect_navigation():
+        page.click("form.bulk-preview button[type=submit]")       # the preview again, with them
+    assert page.locator("tr.bulk-fork").count() == 6
+    page.screenshot(path=str(SHOTS / "bulk-02-preview.png"), full_page=True)
+    with page.expect_navigation():
+        page.click("#bulk-fork-submit")
+    assert "done=" in page.url
+    links = page.locator("a.fork-link").evaluate_all("links => links.map(a => a.getAttribute('href'))")
+    assert sorted(links) == sorted(f"/runs/{s}-retry" for s in expected)
+    page.screenshot(path=str(SHOTS / "bulk-03-made.png"), full_page=True)
+
+    with page.expect_navigation():
+        page.click(f"a.fork-link[href='/runs/{prefix}-run2-retry']")
+    assert urlsplit(page.url).path == f"/runs/{prefix}-run2-retry"
+    context.close()
+    for source, step in expected.items():
+        status, _, meta = http("GET", f"{server.url}/api/v1/channels/{source}-retry/metadata", key=server.key)
+        assert status == 200 and meta["parent_channel_id"] in (source,) and meta["restorable"] is True
+        assert meta["experiment_metadata"]["intervention"] == {"model": "fallback", "note": "after the outage"}
+        assert meta["experiment_metadata"]["forked_at_step"] == step
+        assert meta["tool_policies"] == {"charge_customer": "block"}
+
+
+def test_tick_two_runs_and_fork_only_those(browser, server, outage):
+    prefix, expected = outage
+    context, page = logged_in(browser, server)
+    page.goto(f"{server.url}/?q={prefix}-run&status=failed")
+    for run_id in (f"{prefix}-run1", f"{prefix}-run4"):
+        page.check(f"tr.run-row[data-channel='{run_id}'] input[type=checkbox]")
+    with page.expect_navigation():
+        page.click("#fork-selected")
+    page.fill("input[name=name]", "{channel_id}-picked")
+    with page.expect_navigation():
+        page.click("form.bulk-preview button[type=submit]")
+    assert page.locator("tr.bulk-fork").evaluate_all("rows => rows.map(r => r.dataset.fork)") == \
+        [f"{prefix}-run1-picked", f"{prefix}-run4-picked"] or \
+        sorted(page.locator("tr.bulk-fork").evaluate_all("rows => rows.map(r => r.dataset.fork)")) == \
+        sorted([f"{prefix}-run1-picked", f"{prefix}-run4-picked"])
+    with page.expect_navigation():
+        page.click("#bulk-fork-submit")
+    assert page.locator("a.fork-link").count() == 2
+    context.close()
+    assert http("GET", f"{server.url}/api/v1/channels/{prefix}-run4-picked/metadata", key=server.key)[0] == 200
+    assert http("GET", f"{server.url}/api/v1/channels/{prefix}-run0-picked/metadata", key=server.key)[0] == 404
+
+
+def session_client(server) -> httpx.Client:
+    c = httpx.Client(base_url=server.url, follow_redirects=False, timeout=60, headers={"Origin": server.url})
+    assert c.post("/login", data={"api_key": server.key}).status_code == 303
+    return c
+
+
+def test_a_bad_intervention_is_shown_and_a_second_post_makes_nothing_new(server, outage):
+    prefix, expected = outage
+    c = session_client(server)
+    try:
+        page = c.get(f"/forks/bulk?run={prefix}-run3&intervention=%7Bnot%20json")
+        assert page.status_code == 400 and "Intervention" in page.text and "bulk-fork-submit" not in page.text
+        page = c.get(f"/forks/bulk?run={prefix}-run3&name=%7Bchannel_id%7D-twice")
+        form = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)"', page.text))
+        assert form["runs"] == f"{prefix}-run3" and form["operation_id"]
+        for _ in range(2):                                        # a browser re-sending the form
+            done = c.post("/forks/bulk", data=form)
+            assert done.status_code == 303 and "done=" in done.headers["location"]
+        made = c.get(done.headers["location"])
+        assert made.text.count('class="fork-link"') == 1
+        status, _, listed = http("GET", server.url + "/api/v1/channels", key=server.key)
+        assert [c for c in listed["channels"] if c.endswith("-twice")] == [f"{prefix}-run3-twice"]
+        stale = c.post("/forks/bulk", data={**form, "csrf_token": "nope"})
+        assert stale.status_code == 403
+        assert c.get("/forks/bulk?done=no-such-operation").status_code == 404
+    finally:
+        c.close()
+
+
+@pytest.mark.parametrize("path", ["/forks/bulk?all=1&status=failed&q={prefix}", "/approvals", "/storage",
+                                  "/?status=failed&q={prefix}"])
+def test_the_pages_fit_a_phone_and_have_no_inline_script(browser, server, outage, path):
+    prefix, _ = outage
+    c = session_client(server)
+    try:
+        html = c.get(path.format(prefix=prefix)).text
+        assert not re.search(r"<script(?![^>]*\bsrc=)", html) and "style=" not in html
+    finally:
+        c.close()
+    context, page = logged_in(browser, server, PHONE)
+    page.goto(server.url + path.format(prefix=prefix))
+    name = re.sub(r"\W+", "-", path.split("?")[0].strip("/")) or "runs"
+    page.screenshot(path=str(SHOTS / f"many-{name}-phone.png"), full_page=True)
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= PHONE["width"] + 1, f"{path} scrolls sideways ({width}px)"
+    context.close()
+
+
+def test_the_storage_page_is_for_admins(server, outage):
+    prefix, _ = outage
+    c = session_client(server)
+    try:
+        data = c.get("/storage?format=json").json()["storage"]
+        assert data["bytes"] > 0 and data["runs"] >= 10 and len(data["largest"]) > 0 and len(data["oldest"]) > 0
+        assert {"channel_id", "events", "states", "bytes", "last_activity"} <= set(data["largest"][0])
+    finally:
+        c.close()
+    status, _, created = http("POST", server.url + "/api/v1/keys", key=server.key,
+                              body={"name": "storage-reader", "scopes": {"read": ["*"], "write": ["*"]}})
+    reader = httpx.Client(base_url=server.url, follow_redirects=False, timeout=60, headers={"Origin": server.url})
+    try:
+        assert reader.post("/login", data={"api_key": created["key"]}).status_code == 303
+        assert reader.get("/storage").status_code == 403
+        assert "/storage" not in reader.get("/").text
+    finally:
+        reader.close()
