@@ -9708,7 +9708,6 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # took over an expired or failed attempt; mismatch the 409 for a key reused with other params;
 # blocked a fork's tool policy refusing the claim (409 fork_tool_blocked).
 LEDGER_OUTCOMES = ("claimed", "reclaimed", "replayed", "in_progress", "mismatch", "blocked")
-APPROVAL_ANSWERS = ("approval.decided", "approval.expired")
 RUN_ENDING_STATUSES = ("crashed", "failed")   # an SDK status that ends a run without session.completed
 TOOL_SPAN_EVENTS = {"tool.completed": "executed", "tool.failed": "failed", "tool.replayed": "replayed",
                     "tool.blocked": "blocked"}
@@ -9870,23 +9869,17 @@ class LiveFigures:
 
 
 def stored_figures(conn: Conn, now: str) -> dict:
-    """The stored-data gauges in one read. Each is an index walk (wake-ups: (status, run_at);
-    approvals: the approval.requested rows by type, each answered or not through the partial
-    index on answers), except runs by status, which evaluates the run-state expression once per
-    run: its cost grows with the runs stored, hence the cache (Metrics.refresh_stored)."""
+    """The stored-data gauges in one read, each an index walk: runs by their indexed run_state,
+    pending approvals from the approvals index, due wake-ups by (status, run_at). Runs by status
+    still counts every run's index entry, hence the cache (Metrics.refresh_stored)."""
     runs = {state: count for state, count in conn.execute(
-        f"SELECT ({run_state_sql(conn.dialect)}) AS run_state, COUNT(*) FROM channels c GROUP BY 1").fetchall()}
-    request_id, answer_id = (conn.dialect.json_text(f"{alias}.payload", "request_id") for alias in ("r", "d"))
-    approvals = conn.execute(
-        "SELECT COUNT(*), MIN(r.created_at) FROM events r WHERE r.type = 'approval.requested' AND NOT EXISTS"
-        f" (SELECT 1 FROM events d WHERE d.type IN ({_sql_names(APPROVAL_ANSWERS)}) AND d.channel_id = r.channel_id"
-        f" AND {answer_id} = {request_id})").fetchone()
+        "SELECT run_state, COUNT(*) FROM channels GROUP BY run_state").fetchall()}
+    approvals = conn.execute("SELECT COUNT(*), MIN(requested_at) FROM approvals WHERE status = 'pending'"
+                             " AND (timeout_at IS NULL OR timeout_at > ?)", (now,)).fetchone()
     wakeups = conn.execute("SELECT COUNT(*), MIN(run_at) FROM wakeups WHERE status = 'pending' AND run_at <= ?",
                            (now,)).fetchone()
-    size_sql = ("SELECT pg_database_size(current_database())" if conn.dialect is POSTGRES
-                else "SELECT page_count * page_size FROM pragma_page_count(), pragma_page_size()")
     return {"runs": runs, "approvals": approvals[0], "oldest_approval": approvals[1], "wakeups": wakeups[0],
-            "oldest_due": wakeups[1], "size": conn.execute(size_sql).fetchone()[0]}
+            "oldest_due": wakeups[1], "size": database_bytes(conn)}
 
 
 # --- traces: configuration ---------------------------------------------------------
