@@ -15,10 +15,12 @@ never from another test file):
 
 - `ServerProcess(dir, args=[...]).start()`, used as `with ServerProcess(dir).start() as srv:`;
   `cli(*args, data_dir=...)` runs `python actae.py ARGS` the way a user would, `run_program`
-  and `run_example` a user's program against a server;
+  and `run_example` a user's program against a server, `import_example` an example as a module;
 - `poll(predicate, timeout)` waits for a condition instead of sleeping;
-- `http`, `run`, `client_for`/`using` (one SDK client for one call), the `server`, `make_client`,
-  `with_client` and `unique` fixtures;
+- `http`, `run`, `client_for`/`using`/`using_async` (one SDK client for one call), the `server`,
+  `make_client`, `with_client` and `unique` fixtures;
+- a fleet: `start_fleet(root, remotes)` (a gateway with remote servers registered on it, as a
+  `Fleet`), `instance_id` and `org_token`;
 - the dashboard: `login`/`form_token` (an httpx session), the `web` fixture, and for real Chromium
   the `browser` and `visits` fixtures, `watch`, `submit_login`, `page_sleep`, `shot` and `run_sdk`.
 """
@@ -26,7 +28,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import dataclasses
 import hashlib
+import importlib.util
 import inspect
 import json
 import os
@@ -327,19 +332,23 @@ class ServerProcess:
             self.proc.wait()
 
 
-def cli(*args, data_dir=None, input=None, text=True, timeout=60, check=True) -> subprocess.CompletedProcess:
+def cli(*args, data_dir=None, env=None, input=None, text=True, timeout=60, check=True) -> subprocess.CompletedProcess:
     """`python actae.py ARGS`, run from the repository root as a user would; the finished process.
 
     With `data_dir` (a directory, or a ServerProcess for its own) `--data-dir DIR` follows ARGS and
     the command gets the environment a server on that dir gets, so on the PostgreSQL pass it
-    reaches the same database. Without, it inherits this environment. Output is captured (text
-    unless `text=False`; `input` goes to its stdin); with `check` (the default) it must exit 0."""
-    env = None
+    reaches the same database. Without, it inherits this environment. `env` sets variables over
+    that environment (a value of None removes one). Output is captured (text unless `text=False`;
+    `input` goes to its stdin); with `check` (the default) it must exit 0."""
+    environment = None
     if data_dir is not None:
         srv = data_dir if isinstance(data_dir, ServerProcess) else ServerProcess(data_dir)
-        args, env = (*args, "--data-dir", str(srv.data_dir)), srv.env
+        args, environment = (*args, "--data-dir", str(srv.data_dir)), srv.env
+    if env:
+        merged = {**(environment or os.environ), **env}
+        environment = {k: v for k, v in merged.items() if v is not None}
     done = subprocess.run([*ACTAE_PY, *args], input=input, capture_output=True, text=text, timeout=timeout,
-                          cwd=str(ROOT), env=env)
+                          cwd=str(ROOT), env=environment)
     if check:
         assert done.returncode == 0, f"`actae.py {' '.join(args)}` exited {done.returncode}:\n" \
                                      f"{done.stdout}{done.stderr}"
@@ -357,6 +366,15 @@ def run_program(server, *argv, timeout=300) -> subprocess.CompletedProcess:
 def run_example(server, script, *args, timeout=300) -> subprocess.CompletedProcess:
     """examples/<script> ARGS against `server` (`run_program`)."""
     return run_program(server, ROOT / "examples" / script, *args, timeout=timeout)
+
+
+def import_example(script):
+    """examples/<script> imported as a module (its functions and constants), without running its main."""
+    path = ROOT / "examples" / script
+    spec = importlib.util.spec_from_file_location(f"example_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 # --------------------------------------------------------------------------------------------
@@ -395,16 +413,19 @@ def client_for(srv, key=None, **kw):
     return ActaeClient(endpoint=srv.url, api_key=srv.key if key is None else key, **kw)
 
 
+async def using_async(srv, body, *, key=None, **kw):
+    """`using` as a coroutine: `await` it in async code, or `run_sdk(using_async(srv, body))` in a
+    browser test (Playwright keeps a loop running on the test's thread)."""
+    client = client_for(srv, key, **kw)
+    try:
+        return await body(client)
+    finally:
+        await client.disconnect()
+
+
 def using(srv, body, *, key=None, **kw):
     """`await body(client)` on a fresh SDK client for `srv` (`client_for(srv, key, **kw)`), closed after."""
-    async def main():
-        client = client_for(srv, key, **kw)
-        try:
-            return await body(client)
-        finally:
-            await client.disconnect()
-
-    return run(main())
+    return run(using_async(srv, body, key=key, **kw))
 
 
 @pytest.fixture(scope="session")
@@ -469,6 +490,86 @@ def session_log(events):
         elif e.event_type == "session.completed":
             out.append((e.event_type, None))
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# A fleet: a gateway and the remote servers registered on it
+# --------------------------------------------------------------------------------------------
+
+def instance_id(srv) -> str:
+    """The server's own instance id, read from its GET /api/v1/instance with its key."""
+    status, _, body = http("GET", srv.url + "/api/v1/instance", key=srv.key)
+    assert status == 200, body
+    return body["instance_id"]
+
+
+def org_token(srv, *flags, name=None) -> tuple[int, str]:
+    """`actae org-token create --name NAME FLAGS` (e.g. "--admin", or "--read", "*") on `srv`'s data
+    dir, a fresh name unless given; (the token's id, the token), as the command prints them."""
+    lines = cli("org-token", "create", "--name", name or f"t-{secrets.token_hex(3)}", *flags,
+                data_dir=srv).stdout.splitlines()
+    return int(lines[0].split()[2]), lines[1]
+
+
+@dataclasses.dataclass
+class Fleet:
+    """A running gateway and the remotes registered on it: `.servers` (the gateway first) and their
+    instance `.ids` in the same order, the `.organization` the gateway serves, `.token` (an
+    organisation token, when `start_fleet` made one) and `.added` (what each `instance add` printed)."""
+
+    gateway: ServerProcess
+    remotes: list
+    ids: list
+    organization: str = "local"
+    token: str | None = None
+    added: list = dataclasses.field(default_factory=list)
+
+    @property
+    def servers(self) -> list:
+        return [self.gateway, *self.remotes]
+
+    @property
+    def local_id(self) -> str:
+        return self.ids[0]
+
+    @property
+    def remote_ids(self) -> list:
+        return self.ids[1:]
+
+    def server_of(self, instance_id: str) -> ServerProcess:
+        return self.servers[self.ids.index(instance_id)]
+
+    def client(self, token=None, *, organization=None, **kw):
+        """A `FleetClient` on the gateway with `token` (`.token` unless given), for `.organization`."""
+        from actae_client.fleet import FleetClient
+
+        return FleetClient(self.token if token is None else token, self.gateway.url,
+                           organization or self.organization, **kw)
+
+
+@contextlib.contextmanager
+def start_fleet(root, remotes=2, *, gateway_args=(), add_args=(), names=None, organization=None, token=None):
+    """A gateway (data dir root/gateway) and `remotes` servers (root/remote-N), all started, each
+    remote registered on the gateway with `actae instance add URL --key KEY [--name NAME] ADD_ARGS`
+    (NAME is `names.format(n=N)`); yields the `Fleet` and stops every server afterwards.
+
+    `gateway_args` are the gateway's extra flags; `organization` starts it with `--organization`
+    (the server's default is "local"); `token` (org-token flags, e.g. ("--admin",)) makes `.token`."""
+    root = Path(root)
+    with contextlib.ExitStack() as stack:
+        gateway_args = [*(["--organization", organization] if organization else []), *gateway_args]
+        gateway = stack.enter_context(ServerProcess(root / "gateway", args=gateway_args).start())
+        servers = [stack.enter_context(ServerProcess(root / f"remote-{n}").start()) for n in range(1, remotes + 1)]
+        added = []
+        for n, remote in enumerate(servers, 1):
+            named = ["--name", names.format(n=n)] if names else []
+            added.append(cli("instance", "add", remote.url, "--key", remote.key, *named, *add_args,
+                             data_dir=gateway).stdout)
+        fleet = Fleet(gateway, servers, [instance_id(s) for s in (gateway, *servers)],
+                      organization or "local", added=added)
+        if token is not None:
+            fleet.token = org_token(gateway, *token)[1]
+        yield fleet
 
 
 # --------------------------------------------------------------------------------------------

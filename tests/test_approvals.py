@@ -12,46 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
-import time
 import uuid
-from pathlib import Path
 from urllib.parse import quote, urlsplit
 
 import pytest
 
-from conftest import ROOT, http, run
-
-CHROMIUM = os.environ.get("ACTAE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SHOTS = ROOT / "screenshots"
+from conftest import http, poll, run_sdk, shot, using, using_async
 
 
-def poll(check, timeout=20.0, every=0.1):
-    """check() until it returns something true; that value, or AssertionError after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true after {timeout}s: {check.__doc__ or check}")
-        time.sleep(every)
-
-
-def sdk(server, body, key=None):
-    """`await body(client)` on a fresh SDK client, on its own thread (Playwright keeps a loop on this one)."""
-    from actae_client import ActaeClient
-
-    async def main():
-        client = ActaeClient(endpoint=server.url, api_key=key or server.key)
-        try:
-            return await body(client)
-        finally:
-            await client.disconnect()
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(run, main()).result()
+def sdk(server, body):
+    """`await body(client)` on a fresh SDK client, on a thread of its own (Playwright keeps a loop on this one)."""
+    return run_sdk(using_async(server, body))
 
 
 def inbox(server, key=None, **query):
@@ -69,21 +40,6 @@ def decided_events(server, channel):
     _, _, body = http("GET", f"{server.url}/api/v1/events/replay/{channel}?event_type=approval.decided",
                       key=server.key)
     return body["events"]
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"no Chromium at {CHROMIUM}: .ci/run installs Debian's chromium")
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    SHOTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +68,7 @@ def requests_made(server):
                 channel, summary={"refund": "Refund 40 EUR", "contract": "Send the contract",
                                   "wipe": "Delete the workspace"}[what],
                 details={"what": what}, timeout_seconds=1 if what == "wipe" else None)
-            await asyncio.sleep(0.01)                 # distinct requested_at: the inbox is oldest first
+            await asyncio.sleep(0.01)     # time must pass: distinct requested_at (oldest first)
         return ids
     return runs, sdk(server, body)
 
@@ -120,17 +76,16 @@ def requests_made(server):
 def wait_in_background(server, channel, request_id):
     """The agent side: wait_for_approval on its own thread; the future's result is the decided event."""
     pool = concurrent.futures.ThreadPoolExecutor(1)
-    return pool.submit(sdk, server, lambda c: c.wait_for_approval(channel, request_id, timeout_seconds=60,
-                                                                   poll_interval=0.2))
+    return pool.submit(using, server, lambda c: c.wait_for_approval(channel, request_id, timeout_seconds=60,
+                                                                     poll_interval=0.2))
 
 
 def test_the_inbox_lists_the_pending_requests_and_the_timed_out_one_as_expired(server, requests_made):
     runs, ids = requests_made
 
     def expired():
-        """the 1-second request shows as expired"""
         return [a for a in inbox(server, status="expired") if a["request_id"] == ids["wipe"]]
-    (wipe,) = poll(expired)
+    (wipe,) = poll(expired, 20, every=0.1, what="the 1-second request to show as expired")
     assert wipe["channel_id"] == runs["wipe"] and wipe["summary"] == "Delete the workspace"
     pending = [a for a in inbox(server, status="pending") if a["channel_id"] in runs.values()]
     assert [a["request_id"] for a in pending] == [ids["refund"], ids["contract"]]          # oldest first
@@ -175,7 +130,7 @@ def test_approve_in_the_page_reject_through_the_api(server, browser, account, re
     shown = page.locator("tr.approval").evaluate_all("rows => rows.map(r => r.dataset.request)")
     assert ids["refund"] in shown and ids["contract"] in shown and ids["wipe"] not in shown
     assert shown.index(ids["refund"]) < shown.index(ids["contract"])
-    page.screenshot(path=str(SHOTS / "approvals-pending.png"), full_page=True)
+    shot(page, "approvals-pending")
     row = page.locator(f"tr.approval[data-request='{ids['refund']}']")
     row.locator("input[name=reason]").fill("the customer sent the receipt")
     with page.expect_navigation():
@@ -185,7 +140,7 @@ def test_approve_in_the_page_reject_through_the_api(server, browser, account, re
     page.goto(server.url + "/approvals?status=decided")
     decided_row = page.locator(f"tr.approval[data-request='{ids['refund']}']")
     assert "approved" in decided_row.inner_text() and "the customer sent the receipt" in decided_row.inner_text()
-    page.screenshot(path=str(SHOTS / "approvals-decided.png"), full_page=True)
+    shot(page, "approvals-decided")
     context.close()
 
     event = refund_wait.result(timeout=30)

@@ -10,34 +10,14 @@ end to end; the command line does the same beside the running server.
 """
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import ROOT, http, run
+from conftest import cli, http, import_example, run_example, state_sha256, using
 
-EXAMPLE = ROOT / "examples" / "fork_failed.py"
-
-
-def load_example():
-    spec = importlib.util.spec_from_file_location("fork_failed_example", EXAMPLE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-example = load_example()
-
-
-def canonical_sha256(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"),
-                                     ensure_ascii=False).encode()).hexdigest()
+example = import_example("fork_failed.py")
 
 
 def bulk(server, body, key=None):
@@ -67,17 +47,11 @@ def charges(server, channel: str) -> int:
 
 def build_runs(server, prefix: str) -> dict:
     """The ten runs; {failed run: its last good step}."""
-    from actae_client import ActaeClient
-
-    async def main():
-        client = ActaeClient(endpoint=server.url, api_key=server.key)
-        try:
-            for i in range(example.RUNS):
-                outage = example.OUTAGES[i] if i < len(example.OUTAGES) else None
-                await example.original_run(client, f"{prefix}-run{i}", outage)
-        finally:
-            await client.disconnect()
-    run(main())
+    async def main(client):
+        for i in range(example.RUNS):
+            outage = example.OUTAGES[i] if i < len(example.OUTAGES) else None
+            await example.original_run(client, f"{prefix}-run{i}", outage)
+    using(server, main)
     return {f"{prefix}-run{i}": step for i, (_, step) in enumerate(example.OUTAGES)}
 
 
@@ -123,7 +97,7 @@ def test_the_bulk_fork_forks_exactly_the_failed_runs_after_their_last_good_step(
         receipt = item["receipt"]
         assert receipt["restorable"] is True and receipt["replayed"] is False
         assert receipt["forked_at_step"] == item["step"]
-        assert receipt["source_state_sha256"] == canonical_sha256(state_at_step(server, item["source_channel_id"],
+        assert receipt["source_state_sha256"] == state_sha256(state_at_step(server, item["source_channel_id"],
                                                                                 item["step"]))
         _, _, meta = http("GET", f"{server.url}/api/v1/channels/{item['channel_id']}/metadata", key=server.key)
         assert meta["experiment_metadata"]["intervention"] == {"model": "fallback"}
@@ -145,15 +119,10 @@ def test_the_bulk_fork_forks_exactly_the_failed_runs_after_their_last_good_step(
 
 def test_the_forks_continue_to_completion_without_charging_again(server, outage):
     prefix, expected = outage
-    from actae_client import ActaeClient
 
-    async def main():
-        client = ActaeClient(endpoint=server.url, api_key=server.key)
-        try:
-            return [await example.continue_fork(client, f"{source}-retry", source) for source in sorted(expected)]
-        finally:
-            await client.disconnect()
-    finished = run(main())
+    async def main(client):
+        return [await example.continue_fork(client, f"{source}-retry", source) for source in sorted(expected)]
+    finished = using(server, main)
     assert [f["first_step"] for f in finished] == [expected[s] + 1 for s in sorted(expected)]
     assert all(f["charge"] == "blocked" and f["lines"] == example.STEPS for f in finished)
     for source in sorted(expected):
@@ -214,43 +183,37 @@ def test_scopes_a_read_only_key_is_refused_and_a_narrow_one_skips_what_it_may_no
     assert len(answer["skipped"]) == 5 and all("may not write" in s["reason"] for s in answer["skipped"])
 
 
-def cli(server, *args):
-    env = {**os.environ, **({"ACTAE_DATABASE_URL": server.database} if server.database else {})}
-    env.pop("ACTAE_API_KEY", None)
-    return subprocess.run([sys.executable, str(ROOT / "actae.py"), *args, "--data-dir", str(server.data_dir)],
-                          capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=120)
+def fork_failed(server, *args):
+    """`actae fork-failed ARGS` on the server's data dir, beside it; the finished process (any exit code)."""
+    return cli("fork-failed", *args, data_dir=server, timeout=120, check=False)
 
 
 def test_the_command_line_forks_beside_the_running_server(server, outage):
     prefix, expected = outage
     before = channels(server)
-    dry = cli(server, "fork-failed", "--prefix", f"{prefix}-run", "--contains", "OUTAGE", "--name",
-              "{channel_id}-cli", "--policy", "charge_customer=block", "--intervention", '{"model": "cli"}',
-              "--dry-run", "--json")
+    dry = fork_failed(server, "--prefix", f"{prefix}-run", "--contains", "OUTAGE", "--name", "{channel_id}-cli",
+                      "--policy", "charge_customer=block", "--intervention", '{"model": "cli"}', "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     listed = json.loads(dry.stdout)
     assert listed["dry_run"] is True and {f["source_channel_id"]: f["step"] for f in listed["forks"]} == expected
     assert channels(server) == before
-    made = cli(server, "fork-failed", "--prefix", f"{prefix}-run", "--name", "{channel_id}-cli",
-               "--policy", "charge_customer=block", "--intervention", '{"model": "cli"}', "--operation-id",
-               f"{prefix}-cli")
+    made = fork_failed(server, "--prefix", f"{prefix}-run", "--name", "{channel_id}-cli", "--policy",
+                       "charge_customer=block", "--intervention", '{"model": "cli"}', "--operation-id", f"{prefix}-cli")
     assert made.returncode == 0, made.stderr
     assert "Forked 6 run(s)" in made.stdout
     assert channels(server) - before == {f"{s}-cli" for s in expected}
     _, _, meta = http("GET", f"{server.url}/api/v1/channels/{prefix}-run2-cli/metadata", key=server.key)
     assert meta["experiment_metadata"]["intervention"] == {"model": "cli"} and meta["forked_at_cursor"] > 0
-    again = cli(server, "fork-failed", "--prefix", f"{prefix}-run", "--name", "{channel_id}-cli",
-                "--policy", "charge_customer=block", "--intervention", '{"model": "cli"}', "--operation-id",
-                f"{prefix}-cli", "--json")
+    again = fork_failed(server, "--prefix", f"{prefix}-run", "--name", "{channel_id}-cli", "--policy",
+                        "charge_customer=block", "--intervention", '{"model": "cli"}', "--operation-id",
+                        f"{prefix}-cli", "--json")
     assert again.returncode == 0 and len(json.loads(again.stdout)["forks"]) == 6
     assert channels(server) - before == {f"{s}-cli" for s in expected}
-    bad = cli(server, "fork-failed", "--policy", "charge_customer")
+    bad = fork_failed(server, "--policy", "charge_customer")
     assert bad.returncode != 0 and "TOOL=POLICY" in bad.stderr
 
 
 def test_the_example_runs_end_to_end(server):
-    env = {**os.environ, "ACTAE_URL": server.url, "ACTAE_API_KEY": server.key}
-    proc = subprocess.run([sys.executable, str(EXAMPLE), "--name", f"ex{os.getpid()}"], env=env, cwd=str(ROOT),
-                          capture_output=True, text=True, timeout=300)
+    proc = run_example(server, "fork_failed.py", "--name", f"ex{os.getpid()}")
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr[-3000:]}"
     assert "FAIL" not in proc.stdout and proc.stdout.count("PASS") == 8, proc.stdout

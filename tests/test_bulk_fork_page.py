@@ -5,50 +5,26 @@ new pages (bulk fork, approvals, storage) at phone width without inline script.
 """
 from __future__ import annotations
 
-import concurrent.futures
-import importlib.util
-import os
 import re
 import uuid
-from pathlib import Path
 from urllib.parse import urlsplit
 
-import httpx
 import pytest
 
-from conftest import ROOT, http, run
+from conftest import http, import_example, login, run_sdk, shot, submit_login, using_async
 
-CHROMIUM = os.environ.get("ACTAE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-SHOTS = ROOT / "screenshots"
 PHONE = {"width": 390, "height": 844}
 
-
-def load_example():
-    spec = importlib.util.spec_from_file_location("fork_failed_page_example", ROOT / "examples" / "fork_failed.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-example = load_example()
+example = import_example("fork_failed.py")
 
 
 def build(server, prefix: str) -> dict:
     """The example's ten runs (six fail at steps 1..6); {failed run: last good step}."""
-    from actae_client import ActaeClient
-
-    async def main():
-        client = ActaeClient(endpoint=server.url, api_key=server.key)
-        try:
-            for i in range(example.RUNS):
-                await example.original_run(client, f"{prefix}-run{i}",
-                                           example.OUTAGES[i] if i < len(example.OUTAGES) else None)
-        finally:
-            await client.disconnect()
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:      # off Playwright's loop
-        pool.submit(run, main()).result()
+    async def main(client):
+        for i in range(example.RUNS):
+            await example.original_run(client, f"{prefix}-run{i}",
+                                       example.OUTAGES[i] if i < len(example.OUTAGES) else None)
+    run_sdk(using_async(server, main))                          # off Playwright's loop
     return {f"{prefix}-run{i}": step for i, (_, step) in enumerate(example.OUTAGES)}
 
 
@@ -58,28 +34,11 @@ def outage(server):
     return prefix, build(server, prefix)
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    if not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"no Chromium at {CHROMIUM}: .ci/run installs Debian's chromium")
-        pytest.skip(f"no Chromium at {CHROMIUM}")
-    SHOTS.mkdir(exist_ok=True)
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
-        yield b
-        b.close()
-
-
 def logged_in(browser, server, viewport=None):
     context = browser.new_context(viewport=viewport or {"width": 1280, "height": 800}, is_mobile=bool(viewport))
     page = context.new_page()
     page.goto(server.url + "/login")
-    page.fill("input[name=api_key]", server.key)
-    with page.expect_navigation():
-        page.click("form[action='/login'] button[type=submit]")
+    submit_login(page, server.key)
     return context, page
 
 
@@ -93,7 +52,7 @@ def test_filter_failed_select_all_fork_with_an_intervention(browser, server, out
         page.click("form.filters button[type=submit]")
     listed = page.locator("tr.run-row").evaluate_all("rows => rows.map(r => r.dataset.channel)")
     assert sorted(listed) == sorted(expected)
-    page.screenshot(path=str(SHOTS / "bulk-01-failed-runs.png"), full_page=True)
+    shot(page, "bulk-01-failed-runs")
 
     with page.expect_navigation():
         page.click("#fork-all")                                   # every run this filter matches
@@ -112,13 +71,13 @@ def test_filter_failed_select_all_fork_with_an_intervention(browser, server, out
     with page.expect_navigation():
         page.click("form.bulk-preview button[type=submit]")       # the preview again, with them
     assert page.locator("tr.bulk-fork").count() == 6
-    page.screenshot(path=str(SHOTS / "bulk-02-preview.png"), full_page=True)
+    shot(page, "bulk-02-preview")
     with page.expect_navigation():
         page.click("#bulk-fork-submit")
     assert "done=" in page.url
     links = page.locator("a.fork-link").evaluate_all("links => links.map(a => a.getAttribute('href'))")
     assert sorted(links) == sorted(f"/runs/{s}-retry" for s in expected)
-    page.screenshot(path=str(SHOTS / "bulk-03-made.png"), full_page=True)
+    shot(page, "bulk-03-made")
 
     with page.expect_navigation():
         page.click(f"a.fork-link[href='/runs/{prefix}-run2-retry']")
@@ -155,15 +114,9 @@ def test_tick_two_runs_and_fork_only_those(browser, server, outage):
     assert http("GET", f"{server.url}/api/v1/channels/{prefix}-run0-picked/metadata", key=server.key)[0] == 404
 
 
-def session_client(server) -> httpx.Client:
-    c = httpx.Client(base_url=server.url, follow_redirects=False, timeout=60, headers={"Origin": server.url})
-    assert c.post("/login", data={"api_key": server.key}).status_code == 303
-    return c
-
-
 def test_a_bad_intervention_is_shown_and_a_second_post_makes_nothing_new(server, outage):
     prefix, expected = outage
-    c = session_client(server)
+    c = login(server)
     try:
         page = c.get(f"/forks/bulk?run={prefix}-run3&intervention=%7Bnot%20json")
         assert page.status_code == 400 and "Intervention" in page.text and "bulk-fork-submit" not in page.text
@@ -188,7 +141,7 @@ def test_a_bad_intervention_is_shown_and_a_second_post_makes_nothing_new(server,
                                   "/?status=failed&q={prefix}"])
 def test_the_pages_fit_a_phone_and_have_no_inline_script(browser, server, outage, path):
     prefix, _ = outage
-    c = session_client(server)
+    c = login(server)
     try:
         html = c.get(path.format(prefix=prefix)).text
         assert not re.search(r"<script(?![^>]*\bsrc=)", html) and "style=" not in html
@@ -197,7 +150,7 @@ def test_the_pages_fit_a_phone_and_have_no_inline_script(browser, server, outage
     context, page = logged_in(browser, server, PHONE)
     page.goto(server.url + path.format(prefix=prefix))
     name = re.sub(r"\W+", "-", path.split("?")[0].strip("/")) or "runs"
-    page.screenshot(path=str(SHOTS / f"many-{name}-phone.png"), full_page=True)
+    shot(page, f"many-{name}-phone")
     width = page.evaluate("document.documentElement.scrollWidth")
     assert width <= PHONE["width"] + 1, f"{path} scrolls sideways ({width}px)"
     context.close()
@@ -205,7 +158,7 @@ def test_the_pages_fit_a_phone_and_have_no_inline_script(browser, server, outage
 
 def test_the_storage_page_is_for_admins(server, outage):
     prefix, _ = outage
-    c = session_client(server)
+    c = login(server)
     try:
         data = c.get("/storage?format=json").json()["storage"]
         assert data["bytes"] > 0 and data["runs"] >= 10 and len(data["largest"]) > 0 and len(data["oldest"]) > 0
@@ -214,9 +167,8 @@ def test_the_storage_page_is_for_admins(server, outage):
         c.close()
     status, _, created = http("POST", server.url + "/api/v1/keys", key=server.key,
                               body={"name": "storage-reader", "scopes": {"read": ["*"], "write": ["*"]}})
-    reader = httpx.Client(base_url=server.url, follow_redirects=False, timeout=60, headers={"Origin": server.url})
+    reader = login(server, key=created["key"])
     try:
-        assert reader.post("/login", data={"api_key": created["key"]}).status_code == 303
         assert reader.get("/storage").status_code == 403
         assert "/storage" not in reader.get("/").text
     finally:

@@ -21,16 +21,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
-from urllib.parse import quote
 
 import pytest
 
-from conftest import ROOT, ServerProcess, http, run
+from conftest import Fleet, ServerProcess, cli, http, run, start_fleet
 
 ORG = "acme"
 
@@ -43,25 +39,7 @@ def _sdk_has_from_dict() -> bool:
 SDK_HAS_CHANNEL_METADATA_FROM_DICT = _sdk_has_from_dict()     # before the shim below adds it
 
 
-# --- servers and the command line ------------------------------------------------------------------
-
-def actae_cli(srv: ServerProcess, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    """`python actae.py ARGS` on the server's data dir (and database), as an operator would run it."""
-    command = [sys.executable, str(ROOT / "actae.py"), *args, "--data-dir", str(srv.data_dir)]
-    if srv.database:
-        command += ["--database", srv.database]
-    done = subprocess.run(command, capture_output=True, text=True, env=srv.env, cwd=str(ROOT), timeout=60)
-    if check:
-        assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
-def org_token(srv: ServerProcess, *flags: str) -> tuple[int, str]:
-    out = actae_cli(srv, "org-token", "create", "--name", f"t-{uuid.uuid4().hex[:6]}", *flags).stdout.splitlines()
-    token_id = int(out[0].split()[2])
-    assert out[1].startswith("ot-") and " " not in out[1], out      # the token, on a line of its own
-    return token_id, out[1]
-
+# --- the servers ------------------------------------------------------------------------------------
 
 def direct(srv: ServerProcess, method: str, path: str, body=None):
     """The target server's own API, with its own key: what it stores, without the gateway."""
@@ -69,43 +47,14 @@ def direct(srv: ServerProcess, method: str, path: str, body=None):
     return status, answer
 
 
-def instance_id_of(srv: ServerProcess) -> str:
-    return direct(srv, "GET", "/api/v1/instance")[1]["instance_id"]
-
-
-@dataclasses.dataclass
-class Fleet:
-    gateway: ServerProcess
-    remotes: list
-    token: str
-    local_id: str
-    remote_ids: list
-
-    def server_of(self, instance_id: str) -> ServerProcess:
-        if instance_id == self.local_id:
-            return self.gateway
-        return self.remotes[self.remote_ids.index(instance_id)]
-
-    def client(self, **kw):
-        from actae_client.fleet import FleetClient
-        return FleetClient(kw.pop("token", self.token), self.gateway.url, ORG, **kw)
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    gateway = ServerProcess(tmp_path_factory.mktemp("fleet-g"),
-                            command=[sys.executable, str(ROOT / "actae.py"), "--organization", ORG]).start()
-    remotes = [ServerProcess(tmp_path_factory.mktemp(f"fleet-r{n}")).start() for n in (1, 2)]
-    try:
-        assert f"Organization: {ORG} " in "\n".join(gateway.lines) + " "
-        for n, remote in enumerate(remotes, 1):
-            out = actae_cli(gateway, "instance", "add", remote.url, "--key", remote.key, "--name", f"r{n}").stdout
-            assert instance_id_of(remote) in out
-        _, token = org_token(gateway, "--admin")
-        yield Fleet(gateway, remotes, token, instance_id_of(gateway), [instance_id_of(r) for r in remotes])
-    finally:
-        for srv in (gateway, *remotes):
-            srv.stop()
+    with start_fleet(tmp_path_factory.mktemp("fleet"), 2, names="r{n}", organization=ORG, token=("--admin",)) as f:
+        assert f"Organization: {ORG} " in "\n".join(f.gateway.lines) + " "
+        for remote_id, out in zip(f.remote_ids, f.added):
+            assert remote_id in out
+        assert f.token.startswith("ot-") and " " not in f.token, f.token      # the token, on a line of its own
+        yield f
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -127,12 +76,15 @@ def test_the_sdk_still_lacks_channel_metadata_from_dict():
     assert not SDK_HAS_CHANNEL_METADATA_FROM_DICT
 
 
-def each_instance(fleet: Fleet) -> list:
-    return [fleet.local_id, fleet.remote_ids[0]]
-
-
 def tag() -> str:
     return "fl" + uuid.uuid4().hex[:10]
+
+
+def target(fleet: Fleet, which: str, remote: int = 0) -> tuple:
+    """(instance id, its server, a fresh channel name) for "local" (the gateway's own instance) or
+    "remote" (`remote_ids[remote]`)."""
+    instance = fleet.local_id if which == "local" else fleet.remote_ids[remote]
+    return instance, fleet.server_of(instance), tag()
 
 
 # --- the organisation: instances, capabilities, the client's plumbing ---------------------------------
@@ -149,7 +101,7 @@ def test_instances_lists_this_server_and_the_registered_remotes(fleet):
     for srv, rid in zip(fleet.remotes, fleet.remote_ids):
         assert listed[rid]["url"] == srv.url and listed[rid]["local"] is False
     # the same list the command line shows, read from the gateway's database
-    out = json.loads(actae_cli(fleet.gateway, "instance", "list", "--json").stdout)
+    out = json.loads(cli("instance", "list", "--json", data_dir=fleet.gateway).stdout)
     assert out["local_instance_id"] == fleet.local_id
     assert {i["instance_id"] for i in out["instances"]} == set(fleet.remote_ids)
     assert all("key" not in i or i["key"] is None for i in out["instances"])
@@ -200,8 +152,7 @@ def test_from_env_for_instance_and_close(fleet, monkeypatch):
 
 @pytest.mark.parametrize("which", ["local", "remote"])
 def test_record_replay_state_fork_through_the_gateway_land_on_the_instance(fleet, which):
-    instance = fleet.local_id if which == "local" else fleet.remote_ids[0]
-    srv, ch = fleet.server_of(instance), tag()
+    instance, srv, ch = target(fleet, which)
 
     async def body():
         async with fleet.client() as f:
@@ -236,8 +187,7 @@ def test_record_replay_state_fork_through_the_gateway_land_on_the_instance(fleet
 
 @pytest.mark.parametrize("which", ["local", "remote"])
 def test_query_query_page_and_iter_query_answer_the_instances_events(fleet, which):
-    instance = fleet.local_id if which == "local" else fleet.remote_ids[0]
-    srv, ch = fleet.server_of(instance), tag()
+    instance, srv, ch = target(fleet, which)
     for n in range(7):
         assert direct(srv, "POST", "/api/v1/events/record", {"channel_id": ch, "event_type": "q",
                                                               "payload": {"n": n}})[0] == 200
@@ -280,8 +230,7 @@ def test_query_many_merges_instances_and_keeps_every_page_token(fleet):
 
 @pytest.mark.parametrize("which", ["local", "remote"])
 def test_call_and_call_operation_reach_the_named_instance(fleet, which):
-    instance = fleet.local_id if which == "local" else fleet.remote_ids[1]
-    srv, ch = fleet.server_of(instance), tag()
+    instance, srv, ch = target(fleet, which, 1)
 
     async def body():
         async with fleet.client() as f:
@@ -307,8 +256,7 @@ def test_call_and_call_operation_reach_the_named_instance(fleet, which):
 
 @pytest.mark.parametrize("which", ["local", "remote"])
 def test_every_session_transport_method_lands_on_the_instance(fleet, which):
-    instance = fleet.local_id if which == "local" else fleet.remote_ids[0]
-    srv, ch = fleet.server_of(instance), tag()
+    instance, srv, ch = target(fleet, which)
 
     async def body():
         async with fleet.client() as f:
@@ -453,8 +401,7 @@ async def mint_ticket(f, instance_id: str, channel_id: str, resume_cursor=None) 
 @pytest.mark.parametrize("which", ["remote", "local"])
 def test_stream_delivers_within_a_second_and_resumes_without_loss_or_repeat(fleet, which):
     from actae_client.errors import ActaeConnectionError
-    instance = fleet.remote_ids[1] if which == "remote" else fleet.local_id
-    srv, ch = fleet.server_of(instance), tag()
+    instance, srv, ch = target(fleet, which, 1)
     record = lambda n: direct(srv, "POST", "/api/v1/events/record",  # noqa: E731
                               {"channel_id": ch, "event_type": "s", "payload": {"n": n}})[1]["event"]
     first = record(0)
@@ -493,8 +440,7 @@ def test_stream_delivers_within_a_second_and_resumes_without_loss_or_repeat(flee
 
 
 def test_ndjson_stream_delivers_a_remote_instances_events(fleet):
-    instance = fleet.remote_ids[0]
-    srv, ch = fleet.server_of(instance), tag()
+    instance, srv, ch = target(fleet, "remote")
     for n in range(2):
         direct(srv, "POST", "/api/v1/events/record", {"channel_id": ch, "event_type": "nd", "payload": {"n": n}})
 

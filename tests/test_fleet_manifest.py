@@ -11,9 +11,7 @@ a key, so there they agree in shape.
 """
 from __future__ import annotations
 
-import dataclasses
 import re
-import subprocess
 import sys
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -21,7 +19,7 @@ from urllib.parse import quote, urlencode
 
 import pytest
 
-from conftest import ROOT, ServerProcess, http, run
+from conftest import ROOT, http, run, start_fleet
 
 ORG = "local"
 VOLATILE = re.compile(r"^([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}|\d{4}-\d\d-\d\dT[\d:.]+Z"
@@ -30,15 +28,6 @@ UNSTABLE_KEYS = {"uptime_seconds", "started_at", "last_used_at", "check_duration
                  "lease_expires_at", "expires_at", "claim_token", "duration_seconds"}
 IDENTITY_OPS = {"actae.api.v1.auth.capabilities.get", "actae.api.v1.auth.me.get",
                 "actae.api.v1.user.preferences.get", "actae.api.v1.user.preferences.put"}
-
-
-def actae_cli(srv: ServerProcess, *args: str) -> str:
-    command = [sys.executable, str(ROOT / "actae.py"), *args, "--data-dir", str(srv.data_dir)]
-    if srv.database:
-        command += ["--database", srv.database]
-    done = subprocess.run(command, capture_output=True, text=True, env=srv.env, cwd=str(ROOT), timeout=60)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
 
 
 def direct(srv, method, path, body=None, query=None):
@@ -52,18 +41,16 @@ def direct(srv, method, path, body=None, query=None):
 
 
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    gateway = ServerProcess(tmp_path_factory.mktemp("mf-g")).start()
-    remote = ServerProcess(tmp_path_factory.mktemp("mf-r")).start()
-    try:
-        actae_cli(gateway, "instance", "add", remote.url, "--key", remote.key)
-        token = actae_cli(gateway, "org-token", "create", "--name", "walk", "--admin").splitlines()[1]
-        ids = {name: direct(srv, "GET", "/api/v1/instance")[1]["instance_id"]
-               for name, srv in (("local", gateway), ("remote", remote))}
-        yield {"gateway": gateway, "remote": remote, "token": token, "ids": ids}
-    finally:
-        gateway.stop()
-        remote.stop()
+def fleet(tmp_path_factory):
+    """A gateway and one remote; `.token` an admin organisation token."""
+    with start_fleet(tmp_path_factory.mktemp("mf"), 1, token=("--admin",)) as f:
+        yield f
+
+
+def target(fleet, which: str):
+    """(the server, its instance id) for "local" (the gateway itself) or "remote"."""
+    n = ("local", "remote").index(which)
+    return fleet.servers[n], fleet.ids[n]
 
 
 def setup_twin(srv, p: str) -> dict:
@@ -211,12 +198,10 @@ def shape(value):
 
 
 @pytest.mark.parametrize("which", ["local", "remote"])
-def test_every_fleet_operation_answers_what_its_direct_route_answers(servers, which):
-    from actae_client.fleet import FleetClient
+def test_every_fleet_operation_answers_what_its_direct_route_answers(fleet, which):
     from actae_client.manifest import MANIFEST_BY_ID, MANIFEST_OPERATIONS
 
-    srv = servers["gateway"] if which == "local" else servers["remote"]
-    instance = servers["ids"][which]
+    srv, instance = target(fleet, which)
     run_id = "mf" + uuid.uuid4().hex[:8]
     ctx = {v: setup_twin(srv, f"{run_id}{v}") for v in ("g", "d")}
     later = {"g": {}, "d": {}}
@@ -227,13 +212,13 @@ def test_every_fleet_operation_answers_what_its_direct_route_answers(servers, wh
     covered, problems = set(), []
 
     async def body():
-        async with FleetClient(servers["token"], servers["gateway"].url, ORG) as fleet:
+        async with fleet.client() as gateway:
             for (op, g_params, query, g_body), (_, d_params, _, d_body) in zip(plans["g"], plans["d"]):
                 manifest = MANIFEST_BY_ID["actae.api.v1." + op]
                 resolve = lambda x: x() if callable(x) else x  # noqa: E731
                 g_params, d_params, g_body, d_body = map(resolve, (g_params, d_params, g_body, d_body))
-                via_gateway = await fleet.call_operation(manifest.id, instance_id=instance, path_params=g_params,
-                                                         query=query, body=g_body)
+                via_gateway = await gateway.call_operation(manifest.id, instance_id=instance,
+                                                           path_params=g_params, query=query, body=g_body)
                 path = manifest.path
                 for name, value in d_params.items():
                     path = path.replace("{" + name + "}", quote(str(value), safe=""))
@@ -263,30 +248,30 @@ def test_every_fleet_operation_answers_what_its_direct_route_answers(servers, wh
 
 
 @pytest.mark.parametrize("which", ["local", "remote"])
-def test_every_other_manifest_operation_is_refused(servers, which):
+def test_every_other_manifest_operation_is_refused(fleet, which):
     from actae_client.errors import APIError
-    from actae_client.fleet import FleetClient, UnsupportedOperationError
+    from actae_client.fleet import UnsupportedOperationError
     from actae_client.manifest import MANIFEST_OPERATIONS
 
-    instance = servers["ids"][which]
+    _, instance = target(fleet, which)
     others = [op for op in MANIFEST_OPERATIONS if not op.fleet_supported]
     assert len(others) == 5
 
     async def body():
-        async with FleetClient(servers["token"], servers["gateway"].url, ORG) as fleet:
+        async with fleet.client() as gateway:
             for op in others:
                 with pytest.raises(UnsupportedOperationError):          # the SDK refuses before sending
-                    await fleet.call_operation(op.id, instance_id=instance, body={})
+                    await gateway.call_operation(op.id, instance_id=instance, body={})
                 with pytest.raises(APIError) as refused:                 # and so does the gateway, sent anyway
-                    await fleet._request("POST", f"/v1/organizations/{ORG}/instances/{instance}/ops/{op.id}",
-                                         body={"path_params": {}, "query": {}, "body": {}})
+                    await gateway._request("POST", f"/v1/organizations/{ORG}/instances/{instance}/ops/{op.id}",
+                                           body={"path_params": {}, "query": {}, "body": {}})
                 assert refused.value.status_code == 426, (op.id, refused.value)
                 with pytest.raises(APIError) as direct_call:             # FleetClient.call on its path
-                    await fleet.call(op.method, op.path, instance_id=instance, body={})
+                    await gateway.call(op.method, op.path, instance_id=instance, body={})
                 assert direct_call.value.status_code == 426, (op.id, direct_call.value)
             with pytest.raises(APIError) as unknown:
-                await fleet._request("POST", f"/v1/organizations/{ORG}/instances/{instance}/ops/actae.api.v1.nope",
-                                     body={"body": {}})
+                await gateway._request("POST", f"/v1/organizations/{ORG}/instances/{instance}/ops/"
+                                       "actae.api.v1.nope", body={"body": {}})
             assert unknown.value.status_code == 404
     run(body())
 

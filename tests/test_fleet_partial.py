@@ -12,49 +12,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import socket
-import subprocess
-import sys
 import time
 import uuid
 
 import pytest
 
-from conftest import ROOT, ServerProcess, http, run
-
-ORG = "local"
-
-
-def actae_cli(srv: ServerProcess, *args: str) -> str:
-    command = [sys.executable, str(ROOT / "actae.py"), *args, "--data-dir", str(srv.data_dir)]
-    if srv.database:
-        command += ["--database", srv.database]
-    done = subprocess.run(command, capture_output=True, text=True, env=srv.env, cwd=str(ROOT), timeout=60)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout
-
-
-def instance_id_of(srv: ServerProcess) -> str:
-    return http("GET", srv.url + "/api/v1/instance", key=srv.key)[2]["instance_id"]
+from conftest import ServerProcess, cli, http, instance_id, poll, run, start_fleet
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    gateway = ServerProcess(tmp_path_factory.mktemp("pq-g")).start()
-    remotes = [ServerProcess(tmp_path_factory.mktemp(f"pq-r{n}")).start() for n in (1, 2)]
-    try:
-        for remote in remotes:
-            actae_cli(gateway, "instance", "add", remote.url, "--key", remote.key, "--timeout", "0.5")
-        token = actae_cli(gateway, "org-token", "create", "--name", "q", "--read", "*").splitlines()[1]
-        yield {"gateway": gateway, "remotes": remotes, "token": token,
-               "ids": [instance_id_of(gateway), *(instance_id_of(r) for r in remotes)]}
-    finally:
-        for srv in (gateway, *remotes):
-            srv.stop()
-
-
-def client(fleet):
-    from actae_client.fleet import FleetClient
-    return FleetClient(fleet["token"], fleet["gateway"].url, ORG)
+    """A gateway and two remotes, each registered with a 0.5-second timeout; `.token` reads everything."""
+    with start_fleet(tmp_path_factory.mktemp("pq"), 2, add_args=["--timeout", "0.5"], token=("--read", "*")) as f:
+        yield f
 
 
 def record_many(srv: ServerProcess, channels: list, count: int) -> None:
@@ -69,14 +39,13 @@ def record_many(srv: ServerProcess, channels: list, count: int) -> None:
 
 @pytest.mark.parametrize("which", [0, 1])
 def test_iter_query_over_250_events_yields_each_once_in_order(fleet, which):
-    srv = [fleet["gateway"], fleet["remotes"][0]][which]
-    instance = fleet["ids"][which]
+    srv, instance = fleet.servers[which], fleet.ids[which]
     tag = "it" + uuid.uuid4().hex[:8]
     channels = [f"{tag}-a", f"{tag}-b", f"{tag}-c"]
     record_many(srv, channels, 250)
 
     async def body():
-        async with client(fleet) as f:
+        async with fleet.client() as f:
             pages, token = [], None
             while True:
                 page = await f.query_page(instance, page_token=token, limit=100, channel_ids=channels)
@@ -98,16 +67,16 @@ def test_iter_query_over_250_events_yields_each_once_in_order(fleet, which):
 def test_query_many_names_a_stopped_and_a_slow_instance_beside_the_others_events(fleet):
     from actae_client.errors import APIError
     tag = "pm" + uuid.uuid4().hex[:8]
-    servers = [fleet["gateway"], *fleet["remotes"]]
+    servers = fleet.servers
     for srv in servers:
         record_many(srv, [tag], 3)
-    ids = fleet["ids"]
-    stopped = fleet["remotes"][1]
+    ids = fleet.ids
+    stopped = fleet.remotes[1]
     port = int(stopped.url.rsplit(":", 1)[1])
     stopped.stop()
 
     async def body():
-        async with client(fleet) as f:
+        async with fleet.client() as f:
             down = await f.query_many(instance_ids=ids, channel_ids=[tag])
             with pytest.raises(APIError) as incomplete:
                 down.require_complete()
@@ -136,26 +105,25 @@ def test_query_many_names_a_stopped_and_a_slow_instance_beside_the_others_events
 
 
 def test_instance_remove_from_another_process_is_seen_within_a_second(fleet, tmp_path):
-    extra = ServerProcess(tmp_path / "extra").start()
-    try:
-        actae_cli(fleet["gateway"], "instance", "add", extra.url, "--key", extra.key, "--name", "extra")
-        extra_id = instance_id_of(extra)
+    with ServerProcess(tmp_path / "extra").start() as extra:
+        cli("instance", "add", extra.url, "--key", extra.key, "--name", "extra", data_dir=fleet.gateway)
+        extra_id = instance_id(extra)
 
         async def listed(f) -> set:
             return {i["instance_id"] for i in (await f.instances())["instances"]}
 
         async def body():
-            async with client(fleet) as f:
-                deadline = time.monotonic() + 1.5
-                while extra_id not in await listed(f) and time.monotonic() < deadline:
-                    await asyncio.sleep(0.05)
+            async with fleet.client() as f:
+                async def shown():
+                    return extra_id in await listed(f)
+
+                async def gone():
+                    return extra_id not in await listed(f)
+                await poll(shown, 1.5, what="the gateway to list the added instance")
                 added = extra_id in await listed(f)
-                await asyncio.to_thread(actae_cli, fleet["gateway"], "instance", "remove", extra_id)
+                await asyncio.to_thread(cli, "instance", "remove", extra_id, data_dir=fleet.gateway)
                 started = time.monotonic()
-                while extra_id in await listed(f) and time.monotonic() - started < 3:
-                    await asyncio.sleep(0.05)
+                await poll(gone, 3, what="the gateway to drop the removed instance")
                 return added, time.monotonic() - started, extra_id in await listed(f)
         added, seconds, still = run(body())
         assert added and not still and seconds < 1.5
-    finally:
-        extra.stop()

@@ -10,109 +10,82 @@ alone does not hold the remote's key, and the fleet_key file beside it is what d
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import time
 import uuid
 
 import pytest
 
-from conftest import BACKEND, ROOT, ServerProcess, http, query_database, run
+from conftest import BACKEND, cli, http, org_token, poll, query_database, run, start_fleet
 
 ORG = "local"
 
 
-def actae_cli(srv: ServerProcess, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    command = [sys.executable, str(ROOT / "actae.py"), *args, "--data-dir", str(srv.data_dir)]
-    if srv.database:
-        command += ["--database", srv.database]
-    done = subprocess.run(command, capture_output=True, text=True, env=srv.env, cwd=str(ROOT), timeout=60)
-    if check:
-        assert done.returncode == 0, done.stdout + done.stderr
-    return done
-
-
-def org_token(srv: ServerProcess, *flags: str) -> tuple[int, str]:
-    lines = actae_cli(srv, "org-token", "create", "--name", "t" + uuid.uuid4().hex[:6], *flags).stdout.splitlines()
-    return int(lines[0].split()[2]), lines[1]
-
-
 @pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    gateway = ServerProcess(tmp_path_factory.mktemp("tk-g"), command=[
-        sys.executable, str(ROOT / "actae.py"), "--fleet-token-ttl", "1", "--fleet-ticket-ttl", "1"]).start()
-    remote = ServerProcess(tmp_path_factory.mktemp("tk-r")).start()
-    try:
-        actae_cli(gateway, "instance", "add", remote.url, "--key", remote.key, "--name", "remote")
-        remote_id = http("GET", remote.url + "/api/v1/instance", key=remote.key)[2]["instance_id"]
-        yield {"gateway": gateway, "remote": remote, "remote_id": remote_id}
-    finally:
-        gateway.stop()
-        remote.stop()
+def fleet(tmp_path_factory):
+    """A gateway with short fleet-token and ticket lifetimes, and one remote."""
+    with start_fleet(tmp_path_factory.mktemp("tk"), 1, names="remote",
+                     gateway_args=["--fleet-token-ttl", "1", "--fleet-ticket-ttl", "1"]) as f:
+        yield f
 
 
-def client(servers, token, organization=ORG, **kw):
-    from actae_client.fleet import FleetClient
-    return FleetClient(token, servers["gateway"].url, organization, **kw)
-
-
-def test_unknown_and_revoked_organisation_tokens_are_auth_errors(servers):
+def test_unknown_and_revoked_organisation_tokens_are_auth_errors(fleet):
     from actae_client.errors import AuthError
-    token_id, token = org_token(servers["gateway"], "--admin")
+    token_id, token = org_token(fleet.gateway, "--admin")
 
     async def body():
-        async with client(servers, "ot-not-a-token") as f:
+        async with fleet.client("ot-not-a-token") as f:
             with pytest.raises(AuthError):
                 await f.instances()
-        async with client(servers, token) as f:
+        async with fleet.client(token) as f:
             assert (await f.instances())["organization_id"] == ORG
             held = f._fleet_token
-            actae_cli(servers["gateway"], "org-token", "revoke", str(token_id))      # another process
+            cli("org-token", "revoke", str(token_id), data_dir=fleet.gateway)      # another process
             started = time.monotonic()
-            while True:                                  # the running gateway sees it within a second
+
+            async def refused():
                 status, _, answer = await asyncio.to_thread(
-                    http, "GET", servers["gateway"].url + f"/v1/organizations/{ORG}/instances",
+                    http, "GET", fleet.gateway.url + f"/v1/organizations/{ORG}/instances",
                     headers={"authorization": f"Bearer {held}"})
-                if status == 401 or time.monotonic() - started > 3:
-                    break
-                await asyncio.sleep(0.05)
+                return (status, answer) if status == 401 else None
+            # the running gateway sees it within a second
+            status, answer = await poll(refused, 3, what="the gateway to refuse the revoked token's fleet token")
             seen_after = time.monotonic() - started
             with pytest.raises(AuthError):               # its fleet tokens end with it, and it exchanges no more
                 await f.instances()
             return status, answer, seen_after
     status, answer, seen_after = run(body())
     assert status == 401 and answer["message"] == answer["error"] and seen_after < 1.5
-    listed = actae_cli(servers["gateway"], "org-token", "list").stdout
+    listed = cli("org-token", "list", data_dir=fleet.gateway).stdout
     assert f"\n{token_id:>4}  " not in listed
 
 
-def test_another_organisation_is_forbidden(servers):
+def test_another_organisation_is_forbidden(fleet):
     from actae_client.errors import APIError
-    _, token = org_token(servers["gateway"], "--admin")
+    _, token = org_token(fleet.gateway, "--admin")
 
     async def body():
-        async with client(servers, token, organization="someone-else") as f:
+        async with fleet.client(token, organization="someone-else") as f:
             with pytest.raises(APIError) as refused:
                 await f.instances()
             return refused.value
     refused = run(body())
     assert refused.status_code == 403
-    status, _, answer = http("POST", servers["gateway"].url + "/api/v1/fleet/token", headers={
+    status, _, answer = http("POST", fleet.gateway.url + "/api/v1/fleet/token", headers={
         "authorization": f"Bearer {token}"}, body={"purpose": "fleet_access", "organization_id": "other", "scopes": [""]})
     assert status == 403 and answer["status"] == "forbidden"
 
 
-def test_a_read_only_grant_reads_but_gets_403_forbidden_on_record_and_fork(servers):
+def test_a_read_only_grant_reads_but_gets_403_forbidden_on_record_and_fork(fleet):
     from actae_client.errors import APIError
-    remote, remote_id = servers["remote"], servers["remote_id"]
+    remote, remote_id = fleet.remotes[0], fleet.remote_ids[0]
     ch = "ro" + uuid.uuid4().hex[:8]
     http("POST", remote.url + "/api/v1/events/record", key=remote.key, body={"channel_id": ch, "event_type": "x",
                                                                               "payload": {}})
     http("POST", remote.url + f"/api/v1/state/{ch}", key=remote.key, body={"cursor": 1, "state": {}})
-    _, token = org_token(servers["gateway"], "--read", "*")
+    _, token = org_token(fleet.gateway, "--read", "*")
 
     async def body():
-        async with client(servers, token) as f:
+        async with fleet.client(token) as f:
             replayed = await f.replay(remote_id, ch)
             refusals = []
             for call in (lambda: f.record(remote_id, ch, "x", {}),
@@ -134,22 +107,22 @@ def test_a_read_only_grant_reads_but_gets_403_forbidden_on_record_and_fork(serve
     events = http("GET", remote.url + f"/api/v1/events/replay/{ch}", key=remote.key)[2]["events"]
     assert len(events) == 1                                # nothing written
     assert http("GET", remote.url + f"/api/v1/channels/{ch}-f/metadata", key=remote.key)[0] == 404
-    status, _, answer = http("POST", servers["gateway"].url + "/api/v1/fleet/token", headers={
+    status, _, answer = http("POST", fleet.gateway.url + "/api/v1/fleet/token", headers={
         "authorization": f"Bearer {token}"}, body={"scopes": ["events:write"]})
     assert status == 403 and answer["status"] == "forbidden"
 
 
-def test_a_fleet_token_past_its_expires_in_is_refused_and_the_sdk_exchanges_again(servers):
-    _, token = org_token(servers["gateway"], "--admin")
-    url = servers["gateway"].url
+def test_a_fleet_token_past_its_expires_in_is_refused_and_the_sdk_exchanges_again(fleet):
+    _, token = org_token(fleet.gateway, "--admin")
+    url = fleet.gateway.url
 
     async def body():
-        async with client(servers, token) as f:
+        async with fleet.client(token) as f:
             first = await f.instances()
             held = f._fleet_token
             # Pretend this client's clock says the token is still fresh: the gateway decides.
             f._fleet_token_expires_at = time.monotonic() + 3600
-            await asyncio.sleep(1.2)                     # --fleet-token-ttl 1
+            await asyncio.sleep(1.2)     # time itself must pass: --fleet-token-ttl 1 (the gateway's clock decides)
             status = (await asyncio.to_thread(http, "GET", url + f"/v1/organizations/{ORG}/instances",
                                               headers={"authorization": f"Bearer {held}"}))[0]
             second = await f.instances()                 # 401, then a fresh exchange, transparently
@@ -162,20 +135,20 @@ def test_a_fleet_token_past_its_expires_in_is_refused_and_the_sdk_exchanges_agai
     assert status == 200 and exchanged["expires_in"] == 1 and "forks:create" in exchanged["scopes"]
 
 
-def test_used_and_expired_stream_tickets_are_refused(servers):
+def test_used_and_expired_stream_tickets_are_refused(fleet):
     from actae_client.errors import ActaeConnectionError
-    remote, remote_id = servers["remote"], servers["remote_id"]
+    remote, remote_id = fleet.remotes[0], fleet.remote_ids[0]
     ch = "tk" + uuid.uuid4().hex[:8]
     http("POST", remote.url + "/api/v1/events/record", key=remote.key, body={"channel_id": ch, "event_type": "x",
                                                                               "payload": {"n": 1}})
-    _, token = org_token(servers["gateway"], "--admin")
+    _, token = org_token(fleet.gateway, "--admin")
 
     async def mint(f):
         return (await f._request("POST", f"/v1/organizations/{ORG}/events/stream/tickets",
                                  body={"instance_id": remote_id, "channel_id": ch}))["ticket"]
 
     async def body():
-        async with client(servers, token) as f:
+        async with fleet.client(token) as f:
             ticket = await mint(f)
             stream = f.stream(ticket=ticket, resume_cursor=0)
             first = await asyncio.wait_for(stream.__anext__(), 10)
@@ -183,7 +156,7 @@ def test_used_and_expired_stream_tickets_are_refused(servers):
             with pytest.raises(ActaeConnectionError):
                 await asyncio.wait_for(f.stream(ticket=ticket, resume_cursor=0).__anext__(), 10)
             stale = await mint(f)
-            await asyncio.sleep(1.2)                     # --fleet-ticket-ttl 1
+            await asyncio.sleep(1.2)     # time itself must pass: --fleet-ticket-ttl 1
             with pytest.raises(ActaeConnectionError):
                 await asyncio.wait_for(f.stream(ticket=stale, resume_cursor=0).__anext__(), 10)
             with pytest.raises(ActaeConnectionError):
@@ -192,11 +165,11 @@ def test_used_and_expired_stream_tickets_are_refused(servers):
     assert run(body())["event"]["payload"] == {"n": 1}
 
 
-def test_a_copy_of_the_database_does_not_reveal_a_remote_key(servers):
+def test_a_copy_of_the_database_does_not_reveal_a_remote_key(fleet):
     from cryptography.fernet import Fernet
-    gateway, remote = servers["gateway"], servers["remote"]
+    gateway, remote = fleet.gateway, fleet.remotes[0]
     rows = query_database(gateway, "SELECT id, key_ciphertext, key_prefix FROM fleet_instances")
-    assert [r[0] for r in rows] == [servers["remote_id"]]
+    assert [r[0] for r in rows] == fleet.remote_ids
     ciphertext = rows[0][1]
     assert remote.key not in ciphertext and remote.key[8:] not in ciphertext
     if BACKEND == "sqlite":                          # the whole file, WAL included, holds no copy of it

@@ -11,7 +11,6 @@ serve the first page, the status filter, the inbox and the bulk fork's selection
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import sys
@@ -21,7 +20,7 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
-from conftest import BACKEND, ROOT, ServerProcess, http, query_database, run
+from conftest import BACKEND, ROOT, ServerProcess, http, login, query_database, using
 
 sys.path.insert(0, str(ROOT))
 import actae  # noqa: E402  (its query functions and the EXPLAIN of what they send)
@@ -51,9 +50,8 @@ SDK_STATUS = {"sqlite": "json_extract(c.experiment_metadata, '$.status')",
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    server = ServerProcess(tmp_path_factory.mktemp("actae-many")).start()
-    yield server
-    server.stop()
+    with ServerProcess(tmp_path_factory.mktemp("actae-many")).start() as server:
+        yield server
 
 
 async def every_kind(client, tag: str) -> dict:
@@ -105,15 +103,8 @@ async def every_kind(client, tag: str) -> dict:
 
 @pytest.fixture(scope="module")
 def kinds(srv):
-    from actae_client import ActaeClient
-
-    async def main():
-        client = ActaeClient(endpoint=srv.url, api_key=srv.key)
-        try:
-            return await every_kind(client, f"k{uuid.uuid4().hex[:6]}")
-        finally:
-            await client.disconnect()
-    found = run(main())
+    tag = f"k{uuid.uuid4().hex[:6]}"
+    found = using(srv, lambda client: every_kind(client, tag))
     closed = next(k for k in found if k.endswith("-closed"))
     assert query_database(srv, "SELECT run_state FROM channels WHERE id = ?", (closed,)) == [("blocked",)]
     assert http("POST", f"{srv.url}/api/v1/channels/{closed}/close", key=srv.key)[0] == 200
@@ -151,8 +142,7 @@ def test_a_deleted_latest_state_and_an_import_keep_the_columns(srv, kinds, tmp_p
     assert latest >= 1
     waits = next(k for k in kinds if k.endswith("-waits"))
     exported = httpx.get(f"{srv.url}/api/v1/channels/{waits}/export", headers={"x-api-key": srv.key}).text
-    other = ServerProcess(tmp_path / "imported").start()
-    try:
+    with ServerProcess(tmp_path / "imported").start() as other:
         status, _, answer = http("POST", other.url + "/api/v1/import", key=other.key, raw=exported.encode(),
                                  headers={"content-type": "application/x-ndjson"})
         assert status == 200 and answer["imported"] == [waits], answer
@@ -160,8 +150,6 @@ def test_a_deleted_latest_state_and_an_import_keep_the_columns(srv, kinds, tmp_p
             [("blocked", "approval.requested")]
         status, _, inbox = http("GET", f"{other.url}/api/v1/approvals?channel_id={waits}", key=other.key)
         assert [a["status"] for a in inbox["approvals"]] == ["pending"]
-    finally:
-        other.stop()
 
 
 class Recording:
@@ -226,14 +214,8 @@ def test_the_pages_and_the_selection_read_one_index_range(srv, kinds):
         conn.close()
 
 
-def session(srv) -> httpx.Client:
-    c = httpx.Client(base_url=srv.url, follow_redirects=False, timeout=60, headers={"Origin": srv.url})
-    assert c.post("/login", data={"api_key": srv.key}).status_code == 303
-    return c
-
-
 def page_twins(srv, channels: list) -> dict:
-    c = session(srv)
+    c = login(srv)
     try:
         paths = ["/", "/?status=failed", "/?status=blocked", "/?status=completed", "/?q=-e"]
         paths += [f"/runs/{ch}" for ch in channels] + [f"/runs/{ch}/tree" for ch in channels[:3]]
@@ -261,34 +243,24 @@ DOWNGRADE = {
 
 
 def test_a_database_from_before_the_migration_shows_the_same_pages(tmp_path):
-    from actae_client import ActaeClient
-
-    first = ServerProcess(tmp_path).start()
-    key = first.key
     tag = "old"
 
-    async def main():
-        client = ActaeClient(endpoint=first.url, api_key=key)
-        try:
-            made = await every_kind(client, tag)
-            decided = await client.request_approval(f"{tag}-completed", summary="done?")
-            await client.decide_approval(f"{tag}-completed", decided, decision="rejected", actor="ops", reason="no")
-            return made
-        finally:
-            await client.disconnect()
-    try:
-        made = run(main())
+    async def main(client):
+        made = await every_kind(client, tag)
+        decided = await client.request_approval(f"{tag}-completed", summary="done?")
+        await client.decide_approval(f"{tag}-completed", decided, decision="rejected", actor="ops", reason="no")
+        return made
+    with ServerProcess(tmp_path).start() as first:
+        key = first.key
+        made = using(first, main)
         before = page_twins(first, sorted(made))
-    finally:
-        first.stop()
     for statement in DOWNGRADE[BACKEND]:
         query_database(first, statement)
     assert query_database(first, "SELECT COUNT(*) FROM pragma_table_info('channels') WHERE name = 'run_state'",
                           postgresql="SELECT COUNT(*) FROM information_schema.columns WHERE table_name = 'channels'"
                                      " AND column_name = 'run_state'") == [(0,)]
-    second = ServerProcess(tmp_path).start()                  # migrates the old database
-    second.key = key
-    try:
+    with ServerProcess(tmp_path).start() as second:             # migrates the old database
+        second.key = key
         after = page_twins(second, sorted(made))
         for path in before:
             assert after[path] == before[path], path
@@ -298,5 +270,3 @@ def test_a_database_from_before_the_migration_shows_the_same_pages(tmp_path):
         assert [(a["channel_id"], a["decision"], a["decided_by"], a["reason"]) for a in decided["approvals"]] == \
             [(f"{tag}-completed", "rejected", "ops", "no")]
         assert query_database(second, "SELECT COUNT(*) FROM channels WHERE run_state IS NULL") == [(0,)]
-    finally:
-        second.stop()

@@ -17,13 +17,10 @@ opentelemetry-proto). The fork walkthrough runs through the real SDK (examples/f
 """
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import http.server as http_server
-import importlib.util
 import os
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -32,7 +29,7 @@ import pytest
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ROOT, ServerProcess, http
+from conftest import ServerProcess, cli, http, import_example, poll, using
 
 
 # --------------------------------------------------------------------------------------------
@@ -62,7 +59,7 @@ class Collector:
                 with collector.lock:
                     collector.requests += 1
                 if collector.mode == "slow503":
-                    time.sleep(collector.delay)
+                    time.sleep(collector.delay)      # what it fakes: a collector slow to answer
                     self.send_response(503)
                     self.send_header("content-length", "0")
                     self.end_headers()
@@ -107,13 +104,13 @@ class Collector:
             return list(self.spans)
 
     def wait_for(self, condition, timeout=30.0, what="spans"):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """The spans taken so far, as soon as `condition(spans)` holds."""
+        def ready():
             spans = self.taken()
-            if condition(spans):
-                return spans
-            time.sleep(0.05)
-        raise AssertionError(f"the collector never got the {what}; it has {len(self.taken())} span(s)")
+            return (spans,) if condition(spans) else None
+        (spans,) = poll(ready, timeout, what=lambda: f"the collector to get the {what} "
+                                                     f"(it has {len(self.taken())} span(s))")
+        return spans
 
 
 @pytest.fixture
@@ -124,22 +121,22 @@ def collector():
 
 
 def exporting_server(tmp_path, collector_url, name="data", *, via_env=False):
-    """A server exporting to `collector_url`: by --otlp-endpoint, or by OTEL_EXPORTER_OTLP_ENDPOINT."""
+    """A started server exporting to `collector_url`: by --otlp-endpoint, or by OTEL_EXPORTER_OTLP_ENDPOINT."""
     if via_env:
         return ServerProcess(tmp_path / name, env={"OTEL_EXPORTER_OTLP_ENDPOINT": collector_url,
                                                    "OTEL_SERVICE_NAME": "actae-test"}).start()
-    command = [sys.executable, str(ROOT / "actae.py"), "--otlp-endpoint", collector_url]
-    return ServerProcess(tmp_path / name, command=command).start()
+    return ServerProcess(tmp_path / name, args=["--otlp-endpoint", collector_url]).start()
+
+
+def without_otel(**extra) -> dict:
+    """For `cli(env=...)`: this environment's OTEL_* variables unset, `extra` set."""
+    return {**{k: None for k in os.environ if k.startswith("OTEL_")}, **extra}
 
 
 def otel_export(server: ServerProcess, collector_url: str, channel: str, *extra) -> subprocess.CompletedProcess:
-    """`actae otel-export CHANNEL` against the server's own database."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    env.pop("ACTAE_DATABASE_URL", None)
-    database = ["--database", server.database] if server.database else []
-    return subprocess.run([sys.executable, str(ROOT / "actae.py"), "otel-export", channel, *extra,
-                           "--data-dir", str(server.data_dir), *database, "--otlp-endpoint", collector_url],
-                          capture_output=True, text=True, timeout=60, env=env, cwd=str(ROOT))
+    """`actae otel-export CHANNEL` against the server's own database (no OTEL_* variables but the flag)."""
+    return cli("otel-export", channel, *extra, "--otlp-endpoint", collector_url, data_dir=server.data_dir,
+               env=without_otel(), check=False)
 
 
 def trace_id(channel: str) -> str:
@@ -148,26 +145,6 @@ def trace_id(channel: str) -> str:
 
 def span_id(channel: str, cursor: int) -> str:
     return hashlib.sha256(b"actae.span\x00%s\x00%d" % (channel.encode(), cursor)).digest()[:8].hex()
-
-
-def load_fork_demo():
-    spec = importlib.util.spec_from_file_location("fork_demo_observability", ROOT / "examples" / "fork_demo.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def sdk(server, body):
-    from actae_client import ActaeClient
-
-    async def main():
-        client = ActaeClient(endpoint=server.url, api_key=server.key)
-        try:
-            return await body(client)
-        finally:
-            await client.disconnect()
-
-    return asyncio.run(main())
 
 
 def roots(spans):
@@ -186,12 +163,11 @@ def comparable(spans):
 
 
 def test_the_fork_walkthrough_as_traces_live_and_backfilled(tmp_path, collector):
-    server = exporting_server(tmp_path, collector.url)
-    try:
-        demo = load_fork_demo()
+    with exporting_server(tmp_path, collector.url) as server:
+        demo = import_example("fork_demo.py")
         name = f"otel-{uuid.uuid4().hex[:8]}"
         base, fork = f"{name}-base", f"{name}-fork"
-        checks = sdk(server, lambda client: demo.walkthrough(client, base, fork))
+        checks = using(server, lambda client: demo.walkthrough(client, base, fork))
         assert all(ok for _, ok, _ in checks), [c for c in checks if not c[1]]
         spans = collector.wait_for(lambda got: len(roots(got)) >= 2, what="two roots")
         by_trace = {trace_id(base): [s for s in spans if s["trace_id"] == trace_id(base)],
@@ -261,8 +237,6 @@ def test_the_fork_walkthrough_as_traces_live_and_backfilled(tmp_path, collector)
             assert comparable(backfilled) == comparable(spans)
         finally:
             again.stop()
-    finally:
-        server.stop()
 
 
 def test_a_crashed_run_and_one_whose_process_died(tmp_path, collector):
@@ -284,8 +258,8 @@ def test_a_crashed_run_and_one_whose_process_died(tmp_path, collector):
         for number in (1, 2):
             await client.record(died, "work", {"step_number": number}, actor="agent_session", step_number=number)
 
-    try:
-        sdk(server, scenario)
+    with server:
+        using(server, scenario)
         spans = collector.wait_for(lambda got: roots(got) and sum(s["trace_id"] == trace_id(died) for s in got) >= 2,
                                    what="the crash's root and the dead run's steps")
         (root,) = roots(spans)
@@ -314,8 +288,6 @@ def test_a_crashed_run_and_one_whose_process_died(tmp_path, collector):
                 assert only["end"] == max(s["end"] for s in live_died) and only["status"][0] == 0
             else:
                 assert not extra
-    finally:
-        server.stop()
 
 
 # --------------------------------------------------------------------------------------------
@@ -338,6 +310,14 @@ def value(values, name, **labels) -> float:
     return values.get((name, frozenset(labels.items())), 0.0)
 
 
+def metrics_when(server, check, timeout, *, what) -> dict:
+    """`metric_values(server)` as soon as `check(values)` holds."""
+    def ready():
+        values = metric_values(server)
+        return values if check(values) else None
+    return poll(ready, timeout, every=0.2, what=what)
+
+
 @pytest.mark.parametrize("collector_state", ["answers 503 slowly", "is not there"])
 def test_a_slow_or_dead_collector_drops_spans_and_never_a_write(tmp_path, collector_state):
     if collector_state == "is not there":
@@ -347,27 +327,24 @@ def test_a_slow_or_dead_collector_drops_spans_and_never_a_write(tmp_path, collec
     else:
         gone = Collector("slow503", delay=2.0)
         url = gone.url
-    server = exporting_server(tmp_path, url)
-    channel = f"slow-{uuid.uuid4().hex[:6]}"
     try:
-        for number in range(1, 41):
-            status, _, body = http("POST", server.url + "/api/v1/events/record", key=server.key, body={
-                "channel_id": channel, "event_type": "work", "payload": {"n": number}, "step_number": number})
-            assert status == 200, body
-        deadline = time.monotonic() + 60
-        while value(metric_values(server), "actae_spans_dropped_total") < 1:
-            assert time.monotonic() < deadline, "actae_spans_dropped_total never rose"
-            time.sleep(0.2)
-        figures = metric_values(server)
-        assert value(figures, "actae_spans_exported_total") == 0
-        assert value(figures, "actae_events_written_total", type="work") == 40
-        status, _, health = http("GET", server.url + "/healthz")
-        assert status == 200 and health["status"] == "ok"
-        status, _, events = http("GET", server.url + f"/api/v1/events/replay/{channel}?limit=100", key=server.key)
-        assert status == 200 and len(events["events"] if isinstance(events, dict) else events) == 40
-        assert server.stop() == 0                # and it still stops promptly
+        with exporting_server(tmp_path, url) as server:
+            channel = f"slow-{uuid.uuid4().hex[:6]}"
+            for number in range(1, 41):
+                status, _, body = http("POST", server.url + "/api/v1/events/record", key=server.key, body={
+                    "channel_id": channel, "event_type": "work", "payload": {"n": number}, "step_number": number})
+                assert status == 200, body
+            metrics_when(server, lambda v: value(v, "actae_spans_dropped_total") >= 1, 60,
+                         what="actae_spans_dropped_total to rise")
+            figures = metric_values(server)
+            assert value(figures, "actae_spans_exported_total") == 0
+            assert value(figures, "actae_events_written_total", type="work") == 40
+            status, _, health = http("GET", server.url + "/healthz")
+            assert status == 200 and health["status"] == "ok"
+            status, _, events = http("GET", server.url + f"/api/v1/events/replay/{channel}?limit=100", key=server.key)
+            assert status == 200 and len(events["events"] if isinstance(events, dict) else events) == 40
+            assert server.stop() == 0                # and it still stops promptly
     finally:
-        server.kill()
         if collector_state != "is not there":
             gone.stop()
 
@@ -391,7 +368,7 @@ def test_metrics_move_by_exactly_what_a_scripted_sequence_did(tmp_path):
         assert status == expect, (path, status, answer)
         return answer
 
-    try:
+    with server:
         post("/api/v1/events/record", {"channel_id": writes, "event_type": "warm", "payload": {}})  # the key's touch
         started = time.monotonic()
         before = metric_values(server)
@@ -418,12 +395,9 @@ def test_metrics_move_by_exactly_what_a_scripted_sequence_did(tmp_path):
         assert status == 404
         jobs = n + 3 + 1 + 2 + 1 + 1           # records, claim/complete/replay, the mismatch, approvals, failed, fork
 
-        deadline = time.monotonic() + 30        # the stored-data gauges are cached a few seconds
-        after = metric_values(server)
-        while value(after, "actae_approvals_pending") != 2:
-            assert time.monotonic() < deadline, "actae_approvals_pending never reached 2"
-            time.sleep(0.2)
-            after = metric_values(server)
+        # the stored-data gauges are cached a few seconds
+        after = metrics_when(server, lambda v: value(v, "actae_approvals_pending") == 2, 30,
+                             what="actae_approvals_pending to reach 2")
 
         def delta(name, **labels):
             return value(after, name, **labels) - value(before, name, **labels)
@@ -474,16 +448,12 @@ def test_metrics_move_by_exactly_what_a_scripted_sequence_did(tmp_path):
         # an approval answered leaves the count; an expired one too
         post("/api/v1/events/record", {"channel_id": approvals, "event_type": "approval.decided",
                                        "payload": {"request_id": "r1", "decision": "approved"}})
-        deadline = time.monotonic() + 30
-        while value(metric_values(server), "actae_approvals_pending") != 1:
-            assert time.monotonic() < deadline, "the decided approval still counts as pending"
-            time.sleep(0.2)
+        metrics_when(server, lambda v: value(v, "actae_approvals_pending") == 1, 30,
+                     what="the decided approval to leave actae_approvals_pending")
         # /metrics.json keeps its shape
         status, _, snapshot = http("GET", url + "/metrics.json", key=key)
         assert status == 200 and set(snapshot) >= {"status", "timestamp", "uptime_seconds", "websocket", "database"}
         assert set(snapshot["database"]) == {"write_batches", "write_jobs"}
-    finally:
-        server.stop()
 
 
 # --------------------------------------------------------------------------------------------
@@ -492,15 +462,11 @@ def test_metrics_move_by_exactly_what_a_scripted_sequence_did(tmp_path):
 
 
 def test_bad_collector_urls_are_named_at_start(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
-    bad = subprocess.run([sys.executable, str(ROOT / "actae.py"), "--otlp-endpoint", "ftp://collector",
-                          "--data-dir", str(tmp_path / "a"), "--port", "0"],
-                         capture_output=True, text=True, timeout=60, env=env)
+    bad = cli("--otlp-endpoint", "ftp://collector", "--data-dir", str(tmp_path / "a"), "--port", "0",
+              env=without_otel(), check=False)
     assert bad.returncode != 0 and "--otlp-endpoint takes an OTLP/HTTP URL" in bad.stderr
-    bad = subprocess.run([sys.executable, str(ROOT / "actae.py"), "--data-dir", str(tmp_path / "b"), "--port", "0"],
-                         capture_output=True, text=True, timeout=60,
-                         env={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4318"})
+    bad = cli("--data-dir", str(tmp_path / "b"), "--port", "0",
+              env=without_otel(OTEL_EXPORTER_OTLP_ENDPOINT="collector:4318"), check=False)
     assert bad.returncode != 0 and "OTEL_EXPORTER_OTLP_ENDPOINT takes an OTLP/HTTP URL" in bad.stderr
-    missing = subprocess.run([sys.executable, str(ROOT / "actae.py"), "otel-export", "some-run",
-                              "--data-dir", str(tmp_path / "c")], capture_output=True, text=True, timeout=60, env=env)
+    missing = cli("otel-export", "some-run", "--data-dir", str(tmp_path / "c"), env=without_otel(), check=False)
     assert missing.returncode != 0 and "otel-export needs a collector" in missing.stderr

@@ -112,10 +112,9 @@ def forget(package: str) -> None:
 
 @pytest.fixture(scope="module")
 def api_server(tmp_path_factory):
-    srv = ServerProcess(tmp_path_factory.mktemp("actae-openapi-client")).start()
-    assert srv.key, "\n".join(srv.lines)
-    yield srv
-    srv.stop()
+    with ServerProcess(tmp_path_factory.mktemp("actae-openapi-client")).start() as srv:
+        assert srv.key, "\n".join(srv.lines)
+        yield srv
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-import os
-import subprocess
 import sys
 import time
 from datetime import datetime, timedelta, timezone
@@ -23,26 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BACKEND, ROOT, ServerProcess, database_url_for, http, query_database, run
+from conftest import (BACKEND, ROOT, ServerProcess, cli, database_url_for, http, poll, query_database,
+                      state_sha256, using)
 
 OLD = "2000-01-01T00:00:00.000Z"
 STATE_BYTES = 3000                    # each snapshot: enough that deleting 150 runs frees whole pages
-
-
-def canonical_sha256(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"),
-                                     ensure_ascii=False).encode()).hexdigest()
-
-
-def poll(check, timeout=30.0, every=0.1):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not true after {timeout}s: {check.__doc__ or check}")
-        time.sleep(every)
 
 
 def padding(name: str, step: int) -> str:
@@ -68,48 +51,41 @@ def names():
 
 @pytest.fixture(scope="module")
 def srv(tmp_path_factory):
-    server = ServerProcess(tmp_path_factory.mktemp("actae-prune")).start()
-    yield server
-    server.stop()
+    with ServerProcess(tmp_path_factory.mktemp("actae-prune")).start() as server:
+        yield server
 
 
 @pytest.fixture(scope="module")
 def world(srv):
     """The 200 runs and what is special about them; {"all", "parent", "old", "protected", ...}."""
-    from actae_client import ActaeClient
-
     roots, forks = names()
     assert len(roots) + len(forks) == 200
 
-    async def main():
-        client = ActaeClient(endpoint=srv.url, api_key=srv.key)
-        try:
-            await asyncio.gather(*(make_run(client, r, 3) for r in roots))
-            for level in ("f", "ff", "fff"):
-                await asyncio.gather(*(make_run(client, child, 1, parent, 2) for child, parent in forks.items()
-                                       if child.rstrip("0123456789") == level))
-            await client.request_approval("r5", summary="keep me: waiting")
-            claim = await client.claim_execution("r7", "pay-1", "charge", {"cents": 100}, lease_seconds=3600)
-            assert claim.status == "claimed"
-            lapsed = await client.claim_execution("r13", "pay-1", "charge", {"cents": 100}, lease_seconds=1)
-            assert lapsed.status == "claimed"
-            await client.schedule_wakeup("ff3", datetime.now(timezone.utc) + timedelta(days=1))
-            await client.create_group("g-r11", "r11")
-            request_id = await client.request_approval("r15", summary="times out", timeout_seconds=1)
-            done_approval = await client.request_approval("r17", summary="decided")
-            await client.decide_approval("r17", done_approval, decision="approved", actor="ops")
-            return request_id
-        finally:
-            await client.disconnect()
-    timed_out = run(main())
+    async def main(client):
+        await asyncio.gather(*(make_run(client, r, 3) for r in roots))
+        for level in ("f", "ff", "fff"):
+            await asyncio.gather(*(make_run(client, child, 1, parent, 2) for child, parent in forks.items()
+                                   if child.rstrip("0123456789") == level))
+        await client.request_approval("r5", summary="keep me: waiting")
+        claim = await client.claim_execution("r7", "pay-1", "charge", {"cents": 100}, lease_seconds=3600)
+        assert claim.status == "claimed"
+        lapsed = await client.claim_execution("r13", "pay-1", "charge", {"cents": 100}, lease_seconds=1)
+        assert lapsed.status == "claimed"
+        await client.schedule_wakeup("ff3", datetime.now(timezone.utc) + timedelta(days=1))
+        await client.create_group("g-r11", "r11")
+        request_id = await client.request_approval("r15", summary="times out", timeout_seconds=1)
+        done_approval = await client.request_approval("r17", summary="decided")
+        await client.decide_approval("r17", done_approval, decision="approved", actor="ops")
+        return request_id
+    timed_out = using(srv, main)
 
     def expired():
-        """r15's approval timed out and its wake-up fired"""
         _, _, body = http("GET", f"{srv.url}/api/v1/approvals?channel_id=r15", key=srv.key)
         _, _, wakeups = http("GET", f"{srv.url}/api/v1/scheduler/wakeups?channel_id=r15", key=srv.key)
         return body["approvals"][0]["status"] == "expired" and all(w["status"] != "pending" for w in wakeups["wakeups"])
-    poll(expired)
-    time.sleep(1.1)                                    # r13's claim lapses
+    poll(expired, 30, every=0.1, what="r15's approval to time out and its wake-up to fire")
+    # Time itself must pass here: r13's 1-second lease lapses by the clock, and nothing records it.
+    time.sleep(1.1)
     assert timed_out
     everything = set(roots) | set(forks)
     recent = {f"r{i}" for i in range(100, 130)} | {"f3", "ff5", "fff2", "f30"}
@@ -137,10 +113,9 @@ def channels(srv) -> set:
     return set(body["channels"])
 
 
-def cli(srv, *args):
-    env = {**os.environ, **({"ACTAE_DATABASE_URL": srv.database} if srv.database else {})}
-    return subprocess.run([sys.executable, str(ROOT / "actae.py"), *args, "--data-dir", str(srv.data_dir)],
-                          capture_output=True, text=True, env=env, cwd=str(ROOT), timeout=300)
+def prune_cli(srv, *args):
+    """`actae prune ARGS` on the server's data dir, beside it; the finished process (any exit code)."""
+    return cli("prune", *args, data_dir=srv, timeout=300, check=False)
 
 
 def disk_bytes(srv) -> int:
@@ -156,10 +131,10 @@ def test_prune_deletes_exactly_what_the_rules_allow(srv, world):
     shas = {}
     for run_id in kept:
         _, _, state = http("GET", f"{srv.url}/api/v1/state/{run_id}", key=srv.key)
-        shas[run_id] = (state["cursor"], canonical_sha256(state["state"]))
+        shas[run_id] = (state["cursor"], state_sha256(state["state"]))
     events = dict(query_database(srv, "SELECT id, last_cursor FROM channels"))
 
-    dry = cli(srv, "prune", "--older-than", "30", "--dry-run", "--json")
+    dry = prune_cli(srv, "--older-than", "30", "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     plan = json.loads(dry.stdout)
     assert plan["dry_run"] is True and set(plan["deleted"]) == doomed
@@ -171,7 +146,7 @@ def test_prune_deletes_exactly_what_the_rules_allow(srv, world):
     assert channels(srv) == world["all"]
 
     size_before = disk_bytes(srv)
-    done = cli(srv, "prune", "--older-than", "30", "--json")          # beside the running server
+    done = prune_cli(srv, "--older-than", "30", "--json")          # beside the running server
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
     assert answer["dry_run"] is False and set(answer["deleted"]) == doomed
@@ -196,25 +171,19 @@ def test_prune_deletes_exactly_what_the_rules_allow(srv, world):
                                   body={"source_channel_id": run_id, "new_channel_id": f"after-{run_id}",
                                         "at_cursor": cursor})
         assert status == 200 and receipt["source_state_sha256"] == sha and receipt["restorable"] is True
-    again = cli(srv, "prune", "--older-than", "30", "--json")
+    again = prune_cli(srv, "--older-than", "30", "--json")
     assert json.loads(again.stdout)["deleted"] == []
 
 
 def test_the_admin_api_status_and_failed_runs_kept_longer(srv):
-    from actae_client import ActaeClient
-
-    async def main():
-        client = ActaeClient(endpoint=srv.url, api_key=srv.key)
-        try:
-            for name in ("done-1", "done-2", "bad-1", "bad-2"):
-                await make_run(client, name, 2)
-            for name in ("done-1", "done-2"):
-                await client.update_metadata(name, experiment_metadata={"status": "completed"})
-            for name in ("bad-1", "bad-2"):
-                await client.record(name, "run.failed", {"error": "boom"}, actor="agent")
-        finally:
-            await client.disconnect()
-    run(main())
+    async def main(client):
+        for name in ("done-1", "done-2", "bad-1", "bad-2"):
+            await make_run(client, name, 2)
+        for name in ("done-1", "done-2"):
+            await client.update_metadata(name, experiment_metadata={"status": "completed"})
+        for name in ("bad-1", "bad-2"):
+            await client.record(name, "run.failed", {"error": "boom"}, actor="agent")
+    using(srv, main)
     query_database(srv, "UPDATE channels SET updated_at = ? WHERE id IN ('done-1', 'bad-1')", (OLD,))
     week_ago = (datetime.now(timezone.utc) - timedelta(days=7)).strftime("%Y-%m-%dT%H:%M:%S.000Z")
     query_database(srv, "UPDATE channels SET updated_at = ? WHERE id IN ('done-2', 'bad-2')", (week_ago,))
@@ -254,27 +223,33 @@ def test_the_daily_prune_runs_at_start_and_again_a_day_later(tmp_path):
     async def main():
         db = await actae.Database(location).open()
         retention = actae.Retention(db, 2, clock=lambda: now[0], interval=0.05)
+
+        async def prunes(count):
+            """`count` more prunes finish (the first may have begun before the call; the later ones after)."""
+            for _ in range(count):
+                seen = retention.last
+
+                async def another():
+                    return retention.last is not seen
+                await poll(another, 10, what="the retention task's next prune")
+
+        def gone(channel):
+            async def check():
+                return await db.read(actae.channel_by_id, channel) is None
+            return check
         try:
             await db.write(actae.record_event, record("daily-a"))
             retention.start()
-            await asyncio.sleep(0.3)
+            await prunes(1)                                         # the prune at start: after the write
             assert await db.read(actae.channel_by_id, "daily-a") is not None       # not 2 days idle yet
             now[0] += timedelta(days=3)
-            for _ in range(200):
-                if await db.read(actae.channel_by_id, "daily-a") is None:
-                    break
-                await asyncio.sleep(0.05)
-            assert await db.read(actae.channel_by_id, "daily-a") is None
+            await poll(gone("daily-a"), 10, what="daily-a to be pruned")
             now[0] = datetime.now(timezone.utc)                 # a new day starts: daily-b is fresh
             await db.write(actae.record_event, record("daily-b"))
-            await asyncio.sleep(0.3)
+            await prunes(2)                                         # a whole prune after the write
             assert await db.read(actae.channel_by_id, "daily-b") is not None
             now[0] += timedelta(days=3)                                              # the next day's prune
-            for _ in range(200):
-                if await db.read(actae.channel_by_id, "daily-b") is None:
-                    break
-                await asyncio.sleep(0.05)
-            assert await db.read(actae.channel_by_id, "daily-b") is None
+            await poll(gone("daily-b"), 10, what="daily-b to be pruned")
             assert retention.last is not None and retention.last.rows.runs == 1
         finally:
             await retention.stop()
@@ -283,27 +258,16 @@ def test_the_daily_prune_runs_at_start_and_again_a_day_later(tmp_path):
 
 
 def test_the_server_prunes_at_start_with_retain_days(tmp_path):
-    first = ServerProcess(tmp_path).start()
-    key = first.key
-    try:
+    with ServerProcess(tmp_path).start() as first:
+        key = first.key
         for name in ("idle", "busy"):
             assert http("POST", first.url + "/api/v1/events/record", key=key,
                         body={"channel_id": name, "event_type": "step", "payload": {}})[0] == 200
-    finally:
-        first.stop()
     query_database(first, "UPDATE channels SET updated_at = ? WHERE id = 'idle'", (OLD,))
-    second = ServerProcess(tmp_path)
-    second.command = [sys.executable, str(ROOT / "actae.py"), "--retain-days", "3"]
-    second.start()
-    try:
-        def pruned():
-            """the idle run is gone"""
-            return http("GET", second.url + "/api/v1/channels/idle/metadata", key=key)[0] == 404
-        poll(pruned)
+    with ServerProcess(tmp_path, args=["--retain-days", "3"]).start() as second:
+        poll(lambda: http("GET", second.url + "/api/v1/channels/idle/metadata", key=key)[0] == 404, 30,
+             every=0.1, what="the idle run to be gone")
         assert http("GET", second.url + "/api/v1/channels/busy/metadata", key=key)[0] == 200
-    finally:
-        second.stop()
     assert any("retention: deleted 1 runs" in line for line in second.lines), second.lines[-20:]
-    bad = subprocess.run([sys.executable, str(ROOT / "actae.py"), "--retain-days", "-1", "--data-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=60)
+    bad = cli("--retain-days", "-1", data_dir=tmp_path, check=False)
     assert bad.returncode != 0 and "--retain-days" in bad.stderr

@@ -275,13 +275,11 @@ def test_unpacked_executable_prints_its_version_and_serves(packaged, tmp_path):
     res = subprocess.run([str(exe), "--version"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.strip() == f"actae {VERSION}", output(res)
 
-    srv = ServerProcess(tmp_path / "data", command=[str(exe)]).start(timeout=90)
-    try:
+    with ServerProcess(tmp_path / "data", command=[str(exe)]).start(timeout=90) as srv:
         assert srv.key and srv.key.startswith("sk-"), srv.lines[:5]
         status, _, body = http("GET", srv.url + "/healthz")
         assert status == 200 and body["version"] == VERSION, body     # the stamp reaches the server too
-    finally:
-        code = srv.stop()
+    code = srv.stop()                                  # stopped on leaving the block: its exit code
     assert os.name == "nt" or code == 0, "\n".join(srv.lines)
 
 

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, ServerProcess, cli, http, query_database
+from conftest import ROOT, ServerProcess, cli, http, query_database, state_sha256
 
 STEPS = 200
 
@@ -58,11 +58,6 @@ def text_of(value) -> str:
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
-def sha256_of(value) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, separators=(",", ":"),
-                                     ensure_ascii=False).encode()).hexdigest()
-
-
 def save_all(server, channel: str, states: list) -> list:
     versions = []
     for cursor, state in enumerate(states, start=1):
@@ -79,12 +74,8 @@ def save_all(server, channel: str, states: list) -> list:
 
 def raw_version_text(server, channel: str, version: int) -> str:
     """The state as the server answers it, as text: the answer's "state" member, byte for byte."""
-    import urllib.request
-
-    request = urllib.request.Request(server.url + f"/api/v1/state/{channel}/version/{version}",
-                                     headers={"x-api-key": server.key})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        body = json.loads(response.read())
+    status, _, body = http("GET", server.url + f"/api/v1/state/{channel}/version/{version}", key=server.key)
+    assert status == 200, body
     return text_of(body["state"])
 
 
@@ -150,7 +141,7 @@ def test_a_fork_shares_its_snapshot_and_both_read_back(stored_run):
     at = 100
     status, _, receipt = http("POST", srv.url + "/api/v1/channels/fork", key=srv.key,
                               body={"source_channel_id": "grow", "new_channel_id": "grow-fork", "at_cursor": at})
-    assert status == 200 and receipt["source_state_sha256"] == sha256_of(states[at - 1])
+    assert status == 200 and receipt["source_state_sha256"] == state_sha256(states[at - 1])
     assert stored_bytes(srv, "grow-fork") == 0, "the fork's first snapshot is shared, not copied"
     status, _, latest = http("GET", srv.url + "/api/v1/state/grow-fork", key=srv.key)
     assert text_of(latest["state"]) == text_of(states[at - 1])
