@@ -49,7 +49,7 @@ Dashboard: page handlers — rendering, sign-in, the fork and delete forms, keys
 Dashboard: the Fleet page — each instance's reachability, version, backend and run count
 Connections — uvicorn's HTTP protocol with bounds an unauthenticated client cannot pass
 App factory — create_app: the routes, middleware and lifespan
-Command line — main(): serve, key, user, export, import, otel-export, instance, org-token
+Command line — main(): serve, key, user, export, import, otel-export, instance, org-token, fork-failed, prune
 """
 from __future__ import annotations
 
