@@ -177,7 +177,6 @@ CLAIM_OUTCOMES = ("claimed", "reclaimed", "replayed", "in_progress")
 # A run as the dashboard and the lists show it (computed by run_state_sql). "failed" as a filter
 # is every failure, crashes included; "crashed" only those.
 RUN_STATES = ("created", "started", "stepping", "completed", "failed", "crashed", "blocked", "recorded")
-FAILURE_KINDS = ("crashed", "failed", "blocked")
 WAKEUP_BATCH = 100                     # wake-ups fired per write transaction
 MEMBER_POLICIES = ("fork", "share")    # group fork: a member's channel is forked, or shared as it is
 # The ledger row AgentSession(fence_owner=...) claims as its writer lock: a fence, not a side effect.
@@ -10053,8 +10052,7 @@ def run_root_span(conn: Conn, channel_id: str, maker: SpanMaker, trigger: str = 
     when the run failed or crashed (the dashboard's run_failure). None when there is nothing to
     send: no such run, no event yet, or `trigger` "closed" on a run that had completed already.
     """
-    row = conn.execute(f"SELECT c.*, ({run_state_sql(conn.dialect)}) AS run_state FROM channels c WHERE c.id = ?",
-                       (channel_id,)).fetchone()
+    row = channel_by_id(conn, channel_id)          # run_state is a column the write path keeps
     if row is None or not row["last_cursor"]:
         return None
     completed = events_after(conn, channel_id, 0, 1, event_type="session.completed")
@@ -10593,17 +10591,13 @@ def run_state_sql(dialect: Dialect) -> str:
     ELSE COALESCE({sdk_status}, 'recorded') END"""
 
 
+# What a listed run's row carries: the channel (with run_state) and a few lookups by its own key.
 RUN_COLUMNS = ("c.*,"                   # run_state among them
                " (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id) AS last_step,"
                " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks,"
                " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = 1) AS first_event_at,"
                " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = c.last_cursor)"
                " AS last_event_at")
-
-
-def run_columns(dialect: Dialect) -> str:
-    """What a listed run's row carries: the channel (with run_state) and a few lookups by its own key."""
-    return RUN_COLUMNS
 
 
 def shown_status(run_state: Any) -> str:
@@ -10758,7 +10752,7 @@ def run_summary(row: Row, last_own_step: Optional[int], fork_count: int) -> dict
 
 
 def listed_run(conn: Conn, row: Row, depth: int = 0) -> dict:
-    """A run_columns() row as the list shows it: status as the run page says it, failure, duration."""
+    """A RUN_COLUMNS row as the list shows it: status as the run page says it, failure, duration."""
     failure = run_failure(conn, row, row["run_state"])
     return {**run_summary(row, row["last_step"], row["forks"]), "status": shown_status(row["run_state"]),
             "sdk_status": experiment_of(row).get("status"),
@@ -10768,7 +10762,7 @@ def listed_run(conn: Conn, row: Row, depth: int = 0) -> dict:
 
 def fork_group(conn: Conn, root_id: str) -> tuple:
     """A root's descendants in tree order (each with its depth), at most GROUP_FORKS_MAX; and how many in all."""
-    rows = conn.execute(f"SELECT {run_columns(conn.dialect)} FROM channels c WHERE c.origin_id = ? AND c.id <> ?"
+    rows = conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.origin_id = ? AND c.id <> ?"
                         " ORDER BY c.created_at, c.id LIMIT ?", (root_id, root_id, GROUP_FORKS_MAX)).fetchall()
     total = conn.execute("SELECT COUNT(*) FROM channels WHERE origin_id = ? AND id <> ?",
                          (root_id, root_id)).fetchone()[0]
@@ -10810,7 +10804,7 @@ def runs_page(conn: Conn, q: str, status: str, after: Optional[str]) -> tuple:
         where.add_if(state, "c.run_state = ?")
         if after:
             where.add(*after_page_token(after, "c.updated_at", "c.id"))
-        pages.append((f"SELECT {run_columns(conn.dialect)} FROM channels c{where}"
+        pages.append((f"SELECT {RUN_COLUMNS} FROM channels c{where}"
                       " ORDER BY c.updated_at DESC, c.id DESC LIMIT ?", [*where.args, RUNS_PAGE_SIZE + 1]))
     rows = union_of_pages(conn, pages, "updated_at DESC, id DESC", RUNS_PAGE_SIZE + 1)
     runs = [listed_run(conn, r) for r in rows[:RUNS_PAGE_SIZE]]
@@ -11026,7 +11020,7 @@ def default_fork_name(conn: Conn, channel_id: str, fork_count: int) -> str:
 def run_page(conn: Conn, channel_id: str, start: int, event_type: str = "") -> dict:
     """Everything the run page shows; the timeline is one page of TIMELINE_PAGE_SIZE events."""
     row = fetch_or_raise(conn, lambda: NotFound(f"channel {channel_id} not found"),
-                         f"SELECT {run_columns(conn.dialect)} FROM channels c WHERE c.id = ?", channel_id)
+                         f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.id = ?", channel_id)
     meta = experiment_of(row)
     run_state = row["run_state"]
     failure = run_failure(conn, row, run_state)
@@ -11063,7 +11057,7 @@ def tree_page(conn: Conn, channel_id: str) -> dict:
         stack += node["children"]
     ids = [n["channel_id"] for n in nodes]
     marks = ", ".join("?" for _ in ids)
-    found = {r["id"]: r for r in conn.execute(f"SELECT {run_columns(conn.dialect)} FROM channels c WHERE c.id IN ({marks})", ids)}
+    found = {r["id"]: r for r in conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.id IN ({marks})", ids)}
     for node in nodes:
         r = found[node["channel_id"]]
         failure = run_failure(conn, r, r["run_state"])
