@@ -47,7 +47,7 @@ Fleet gateway: event streams — the ticketed WebSocket and the NDJSON stream, l
 Dashboard: data for the pages — reads that build what each page shows
 Dashboard: page handlers — rendering, sign-in, the fork and delete forms, keys
 Dashboard: the Fleet page — each instance's reachability, version, backend and run count
-Connections — uvicorn's HTTP protocol with bounds an unauthenticated client cannot pass
+Connections — uvicorn's HTTP protocol with bounds an unauthenticated client cannot pass; API requests answered from it in one write
 App factory — create_app: the routes, middleware and lifespan
 Command line — main(): serve, key, user, export, import, otel-export, instance, org-token, fork-failed, prune
 """
@@ -67,6 +67,7 @@ import json
 import logging
 import math
 import os
+import queue
 import re
 import secrets
 import socket
@@ -3015,6 +3016,10 @@ class SqliteConnection(sqlite3.Connection):
     """sqlite3's connection, carrying its dialect like the PostgreSQL wrapper does."""
 
     dialect = SQLITE
+    usable = True                    # a file: nothing to lose between statements
+
+    def pipeline(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()     # a statement costs no round trip here
 
 
 def _configure(conn: Conn) -> None:
@@ -3239,27 +3244,39 @@ class _Job:
     args: tuple
     future: asyncio.Future
     exclude: Any = None              # a WebSocket connection that must not get its own events back
+    bare: bool = False               # `work(conn, *args)` alone, outside any transaction (see Database.on_writer)
 
 
 def run_jobs(conn: Any, jobs: list) -> list:
     """Run write jobs in ONE transaction (one fsync, one commit); returns, per job, `(result, events)`
     or `(exception, None)`, and raises if the commit itself fails.
 
-    Where a statement costs a round trip (PostgreSQL), the batch is first run pipelined and without
-    a savepoint per job: statements whose rows no job reads ride along with the next one that is
-    read. Any failure in it rolls the whole batch back, and it runs again isolated, which gives
-    each job exactly the outcome it would have had alone.
+    The batch is first run together: no savepoint per job (two statements of an event's four), and
+    where a statement costs a round trip (PostgreSQL) pipelined, statements whose rows no job reads
+    riding along with the next one that is read. Any failure in it rolls the whole batch back; a
+    lone job's failure is then its outcome, and a batch runs again isolated, which gives each job
+    exactly the outcome it would have had alone.
     """
-    if conn.dialect.pipelined:
-        try:
-            return run_jobs_pipelined(conn, jobs)
-        except Exception:  # noqa: BLE001 - retried isolated below, which reports each job's own error
-            if not conn.usable:
-                raise          # the connection is gone: nothing committed, nothing to retry on
+    try:
+        return run_jobs_together(conn, jobs)
+    except JobFailed as failed:
+        if len(jobs) == 1 and not conn.dialect.pipelined:   # pipelined, an error may surface late: isolate
+            return [(job_error(conn, failed.error), None)]
+    except Exception:  # noqa: BLE001 - retried isolated below, which reports each job's own error
+        if not conn.usable:
+            raise          # the connection is gone: nothing committed, nothing to retry on
     return run_jobs_isolated(conn, jobs)
 
 
-def run_jobs_pipelined(conn: Any, jobs: list) -> list:
+class JobFailed(Exception):
+    """A job of a batch run together raised `error` (the batch is rolled back)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(error)
+        self.error = error
+
+
+def run_jobs_together(conn: Any, jobs: list) -> list:
     now = utc_now()
     ts = iso(now)
     outcomes, txs = [], []
@@ -3269,7 +3286,10 @@ def run_jobs_pipelined(conn: Any, jobs: list) -> list:
                 conn.execute(statement)
             for job in jobs:
                 tx = Tx(conn, now, ts)
-                outcomes.append((job.work(tx, *job.args), tx.events))
+                try:
+                    outcomes.append((job.work(tx, *job.args), tx.events))
+                except Exception as exc:  # noqa: BLE001 - rolled back below, the caller decides
+                    raise JobFailed(exc) from exc
                 txs.append(tx)
             conn.dialect.announce(conn, [event for _, events in outcomes for event in events])
             conn.execute(COMMIT)
@@ -3279,6 +3299,14 @@ def run_jobs_pipelined(conn: Any, jobs: list) -> list:
         raise
     committed(txs)
     return outcomes
+
+
+def job_error(conn: Any, exc: Exception) -> Exception:
+    """What a job that raised `exc` answers: a unique constraint's refusal is the caller's conflict."""
+    if conn.dialect.is_unique_violation(exc):
+        log.warning("a unique constraint refused a write: %s", first_line(exc))
+        return Conflict("conflict", f"that already exists: {first_line(exc)}")
+    return exc
 
 
 def run_jobs_isolated(conn: Any, jobs: list) -> list:
@@ -3299,10 +3327,7 @@ def run_jobs_isolated(conn: Any, jobs: list) -> list:
                 if not conn.in_transaction:
                     raise              # the database aborted the whole transaction (disk full, I/O): all fail
                 conn.execute("ROLLBACK TO job")
-                if conn.dialect.is_unique_violation(exc):   # a row that exists already: the caller's conflict
-                    log.warning("a unique constraint refused a write: %s", first_line(exc))
-                    exc = Conflict("conflict", f"that already exists: {first_line(exc)}")
-                outcome = (exc, None)
+                outcome = (job_error(conn, exc), None)
             conn.execute("RELEASE job")
             outcomes.append(outcome)
         conn.dialect.announce(conn, [event for _, events in outcomes if events for event in events])
@@ -3369,7 +3394,9 @@ class Engine:
     async def read(self, fn: Callable, *args):
         raise NotImplementedError
 
-    async def write(self, fn: Callable, *args):
+    async def run_writer(self, writer: Callable[[Callable], None]) -> None:
+        """Run `writer(on_connection)` on the writer's thread until it returns; `on_connection(fn, *args)`
+        there runs `fn(conn, *args)` on a writer connection."""
         raise NotImplementedError
 
     async def listen(self, on_notify: Callable) -> None:
@@ -3412,8 +3439,8 @@ class SqliteEngine(Engine):
         self._next_reader += 1
         return await self._call(reader, fn, *args)
 
-    async def write(self, fn: Callable, *args):
-        return await self._call(self._writer, fn, *args)
+    async def run_writer(self, writer: Callable[[Callable], None]) -> None:
+        await self._call(self._writer, lambda conn: writer(lambda fn, *args: fn(conn, *args)))
 
     async def close(self) -> None:
         for conn in [*self._readers, self._writer]:
@@ -3471,9 +3498,9 @@ class PostgresEngine(Engine):
         return await asyncio.get_running_loop().run_in_executor(
             self._reader_threads, self._run, self._reader_pool, fn, args)
 
-    async def write(self, fn: Callable, *args):
-        return await asyncio.get_running_loop().run_in_executor(
-            self._writer_thread, self._run, self._writer_pool, fn, args)
+    async def run_writer(self, writer: Callable[[Callable], None]) -> None:
+        await asyncio.get_running_loop().run_in_executor(
+            self._writer_thread, writer, lambda fn, *args: self._run(self._writer_pool, fn, args))
 
     async def listen(self, on_notify: Callable) -> None:
         """Hear the channels other servers wrote to, until cancelled; after a lost connection,
@@ -3511,8 +3538,10 @@ def first_line(exc: BaseException) -> str:
 class Database:
     """The only code that touches the database.
 
-    Writes: `await db.write(fn, *args)` queues `fn(tx, *args)`; a single writer task runs every
-    queued job in one transaction and answers each caller after that batch commits (group commit).
+    Writes: `await db.write(fn, *args)` queues `fn(tx, *args)`; the writer, a loop on the engine's
+    writer thread, runs every queued job in one transaction and answers each caller after that
+    batch commits (group commit). The loop lives on that thread, so a job crosses threads once
+    each way, with no writer task on the event loop to wake in between.
     Reads: `await db.read(fn, *args)` runs `fn(conn, *args)` on a pooled reader connection.
     `on_commit(events, exclude)` hears this server's commits; `on_notify(channel_id, cursor)` the
     channels other servers wrote to (PostgreSQL only).
@@ -3521,7 +3550,8 @@ class Database:
     def __init__(self, location: Location):
         self.location = location
         self.engine = backend_for(location).engine(location)
-        self._queue: Optional[asyncio.Queue] = None
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()   # _Jobs, then None: stop
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._writer_task: Optional[asyncio.Task] = None
         self._listener_task: Optional[asyncio.Task] = None
         self.on_commit: Callable[[list, Any], None] = lambda events, exclude: None
@@ -3534,8 +3564,9 @@ class Database:
 
     async def open(self) -> "Database":
         await self.engine.open()
-        self._queue = asyncio.Queue()
-        self._writer_task = asyncio.create_task(self._write_loop())
+        self._loop = asyncio.get_running_loop()
+        self._writer_task = asyncio.create_task(self.engine.run_writer(self._writer))
+        self._writer_task.add_done_callback(self._writer_ended)
         self._listener_task = asyncio.create_task(self.engine.listen(lambda *note: self.on_notify(*note)))
         return self
 
@@ -3547,50 +3578,78 @@ class Database:
                 self._listener_task.cancel()
                 await asyncio.gather(self._listener_task, return_exceptions=True)
             if self._writer_task:
-                await self._queue.put(None)
-                await self._writer_task
+                self._jobs.put(None)
+                await asyncio.gather(self._writer_task, return_exceptions=True)
         finally:
-            while self._queue is not None and not self._queue.empty():
-                job = self._queue.get_nowait()
-                if job is not None and not job.future.done():
-                    job.future.set_exception(ShuttingDown())
+            self._refuse_queued()
             await self.engine.close()
 
     async def read(self, fn: Callable, *args):
         return await self.engine.read(fn, *args)
 
     async def write(self, fn: Callable, *args, exclude: Any = None):
+        return await self._queue(_Job(fn, args, None, exclude))
+
+    async def on_writer(self, fn: Callable, *args):
+        """`fn(conn, *args)` on the writer's connection between two batches, outside any transaction
+        (what SQLite cannot do inside one, such as returning freed pages)."""
+        return await self._queue(_Job(fn, args, None, bare=True))
+
+    async def _queue(self, job: _Job):
         if self._closed:
             raise ShuttingDown()
-        future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Job(fn, args, future, exclude))
-        return await future
+        job.future = self._loop.create_future()
+        self._jobs.put(job)
+        return await job.future
 
-    async def _write_loop(self) -> None:
-        stopping = False
-        while not stopping:
-            job = await self._queue.get()
-            if job is None:
-                break
-            jobs = [job]
-            while len(jobs) < WRITE_BATCH_MAX and not self._queue.empty():
-                nxt = self._queue.get_nowait()
-                if nxt is None:
-                    stopping = True
-                    break
-                jobs.append(nxt)
-            await self._commit(jobs)
+    # --- on the writer's thread ---
 
-    async def _commit(self, jobs: list) -> None:
-        started = time.perf_counter()
-        try:
-            outcomes = await self.engine.write(run_jobs, jobs)
-        except Exception as exc:  # noqa: BLE001 - the commit failed: nobody's write happened
-            if not isinstance(exc, DatabaseUnavailable):
-                log.exception("write batch failed")
+    def _writer(self, on_connection: Callable) -> None:
+        """Batches until told to stop: each is handed back to the event loop once committed."""
+        carried = None
+        while True:
+            first = carried if carried is not None else self._jobs.get()
+            if first is None:
+                return
+            jobs, carried = self._batch_after(first)
+            started = time.perf_counter()
+            try:
+                if first.bare:
+                    outcomes, failure = [(on_connection(first.work, *first.args), [])], None
+                else:
+                    outcomes, failure = on_connection(run_jobs, jobs), None
+            except Exception as exc:  # noqa: BLE001 - the commit failed: nobody's write happened
+                outcomes, failure = None, exc
+            self._loop.call_soon_threadsafe(self._settle, jobs, outcomes, failure, time.perf_counter() - started)
+
+    def _batch_after(self, first: _Job) -> tuple:
+        """The jobs queued behind `first` that share its transaction, and the one that ends it (or None)."""
+        jobs = [first]
+        if first.bare:
+            return jobs, None
+        while len(jobs) < WRITE_BATCH_MAX:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return jobs, None
+            if job is None or job.bare:
+                return jobs, job
+            jobs.append(job)
+        return jobs, None
+
+    # --- back on the event loop ---
+
+    def _settle(self, jobs: list, outcomes: Optional[list], failure: Optional[Exception], seconds: float) -> None:
+        if failure is not None:
+            if not isinstance(failure, DatabaseUnavailable):
+                log.error("write batch failed", exc_info=failure)
             for job in jobs:
                 if not job.future.done():
-                    job.future.set_exception(exc)
+                    job.future.set_exception(failure)
+            return
+        if jobs[0].bare:
+            if not jobs[0].future.done():
+                jobs[0].future.set_result(outcomes[0][0])
             return
         self.batches += 1
         self.batched_jobs += len(jobs)
@@ -3607,9 +3666,24 @@ class Database:
             else:
                 job.future.set_result(result)
         try:
-            self.on_batch(jobs, outcomes, time.perf_counter() - started)
+            self.on_batch(jobs, outcomes, seconds)
         except Exception:  # noqa: BLE001 - metrics and traces must not break the writer
             log.exception("observing a committed batch failed")
+
+    def _writer_ended(self, task: asyncio.Task) -> None:
+        if not self._closed and not task.cancelled():
+            log.error("the database writer stopped", exc_info=task.exception())
+            self._closed = True
+            self._refuse_queued()
+
+    def _refuse_queued(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None and not job.future.done():
+                job.future.set_exception(ShuttingDown())
 
 
 @dataclass(frozen=True)
@@ -6238,7 +6312,7 @@ async def prune_database(db: Database, req: Prune, now: datetime) -> PruneAnswer
     else:
         space = None
         while space is None:             # each step is one call on the writer's thread, between write batches
-            space = await db.engine.write(reclaim_step)
+            space = await db.on_writer(reclaim_step)
     return prune_answer(req, deleted, kept, rows, before, await db.read(database_bytes), space)
 
 
@@ -11861,7 +11935,8 @@ async def page_fleet(request: Request) -> Response:
 # Connections: uvicorn's HTTP protocol with bounds an unauthenticated client cannot pass
 # =============================================================================
 # uvicorn has a keep-alive timeout and a concurrency limit, but no bound on header size, no
-# deadline for headers or body, and it waits for a silent connection for ever. These live here.
+# deadline for headers or body, and it waits for a silent connection for ever. These live here,
+# and so does the API's short road: an API request is answered from the connection (ApiExchange).
 
 
 REFUSALS = {
@@ -11892,7 +11967,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self.reading_headers, self.header_bytes, self.header_count = True, 0, 0
+        self.reading_headers, self.header_bytes, self.header_count, self.forwarded = True, 0, 0, False
         self.deadline: Optional[asyncio.TimerHandle] = None
         self.arm(self.settings.header_timeout, self.headers_timed_out)
 
@@ -11944,6 +12019,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.refuse(431)
             raise ValueError("too many headers")  # stops the parser; httptools reports it as a parse error
         super().on_header(name, value)
+        if name[:12].lower() == b"x-forwarded-":
+            self.forwarded = True
 
     def on_headers_complete(self) -> None:
         self.reading_headers = False
@@ -11987,7 +12064,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def forwarded_by_proxy(self) -> Optional[ProxyHeadersMiddleware]:
         """uvicorn's proxy-header reading, when it is on and this request has the headers it reads."""
-        if not self.config.proxy_headers or not any(name.startswith(b"x-forwarded-") for name, _ in self.headers):
+        if not (self.forwarded and self.config.proxy_headers):
             return None
         return ProxyHeadersMiddleware(scope_only, trusted_hosts=self.config.forwarded_allow_ips)
 
@@ -12000,7 +12077,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         self.disarm()
         super().on_message_complete()
-        self.reading_headers, self.header_bytes, self.header_count = True, 0, 0
+        self.reading_headers, self.header_bytes, self.header_count, self.forwarded = True, 0, 0, False
 
     def headers_timed_out(self) -> None:
         self.deadline = None
@@ -12062,14 +12139,15 @@ class ApiExchange(RequestResponseCycle):
             await self.flow.drain()
         if self.disconnected:
             return
-        self.response_started, self.waiting_for_100_continue = True, False
         out = [STATUS_LINE[reply.status]]
         for name, value in self.default_headers:
             out += (name, b": ", value, b"\r\n")
         for name, value in reply.headers:
-            if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
-                raise RuntimeError("Invalid HTTP header.")     # a handler's header with CR/LF in it
+            if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):   # run_asgi answers 500 instead
+                raise RuntimeError(f"invalid HTTP header {name[:100]!r}")
             out += (name, b": ", value, b"\r\n")
+        out.append(SECURITY_HEADER_LINES)
+        self.response_started, self.waiting_for_100_continue = True, False
         if not self.keep_alive:
             out.append(b"connection: close\r\n")
         out += (b"\r\n", reply.body)
@@ -12101,6 +12179,9 @@ SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
     (b"referrer-policy", b"same-origin"),
 ]
+
+
+SECURITY_HEADER_LINES = b"".join(name + b": " + value + b"\r\n" for name, value in SECURITY_HEADERS)
 
 
 def host_name(host: str) -> str:
@@ -12156,7 +12237,8 @@ class Guard:
             await send({"type": "websocket.close", "code": 1008})
             return
         reply = json_reply(400, refused_host_body(host))
-        await send({"type": "http.response.start", "status": reply.status, "headers": reply.headers})
+        await send({"type": "http.response.start", "status": reply.status,
+                    "headers": [*reply.headers, *SECURITY_HEADERS]})
         await send({"type": "http.response.body", "body": reply.body})
 
 
@@ -12271,7 +12353,15 @@ GZIP_MIN_BYTES = 1024                  # replays and pages shrink several times 
 
 
 def accepts_gzip(scope) -> bool:
-    return any(k == b"accept-encoding" and b"gzip" in v for k, v in scope["headers"])
+    """Whether Accept-Encoding accepts gzip: named (or, when it is not named, `*`) with a q-value
+    above 0; coding names are case-insensitive."""
+    accepted: dict = {}
+    for name, value in scope["headers"]:
+        if name == b"accept-encoding":
+            for coding in value.lower().split(b","):
+                token, _, params = coding.partition(b";")
+                accepted[token.strip()] = not re.fullmatch(rb"\s*q\s*=\s*0(\.0*)?\s*", params)
+    return accepted.get(b"gzip", accepted.get(b"*", False))
 
 
 class ApiIndex:
@@ -12301,10 +12391,11 @@ class ApiIndex:
 
 @dataclass(frozen=True)
 class ApiReply:
-    """An API request's whole answer, as the connection writes it (see ApiExchange)."""
+    """An API request's whole answer, as the connection writes it (see ApiExchange); the security
+    headers go out after `headers`."""
 
     status: int
-    headers: list            # (name, value) byte pairs, content-length and the security headers included
+    headers: list            # (name, value) byte pairs, content-length included
     body: bytes
 
 
@@ -12331,7 +12422,8 @@ class ActaeApp(Starlette):
             await self.call_starlette(scope, receive, send)
             return
         reply = await self.answer_api(scope, receive, *found)
-        await send({"type": "http.response.start", "status": reply.status, "headers": reply.headers})
+        await send({"type": "http.response.start", "status": reply.status,
+                    "headers": [*reply.headers, *SECURITY_HEADERS]})
         await send({"type": "http.response.body", "body": reply.body})
 
     async def call_starlette(self, scope, receive, send) -> None:
@@ -12364,12 +12456,12 @@ class ActaeApp(Starlette):
                         (b"vary", b"accept-encoding")]
         self.state.metrics.observe_request(self.route_of[endpoint], scope["method"], response.status_code,
                                            time.perf_counter() - started)
-        return ApiReply(response.status_code, [*headers, *SECURITY_HEADERS], body)
+        return ApiReply(response.status_code, headers, body)
 
 
 def json_reply(status: int, body: bytes) -> ApiReply:
-    return ApiReply(status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                             *SECURITY_HEADERS], body)
+    return ApiReply(status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+                    body)
 
 
 def status_noting_send(send: Callable, sent: list) -> Callable:
