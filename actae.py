@@ -12040,9 +12040,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.header_count > self.settings.max_headers:
             self.refuse(431)
             raise ValueError("too many headers")  # stops the parser; httptools reports it as a parse error
-        super().on_header(name, value)
-        if name[:12].lower() == b"x-forwarded-":
+        name = name.lower()                       # what uvicorn's on_header does, in one call instead of two
+        if name == b"expect" and value.lower() == b"100-continue":
+            self.expect_100_continue = True
+        elif name.startswith(b"x-forwarded-"):
             self.forwarded = True
+        self.headers.append((name, value))
 
     def on_headers_complete(self) -> None:
         self.reading_headers = False
@@ -12078,7 +12081,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             keep_alive=http_version != "1.0" and self.parser.should_keep_alive(),
             on_response=self.on_response_complete, forwarded=self.forwarded_by_proxy())
         if existing is None or existing.response_complete:
-            self._start_asgi_task(self.cycle, self.actae_app)
+            task = self.loop.create_task(self.cycle.run_asgi(self.actae_app))   # as uvicorn starts a cycle
+            task.add_done_callback(self.tasks.discard)
+            self.tasks.add(task)
         else:                                      # pipelined: after the one before it, as uvicorn does
             self.flow.pause_reading()
             self.pipeline.appendleft((self.cycle, self.actae_app))
