@@ -7,11 +7,13 @@ after-commit actions run once, and a failed attempt leaves nothing behind.
 """
 from __future__ import annotations
 
+import asyncio
 import sys
+import threading
 
 import pytest
 
-from conftest import ROOT, database_url_for
+from conftest import ROOT, database_url_for, http
 
 sys.path.insert(0, str(ROOT))
 import actae  # noqa: E402  (the module under test, imported from the checkout)
@@ -87,3 +89,103 @@ def test_a_replayed_operation_id_is_not_a_failure(conn):
     (again, events), (other, _) = actae.run_jobs(conn, [record("replay-run", "same", 1), record("replay-run", "new", 2)])
     assert again.cursor == 1 and events == []                 # the stored event, nothing appended
     assert other.cursor == 2 and cursors(conn, "replay-run") == [1, 2]
+
+
+# --- where a batch runs: a lone quick write on the event loop's thread, the rest on the writer's ---
+
+
+def thread_name(tx: actae.Tx) -> str:
+    actae.append_event(tx, "where-run", "step", {"thread": threading.current_thread().name})
+    return threading.current_thread().name
+
+
+async def opened(tmp_path, lone) -> actae.Database:
+    db = await actae.Database(actae.Location(tmp_path, database_url_for(tmp_path))).open()
+    db.lone_write_here = lone
+    return db
+
+
+def test_a_lone_quick_write_commits_on_the_event_loops_thread(tmp_path):
+    async def scenario():
+        db = await opened(tmp_path, lambda job: job.work is thread_name)
+        try:
+            first = await db.write(thread_name)            # no batch timed yet: the writer's thread
+            second = await db.write(thread_name)           # quick and alone: here
+            db.last_batch_seconds = 1.0                     # as after a slow commit
+            third = await db.write(thread_name)            # the writer's thread again...
+            fourth = await db.write(thread_name)           # ...until a batch is quick
+            job = record("where-run", "not-listed", 1)
+            other = await db.write(job.work, *job.args)    # not a lone write: the writer's thread
+            return first, second, third, fourth, other, db.batches
+        finally:
+            await db.close()
+
+    here = threading.current_thread().name
+    first, second, third, fourth, other, batches = asyncio.run(scenario())
+    on_postgres = database_url_for(tmp_path) is not None
+    assert first != here and third != here and batches == 5
+    assert (second == here and fourth == here) is not on_postgres   # PostgreSQL: always the writer's thread
+    assert other.cursor == 5
+    conn = actae.connect_sync(actae.Location(tmp_path, database_url_for(tmp_path)))
+    try:                                                   # committed, as seen by another connection
+        assert cursors(conn, "where-run") == [1, 2, 3, 4, 5]
+    finally:
+        conn.close()
+
+
+def test_writes_in_flight_together_share_the_writers_batches(tmp_path):
+    async def scenario():
+        db = await opened(tmp_path, lambda job: False)     # what create_app says while others are in flight
+        try:
+            names = await asyncio.gather(*(db.write(thread_name) for _ in range(40)))
+            return names, db.batches
+        finally:
+            await db.close()
+
+    names, batches = asyncio.run(scenario())
+    assert threading.current_thread().name not in names and batches < 40
+
+
+def batch_counts(server) -> tuple:
+    """(batches, jobs) committed so far, from /metrics."""
+    status, _, text = http("GET", server.url + "/metrics", key=server.key)
+    assert status == 200
+    found = dict(line.split() for line in text.splitlines()
+                 if line.startswith(("actae_write_batch_jobs_count ", "actae_write_batch_jobs_sum ")))
+    return float(found["actae_write_batch_jobs_count"]), float(found["actae_write_batch_jobs_sum"])
+
+
+def test_requests_in_flight_together_are_committed_together(server, unique):
+    """Only a write alone on the server commits on the event loop's thread: 64 sent at once share
+    the writer's batches (group commit), and each gets its own answer."""
+    import aiohttp
+
+    channels = [unique("together") for _ in range(64)]
+
+    async def send_all():
+        headers = {"x-api-key": server.key}
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+            async def one(channel):
+                body = {"channel_id": channel, "event_type": "step", "payload": {"n": 1}}
+                async with session.post(server.url + "/api/v1/events/record", json=body, headers=headers) as answer:
+                    return answer.status, (await answer.json())["event"]["channel_id"]
+            return await asyncio.gather(*(one(channel) for channel in channels))
+
+    before = batch_counts(server)
+    answers = asyncio.run(send_all())
+    after = batch_counts(server)
+    assert answers == [(200, channel) for channel in channels]
+    batches, jobs = after[0] - before[0], after[1] - before[1]
+    assert jobs >= 64 and batches <= jobs / 2, (batches, jobs)      # others (wake-ups, key use) may commit too
+
+
+def test_the_app_lets_only_a_listed_write_alone_on_the_server_commit_on_its_loop(tmp_path):
+    app = actae.create_app(tmp_path, database_url=database_url_for(tmp_path))
+    lone = app.state.db.lone_write_here
+    step = record("c", "op", 1)
+    prune = actae._Job(actae.prune_runs, (), None)
+    assert not lone(step)                                  # no server has said what is in flight
+    app.requests = {"the request that writes"}             # as our protocol hands over uvicorn's task set
+    assert lone(step) and not lone(prune)                  # an SDK step may; a prune batch never
+    app.requests.add("another request, being answered or waiting to be")
+    assert not lone(step)
