@@ -3424,7 +3424,7 @@ class Engine:
 
     def on_writer_here(self) -> Optional[Callable]:
         """An `on_connection` for the calling thread, where a lone write may commit on the event loop's
-        thread (see Database.write); None where a statement is a network round trip."""
+        thread (see Database._committed_here); None where a statement is a network round trip."""
         return None
 
     async def listen(self, on_notify: Callable) -> None:
@@ -3455,7 +3455,7 @@ class SqliteEngine(Engine):
             self._readers.append(reader)
 
     async def _connect(self) -> aiosqlite.Connection:
-        # check_same_thread=False: a lone write may run on the event loop's thread (Database.write).
+        # check_same_thread=False: a lone write may run on the event loop's thread (Database._committed_here).
         return await aiosqlite.connect(self.path, isolation_level=None, factory=SqliteConnection,
                                        check_same_thread=False)
 
@@ -12031,6 +12031,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     settings: Settings
     actae_app: Optional["ActaeApp"] = None
+    proxy_reader: Optional[ProxyHeadersMiddleware] = None
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
@@ -12140,7 +12141,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         """uvicorn's proxy-header reading, when it is on and this request has the headers it reads."""
         if not (self.forwarded and self.config.proxy_headers):
             return None
-        return ProxyHeadersMiddleware(scope_only, trusted_hosts=self.config.forwarded_allow_ips)
+        cls = type(self)                           # one per server: it parses the trusted addresses once
+        if cls.proxy_reader is None:
+            cls.proxy_reader = ProxyHeadersMiddleware(scope_only, trusted_hosts=self.config.forwarded_allow_ips)
+        return cls.proxy_reader
 
     def expects_body(self) -> bool:
         for name, value in self.headers:
@@ -12299,26 +12303,29 @@ class Guard:
     @staticmethod
     async def admits(hosts: frozenset, scope, send) -> bool:
         """True for a Host we serve; otherwise the request is refused here (400, or a closed WebSocket)."""
-        host = host_header(scope)
-        if host_name(host) in hosts:
+        refusal = host_refusal(hosts, scope)
+        if refusal is None:
             return True
-        await Guard.refuse_host(scope, send, host)
-        return False
-
-    @staticmethod
-    async def refuse_host(scope, send, host: str) -> None:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
-            return
-        reply = json_reply(400, refused_host_body(host))
-        await send({"type": "http.response.start", "status": reply.status,
-                    "headers": [*reply.headers, *SECURITY_HEADERS]})
-        await send({"type": "http.response.body", "body": reply.body})
+        else:
+            await send_reply(send, refusal)
+        return False
 
 
-def refused_host_body(host: str) -> bytes:
-    return error_body("bad_request", f"host {host[:100]!r} is not served here; "
-                                     "start the server with --allow-host NAME to serve it")
+def host_refusal(hosts: frozenset, scope) -> Optional["ApiReply"]:
+    """None for a Host we serve, else the 400 that refuses it."""
+    host = host_header(scope)
+    if host_name(host) in hosts:
+        return None
+    return json_reply(400, error_body("bad_request", f"host {host[:100]!r} is not served here; "
+                                                     "start the server with --allow-host NAME to serve it"))
+
+
+async def send_reply(send: Callable, reply: "ApiReply") -> None:
+    """An ApiReply as ASGI messages, the security headers after its own."""
+    await send({"type": "http.response.start", "status": reply.status, "headers": [*reply.headers, *SECURITY_HEADERS]})
+    await send({"type": "http.response.body", "body": reply.body})
 
 
 # =============================================================================
@@ -12426,6 +12433,9 @@ def instance_identity(tx: Tx) -> str:
 GZIP_MIN_BYTES = 1024                  # replays and pages shrink several times over; small answers do not pay
 
 
+REFUSED_CODING = re.compile(rb"\s*q\s*=\s*0(\.0*)?\s*")     # an Accept-Encoding entry's ";q=0"
+
+
 def accepts_gzip(scope) -> bool:
     """Whether Accept-Encoding accepts gzip: named (or, when it is not named, `*`) with a q-value
     above 0; coding names are case-insensitive."""
@@ -12434,7 +12444,7 @@ def accepts_gzip(scope) -> bool:
         if name == b"accept-encoding":
             for coding in value.lower().split(b","):
                 token, _, params = coding.partition(b";")
-                accepted[token.strip()] = not re.fullmatch(rb"\s*q\s*=\s*0(\.0*)?\s*", params)
+                accepted[token.strip()] = not REFUSED_CODING.fullmatch(params)
     return accepted.get(b"gzip", accepted.get(b"*", False))
 
 
@@ -12498,10 +12508,7 @@ class ActaeApp(Starlette):
         if found is None:
             await self.call_starlette(scope, receive, send)
             return
-        reply = await self.answer_api(scope, receive, *found)
-        await send({"type": "http.response.start", "status": reply.status,
-                    "headers": [*reply.headers, *SECURITY_HEADERS]})
-        await send({"type": "http.response.body", "body": reply.body})
+        await send_reply(send, await self.answer_api(scope, receive, *found))
 
     async def call_starlette(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -12515,9 +12522,9 @@ class ActaeApp(Starlette):
     async def answer_api(self, scope, receive, endpoint: Callable, params: dict) -> ApiReply:
         """The answer of the API route `endpoint` (found for this scope with its path `params`)."""
         started = time.perf_counter()
-        host = host_header(scope)
-        if host_name(host) not in self.hosts:
-            return json_reply(400, refused_host_body(host))
+        refusal = host_refusal(self.hosts, scope)
+        if refusal is not None:
+            return refusal
         scope["app"], scope["path_params"] = self, params
         try:
             response = await endpoint(Request(scope, receive))
