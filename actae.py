@@ -2107,7 +2107,7 @@ class TextAnswer:
 # Schema and migrations: the one place the SQL schema lives
 # =============================================================================
 
-def _backfill_chain(conn: Conn) -> None:
+def backfill_chain(conn: Conn) -> None:
     """Chain the events written before the chain existed: parents before their forks, payload and
     metadata rewritten in canonical form (the same JSON values), so every run verifies.
     """
@@ -2212,7 +2212,7 @@ def run_script(conn: "Conn", script: str) -> None:
             conn.execute(statement)
 
 
-def _migrate_many_runs(conn: "Conn") -> None:
+def migrate_many_runs(conn: "Conn") -> None:
     """The columns, indexes and tables of many runs, filled in for the runs already stored: a page
     of an old database shows after this exactly what it showed before."""
     sqlite = conn.dialect is SQLITE
@@ -2505,7 +2505,7 @@ SQLITE_MIGRATIONS = [
     ALTER TABLE channels ADD COLUMN chain_head TEXT;           -- NULL: no event yet (the genesis value)
     ALTER TABLE channels ADD COLUMN closed_at TEXT;            -- a closed run takes no more events or states
     """,
-    _backfill_chain,
+    backfill_chain,
     """
     -- Step lookups (resume at step k) walk (channel, step) then the cursor: no scan of the channel.
     DROP INDEX events_by_step;
@@ -2573,7 +2573,7 @@ SQLITE_MIGRATIONS = [
         used_at        TEXT
     );
     """,
-    _migrate_many_runs,
+    migrate_many_runs,
 ]
 
 
@@ -2877,7 +2877,7 @@ POSTGRES_MIGRATIONS = [
         used_at        TEXT
     );
     """,
-    _migrate_many_runs,
+    migrate_many_runs,
 ]
 
 
@@ -3045,7 +3045,7 @@ class SqliteConnection(sqlite3.Connection):
         return contextlib.nullcontext()     # a statement costs no round trip here
 
 
-def _configure(conn: Conn) -> None:
+def configure_sqlite(conn: Conn) -> None:
     # synchronous=FULL: an acknowledged write survives kill -9 and power loss.
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
@@ -3061,7 +3061,7 @@ def user_version(number: int) -> str:
     return f"PRAGMA user_version={number}"
 
 
-def _migrate(conn: Conn) -> None:
+def migrate_sqlite(conn: Conn) -> None:
     """Run the SQLite migrations this file has not run; PRAGMA user_version counts them."""
     current = conn.execute("PRAGMA user_version").fetchone()[0]
     for number, step in enumerate(SQLITE_BACKEND.migrations[current:], start=current + 1):
@@ -3262,7 +3262,7 @@ def committed(txs: list) -> None:
 
 
 @dataclass
-class _Job:
+class Job:
     work: Callable
     args: tuple
     future: asyncio.Future
@@ -3398,8 +3398,8 @@ def connect_sync(location: Location) -> Any:
 def connect_sqlite(location: Location) -> SqliteConnection:
     conn = sqlite3.connect(location.sqlite_path, isolation_level=None, check_same_thread=False,
                            factory=SqliteConnection)
-    _configure(conn)
-    _migrate(conn)
+    configure_sqlite(conn)
+    migrate_sqlite(conn)
     return conn
 
 
@@ -3448,10 +3448,10 @@ class SqliteEngine(Engine):
 
     async def open(self) -> None:
         self._writer = await self._connect()
-        await self._call(self._writer, lambda conn: (_configure(conn), _migrate(conn)))
+        await self._call(self._writer, lambda conn: (configure_sqlite(conn), migrate_sqlite(conn)))
         for _ in range(self._reader_count):
             reader = await self._connect()
-            await self._call(reader, _configure)
+            await self._call(reader, configure_sqlite)
             self._readers.append(reader)
 
     async def _connect(self) -> aiosqlite.Connection:
@@ -3590,7 +3590,7 @@ class Database:
         self._here: Optional[Callable] = None     # the engine's on_writer_here (None: always the writer's thread)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         # whether a job may commit on the event loop's thread when it is alone (create_app says which)
-        self.lone_write_here: Callable[[_Job], bool] = lambda job: False
+        self.lone_write_here: Callable[[Job], bool] = lambda job: False
         self.last_batch_seconds = math.inf
         self._writer_task: Optional[asyncio.Task] = None
         self._listener_task: Optional[asyncio.Task] = None
@@ -3629,14 +3629,14 @@ class Database:
         return await self.engine.read(fn, *args)
 
     async def write(self, fn: Callable, *args, exclude: Any = None):
-        return await self._queue(_Job(fn, args, None, exclude))
+        return await self._queue(Job(fn, args, None, exclude))
 
     async def on_writer(self, fn: Callable, *args):
         """`fn(conn, *args)` on the writer's connection between two batches, outside any transaction
         (what SQLite cannot do inside one, such as returning freed pages)."""
-        return await self._queue(_Job(fn, args, None, bare=True))
+        return await self._queue(Job(fn, args, None, bare=True))
 
-    async def _queue(self, job: _Job):
+    async def _queue(self, job: Job):
         if self._closed:
             raise ShuttingDown()
         job.future = self._loop.create_future()
@@ -3644,7 +3644,7 @@ class Database:
             self._jobs.put(job)
         return await job.future
 
-    def _committed_here(self, job: _Job) -> bool:
+    def _committed_here(self, job: Job) -> bool:
         """Commit `job` alone on this (the event loop's) thread when that costs nobody a wait: nothing
         queued or being written, nothing else in flight (`lone_write_here`), the last batch quick.
         A lone request then skips two thread switches (a tenth of its time on a two-core VM); the
@@ -3688,7 +3688,7 @@ class Database:
             outcomes, failure = None, exc
         return jobs, outcomes, failure, time.perf_counter() - started
 
-    def _batch_after(self, first: _Job) -> tuple:
+    def _batch_after(self, first: Job) -> tuple:
         """The jobs queued behind `first` that share its transaction, and the one that ends it (or None)."""
         jobs = [first]
         if first.bare:
@@ -10718,7 +10718,7 @@ def _sql_names(names: tuple) -> str:
 
 
 # A run's status in one SQL expression over its own channels row: the generated column run_state (see
-# _migrate_many_runs), so the runs list, its filter, the fork tree and the run page always agree, and
+# migrate_many_runs), so the runs list, its filter, the fork tree and the run page always agree, and
 # an index answers a status filter. Its inputs are columns the write path keeps: the SDK's status (a
 # field of a JSON column, per dialect), the outcome, the latest snapshot's status, the first error
 # event and the last event's type.
@@ -12850,7 +12850,7 @@ def prune_with(conn: Conn, req: Prune, now: datetime) -> PruneAnswer:
                             "a dry run: nothing was deleted")
     deleted, kept, rows = [], list(plan.kept), dict.fromkeys(PrunedRows.__struct_fields__, 0)
     for start in range(0, len(plan.deletable), PRUNE_BATCH):
-        ((outcome, events),) = run_jobs(conn, [_Job(prune_runs, (plan.deletable[start:start + PRUNE_BATCH], req,
+        ((outcome, events),) = run_jobs(conn, [Job(prune_runs, (plan.deletable[start:start + PRUNE_BATCH], req,
                                                                  iso(now)), None)])
         if events is None:
             raise outcome
@@ -12916,7 +12916,7 @@ def write_once(location: Location, work: Callable, *args):
     """One write transaction from the command line, on the same job runner the server uses."""
     conn = connect_sync(location)
     try:
-        ((result, events),) = run_jobs(conn, [_Job(work, args, None)])
+        ((result, events),) = run_jobs(conn, [Job(work, args, None)])
     finally:
         conn.close()
     if events is None:

@@ -17,11 +17,15 @@ never from another test file):
   `cli(*args, data_dir=...)` runs `python actae.py ARGS` the way a user would, `run_program`
   and `run_example` a user's program against a server, `import_example` an example as a module;
 - `poll(predicate, timeout)` waits for a condition instead of sleeping;
-- `http`, `run`, `client_for`/`using`/`using_async` (one SDK client for one call), the `server`,
+- HTTP: `http` (one urllib call), `api` (a path on a server, with its key), `ok`/`get_json` (a 200's
+  body), `latest_cursor`, `post_streaming` (aiohttp), `port_of`; raw sockets: `RawHTTP` (answers read
+  off one connection, `parse_head` for the head of one);
+- `run`, `client_for`/`using`/`using_async` (one SDK client for one call), the `server`,
   `make_client`, `with_client` and `unique` fixtures;
 - a fleet: `start_fleet(root, remotes)` (a gateway with remote servers registered on it, as a
   `Fleet`), `instance_id` and `org_token`;
-- the dashboard: `login`/`form_token` (an httpx session), the `web` fixture, and for real Chromium
+- the dashboard: `login`/`form_token` (an httpx session), `dashboard_cookie`/`with_cookie` (a session
+  as a Cookie header), `get_with_host`, the `web` fixture, and for real Chromium
   the `browser` and `visits` fixtures, `watch`, `submit_login`, `page_sleep`, `shot` and `run_sdk`.
 """
 from __future__ import annotations
@@ -38,6 +42,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -350,8 +355,8 @@ def cli(*args, data_dir=None, env=None, input=None, text=True, timeout=60, check
     done = subprocess.run([*ACTAE_PY, *args], input=input, capture_output=True, text=text, timeout=timeout,
                           cwd=str(ROOT), env=environment)
     if check:
-        assert done.returncode == 0, f"`actae.py {' '.join(args)}` exited {done.returncode}:\n" \
-                                     f"{done.stdout}{done.stderr}"
+        assert done.returncode == 0, (f"`actae.py {' '.join(args)}` exited {done.returncode}:\n"
+                                      f"{done.stdout}{done.stderr}")
     return done
 
 
@@ -381,8 +386,19 @@ def import_example(script):
 # HTTP and the SDK
 # --------------------------------------------------------------------------------------------
 
-def http(method, url, *, key=None, body=None, raw=None, headers=None, timeout=30):
-    """One raw HTTP call; returns (status, headers, parsed JSON or text). Never raises on 4xx/5xx."""
+class _StayHandler(urllib.request.HTTPRedirectHandler):
+    """A redirect handler that follows none: the 3xx itself comes back as the answer."""
+
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+_STAY = urllib.request.build_opener(_StayHandler)
+_OWN_KEY = object()       # `api`'s default: the server's own key
+
+
+def http(method, url, *, key=None, body=None, raw=None, headers=None, timeout=30, redirects=True, decode=True):
+    """One urllib call: (status, headers, parsed JSON or text; bytes if not `decode`), never raising on 4xx/5xx."""
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
     req = urllib.request.Request(url, data=data, method=method)
     if key:
@@ -392,13 +408,173 @@ def http(method, url, *, key=None, body=None, raw=None, headers=None, timeout=30
     for k, v in (headers or {}).items():
         req.add_header(k, v)
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
-            status, hdrs, text = r.status, r.headers, r.read().decode()
+        with (urllib.request.urlopen if redirects else _STAY.open)(req, timeout=timeout) as r:   # or a 3xx as it came
+            status, hdrs, content = r.status, r.headers, r.read()
     except urllib.error.HTTPError as e:
-        status, hdrs, text = e.code, e.headers, e.read().decode()
+        status, hdrs, content = e.code, e.headers, e.read()
+    if not decode:
+        return status, hdrs, content
+    text = content.decode()
     if "json" in (hdrs.get("content-type") or ""):
         return status, hdrs, json.loads(text) if text else None
     return status, hdrs, text
+
+
+def api(server, method, path, *, key=_OWN_KEY, raw=None, timeout=60, **kw):
+    """`http` to `path` on `server` with its key (`key=` another, None for none); a str `raw` as UTF-8."""
+    if isinstance(raw, str):
+        raw = raw.encode("utf-8")
+    return http(method, server.url + path, key=server.key if key is _OWN_KEY else key, raw=raw, timeout=timeout, **kw)
+
+
+def ok(response):
+    """The body of a (status, headers, body) response, which must be a 200."""
+    status, _, body = response
+    assert status == 200, f"expected 200, got {status}: {str(body)[:300]}"
+    return body
+
+
+def get_json(server, path):
+    """GET `path` on `server` with its key: the body of its 200 answer."""
+    return ok(api(server, "GET", path))
+
+
+def latest_cursor(server, channel):
+    """The channel's latest cursor (None when it has no events), from GET /api/v1/events/cursor."""
+    return get_json(server, f"/api/v1/events/cursor/{channel}")["latest_cursor"]
+
+
+def post_streaming(url, key, raw, *, chunked):
+    """POST `raw` with aiohttp (the SDK's transport, which reads an answer sent before the whole body)."""
+    import aiohttp
+
+    async def go():
+        async def chunks():
+            for i in range(0, len(raw), 64 * 1024):
+                yield raw[i:i + 64 * 1024]
+
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, data=chunks() if chunked else raw, headers={
+                    "x-api-key": key, "content-type": "application/json"}) as resp:
+                text = await resp.text()
+                body = json.loads(text) if "json" in resp.headers.get("content-type", "") else text
+                return resp.status, resp.headers, body
+
+    return run(go())
+
+
+def port_of(server) -> int:
+    """The loopback port `server` listens on."""
+    return urlsplit(server.url).port
+
+
+STATUS_LINE = re.compile(rb"HTTP/1\.[01] (\d{3})(?: ([^\r\n]*))?")
+
+
+def parse_head(head: bytes) -> tuple:
+    """An answer's status line and header lines (no blank line): (status, reason, [(lower-case name, value)])."""
+    first, *lines = head.split(b"\r\n")
+    match = STATUS_LINE.fullmatch(first)
+    assert match, f"not a status line: {first[:200]!r} (the previous answer's framing is off?)"
+    headers = []
+    for line in lines:
+        name, sep, value = line.partition(b":")
+        assert sep and name == name.strip(), f"malformed header line {line!r}"
+        headers.append((name.decode("latin-1").lower(), value.strip().decode("latin-1")))
+    return int(match.group(1)), (match.group(2) or b"").decode("latin-1"), headers
+
+
+class RawHTTP:
+    """Answers read off one raw HTTP/1.x socket, in order; bytes past one answer wait in `.buf`."""
+
+    LIMIT = 16 * 1024 * 1024
+
+    def __init__(self, sock):
+        self.sock, self.buf, self.deadline = sock, b"", None
+
+    @classmethod
+    def open(cls, port, timeout=15.0) -> "RawHTTP":
+        """A new connection to 127.0.0.1:`port`."""
+        return cls(socket.create_connection(("127.0.0.1", port), timeout=timeout))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        self.sock.close()
+
+    def send(self, *data: bytes):
+        self.sock.sendall(b"".join(data))
+
+    def more(self):
+        """Receive into `.buf` (by `.deadline` when set); ConnectionError when the server closed."""
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"no complete answer in time; got {self.buf[:200]!r}")
+            self.sock.settimeout(left)
+        chunk = self.sock.recv(65536)
+        if not chunk:
+            raise ConnectionError(f"the server closed the connection; unparsed bytes: {self.buf[:300]!r}")
+        self.buf += chunk
+        if len(self.buf) > self.LIMIT:
+            raise AssertionError("answer larger than 16 MiB")
+
+    def take(self, n) -> bytes:
+        """The next `n` bytes."""
+        while len(self.buf) < n:
+            self.more()
+        data, self.buf = self.buf[:n], self.buf[n:]
+        return data
+
+    def line(self) -> bytes:
+        """The next line, without its CRLF."""
+        while b"\r\n" not in self.buf:
+            self.more()
+        line, _, self.buf = self.buf.partition(b"\r\n")
+        return line
+
+    def head(self) -> tuple:
+        """The next status line and headers: (status, reason, [(lower-case name, value)])."""
+        while b"\r\n\r\n" not in self.buf:
+            self.more()
+        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
+        return parse_head(head)
+
+    def read_response(self, timeout=10.0) -> tuple:
+        """The next whole answer within `timeout` s: (status, {lower-case header: value}, decoded body)."""
+        self.deadline = time.monotonic() + timeout
+        try:
+            status, _, pairs = self.head()
+            headers = dict(pairs)
+            return status, headers, self.body(status, headers)
+        finally:
+            self.deadline = None
+
+    def body(self, status, headers) -> bytes:
+        """The body after a head: none, chunked (decoded), content-length or up to the close."""
+        if status < 200 or status in (204, 304):
+            return b""
+        if "chunked" in headers.get("transfer-encoding", "").lower():
+            body = b""
+            while size := int(self.line().split(b";")[0], 16):
+                body += self.take(size)
+                self.take(2)
+            while self.line():              # trailers, up to the blank line
+                pass
+            return body
+        if "content-length" in headers:
+            return self.take(int(headers["content-length"]))
+        try:
+            while True:
+                self.more()
+        except ConnectionError:
+            pass
+        body, self.buf = self.buf, b""
+        return body
 
 
 def run(coro):
@@ -498,9 +674,7 @@ def session_log(events):
 
 def instance_id(srv) -> str:
     """The server's own instance id, read from its GET /api/v1/instance with its key."""
-    status, _, body = http("GET", srv.url + "/api/v1/instance", key=srv.key)
-    assert status == 200, body
-    return body["instance_id"]
+    return get_json(srv, "/api/v1/instance")["instance_id"]
 
 
 def org_token(srv, *flags, name=None) -> tuple[int, str]:
@@ -609,6 +783,31 @@ def form_token(client) -> str:
     match = _CSRF_FIELD.search(client.get("/").text)
     assert match, "no form token on the runs page"
     return match.group(1)
+
+
+def dashboard_cookie(server, key=None) -> str:
+    """The `Cookie` header value of a fresh dashboard session logged in with `key` (`login`)."""
+    client = login(server, key=key)
+    try:
+        return f"{SESSION_COOKIE}={client.cookies[SESSION_COOKIE]}"
+    finally:
+        client.close()
+
+
+def with_cookie(server, path, value):
+    """GET `path` with only the session cookie `value`, no redirect followed: the httpx Response."""
+    import httpx
+
+    return httpx.get(server.url + path, headers={"Cookie": f"{SESSION_COOKIE}={value}"},
+                     follow_redirects=False, timeout=30)
+
+
+def get_with_host(server, path, host):
+    """GET `path` with the server's key and `host` as the Host header, no redirect followed: the httpx Response."""
+    import httpx
+
+    return httpx.get(server.url + path, headers={"Host": host, "x-api-key": server.key}, follow_redirects=False,
+                     timeout=30)
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import re
 import socket
 import struct
 from dataclasses import dataclass, field
@@ -37,7 +36,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import http, poll
+from conftest import RawHTTP, http, poll
 
 TIMEOUT = 10.0                # every socket: no test waits longer than this for a byte
 HOST = "127.0.0.1"            # a Host the server serves (the port part is not compared)
@@ -46,7 +45,6 @@ SECURITY_HEADERS = {          # what every answer carries (SECURITY_HEADERS in a
     "x-content-type-options": "nosniff",
     "referrer-policy": "same-origin",
 }
-STATUS_LINE = re.compile(rb"HTTP/1\.[01] (\d{3})(?: ([^\r\n]*))?")
 
 
 # =============================================================================
@@ -95,44 +93,13 @@ class Reply:
         return json.loads(self.body)
 
 
-class Connection:
+class Connection(RawHTTP):
     """One raw connection to the server. `send` writes bytes (all of them in one sendall);
     `reply` reads the next complete answer, skipping (and noting) 1xx interim ones."""
 
     def __init__(self, server, timeout: float = TIMEOUT):
         parts = urlsplit(server.url)
-        self.sock = socket.create_connection((parts.hostname, parts.port), timeout=timeout)
-        self.buf = b""
-
-    def __enter__(self) -> "Connection":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.sock.close()
-
-    def send(self, *requests: bytes) -> None:
-        self.sock.sendall(b"".join(requests))
-
-    def _more(self) -> None:
-        data = self.sock.recv(65536)
-        if not data:
-            raise EOFError(f"the server closed the connection; unparsed bytes: {self.buf[:300]!r}")
-        self.buf += data
-
-    def head(self) -> tuple:
-        """The next status line and headers: (status, reason, [(name, value)])."""
-        while b"\r\n\r\n" not in self.buf:
-            self._more()
-        raw, self.buf = self.buf.split(b"\r\n\r\n", 1)
-        first, *lines = raw.split(b"\r\n")
-        match = STATUS_LINE.fullmatch(first)
-        assert match, f"not a status line: {first[:200]!r} (the previous answer's framing is off?)"
-        headers = []
-        for line in lines:
-            name, sep, value = line.partition(b":")
-            assert sep and name == name.strip(), f"malformed header line {line!r}"
-            headers.append((name.decode("latin-1").lower(), value.strip().decode("latin-1")))
-        return int(match.group(1)), (match.group(2) or b"").decode("latin-1"), headers
+        super().__init__(socket.create_connection((parts.hostname, parts.port), timeout=timeout))
 
     def interim(self) -> int:
         """The next answer's status, which must be a 1xx interim one (it has no body)."""
@@ -153,9 +120,7 @@ class Connection:
         assert reply.header("transfer-encoding") is None, f"expected content-length framing: {headers}"
         length = reply.header("content-length")
         assert length is not None and length.isdigit(), f"no content-length: {headers}"
-        while len(self.buf) < int(length):
-            self._more()
-        reply.body, self.buf = self.buf[:int(length)], self.buf[int(length):]
+        reply.body = self.take(int(length))
         return reply
 
     def replies(self, count: int) -> list:

@@ -186,8 +186,8 @@ def test_a_decision_made_by_the_sdk_shows_in_the_inbox(server):
         return request_id
     request_id = sdk(server, body)
     (found,) = inbox(server, channel_id=channel)
-    assert (found["request_id"], found["status"], found["decision"], found["decided_by"], found["reason"]) == \
-        (request_id, "decided", "approved", "ops@example.com", "green build")
+    assert ((found["request_id"], found["status"], found["decision"], found["decided_by"], found["reason"])
+            == (request_id, "decided", "approved", "ops@example.com", "green build"))
     assert found["requester"] == "planner" and found["decided_at"] >= found["requested_at"]
 
 

@@ -10,10 +10,9 @@ import json
 import re
 from urllib.parse import quote
 
-import aiohttp
 import pytest
 
-from conftest import http, run
+from conftest import api, http, latest_cursor, post_streaming
 
 CODES = {400: "bad_request", 401: "unauthorized", 404: "not_found", 413: "payload_too_large"}
 CHANNEL_RE = re.compile(r"[A-Za-z0-9._:-]{1,256}")
@@ -21,11 +20,11 @@ MiB = 1024 * 1024
 BAD_IDS = {"slash": "a/b", "space": "a b", "newline": "abc\n", "257 chars": "a" * 257, "empty": ""}
 
 
-def call(server, method, path, *, key="default", **kw):
-    """Raw request against the shared server (the server's key unless `key` is given)."""
-    status, headers, body = http(method, server.url + path, key=server.key if key == "default" else key, **kw)
-    assert status != 204, f"{method} {path} answered 204 (the SDK cannot read it)"
-    return status, headers, body
+def call(server, method, path, **kw):
+    """`api(server, method, path, **kw)`, whose answer must not be a 204 (the SDK cannot read one)."""
+    response = api(server, method, path, **kw)
+    assert response[0] != 204, f"{method} {path} answered 204 (the SDK cannot read it)"
+    return response
 
 
 def assert_error(response, status, *, allowed=None):
@@ -43,12 +42,6 @@ def record_body(channel, **override):
     body = {"channel_id": channel, "event_type": "t", "payload": {"k": 1},
             "metadata": {"actor": "tester", "agent_id": None, "user_id": None, "metadata": None}}
     return {**body, **override}
-
-
-def latest_cursor(server, channel):
-    status, _, body = call(server, "GET", f"/api/v1/events/cursor/{channel}")
-    assert status == 200, body
-    return body["latest_cursor"]
 
 
 @pytest.fixture(scope="module")
@@ -255,27 +248,6 @@ def _big(n):
     return "x" * n
 
 
-def post_streaming(url, key, raw, *, chunked):
-    """POST through aiohttp, the SDK's own transport: unlike urllib it reads a response the
-    server sends before the whole body is uploaded (a 413 answered on Content-Length)."""
-
-    async def go():
-        async def chunks():
-            for i in range(0, len(raw), 64 * 1024):
-                yield raw[i:i + 64 * 1024]
-
-        async with aiohttp.ClientSession() as session:
-            async with session.post(url, data=chunks() if chunked else raw, headers={
-                    "x-api-key": key, "content-type": "application/json"}) as resp:
-                text = await resp.text()
-                body = json.loads(text) if "json" in resp.headers.get("content-type", "") else text
-                return resp.status, resp.headers, body
-
-    response = run(go())
-    assert response[0] != 204
-    return response
-
-
 @pytest.mark.parametrize("case", ["2 MiB event payload", "2 MiB state", "5 MiB body", "5 MiB chunked body"])
 def test_oversized_input_is_413_and_nothing_is_written(server, unique, case):
     channel = unique("big")
@@ -287,6 +259,7 @@ def test_oversized_input_is_413_and_nothing_is_written(server, unique, case):
     raw = json.dumps(body).encode()
     if case.startswith("5"):
         response = post_streaming(server.url + path, server.key, raw, chunked="chunked" in case)
+        assert response[0] != 204
     else:
         response = call(server, "POST", path, raw=raw)
     assert_error(response, 413)

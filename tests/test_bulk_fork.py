@@ -70,8 +70,8 @@ def test_a_status_filter_selects_by_the_indexed_run_state(server, outage):
     prefix, expected = outage
     status, _, dry = bulk(server, body_for(prefix, dry_run=True, filter={"channel_prefix": f"{prefix}-run",
                                                                           "status": ["completed"]}))
-    assert status == 200 and {f["source_channel_id"] for f in dry["forks"]} == \
-        {f"{prefix}-run{i}" for i in range(6, 10)}
+    assert (status == 200
+            and {f["source_channel_id"] for f in dry["forks"]} == {f"{prefix}-run{i}" for i in range(6, 10)})
     assert all(f["step"] == example.STEPS for f in dry["forks"])       # a completed run: after its last step
 
 

@@ -102,10 +102,10 @@ def test_tick_two_runs_and_fork_only_those(browser, server, outage):
     page.fill("input[name=name]", "{channel_id}-picked")
     with page.expect_navigation():
         page.click("form.bulk-preview button[type=submit]")
-    assert page.locator("tr.bulk-fork").evaluate_all("rows => rows.map(r => r.dataset.fork)") == \
-        [f"{prefix}-run1-picked", f"{prefix}-run4-picked"] or \
-        sorted(page.locator("tr.bulk-fork").evaluate_all("rows => rows.map(r => r.dataset.fork)")) == \
-        sorted([f"{prefix}-run1-picked", f"{prefix}-run4-picked"])
+    assert (page.locator("tr.bulk-fork").evaluate_all("rows => rows.map(r => r.dataset.fork)")
+            == [f"{prefix}-run1-picked", f"{prefix}-run4-picked"]
+            or sorted(page.locator("tr.bulk-fork").evaluate_all("rows => rows.map(r => r.dataset.fork)"))
+            == sorted([f"{prefix}-run1-picked", f"{prefix}-run4-picked"]))
     with page.expect_navigation():
         page.click("#bulk-fork-submit")
     assert page.locator("a.fork-link").count() == 2

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import ServerProcess, http, poll
+from conftest import RawHTTP, ServerProcess, http, parse_head, poll
 
 MiB = 1024 * 1024
 HEADER_TIMEOUT = 2.0
@@ -178,45 +178,6 @@ def wait_closed(sock: socket.socket, deadline: float) -> Ending:
             data += chunk
 
 
-def read_response(sock: socket.socket, timeout: float = 10.0) -> tuple:
-    """One HTTP/1.1 response: (status, {lower-case header: value}, body). The socket stays open."""
-    deadline = time.monotonic() + timeout
-    buf = b""
-
-    def more():
-        nonlocal buf
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"no complete response within {timeout} s; got {buf[:200]!r}")
-        sock.settimeout(left)
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"connection closed mid-response; got {buf[:200]!r}")
-        buf += chunk
-
-    while b"\r\n\r\n" not in buf:
-        more()
-    head, rest = buf.split(b"\r\n\r\n", 1)
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ")[1])
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    if "content-length" in headers:
-        length = int(headers["content-length"])
-        buf = rest
-        while len(buf) < length:
-            more()
-        return status, headers, buf[:length]
-    if headers.get("transfer-encoding", "").lower() == "chunked":
-        buf = rest
-        while not buf.endswith(b"0\r\n\r\n"):
-            more()
-        return status, headers, buf
-    return status, headers, rest
-
-
 def send_counted(sock: socket.socket, data: bytes, counter: list) -> None:
     """sendall() that adds every byte the kernel accepted to counter[0]."""
     view = memoryview(data)
@@ -348,16 +309,16 @@ def slowloris_attack(server) -> Attack:
 
 
 def assert_cut_off_by_header_timeout(attack: Attack, count: int):
-    assert not attack.open_failures, f"{len(attack.open_failures)} connections could not be opened: " \
-                                     f"{attack.open_failures[:3]}"
+    assert not attack.open_failures, (f"{len(attack.open_failures)} connections could not be opened: "
+                                      f"{attack.open_failures[:3]}")
     assert len(attack.conns) == count
     still = attack.still_open()
     assert not still, (f"{len(still)} of {count} connections were still open "
                        f"{HEADER_TIMEOUT + MARGIN + 1.0:.0f} s after opening; " + attack.summary())
     cuts = attack.cut_times()
     assert max(cuts) <= HEADER_TIMEOUT + MARGIN, "cut off too late: " + attack.summary()
-    assert min(cuts) >= HEADER_TIMEOUT - EARLY, \
-        f"cut off before the {HEADER_TIMEOUT} s header timeout: " + attack.summary()
+    assert min(cuts) >= HEADER_TIMEOUT - EARLY, (
+        f"cut off before the {HEADER_TIMEOUT} s header timeout: " + attack.summary())
     assert attack.statuses() <= {None, 408}, "unexpected answer: " + attack.summary()
 
 
@@ -619,8 +580,8 @@ def slow_body(server) -> tuple:
 
 def test_slow_body_is_cut_off_by_the_body_timeout(server):
     ending, elapsed = slow_body(server)
-    report = f"slow body: ended by {ending.end} with status {ending.status} after {elapsed:.2f} s " \
-             f"({ending.data[:120]!r})"
+    report = (f"slow body: ended by {ending.end} with status {ending.status} after {elapsed:.2f} s "
+              f"({ending.data[:120]!r})")
     print(report)
     assert ending.closed, "the connection stayed open: " + report
     assert ending.status in (None, 408), report
@@ -662,7 +623,7 @@ def test_idle_keepalive_connection_is_closed_by_the_keepalive_timeout(server):
     sock = connect(server)
     try:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        status, headers, _ = read_response(sock)
+        status, headers, _ = RawHTTP(sock).read_response()
         answered = time.monotonic()
         assert status == 200, status
         assert headers.get("connection", "").lower() != "close", headers
@@ -682,7 +643,7 @@ def test_slow_second_request_on_keepalive_is_cut_off_by_the_header_timeout(serve
     sock = connect(server)
     try:
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        assert read_response(sock)[0] == 200
+        assert RawHTTP(sock).read_response()[0] == 200
         time.sleep(1.0)   # time must pass: idle, but well inside the keep-alive timeout
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         first_byte = time.monotonic()
@@ -700,8 +661,8 @@ def test_slow_second_request_on_keepalive_is_cut_off_by_the_header_timeout(serve
     finally:
         sock.close()
     elapsed = ending.at - first_byte
-    report = f"slow second request: {drips} bytes dripped, ended by {ending.end} with status " \
-             f"{ending.status} {elapsed:.2f} s after its first byte"
+    report = (f"slow second request: {drips} bytes dripped, ended by {ending.end} with status "
+              f"{ending.status} {elapsed:.2f} s after its first byte")
     print(report)
     assert ending.closed, "the connection stayed open: " + report
     assert ending.status in (None, 408), report
@@ -718,8 +679,8 @@ def test_body_timeout_is_not_logged_as_an_unhandled_error(server):
     # server's output, and the server writes nothing that would mark "no traceback came".
     time.sleep(0.5)
     logged = server.lines[before:]
-    assert not [line for line in logged if "unhandled error" in line or "Traceback" in line], \
-        "a body timeout was logged as an unhandled error:\n" + "\n".join(logged[:20])
+    assert not [line for line in logged if "unhandled error" in line or "Traceback" in line], (
+        "a body timeout was logged as an unhandled error:\n" + "\n".join(logged[:20]))
 
 
 # =============================================================================
@@ -741,14 +702,14 @@ def test_header_count_cap(server, total, served):
     sock = connect(server)
     try:
         sock.sendall(request_with_headers(server, total))
-        status, headers, body = read_response(sock)
+        status, headers, body = RawHTTP(sock).read_response()
         after = time.monotonic()
         if served:
             assert status == 200, (status, body[:200])
             assert headers.get("content-type", "").startswith("application/json"), headers
             # still a working keep-alive connection: a second request on it is served
             sock.sendall(request_with_headers(server, total))
-            assert read_response(sock)[0] == 200
+            assert RawHTTP(sock).read_response()[0] == 200
         else:
             assert status in (431, 400), (status, body[:200])
             ending = wait_closed(sock, after + 1.5)   # "431 and close": not at the keep-alive timeout
@@ -764,7 +725,7 @@ def test_header_block_just_under_the_size_cap_is_served(server):
     sock = connect(server)
     try:
         sock.sendall(raw)
-        status, _, body = read_response(sock)
+        status, _, body = RawHTTP(sock).read_response()
     finally:
         sock.close()
     assert status == 200, (status, body[:200])
@@ -799,10 +760,9 @@ def test_connection_refusals_on_api_routes_carry_the_json_error_body(server, mak
             sock.close()
     assert ending.status == expected, ending.data[:300]
     head, _, body = ending.data.partition(b"\r\n\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in
-               (line.partition(":") for line in head.decode("latin-1").split("\r\n")[1:])}
-    assert headers.get("content-type", "").startswith("application/json"), \
-        f"{expected} on an API route without the JSON error body: {ending.data[:300]!r}"
+    headers = dict(parse_head(head)[2])
+    assert headers.get("content-type", "").startswith("application/json"), (
+        f"{expected} on an API route without the JSON error body: {ending.data[:300]!r}")
     parsed = json.loads(body)
     assert isinstance(parsed.get("status"), str) and parsed["status"], parsed
     assert isinstance(parsed.get("error"), str) and parsed["error"].strip(), parsed

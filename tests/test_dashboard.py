@@ -421,8 +421,8 @@ def test_fork_form_errors_redirect_back_to_the_form(web, demo, form, field):
     assert 'id="fork-error"' in page.text and 'class="fork-form"' in page.text
     # The field in error is marked, and what was typed is back in the form.
     label = {"step": "select", "name": "input", "intervention": "textarea", "tool_policies": "textarea"}[field]
-    marked = page.text.split('class="has-error"')[1] if field in ("step", "name") else \
-        page.text.split("has-error")[1]
+    marked = (page.text.split('class="has-error"')[1] if field in ("step", "name")
+              else page.text.split("has-error")[1])
     assert marked.split(">", 1)[1].lstrip().startswith('<span class="label">')
     assert f'name="{field}"' in marked.split("</label>")[0] and label in marked.split("</label>")[0]
     for key, value in data.items():

@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import copy
 import json
-import urllib.error
-import urllib.request
 
 import pytest
 from actae_client import AgentSession, ForkToolBlockedError
 
-from conftest import POSTGRES_URL, ServerProcess, cli, http, state_sha256, using
+from conftest import POSTGRES_URL, ServerProcess, api, cli, get_json, http, state_sha256, using
 
 NDJSON = "application/x-ndjson"
 CHARGE = ("inv-1", "charge_customer", {"amount_cents": 4900})
@@ -33,24 +31,15 @@ class Crash(Exception):
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory):
     """(source, target): two fresh servers on two data dirs."""
-    with ServerProcess(tmp_path_factory.mktemp("export-source")).start() as source, \
-            ServerProcess(tmp_path_factory.mktemp("import-target")).start() as target:
+    with (ServerProcess(tmp_path_factory.mktemp("export-source")).start() as source,
+          ServerProcess(tmp_path_factory.mktemp("import-target")).start() as target):
         yield source, target
 
 
-def raw_call(method, url, *, key, data=None, headers=None):
-    """(status, content-type, body bytes); never raises on 4xx/5xx."""
-    req = urllib.request.Request(url, data=data, method=method, headers={"x-api-key": key, **(headers or {})})
-    try:
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return r.status, r.headers.get("content-type"), r.read()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers.get("content-type"), e.read()
-
-
 def export_http(srv, channel, *, with_forks=False, key=None):
-    status, ctype, body = raw_call("GET", f"{srv.url}/api/v1/channels/{channel}/export"
-                                          f"?with_forks={'true' if with_forks else 'false'}", key=key or srv.key)
+    path = f"/api/v1/channels/{channel}/export?with_forks={'true' if with_forks else 'false'}"
+    status, headers, body = api(srv, "GET", path, key=key or srv.key, decode=False)
+    ctype = headers.get("content-type")
     assert status == 200, body[:500]
     assert ctype.startswith(NDJSON), ctype
     return body
@@ -58,8 +47,9 @@ def export_http(srv, channel, *, with_forks=False, key=None):
 
 def import_http(srv, data, *, key=None):
     """(status, JSON answer) of POST /api/v1/import."""
-    status, ctype, body = raw_call("POST", f"{srv.url}/api/v1/import", key=key or srv.key, data=data,
-                                   headers={"content-type": NDJSON})
+    status, headers, body = api(srv, "POST", "/api/v1/import", key=key or srv.key, raw=data,
+                                headers={"content-type": NDJSON}, decode=False)
+    ctype = headers.get("content-type")
     assert ctype.startswith("application/json"), (status, ctype, body[:300])
     return status, json.loads(body)
 
@@ -74,15 +64,7 @@ def rows_of(data: bytes) -> list:
 
 
 def channels_of(srv) -> list:
-    status, _, body = http("GET", srv.url + "/api/v1/channels", key=srv.key)
-    assert status == 200, body
-    return sorted(body["channels"])
-
-
-def get_json(srv, path):
-    status, _, body = http("GET", srv.url + path, key=srv.key)
-    assert status == 200, (path, status, body)
-    return body
+    return sorted(get_json(srv, "/api/v1/channels")["channels"])
 
 
 def content_of(receipt: dict) -> dict:
@@ -273,10 +255,10 @@ def across_backends(request, tmp_path_factory):
     """(source, target) on different backends: a PostgreSQL server and a SQLite one, both ways."""
     if POSTGRES_URL is None:
         pytest.skip("moving a run between backends needs PostgreSQL (ACTAE_TEST_DATABASE_URL)")
-    with ServerProcess(tmp_path_factory.mktemp("on-postgresql")).start() as postgresql, \
-            ServerProcess(tmp_path_factory.mktemp("on-sqlite"), database="").start() as sqlite:
-        assert [get_json(srv, "/api/v1/instance")["backend"] for srv in (postgresql, sqlite)] == \
-            ["postgresql", "sqlite"]
+    with (ServerProcess(tmp_path_factory.mktemp("on-postgresql")).start() as postgresql,
+          ServerProcess(tmp_path_factory.mktemp("on-sqlite"), database="").start() as sqlite):
+        assert [get_json(srv, "/api/v1/instance")["backend"] for srv in (postgresql, sqlite)] == [
+            "postgresql", "sqlite"]
         yield (postgresql, sqlite) if request.param == "postgresql-to-sqlite" else (sqlite, postgresql)
 
 
@@ -392,8 +374,8 @@ def index_of(lines, match) -> int:
 
 
 def is_event(cursor, channel_of=None):
-    return lambda line: line.get("kind") == "event" and line["cursor"] == cursor and \
-        (channel_of is None or line["channel_id"] == channel_of)
+    return lambda line: (line.get("kind") == "event" and line["cursor"] == cursor
+                         and (channel_of is None or line["channel_id"] == channel_of))
 
 
 def is_kind(kind):
@@ -503,8 +485,8 @@ def test_a_bad_file_is_refused_with_400_and_writes_nothing(servers, unique, spoi
                     "state": index_of(lines, is_kind("state")),
                     "fork": index_of(lines, lambda l: l.get("kind") == "channel" and bool(l["parent_id"]))
                     }.get(names_line, names_line)
-        assert answer["error"].startswith(f"line {expected}") or f"line {expected}:" in answer["error"] \
-            or f"line {expected} " in answer["error"], (expected, answer["error"])
+        assert (answer["error"].startswith(f"line {expected}") or f"line {expected}:" in answer["error"]
+                or f"line {expected} " in answer["error"]), (expected, answer["error"])
     assert channels_of(target) == channels
     for channel in (root, fork):
         assert http("GET", f"{target.url}/api/v1/channels/{channel}/metadata", key=target.key)[0] == 404
@@ -521,7 +503,7 @@ def test_export_and_import_need_scopes_on_every_channel(servers, unique):
         return next(w for w in done.stdout.decode().split() if w.startswith("sk-"))
 
     fork_only = key_for(source, "--read", fork)
-    status, _, body = raw_call("GET", f"{source.url}/api/v1/channels/{fork}/export", key=fork_only)
+    status, _, body = api(source, "GET", f"/api/v1/channels/{fork}/export", key=fork_only, decode=False)
     assert status == 403 and root.encode() in body, body      # the ancestor comes along, and is not readable
     both = key_for(source, "--read", unique("") + "*")
     data = export_http(source, fork, key=both)

@@ -305,8 +305,8 @@ def test_every_session_transport_method_lands_on_the_instance(fleet, which):
     stored_experiment = direct(srv, "GET", f"/api/v1/experiments/{experiment['id']}")[1]
     assert stored_experiment["name"] == f"exp-{ch}" and stored_experiment["baseline_channel_id"] == ch
     assert member == stored_experiment
-    assert [m["declared_delta"] for m in stored_experiment["members"] if m["channel_id"] == f"{ch}-child"] == \
-        [{"model": "b"}]
+    assert ([m["declared_delta"] for m in stored_experiment["members"] if m["channel_id"] == f"{ch}-child"]
+            == [{"model": "b"}])
 
 
 # --- AgentSession over a remote instance ---------------------------------------------------------------

@@ -238,8 +238,8 @@ def test_every_fleet_operation_answers_what_its_direct_route_answers(fleet, whic
                     status, again = direct(srv, manifest.method, path.replace(f"{run_id}d", f"{run_id}g"),
                                            None, {k: str(v).replace(f"{run_id}d", f"{run_id}g")
                                                   for k, v in query.items()} if query else None)
-                    if "{" not in manifest.path and not query and manifest.id != "actae.api.v1.events.query" and \
-                            normal(via_gateway, {}) != normal(again, {}) and "list" not in op:
+                    if ("{" not in manifest.path and not query and manifest.id != "actae.api.v1.events.query"
+                            and normal(via_gateway, {}) != normal(again, {}) and "list" not in op):
                         problems.append(f"{op}: a read of the same resource differs")
     run(body())
     assert not problems, "\n".join(problems)

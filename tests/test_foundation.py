@@ -211,8 +211,8 @@ def test_transition_is_idempotent_and_guarded(with_client, unique):
                                         operation_id="op-t", expected_version=0)
         again = await client.transition(channel, "phase.one", {"p": 1}, {"s": 1},
                                         operation_id="op-t", expected_version=0)
-        assert (again.event.id, again.event.cursor, again.state_version) == \
-               (first.event.id, first.event.cursor, first.state_version)
+        assert ((again.event.id, again.event.cursor, again.state_version)
+                == (first.event.id, first.event.cursor, first.state_version))
         with pytest.raises(IdempotencyConflictError):
             await client.transition(channel, "phase.one", {"p": 2}, {"s": 1}, operation_id="op-t")
         with pytest.raises(VersionConflictError):
@@ -285,8 +285,8 @@ def test_channel_written_only_by_record_has_synthesized_root_metadata(with_clien
     assert (event.cursor, event.channel_id, event.event_type) == (1, channel, "raw")
     assert event.channel_cursor in (None, 1)
     assert meta is not None
-    assert (meta.channel_id, meta.parent_channel_id, meta.origin_run_id, meta.forked_at_cursor) == \
-           (channel, None, channel, 0)
+    assert ((meta.channel_id, meta.parent_channel_id, meta.origin_run_id, meta.forked_at_cursor)
+            == (channel, None, channel, 0))
     assert isinstance(meta.forked_at, str) and meta.forked_at
     assert missing is None  # unknown channel -> 404 -> None
 
@@ -466,8 +466,8 @@ def test_subscribing_while_writers_are_busy_loses_and_reorders_nothing(make_clie
 
     got = run(scenario())
     assert [e.cursor for e in got] == list(range(1, total + 1))
-    assert sorted((e.payload["w"], e.payload["n"]) for e in got) == \
-           [(w, n) for w in range(writers) for n in range(each)]
+    assert (sorted((e.payload["w"], e.payload["n"]) for e in got)
+            == [(w, n) for w in range(writers) for n in range(each)])
 
 
 def test_publish_acks_and_reaches_other_subscribers_but_not_the_publisher(make_client, unique):
@@ -498,8 +498,8 @@ def test_publish_acks_and_reaches_other_subscribers_but_not_the_publisher(make_c
     assert [a.cursor for a in acks["alice"]] == [2, 4] and [a.cursor for a in acks["bob"]] == [3, 5]
     # Each side sees only the other's publishes: a server echo would show up first.
     for me, other in [("alice", "bob"), ("bob", "alice")]:
-        assert [(e.id, e.cursor, e.payload, e.event_type) for e in received[me]] == \
-               [(a.id, a.cursor, a.payload, "broadcast") for a in acks[other]]
+        assert ([(e.id, e.cursor, e.payload, e.event_type) for e in received[me]]
+                == [(a.id, a.cursor, a.payload, "broadcast") for a in acks[other]])
     assert [(e.cursor, e.event_type) for e in events] == [(1, "seed")] + [(n, "broadcast") for n in range(2, 6)]
 
 

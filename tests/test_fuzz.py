@@ -52,7 +52,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import CHECKS, load_all_checks
 from schemathesis.errors import FailureGroup
 
-from conftest import ROOT, ServerProcess
+from conftest import ROOT, RawHTTP, ServerProcess
 
 sys.path.insert(0, str(ROOT))
 import actae  # noqa: E402  (only for its route table; the server itself runs as a subprocess)
@@ -122,8 +122,8 @@ def error_shape_problem(response) -> str | None:
     except ValueError:
         return f"error body is not JSON: {text[:200]!r}"
     # The fleet gateway's routes also say `message` (what the SDK's FleetClient reads), equal to `error`.
-    fleet = isinstance(body, dict) and set(body) == {"status", "error", "message"} and body["message"] == body["error"] \
-        and urlsplit(str(response.request.url)).path.startswith(FLEET_PATHS)
+    fleet = (isinstance(body, dict) and set(body) == {"status", "error", "message"} and body["message"] == body["error"]
+             and urlsplit(str(response.request.url)).path.startswith(FLEET_PATHS))
     if not isinstance(body, dict) or (set(body) != {"status", "error"} and not fleet):
         return f"error body is not exactly {{status, error}}: {str(body)[:300]}"
     if not isinstance(body["status"], str) or not isinstance(body["error"], str):
@@ -777,30 +777,6 @@ def test_targeted_extremes_are_refused_with_a_json_error(targeted_server):
     assert not failures, f"{len(failures)} targeted cases failed:\n" + "\n".join(failures)
 
 
-def read_http_response(sock: socket.socket, timeout: float = 10.0) -> tuple:
-    """(status, {lower-case header: value}) of one response on `sock`, its body read; raises
-    ConnectionError when the server closes first."""
-    deadline, buf = time.monotonic() + timeout, b""
-
-    def more() -> None:
-        nonlocal buf
-        sock.settimeout(max(0.01, deadline - time.monotonic()))
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed by the server; got {buf[:200]!r}")
-        buf += chunk
-
-    while b"\r\n\r\n" not in buf:
-        more()
-    head, _, rest = buf.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    while len(rest) < int(headers.get("content-length", "0")):
-        more()
-        rest = buf.partition(b"\r\n\r\n")[2]
-    return int(lines[0].split()[1]), headers
-
-
 @pytest.mark.parametrize("path, key", [
     ("/api/v1/state/a%20b", "server"),              # refused on the path before the body is read
     ("/api/v1/no-such-route", "server"),            # no route
@@ -816,10 +792,11 @@ def test_an_early_answer_keeps_the_connection_or_says_close(targeted_server, pat
     address = host.rsplit(":", 1)
     api_key = targeted_server.key if key == "server" else key
     sock = socket.create_connection((address[0], int(address[1])), timeout=10)
+    answers = RawHTTP(sock)
     try:
         sock.sendall((f"POST {path} HTTP/1.1\r\nHost: {host}\r\nx-api-key: {api_key}\r\n"
                       f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n").encode())
-        status, headers = read_http_response(sock)     # answered before the body was sent
+        status, headers, _ = answers.read_response()    # answered before the body was sent
         assert 400 <= status < 500, status
         if "close" in headers.get("connection", "").lower():
             return                                      # announced: a client opens a new connection
@@ -827,7 +804,7 @@ def test_an_early_answer_keeps_the_connection_or_says_close(targeted_server, pat
         try:
             sock.sendall(body)
             sock.sendall(f"GET /healthz HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
-            next_status, _ = read_http_response(sock)
+            next_status, _, _ = answers.read_response()
         except OSError as exc:
             pytest.fail(f"POST {path} answered {status} without `connection: close`, then the server "
                         f"closed the keep-alive connection: the next request got {type(exc).__name__}: {exc}")

@@ -42,7 +42,8 @@ import httpx
 import pytest
 import websockets
 
-from conftest import ROOT, SESSION_COOKIE, ServerProcess, http, login, poll, query_database, run
+from conftest import (ROOT, SESSION_COOKIE, RawHTTP, ServerProcess, api, get_with_host, latest_cursor, login, ok,
+                      poll, port_of, query_database, run, with_cookie)
 
 if str(ROOT) not in sys.path:          # `import actae` (the module under test) from the repository root
     sys.path.insert(0, str(ROOT))
@@ -66,13 +67,6 @@ def depth_max() -> int:
     return getattr(actae, "DOCUMENT_DEPTH_MAX", DEPTH_MAX)
 
 
-def api(server, method, path, *, body=None, raw=None, headers=None):
-    """One API call with the server's key: (status, headers, parsed JSON or text)."""
-    if isinstance(raw, str):
-        raw = raw.encode("utf-8")
-    return http(method, server.url + path, key=server.key, body=body, raw=raw, headers=headers, timeout=60)
-
-
 def assert_json_error(response, status, code=None):
     got, headers, body = response
     assert got == status, f"expected {status}, got {got}: {str(body)[:300]}"
@@ -80,12 +74,6 @@ def assert_json_error(response, status, code=None):
     assert isinstance(body, dict) and isinstance(body.get("error"), str) and body["error"], body
     if code is not None:
         assert body.get("status") == code, body
-
-
-def ok(response):
-    status, _, body = response
-    assert status == 200, f"expected 200, got {status}: {str(body)[:300]}"
-    return body
 
 
 def deep(n: int) -> str:
@@ -114,10 +102,6 @@ def fresh_run(server, channel, steps=1):
     return channel
 
 
-def latest_cursor(server, channel):
-    return ok(api(server, "GET", f"/api/v1/events/cursor/{channel}"))["latest_cursor"]
-
-
 def snapshot(server, channel):
     """What a refused write must leave unchanged."""
     return {"cursor": latest_cursor(server, channel),
@@ -134,19 +118,9 @@ def csrf_of(page: str):
     return html.unescape(value.group(1)) if value else None
 
 
-def with_cookie(server, path, cookie_value):
-    """GET `path` with only this session cookie, no redirects followed."""
-    return httpx.get(server.url + path, headers={"Cookie": f"{SESSION_COOKIE}={cookie_value}"},
-                     follow_redirects=False, timeout=30)
-
-
 def assert_goes_to_login(response):
     assert response.status_code == 303, (response.status_code, response.text[:300])
     assert urlsplit(response.headers["location"]).path == "/login", response.headers["location"]
-
-
-def port_of(server) -> int:
-    return urlsplit(server.url).port
 
 
 @pytest.fixture(scope="module")
@@ -161,76 +135,6 @@ def web(server):
 def other_run(server):
     """A second run to diff against."""
     return fresh_run(server, "hardening-diff-other")
-
-
-class RawHTTP:
-    """One raw HTTP/1.1 connection: send bytes, read whole responses (Content-Length or chunked)."""
-
-    LIMIT = 16 * 1024 * 1024
-
-    def __init__(self, port, timeout=15.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-        self.buf = b""
-
-    def close(self):
-        self.sock.close()
-
-    def send(self, data: bytes):
-        self.sock.sendall(data)
-
-    def _fill(self):
-        chunk = self.sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("the server closed the connection")
-        self.buf += chunk
-        if len(self.buf) > self.LIMIT:
-            raise AssertionError("response larger than 16 MiB")
-
-    def _take(self, n):
-        while len(self.buf) < n:
-            self._fill()
-        data, self.buf = self.buf[:n], self.buf[n:]
-        return data
-
-    def _line(self):
-        while b"\r\n" not in self.buf:
-            self._fill()
-        line, _, self.buf = self.buf.partition(b"\r\n")
-        return line
-
-    def read_response(self):
-        """(status, {lowercase header: value}, body bytes)."""
-        while b"\r\n\r\n" not in self.buf:
-            self._fill()
-        head, _, self.buf = self.buf.partition(b"\r\n\r\n")
-        lines = head.decode("latin-1").split("\r\n")
-        status = int(lines[0].split()[1])
-        headers = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-        if status < 200 or status in (204, 304):
-            return status, headers, b""
-        if "chunked" in headers.get("transfer-encoding", "").lower():
-            body = b""
-            for _ in range(100_000):
-                size = int(self._line().split(b";")[0], 16)
-                if size == 0:
-                    while self._line():
-                        pass
-                    break
-                body += self._take(size)
-                self._take(2)
-            return status, headers, body
-        if "content-length" in headers:
-            return status, headers, self._take(int(headers["content-length"]))
-        try:                               # close-delimited
-            while True:
-                self._fill()
-        except ConnectionError:
-            pass
-        body, self.buf = self.buf, b""
-        return status, headers, body
 
 
 # --- WebSocket ------------------------------------------------------------------------------
@@ -437,7 +341,7 @@ def test_non_ascii_claim_token_is_a_wrong_token(server, unique, action, token):
 
 @pytest.mark.parametrize("value", ["\u00e9.\u00e9", "\u2603", "abc.\u00e9"])
 def test_non_ascii_session_cookie_is_not_a_session(server, value):
-    conn = RawHTTP(port_of(server))
+    conn = RawHTTP.open(port_of(server))
     try:
         conn.send(b"GET / HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nCookie: " % port_of(server)
                   + f"{SESSION_COOKIE}={value}".encode("utf-8") + b"\r\nConnection: close\r\n\r\n")
@@ -589,7 +493,7 @@ def test_an_unexpected_exception_is_a_json_500_and_the_connection_stays_usable(i
     for logger in watched:
         logger.addHandler(collector)
     host = f"127.0.0.1:{port}".encode()
-    conn = RawHTTP(port)
+    conn = RawHTTP.open(port)
     try:
         conn.send(b"GET /api/v1/channels HTTP/1.1\r\nHost: " + host + b"\r\nx-api-key: " + key.encode() + b"\r\n\r\n")
         status, headers, body = conn.read_response()
@@ -670,8 +574,8 @@ def test_cookies_made_from_the_database_are_refused(server, forgery):
             cookies = sorted({cand for v in stored for cand in cookie_candidates(v)})
         else:
             settings = read_db(server, "SELECT name, value FROM settings") if "settings" in tables else []
-            secrets_ = [v for name, v in settings if name == "session_secret"] + \
-                       [v for name, v in settings if name != "session_secret" and isinstance(v, str)]
+            secrets_ = ([v for name, v in settings if name == "session_secret"]
+                        + [v for name, v in settings if name != "session_secret" and isinstance(v, str)])
             payload = base64.urlsafe_b64encode(json.dumps(
                 {"k": hashlib.sha256(server.key.encode()).hexdigest(), "t": int(time.time())}).encode()).decode()
             cookies = [f"{payload}.{hmac.new(s.encode(), payload.encode(), hashlib.sha256).hexdigest()}"
@@ -690,16 +594,12 @@ def test_cookies_made_from_the_database_are_refused(server, forgery):
 # 11. Host allow-list
 # --------------------------------------------------------------------------------------------
 
-def get_with_host(url, path, host, key):
-    return httpx.get(url + path, headers={"Host": host, "x-api-key": key}, follow_redirects=False, timeout=30)
-
-
 HOST_PATHS = {"/api/v1/channels": 200, "/": 303, "/login": 200}    # what an allowed Host gets
 
 
 @pytest.mark.parametrize("path", list(HOST_PATHS))
 def test_a_foreign_host_is_refused(server, path):
-    r = get_with_host(server.url, path, "evil.example", server.key)
+    r = get_with_host(server, path, "evil.example")
     assert r.status_code == 400, (r.status_code, r.text[:300])
     if path.startswith("/api/"):
         assert r.headers.get("content-type", "").startswith("application/json")
@@ -710,7 +610,7 @@ def test_a_foreign_host_is_refused(server, path):
 @pytest.mark.parametrize("host", ["127.0.0.1:{port}", "localhost:{port}", "[::1]:{port}"])
 @pytest.mark.parametrize("path", list(HOST_PATHS))
 def test_loopback_hosts_are_admitted(server, path, host):
-    r = get_with_host(server.url, path, host.format(port=port_of(server)), server.key)
+    r = get_with_host(server, path, host.format(port=port_of(server)))
     assert r.status_code == HOST_PATHS[path], (r.status_code, r.text[:300])
 
 
@@ -728,9 +628,9 @@ def allow_host_server(tmp_path_factory):
 @pytest.mark.parametrize("path", list(HOST_PATHS))
 def test_allow_host_admits_the_named_host_only(allow_host_server, path):
     srv = allow_host_server
-    r = get_with_host(srv.url, path, "actae.example", srv.key)
+    r = get_with_host(srv, path, "actae.example")
     assert r.status_code == HOST_PATHS[path], (r.status_code, r.text[:300])
-    r = get_with_host(srv.url, path, "evil.example", srv.key)
+    r = get_with_host(srv, path, "evil.example")
     assert r.status_code == 400, (r.status_code, r.text[:300])
 
 

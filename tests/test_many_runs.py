@@ -137,8 +137,8 @@ def test_a_deleted_latest_state_and_an_import_keep_the_columns(srv, kinds, tmp_p
                 body={"source_channel_id": failed, "new_channel_id": copy})[0] == 200
     assert query_database(srv, "SELECT run_state FROM channels WHERE id = ?", (copy,)) == [("failed",)]
     assert http("DELETE", f"{srv.url}/api/v1/state/{copy}/version/1", key=srv.key)[0] == 200
-    assert query_database(srv, "SELECT run_state, last_state_status FROM channels WHERE id = ?", (copy,)) == \
-        [("recorded", None)]
+    assert (query_database(srv, "SELECT run_state, last_state_status FROM channels WHERE id = ?", (copy,))
+            == [("recorded", None)])
     assert latest >= 1
     waits = next(k for k in kinds if k.endswith("-waits"))
     exported = httpx.get(f"{srv.url}/api/v1/channels/{waits}/export", headers={"x-api-key": srv.key}).text
@@ -146,8 +146,8 @@ def test_a_deleted_latest_state_and_an_import_keep_the_columns(srv, kinds, tmp_p
         status, _, answer = http("POST", other.url + "/api/v1/import", key=other.key, raw=exported.encode(),
                                  headers={"content-type": "application/x-ndjson"})
         assert status == 200 and answer["imported"] == [waits], answer
-        assert query_database(other, "SELECT run_state, last_event_type FROM channels WHERE id = ?", (waits,)) == \
-            [("blocked", "approval.requested")]
+        assert (query_database(other, "SELECT run_state, last_event_type FROM channels WHERE id = ?", (waits,))
+                == [("blocked", "approval.requested")])
         status, _, inbox = http("GET", f"{other.url}/api/v1/approvals?channel_id={waits}", key=other.key)
         assert [a["status"] for a in inbox["approvals"]] == ["pending"]
 
@@ -267,6 +267,6 @@ def test_a_database_from_before_the_migration_shows_the_same_pages(tmp_path):
         _, _, pending = http("GET", f"{second.url}/api/v1/approvals?status=pending", key=key)
         assert [a["channel_id"] for a in pending["approvals"]] == [f"{tag}-waits"]
         _, _, decided = http("GET", f"{second.url}/api/v1/approvals?status=decided", key=key)
-        assert [(a["channel_id"], a["decision"], a["decided_by"], a["reason"]) for a in decided["approvals"]] == \
-            [(f"{tag}-completed", "rejected", "ops", "no")]
+        assert ([(a["channel_id"], a["decision"], a["decided_by"], a["reason"]) for a in decided["approvals"]]
+                == [(f"{tag}-completed", "rejected", "ops", "no")])
         assert query_database(second, "SELECT COUNT(*) FROM channels WHERE run_state IS NULL") == [(0,)]

@@ -43,8 +43,8 @@ def sql_statements(source: str) -> dict:
 
 
 def test_the_collector_finds_statements_and_repeats():
-    sample = 'a = "SELECT * FROM t WHERE id = ?"\nb = f"SELECT * FROM t{w} LIMIT 1"\nc = "SELECT * FROM t WHERE id = ?"\n' \
-             'd = ("UPDATE t SET x = ?"\n     " WHERE id = ?")\nmethod = "DELETE"\n'
+    sample = ('a = "SELECT * FROM t WHERE id = ?"\nb = f"SELECT * FROM t{w} LIMIT 1"\nc = "SELECT * FROM t WHERE id = ?"\n'
+              'd = ("UPDATE t SET x = ?"\n     " WHERE id = ?")\nmethod = "DELETE"\n')
     found = sql_statements(sample)
     assert found["SELECT * FROM t WHERE id = ?"] == [1, 3]
     assert found["SELECT * FROM t{} LIMIT 1"] == [2]

@@ -409,9 +409,9 @@ def test_metrics_move_by_exactly_what_a_scripted_sequence_did(tmp_path):
         assert delta("actae_events_written_total", type="tool.replayed") == 0     # emit_replay_event is off
         assert delta("actae_events_written_total", type="run.failed") == 1
         assert delta("actae_events_written_total", type="fork.started") == 1
-        assert {outcome: delta("actae_ledger_claims_total", outcome=outcome) for outcome in
-                ("claimed", "reclaimed", "replayed", "in_progress", "mismatch", "blocked")} == \
-            {"claimed": 1, "reclaimed": 0, "replayed": 1, "in_progress": 0, "mismatch": 1, "blocked": 0}
+        assert ({outcome: delta("actae_ledger_claims_total", outcome=outcome) for outcome in
+                 ("claimed", "reclaimed", "replayed", "in_progress", "mismatch", "blocked")}
+                == {"claimed": 1, "reclaimed": 0, "replayed": 1, "in_progress": 0, "mismatch": 1, "blocked": 0})
         assert delta("actae_forks_created_total") == 1
         # every write request was one batch of one job (sequential requests); beside them the wake-up
         # scheduler commits its own one-job batch about once a second, whatever the clients do

@@ -18,8 +18,7 @@ a chosen server. What is checked:
 Skipped unless ACTAE_TEST_DATABASE_URL names a PostgreSQL server the tests may create
 databases on, e.g.
 
-    ACTAE_TEST_DATABASE_URL=postgresql://user:pw@localhost:5432/postgres \
-        python -m pytest tests/test_scaleout.py -q
+    ACTAE_TEST_DATABASE_URL=postgresql://user:pw@localhost:5432/postgres python -m pytest tests/test_scaleout.py -q
 """
 from __future__ import annotations
 
@@ -151,8 +150,8 @@ def test_hundred_writers_over_three_servers_leave_one_gapless_log(cluster, uniqu
     # The cursor each writer was told is the one the log holds, and the payload is the writer's.
     by_id = {e.id: e for e in events}
     assert all(by_id[event_id].cursor == cursor for event_id, cursor, _, _ in acked)
-    assert sorted((e.payload["w"], e.payload["n"]) for e in events) == \
-           [(w, n) for w in range(writers) for n in range(each)]
+    assert (sorted((e.payload["w"], e.payload["n"]) for e in events)
+            == [(w, n) for w in range(writers) for n in range(each)])
     # Each writer's own events keep its order.
     for w in range(writers):
         mine = [e.payload["n"] for e in events if e.payload["w"] == w]
@@ -571,10 +570,10 @@ def test_fork_walkthrough_with_each_step_on_another_server(cluster, unique):
     assert agent.state["charge"]["status"] == "claimed"
     # The receipt server C's fork returned and the one server A reads back are the same.
     made = fork.fork_receipt
-    assert (receipt.child_channel_id, receipt.source_channel_id, receipt.requested_cursor, receipt.resolved_cursor,
-            receipt.source_state_version, receipt.source_state_sha256, receipt.restorable, receipt.tool_policies) == \
-           (made.child_channel_id, made.source_channel_id, made.requested_cursor, made.resolved_cursor,
-            made.source_state_version, made.source_state_sha256, made.restorable, made.tool_policies)
+    assert ((receipt.child_channel_id, receipt.source_channel_id, receipt.requested_cursor, receipt.resolved_cursor,
+             receipt.source_state_version, receipt.source_state_sha256, receipt.restorable, receipt.tool_policies)
+            == (made.child_channel_id, made.source_channel_id, made.requested_cursor, made.resolved_cursor,
+                made.source_state_version, made.source_state_sha256, made.restorable, made.tool_policies))
     assert (receipt.child_channel_id, receipt.source_channel_id) == (fork_name, base_name)
     assert fork.inherited_state == step3 and seen.inherited == step3
     assert seen.resumed_at == fork_after and seen.resumed.intervention == intervention
@@ -673,8 +672,8 @@ def test_killing_one_server_under_load_loses_nothing_acknowledged(tmp_path, uniq
         # it died (committed, answer lost): at most one per writer there.
         unacked = [e for e in events if e.id not in acked_ids]
         assert len(unacked) <= per_server and all(e.payload["s"] == victim for e in unacked), unacked
-        assert sorted((e.payload["s"], e.payload["w"], e.payload["n"]) for e in events) == \
-               sorted(set((e.payload["s"], e.payload["w"], e.payload["n"]) for e in events))
+        assert (sorted((e.payload["s"], e.payload["w"], e.payload["n"]) for e in events)
+                == sorted(set((e.payload["s"], e.payload["w"], e.payload["n"]) for e in events)))
 
         # The killed server, restarted with the same arguments, serves again: reads and writes.
         old = cluster.servers[victim]

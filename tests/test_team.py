@@ -18,7 +18,8 @@ import pytest
 import websockets
 from actae_client.errors import APIError, AuthError
 
-from conftest import BACKEND, SESSION_COOKIE, ServerProcess, cli, http, login, poll, query_database, run, using
+from conftest import (BACKEND, ServerProcess, api, cli, dashboard_cookie, get_json, http, ok, poll, query_database,
+                      run, using)
 
 KEY_LINE = re.compile(r"^API key:\s+(sk-\S+)")
 
@@ -324,45 +325,19 @@ def test_the_dashboard_logs_in_with_email_and_password(team):
     signup_with_scopes(team, "dash@example.org", {"read": ["*"], "write": ["*"]})
     origin = {"origin": team.url, "content-type": "application/x-www-form-urlencoded"}
     form = urlencode({"email": "dash@example.org", "password": "password!"}).encode()
-    status, headers, _ = http_no_redirect("POST", team.url + "/login", raw=form, headers=origin)
+    status, headers, _ = http("POST", team.url + "/login", raw=form, headers=origin, redirects=False)
     assert status == 303 and "actae_session=" in headers.get("set-cookie", "")
     cookie = headers["set-cookie"].split(";")[0]
     status, _, page = http("GET", team.url + "/", headers={"cookie": cookie})
     assert status == 200 and "Runs" in page and 'href="/keys"' not in page     # not an admin
     assert http("GET", team.url + "/keys", headers={"cookie": cookie})[0] == 403
     bad = urlencode({"email": "dash@example.org", "password": "wrong!!!"}).encode()
-    assert http_no_redirect("POST", team.url + "/login", raw=bad, headers=origin)[0] == 401
+    assert http("POST", team.url + "/login", raw=bad, headers=origin, redirects=False)[0] == 401
 
 
 def signup_with_scopes(srv, email, scopes):
-    status, _, answer = http("POST", srv.url + "/api/v1/auth/signup", key=srv.key,
-                             body={"email": email, "password": "password!", "scopes": scopes})
-    assert status == 200, answer
-    return answer
-
-
-def http_no_redirect(method, url, *, raw=None, headers=None):
-    import urllib.request
-
-    class Stay(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args, **kwargs):
-            return None
-    opener = urllib.request.build_opener(Stay)
-    req = urllib.request.Request(url, data=raw, method=method, headers=headers or {})
-    try:
-        with opener.open(req, timeout=30) as r:
-            return r.status, r.headers, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.headers, e.read().decode()
-
-
-def dashboard_cookie(srv, key):
-    """The `Cookie` header value of a dashboard session logged in with `key`."""
-    client = login(srv, key=key)
-    try:
-        return f"{SESSION_COOKIE}={client.cookies[SESSION_COOKIE]}"
-    finally:
-        client.close()
+    return ok(api(srv, "POST", "/api/v1/auth/signup",
+                  body={"email": email, "password": "password!", "scopes": scopes}))
 
 
 def test_the_keys_page_creates_lists_and_revokes(team):
@@ -379,7 +354,7 @@ def test_the_keys_page_creates_lists_and_revokes(team):
     assert caps["permissions"]["read"] == ["page-*", "x"] and caps["expires_at"]
     key_id = caps["key_id"]
     form = urlencode({"csrf_token": token}).encode()
-    status, _, _ = http_no_redirect("POST", team.url + f"/keys/{key_id}/revoke", raw=form, headers={
+    status, _, _ = http("POST", team.url + f"/keys/{key_id}/revoke", raw=form, redirects=False, headers={
         "cookie": cookie, "origin": team.url, "content-type": "application/x-www-form-urlencoded"})
     assert status == 303
     assert http("GET", team.url + "/api/v1/auth/capabilities", key=key)[0] == 401
@@ -407,13 +382,11 @@ def offline_chain(events, previous="0" * 64):
 
 
 def exported(srv, channel):
-    return http("GET", srv.url + f"/api/v1/events/replay/{channel}?limit=1000", key=srv.key)[2]["events"]
+    return api(srv, "GET", f"/api/v1/events/replay/{channel}?limit=1000")[2]["events"]
 
 
 def verify(srv, channel):
-    status, _, answer = http("GET", srv.url + f"/api/v1/events/verify/{channel}", key=srv.key)
-    assert status == 200, answer
-    return answer
+    return get_json(srv, f"/api/v1/events/verify/{channel}")
 
 
 def test_a_run_and_its_fork_verify_online_and_offline(team):
@@ -445,18 +418,18 @@ def test_editing_one_stored_byte_is_reported_at_that_cursor(team):
     assert step.search(payload), payload
     query_database(team, f"UPDATE events SET payload = ? {where}", (step.sub('"step":9', payload, count=1),))
     report = verify(team, "tamper-base")
-    assert (report["ok"], report["first_broken_channel_id"], report["first_broken_cursor"]) == \
-        (False, "tamper-base", 2)
+    assert (report["ok"], report["first_broken_channel_id"],
+            report["first_broken_cursor"]) == (False, "tamper-base", 2)
     assert report["verified_events"] == 1
     inherited = verify(team, "tamper-fork")                  # forked after the edited event
-    assert (inherited["ok"], inherited["first_broken_channel_id"], inherited["first_broken_cursor"]) == \
-        (False, "tamper-base", 2)
+    assert (inherited["ok"], inherited["first_broken_channel_id"],
+            inherited["first_broken_cursor"]) == (False, "tamper-base", 2)
     assert verify(team, "tamper-early")["ok"] is True        # forked before it
 
 
 @pytest.mark.skipif(BACKEND == "postgresql",
                     reason="rewrites an actae.db SQLite file into the pre-chain schema and runs the SQLite "
-                           "upgrade step (actae._backfill_chain on a sqlite3 connection); a PostgreSQL "
+                           "upgrade step (actae.backfill_chain on a sqlite3 connection); a PostgreSQL "
                            "database never predates the event chain")
 def test_the_chain_is_built_for_events_written_before_it_existed(tmp_path):
     """A database from before the chain migration verifies after the upgrade."""
@@ -472,11 +445,11 @@ def test_the_chain_is_built_for_events_written_before_it_existed(tmp_path):
                        (unsorted, channel, cursor))
         db.execute("UPDATE channels SET chain_head = NULL")
     db.close()
-    import actae                                              # the upgrade step itself, as _migrate runs it
+    import actae                                              # the upgrade step itself, as migrate_sqlite runs it
     conn = sqlite3.connect(tmp_path / "actae.db", isolation_level=None)
-    actae._configure(conn)
+    actae.configure_sqlite(conn)
     conn.execute("BEGIN IMMEDIATE")
-    actae._backfill_chain(conn)
+    actae.backfill_chain(conn)
     conn.execute("COMMIT")
     conn.close()
     with ServerProcess(tmp_path).start() as srv:
@@ -544,6 +517,6 @@ def test_new_routes_are_in_the_openapi_document_with_403(team):
                          ("put", "/api/v1/user/preferences"), ("post", "/api/v1/keys")):
         operation = document["paths"][path][method]
         assert "403" in operation["responses"]
-    assert document["paths"]["/api/v1/events/record"]["post"]["x-actae-scopes"] == \
-        [{"action": "write", "channel": "body.channel_id"}]
+    assert document["paths"]["/api/v1/events/record"]["post"]["x-actae-scopes"] == (
+        [{"action": "write", "channel": "body.channel_id"}])
     assert document["paths"]["/api/v1/auth/login"]["post"]["security"] == []

@@ -26,9 +26,9 @@ def conn(tmp_path):
     connection.close()
 
 
-def record(channel: str, operation: str, n: int) -> actae._Job:
+def record(channel: str, operation: str, n: int) -> actae.Job:
     body = actae.RecordEvent(channel_id=channel, event_type="step", payload={"n": n}, operation_id=operation)
-    return actae._Job(actae.record_event, (body,), None)
+    return actae.Job(actae.record_event, (body,), None)
 
 
 def refused(tx: actae.Tx) -> None:
@@ -46,7 +46,7 @@ def noted(log: list, name: str):
     def work(tx: actae.Tx) -> str:
         tx.after_commit.append(lambda: log.append(name))
         return name
-    return actae._Job(work, (), None)
+    return actae.Job(work, (), None)
 
 
 def cursors(conn, channel: str) -> list:
@@ -62,8 +62,8 @@ def test_a_batch_that_succeeds_commits_every_job_in_order(conn):
 
 def test_a_failing_job_fails_alone_and_the_others_commit_gapless(conn):
     log: list = []
-    jobs = [record("mixed-run", "a", 1), actae._Job(refused, (), None), noted(log, "after-refusal"),
-            actae._Job(duplicate_key, (), None), record("mixed-run", "b", 2)]
+    jobs = [record("mixed-run", "a", 1), actae.Job(refused, (), None), noted(log, "after-refusal"),
+            actae.Job(duplicate_key, (), None), record("mixed-run", "b", 2)]
     conn.execute("INSERT INTO settings (name, value) VALUES ('instance_id', 'the first one')")
     outcomes = actae.run_jobs(conn, jobs)
     (first, _), (refusal, refusal_events), (name, _), (duplicate, duplicate_events), (last, _) = outcomes
@@ -77,7 +77,7 @@ def test_a_failing_job_fails_alone_and_the_others_commit_gapless(conn):
 
 
 def test_a_lone_failing_job_gets_its_error_and_leaves_nothing(conn):
-    (outcome, events), = actae.run_jobs(conn, [actae._Job(refused, (), None)])
+    (outcome, events), = actae.run_jobs(conn, [actae.Job(refused, (), None)])
     assert isinstance(outcome, actae.Conflict) and events is None
     assert cursors(conn, "refused-run") == []
     (result, _), = actae.run_jobs(conn, [record("refused-run", "after", 1)])   # the connection still writes
@@ -183,7 +183,7 @@ def test_the_app_lets_only_a_listed_write_alone_on_the_server_commit_on_its_loop
     app = actae.create_app(tmp_path, database_url=database_url_for(tmp_path))
     lone = app.state.db.lone_write_here
     step = record("c", "op", 1)
-    prune = actae._Job(actae.prune_runs, (), None)
+    prune = actae.Job(actae.prune_runs, (), None)
     assert not lone(step)                                  # no server has said what is in flight
     app.requests = {"the request that writes"}             # as our protocol hands over uvicorn's task set
     assert lone(step) and not lone(prune)                  # an SDK step may; a prune batch never
