@@ -1,10 +1,13 @@
 """Actae against LangGraph (SqliteSaver) and DBOS (SQLite) on one machine and one disk.
 
     pip install -r requirements.txt -r examples/requirements-bench.txt
-    python examples/bench.py                  # the full run: about 7 minutes on 2 cores (9 with --postgres)
-    python examples/bench.py --quick          # every figure at small sizes, about 25 s (40 with --postgres)
+    python examples/bench.py                  # the full run: 7 minutes on 2 cores, more with the baseline row
+    python examples/bench.py --quick          # every figure at small sizes, about a minute on 2 busy cores
     python examples/bench.py --json PATH      # where the report goes (default examples/out/bench.json)
     python examples/bench.py --postgres URL   # also B1b on PostgreSQL, one server and three
+    python examples/bench.py --baseline REF   # the baseline row: our server as of REF (default below)
+    python examples/bench.py --baseline none  # no baseline row
+    python examples/bench.py --docs PATH      # the tables into PATH (default docs/benchmarks.md, full runs)
 
 One invocation starts `python actae.py --port 0` on a fresh data directory, a bare Starlette
 JSON endpoint under uvicorn, and one worker process per measured system, all inside one
@@ -29,6 +32,26 @@ measurement, taking its turn in each round's rotating B1b order, gets a fresh da
 (`bench_<pid>_<round>_<pg1|pg3>`), its servers, an untimed warm-up, the timed B1b, and then the
 servers stop and the database is dropped. Without a URL those rows print as skipped and their
 JSON values (report["postgresql"], and the two PostgreSQL ratios) are null, with the reason.
+
+The baseline: every run also measures our server as of another commit, as a second "ours" row,
+so that each table says what the working tree changed against it (ours ÷ baseline, beside a
+column saying whether higher is better for that row). REF is --baseline's value; without one, and
+without the flag, it is the newest git tag, else the newest commit before HEAD that changed
+actae.py (`git log -1 HEAD~1 -- actae.py`, the write path's last change). The bench checks REF out
+with `git worktree add --detach` into its temporary folder (removed, and `git worktree prune`d,
+at the end) and starts `<worktree>/actae.py` with the Python and the flags ours gets, on its own
+data directory, with its own SDK worker (the same SDK and code as ours). It takes its turn in the
+same rotating order as every other system (and trades places with ours every other round, so
+neither always follows the same system) in B1a, B1b, GET, B3, B2, disk and B4; whatever ours
+measures there, it measures too. Not repeated for it: the peers, the floors (the SDK's CPU), B1b
+with export and on PostgreSQL (fresh servers per measurement), B5 (loaded through actae's Python
+API, which another commit need not share). Outside a git checkout, or when REF names no commit,
+one line says so and the run goes on without it. --quick measures it too, at quick sizes.
+
+--docs PATH (default docs/benchmarks.md for a full run; a --quick run writes no file unless given
+one) writes the date, the commits of ours and of the baseline, the raw commit rate and every table
+between the markers <!-- bench:start --> and <!-- bench:end -->, leaving the rest of the file as it
+is (a file without them gets them appended; a missing one is created with a title).
 
 Every system fsyncs on commit: our server runs WAL with synchronous=FULL and answers each
 write after its commit. The pragmas are read back from each peer's own connection and stored
@@ -187,6 +210,7 @@ from urllib.parse import urlsplit, urlunsplit
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "examples" / "out" / "bench.json"
 SYSTEMS = ("ours", "langgraph", "dbos", "dbos_wal")
+OURS = ("ours", "baseline")              # the systems our server's code serves: the working tree's, REF's
 B4_SYSTEMS = ("ours", "langgraph", "dbos")   # B4: the journal mode does not change what DBOS stores
 PEER_MODULES = ("langgraph", "langgraph.checkpoint.sqlite", "dbos")
 PARKED_VERSION = "bench-parked"          # no executor serves it: a parked fork stays ENQUEUED
@@ -202,6 +226,10 @@ WARM_STEPS = 1                          # steps of each run of the untimed B1b o
 # B1b with OpenTelemetry export: column -> the loopback collector it exports to (None: export off)
 EXPORT_COLUMNS = {"off": None, "503": "slow503", "down": "down", "ok": "ok"}
 EXPORT_SLOW_SECONDS = 1.0               # how long the "503" collector takes to refuse a request
+BASELINE_AUTO = "auto"                  # --baseline without a REF (and its absence): the newest tag, else ...
+BASELINE_OFF = "none"
+DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"
+DOCS_START, DOCS_END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 
 @dataclass
@@ -476,10 +504,13 @@ class OursBench:
         return {"mismatch_rejected": mismatch.startswith("rejected"), "mismatch": mismatch,
                 "same_params": again.status, "same_params_result": again.result}
 
-    async def op_load(self, url: str, concurrency: int, requests: int, with_key: bool) -> dict:
+    async def op_load(self, url: str, concurrency: int, requests: int, with_key: bool,
+                      key: Optional[str] = None) -> dict:
+        """GET `url` from `concurrency` loops; `key` is that server's (default ours): one load
+        generator, this process, for the bare endpoint, our server and the baseline's."""
         import aiohttp
 
-        headers = {"x-api-key": self.key} if with_key else {}
+        headers = {"x-api-key": key or self.key} if with_key else {}
         statuses: Counter = Counter()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=concurrency)) as http:
             async def lane(count: int):
@@ -925,7 +956,7 @@ def serve_worker(args: argparse.Namespace) -> int:
         replies.write(json.dumps(message, default=str) + "\n")
 
     try:
-        if args.worker == "ours":
+        if args.worker in OURS:
             bench = OursBench(args.url, args.key)
         elif args.worker == "langgraph":
             bench = LangGraphBench(Path(args.dir))
@@ -990,13 +1021,13 @@ def child_env() -> dict:
 class Server:
     """A server child process; its output is drained on a thread, `found` holds the named lines."""
 
-    def __init__(self, name: str, argv: list[str], patterns: dict[str, re.Pattern]):
+    def __init__(self, name: str, argv: list[str], patterns: dict[str, re.Pattern], cwd: Path = ROOT):
         self.name, self.patterns = name, patterns
         self.lines: deque = deque(maxlen=200)
         self.found: dict[str, str] = {}
         self.ready = threading.Event()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=child_env(), cwd=str(ROOT))
+                                     env=child_env(), cwd=str(cwd))
         threading.Thread(target=self._drain, daemon=True).start()
 
     @property
@@ -1438,6 +1469,99 @@ class Postgres:
 
 
 # =============================================================================
+# The baseline: our server as of another commit, from a git worktree
+# =============================================================================
+
+
+def git(*argv: str, cwd: Path = ROOT) -> Optional[str]:
+    """A git command's stripped stdout, or None when it fails (or git is missing): every question
+    put to git here has an answer that may legitimately not exist (no tag, no HEAD~1, no checkout)."""
+    try:
+        proc = subprocess.run(["git", *argv], cwd=cwd, capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+@dataclass
+class Baseline:
+    """The commit measured as the second "ours" row, and where its worktree is once made."""
+
+    ref: str                               # what was asked (or chosen), e.g. a tag or a commit id
+    commit: str                            # the full commit id it resolved to
+    short: str                             # the row's label
+    source: str                            # why this REF: asked, the newest tag, the write path's last change
+    worktree: Optional[Path] = None
+    prefix: str = ""                       # where this project sits inside the repository
+
+    @property
+    def root(self) -> Path:
+        return self.worktree / self.prefix
+
+    def describe(self) -> str:
+        return f"{self.short} ({self.source})"
+
+
+def default_baseline_ref() -> tuple[Optional[str], str]:
+    """(REF, why it): the newest tag if the repository has one, else the newest commit before HEAD
+    that touched actae.py, the write path: a run then measures what the working tree changed."""
+    tag = git("describe", "--tags", "--abbrev=0")
+    if tag:
+        return tag, f"the newest tag, {tag}"
+    commit = git("log", "-1", "--format=%H", "HEAD~1", "--", "actae.py")
+    if commit:
+        return commit, "the newest commit before HEAD that changed actae.py"
+    return None, "no tag, and no commit before HEAD changed actae.py (a shallow clone?)"
+
+
+def resolve_baseline(asked: str) -> tuple[Optional[Baseline], str]:
+    """(the baseline, "") or (None, why there is none) for --baseline `asked`."""
+    if asked == BASELINE_OFF:
+        return None, "turned off (--baseline none)"
+    if git("rev-parse", "--is-inside-work-tree") != "true":
+        return None, f"{ROOT} is not a git checkout"
+    ref, source = default_baseline_ref() if asked == BASELINE_AUTO else (asked, f"--baseline {asked}")
+    if ref is None:
+        return None, source
+    commit = git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    if not commit:
+        return None, f"{ref!r} does not name a commit of this repository"
+    short = git("rev-parse", "--short", commit) or commit[:7]
+    return Baseline(ref, commit, short, source, prefix=git("rev-parse", "--show-prefix") or ""), ""
+
+
+def add_worktree(baseline: Baseline, folder: Path) -> Optional[str]:
+    """Check the baseline out, detached, into the bench's folder; None, or why it could not."""
+    path = folder / f"baseline-{baseline.short}"
+    proc = subprocess.run(["git", "worktree", "add", "--detach", str(path), baseline.commit], cwd=ROOT,
+                          capture_output=True, text=True)
+    if proc.returncode != 0:
+        return (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+    if not (path / baseline.prefix / "actae.py").is_file():
+        remove_worktree(path)
+        return f"{baseline.short} has no {baseline.prefix}actae.py"
+    baseline.worktree = path
+    return None
+
+
+def remove_worktree(path: Path) -> None:
+    """Remove the worktree and what git keeps of it, even when its folder went first (--keep or not,
+    the repository must not keep pointing into a temporary folder)."""
+    subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, capture_output=True)
+    subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
+
+
+def rotated(names: list, number: int) -> list:
+    """`names` rotated by `number`, so drift hits every system alike; ours and the baseline then
+    trade places every other round, so that neither always runs right after the same system."""
+    order = list(names[number % len(names):] + names[:number % len(names)])
+    if number % 2 and "ours" in order and "baseline" in order:
+        i, j = order.index("ours"), order.index("baseline")
+        order[i], order[j] = order[j], order[i]
+    return order
+
+
+# =============================================================================
 # Phases
 # =============================================================================
 
@@ -1445,70 +1569,98 @@ class Postgres:
 class Bench:
     """Everything one invocation starts, and the raw results of its phases."""
 
-    def __init__(self, plan: Plan, folder: Path, postgres: Optional[Postgres] = None):
-        self.plan, self.folder, self.postgres = plan, folder, postgres
+    def __init__(self, plan: Plan, folder: Path, postgres: Optional[Postgres] = None,
+                 baseline: Optional[Baseline] = None):
+        self.plan, self.folder, self.postgres, self.baseline = plan, folder, postgres, baseline
+        self.systems = [*SYSTEMS, *(["baseline"] if baseline else [])]   # every round's rotation
+        self.ours = [name for name in OURS if name in self.systems]       # served by our server's code
         self.rounds: list[dict] = []
         self.once: dict = {}
 
     def start(self) -> None:
-        data_dir = self.folder / "actae"
-        self.server = Server("actae", [sys.executable, str(ROOT / "actae.py"), "--port", "0",
-                                       "--data-dir", str(data_dir)], {"url": URL_LINE, "key": KEY_LINE})
+        data_dirs = {"ours": self.folder / "actae", "baseline": self.folder / "baseline"}
+        scripts = {"ours": (ROOT / "actae.py", ROOT)}
+        if self.baseline:
+            scripts["baseline"] = (self.baseline.root / "actae.py", self.baseline.root)
+        # The baseline gets exactly the flags ours gets, run by the same Python from its worktree.
+        self.servers = {name: Server(f"actae ({name})", [sys.executable, str(script), "--port", "0",
+                                                         "--data-dir", str(data_dirs[name])],
+                                     {"url": URL_LINE, "key": KEY_LINE}, cwd=cwd)
+                        for name, (script, cwd) in scripts.items()}
+        self.server = self.servers["ours"]
         self.bare = Server("bare endpoint", [sys.executable, str(Path(__file__).resolve()), "--bare-server"],
                            {"url": BARE_LINE})
         self.bare.probe_path = "/json"
         peers = {name: Worker(name, ["--dir", str(self.folder)]) for name in SYSTEMS[1:]}
-        self.server.wait()
         self.bare.wait()
-        self.url, self.key = self.server.found["url"], self.server.found["key"]
-        if not self.key.startswith("sk-"):
-            raise RuntimeError(f"the server printed no new key: {self.key!r}")
-        ours = Worker("ours", ["--url", self.url, "--key", self.key])
-        self.workers = {"ours": ours, **peers}
+        self.urls, self.keys, ours = {}, {}, {}
+        for name, server in self.servers.items():
+            self.urls[name], self.keys[name] = self._started(name, server)
+            ours[name] = Worker(name, ["--url", self.urls[name], "--key", self.keys[name]])
+        self.url, self.key = self.urls["ours"], self.keys["ours"]
+        self.workers = {**ours, **peers}
         for worker in self.workers.values():
             worker.wait_ready()
-        self.paths = {"ours": data_dir, **{name: Path(w.info["path"]) for name, w in peers.items()}}
+        self.paths = {**{name: data_dirs[name] for name in ours}, **{name: Path(w.info["path"]) for name, w in peers.items()}}
         self.collectors = {mode: Collector(mode) for mode in EXPORT_COLUMNS.values() if mode}
-        say(f"started: server {self.url} (pid {self.server.pid}), bare endpoint {self.bare.found['url']}, "
-            f"workers {', '.join(self.workers)}")
+        say(f"started: server {self.url} (pid {self.server.pid}), "
+            + (f"baseline {self.baseline.short} {self.urls['baseline']} (pid {self.servers['baseline'].pid}), "
+               if self.baseline else "")
+            + f"bare endpoint {self.bare.found['url']}, workers {', '.join(self.workers)}")
+
+    def _started(self, name: str, server: Server) -> tuple[str, str]:
+        """A started server's (URL, new key); a baseline that will not start says how to go without."""
+        try:
+            server.wait()
+        except RuntimeError as exc:
+            if name == "baseline":
+                raise RuntimeError(f"the baseline {self.baseline.describe()} did not start with the flags"
+                                   f" ours gets (measure without it: --baseline none):\n{exc}") from None
+            raise
+        url, key = server.found["url"], server.found["key"]
+        if not key.startswith("sk-"):
+            raise RuntimeError(f"the server ({name}) printed no new key: {key!r}")
+        return url, key
 
     def stop(self) -> None:
         for collector in getattr(self, "collectors", {}).values():
             collector.stop()
-        for child in [*getattr(self, "workers", {}).values(), getattr(self, "server", None),
+        for child in [*getattr(self, "workers", {}).values(), *getattr(self, "servers", {}).values(),
                       getattr(self, "bare", None)]:
             if child is not None:
                 with contextlib.suppress(Exception):
                     child.stop()
 
-    def _ours(self, op: str, **args) -> tuple[dict, float]:
-        """Run an op of ours; return its result and the server CPU seconds it cost."""
-        before = cpu_seconds(self.server.pid)
-        result = self.workers["ours"].call(op, **args)
-        return result, cpu_seconds(self.server.pid) - before
+    def _ours(self, op: str, who: str = "ours", **args) -> tuple[dict, float]:
+        """Run an op of ours (or of the baseline); return its result and the server CPU seconds it cost."""
+        pid = self.servers[who].pid
+        before = cpu_seconds(pid)
+        result = self.workers[who].call(op, **args)
+        return result, cpu_seconds(pid) - before
 
     def run_round(self, number: int) -> None:
         plan, tag = self.plan, f"r{number}"
-        order = SYSTEMS[number % len(SYSTEMS):] + SYSTEMS[:number % len(SYSTEMS)]
+        order = rotated(self.systems, number)
         got: dict = {"order": list(order)}
 
         texts = [compact(d) for d in make_docs(f"{tag}-raw", 50)]
         got["raw"] = raw_commits(self.folder / "raw.db", plan.commits, texts)
-        loads = [("bare", self.bare.found["url"] + "/json", False, self.bare.pid),
-                 ("ours", self.url + "/api/v1/auth/capabilities", True, self.server.pid)]
+        loads = [("bare", self.bare.found["url"] + "/json", False, None, self.bare.pid),
+                 *((name, self.urls[name] + "/api/v1/auth/capabilities", True, self.keys[name], self.servers[name].pid)
+                   for name in self.ours)]
         got["get"] = {}
-        for name, url, with_key, pid in (loads if number % 2 else loads[::-1]):
+        for name, url, with_key, key, pid in rotated(loads, number):
             before = cpu_seconds(pid)
             result = self.workers["ours"].call("load", url=url, concurrency=plan.runs,
-                                               requests=plan.get_requests, with_key=with_key)
+                                               requests=plan.get_requests, with_key=with_key, key=key)
             got["get"][name] = {**result, "server_cpu": cpu_seconds(pid) - before}
         say(f"round {number}: raw SQLite {got['raw']['commits_per_s']:.0f} commits/s, GET "
             + ", ".join(f"{n} {r['requests'] / r['seconds']:.0f}/s" for n, r in got["get"].items()))
 
         got["b1a"], got["b1b"] = {}, {}
         for name in order:
-            if name == "ours":
-                result, server_cpu = self._ours("b1a", n=plan.steps, tag=f"{tag}-b1a")
+            if name in OURS:
+                result, server_cpu = self._ours("b1a", name, n=plan.steps, tag=f"{tag}-b1a")
                 result["server_cpu"] = server_cpu
             else:
                 result = self.workers[name].call("b1a", n=plan.steps, tag=f"{tag}-b1a")
@@ -1516,20 +1668,15 @@ class Bench:
         say(f"round {number}: B1a " + ", ".join(f"{n} {r['steps'] / r['seconds']:.0f}" for n, r in got["b1a"].items())
             + " steps/s")
 
-        b1b_order = [*SYSTEMS, *(PG_SERVERS if self.postgres else ())]
-        b1b_order = b1b_order[number % len(b1b_order):] + b1b_order[:number % len(b1b_order)]
+        b1b_order = rotated([*self.systems, *(PG_SERVERS if self.postgres else ())], number)
         got["b1b_order"], got["b1b_pg"] = b1b_order, {}
         for name in b1b_order:
             if name in PG_SERVERS:
                 got["b1b_pg"][name] = self.run_postgres(name, tag)
                 continue
-            if name == "ours":
-                got["rss_reset"] = reset_peak_rss(self.server.pid)
-                batches, ticks = [write_batches(self.url, self.key)], machine_ticks()
-                result, server_cpu = self._ours("b1b", runs=plan.runs, n=plan.run_steps, tag=f"{tag}-b1b")
-                result.update(server_cpu=server_cpu, peak_rss_mb=peak_rss_mb(self.server.pid),
-                              machine_cores_busy=cores_busy(ticks, machine_ticks()),
-                              **batches_between(batches, [write_batches(self.url, self.key)]))
+            if name in OURS:
+                result = self.run_b1b_ours(name, tag)
+                got["rss_reset"] = got.get("rss_reset", True) and result.pop("rss_reset")
             else:
                 result = self.workers[name].call("b1b", runs=plan.runs, n=plan.run_steps, tag=f"{tag}-b1b")
             got["b1b"][name] = result
@@ -1543,13 +1690,29 @@ class Bench:
         say(f"round {number}: B1b with export " + ", ".join(f"{c} {r['steps'] / r['seconds']:.0f}"
                                                           for c, r in got["b1b_export"].items()) + " steps/s")
 
-        got["b3"] = {}
-        for inflight, pairs in plan.b3_pairs.items():
-            result, server_cpu = self._ours("b3", inflight=inflight, pairs=pairs, tag=f"{tag}-b3")
-            got["b3"][str(inflight)] = {**result, "server_cpu": server_cpu}
-        say(f"round {number}: B3 " + ", ".join(f"{k} in flight {r['steps'] / r['seconds']:.0f}"
-                                                for k, r in got["b3"].items()) + " pairs/s")
+        got["b3"] = {name: {} for name in self.ours}
+        for turn, (inflight, pairs) in enumerate(plan.b3_pairs.items()):
+            for name in rotated(self.ours, number + turn):
+                result, server_cpu = self._ours("b3", name, inflight=inflight, pairs=pairs, tag=f"{tag}-b3")
+                got["b3"][name][str(inflight)] = {**result, "server_cpu": server_cpu}
+        say(f"round {number}: B3 " + "; ".join(
+            f"{name} " + ", ".join(f"{k} in flight {r['steps'] / r['seconds']:.0f}" for k, r in b3.items())
+            for name, b3 in got["b3"].items()) + " pairs/s")
         self.rounds.append(got)
+
+    def run_b1b_ours(self, name: str, tag: str) -> dict:
+        """Our B1b on the server of `name` (ours or the baseline), with its CPU and peak RSS around it;
+        the group-commit counters and machine load (for the PostgreSQL table) only for ours."""
+        plan, server = self.plan, self.servers[name]
+        reset = reset_peak_rss(server.pid)
+        if name == "ours":
+            batches, ticks = [write_batches(self.url, self.key)], machine_ticks()
+        result, server_cpu = self._ours("b1b", name, runs=plan.runs, n=plan.run_steps, tag=f"{tag}-b1b")
+        result.update(server_cpu=server_cpu, peak_rss_mb=peak_rss_mb(server.pid), rss_reset=reset)
+        if name == "ours":
+            result.update(machine_cores_busy=cores_busy(ticks, machine_ticks()),
+                          **batches_between(batches, [write_batches(self.url, self.key)]))
+        return result
 
     def run_export(self, column: str, tag: str) -> dict:
         """B1b on a fresh SQLite server exporting to EXPORT_COLUMNS[column]'s collector (or not
@@ -1630,39 +1793,40 @@ class Bench:
         """B2: build every parent at once (untimed), then time the forks: ours and LangGraph's
         interleaved, then DBOS's."""
         plan, sizes = self.plan, list(self.plan.sizes)
-        forkers = ("ours", "langgraph", "dbos")
+        forkers = (*self.ours, "langgraph", "dbos")
         for name in forkers:
             self.workers[name].send("build", sizes=sizes, tag="b2")
         for name in forkers:
             self.workers[name].recv()
         say(f"B2: built parents of {', '.join(map(str, sizes))} steps")
-        samples: dict = {(name, size): [] for name in (*forkers, "ours_session") for size in sizes}
-        sdk_cpu: dict = {size: [] for size in sizes}     # the SDK process's CPU ms in each of our forks
+        sessions = [f"{name}_session" for name in self.ours]
+        samples: dict = {(name, size): [] for name in (*forkers, *sessions) for size in sizes}
+        sdk_cpu: dict = {(name, size): [] for name in self.ours for size in sizes}   # SDK CPU ms of each fork
         statuses = set()
-        # Ours and LangGraph's forks alternate, each first half the time; DBOS's come after them on
-        # their own: each copies the steps before k in one large transaction on the same disk, which
-        # slowed whichever fork came next, the more the larger N (see the docstring's B2).
-        for group in (("ours", "langgraph"), ("dbos",)):
+        # Ours (and the baseline's) and LangGraph's forks take turns, each first as often as the
+        # others; DBOS's come after them on their own: each copies the steps before k in one large
+        # transaction on the same disk, which slowed whichever fork came next, the more the larger N
+        # (see the docstring's B2).
+        for group in ([*self.ours, "langgraph"], ["dbos"]):
             for rep in range(-1, plan.forks):  # rep -1 warms every path up and is not kept
                 for turn, size in enumerate(sizes):
-                    order = group if (rep + turn) % 2 == 0 else group[::-1]
-                    for name in order:
+                    for name in rotated(group, rep + turn):
                         result = self.workers[name].call("fork", size=size, child=f"b2-n{size}-f{rep + 1}")
                         statuses.add(result.get("status", "-"))
                         if rep >= 0:
                             samples[name, size].append(result["ms"])
-                            if name == "ours":
-                                sdk_cpu[size].append(result["cpu_ms"])
-                    if "ours" in group:
-                        result = self.workers["ours"].call("session_fork", size=size, child=f"b2-n{size}-s{rep + 1}")
+                            if name in OURS:
+                                sdk_cpu[name, size].append(result["cpu_ms"])
+                    for name in (rotated(self.ours, rep + turn) if "ours" in group else []):
+                        result = self.workers[name].call("session_fork", size=size, child=f"b2-n{size}-s{rep + 1}")
                         if rep >= 0:
-                            samples["ours_session", size].append(result["ms"])
+                            samples[f"{name}_session", size].append(result["ms"])
         self.once["b2"] = {f"{name}:{size}": ms for (name, size), ms in samples.items()}
-        self.once["b2_sdk_cpu_ms"] = {str(size): ms for size, ms in sdk_cpu.items()}
+        self.once["b2_sdk_cpu_ms"] = {name: {str(size): sdk_cpu[name, size] for size in sizes} for name in self.ours}
         self.once["dbos_fork_statuses"] = sorted(statuses - {"-"})
         say("B2: " + ", ".join(f"N={size} " + "/".join(f"{statistics.median(samples[n, size]):.1f}"
                                                         for n in forkers) for size in sizes)
-            + " ms (ours/LangGraph/DBOS)")
+            + f" ms ({'/'.join(forkers)})")
 
     def run_probes(self) -> None:
         self.once["probe"] = {"ours": self.workers["ours"].call("probe", tag="probe"),
@@ -1672,7 +1836,7 @@ class Bench:
 
     def run_disk(self) -> None:
         disk = {}
-        for name in SYSTEMS:
+        for name in self.systems:
             before = store_bytes(self.paths[name])
             result = self.workers[name].call("b1a", n=self.plan.disk_steps, tag="disk")
             after = store_bytes(self.paths[name])
@@ -1687,7 +1851,7 @@ class Bench:
         early reads, interleaved; each runs on to the end in turn (disk measured around its whole
         run); our final state saved whole in a fresh channel; the final reads and the forks at
         N/2, interleaved. The first round of reads and forks warms up and is not kept."""
-        plan, growers = self.plan, B4_SYSTEMS
+        plan, growers = self.plan, (*B4_SYSTEMS, *self.ours[1:])
         n, early = plan.b4_steps, plan.b4_early
         messages = make_messages("b4", n)
         added = (state_bytes(grown_state(messages, n)) - state_bytes(grown_state(messages, 0))) / n
@@ -1695,51 +1859,54 @@ class Bench:
         before = {}
         for name in growers:
             before[name] = store_bytes(self.paths[name])
-            if name == "ours":
-                result, server_cpu = self._ours("b4_start", n=n, early=early, tag="b4")
+            if name in OURS:
+                result, server_cpu = self._ours("b4_start", name, n=n, early=early, tag="b4")
                 result["server_cpu"] = server_cpu
             else:
                 result = self.workers[name].call("b4_start", n=n, early=early, tag="b4")
             got[name]["start"] = result
         got["read_early"] = self._interleaved(growers, "b4_read", lambda name, rep: {"which": "run"})
         for name in growers:
-            if name == "ours":
-                result, server_cpu = self._ours("b4_finish")
+            if name in OURS:
+                result, server_cpu = self._ours("b4_finish", name)
                 result["server_cpu"] = server_cpu
             else:
                 result = self.workers[name].call("b4_finish")
             after = store_bytes(self.paths[name])
             got[name].update(finish=result, disk_bytes=after["bytes"] - before[name]["bytes"],
                              checkpointed=before[name]["checkpointed"] and after["checkpointed"])
-        self.workers["ours"].call("b4_whole")
-        got["read_final"] = self._interleaved((*growers, "ours_whole"), "b4_read",
-                                              lambda name, rep: {"which": "whole" if name == "ours_whole" else "run"})
+        wholes = tuple(f"{name}_whole" for name in self.ours)
+        for name in self.ours:
+            self.workers[name].call("b4_whole")
+        got["read_final"] = self._interleaved((*growers, *wholes), "b4_read",
+                                              lambda name, rep: {"which": "whole" if name in wholes else "run"})
         fork = lambda name, rep: {"child": f"b4-fork-{rep + 1}"}      # noqa: E731
-        got["fork"] = self._interleaved(("ours", "langgraph"), "b4_fork", fork)   # DBOS's after, as in B2
+        got["fork"] = self._interleaved((*self.ours, "langgraph"), "b4_fork", fork)   # DBOS's after, as in B2
         got["fork"].pop("results")
         dbos = self._interleaved(("dbos",), "b4_fork", fork)
         statuses = {r.get("status") for r in dbos.pop("results")} - {None}
         got["fork"].update(dbos)
-        got.update(steps=n, early=early, bytes_added_per_step=added, dbos_fork_statuses=sorted(statuses))
+        got.update(steps=n, early=early, bytes_added_per_step=added, dbos_fork_statuses=sorted(statuses),
+                   systems=list(growers))
         for phase in ("read_early", "read_final"):
             got[phase].pop("results")
         self.once["b4"] = got
         disk = {name: got[name]["disk_bytes"] / n / added for name in growers}
         say("B4: disk per step / bytes added " + ", ".join(f"{k} {v:.2f}" for k, v in disk.items())
             + "; read at step " + f"{n}: " + "/".join(f"{statistics.median(got['read_final'][k]):.2f}"
-                                                      for k in (*growers, "ours_whole"))
-            + f" ms (ours/LangGraph/DBOS/ours whole); fork at {n // 2}: "
+                                                      for k in (*growers, *wholes))
+            + f" ms ({'/'.join((*growers, *wholes))}); fork at {n // 2}: "
             + "/".join(f"{statistics.median(got['fork'][k]):.2f}" for k in growers) + " ms")
 
     def _interleaved(self, names: tuple, op: str, args) -> dict:
-        """`op` on each named worker ("ours_whole" is ours), b4_samples + 1 rounds in an order that
-        rotates; {name: [ms of each kept round]} and under "results" every reply."""
+        """`op` on each named worker ("ours_whole" is ours, "baseline_whole" the baseline), b4_samples + 1
+        rounds in an order that rotates; {name: [ms of each kept round]} and under "results" every reply."""
         samples: dict = {name: [] for name in names}
         samples["results"] = []
         for rep in range(-1, self.plan.b4_samples):
             order = names[rep % len(names):] + names[:rep % len(names)]
             for name in order:
-                worker = self.workers["ours" if name.startswith("ours") else name]
+                worker = self.workers[name.removesuffix("_whole")]
                 result = worker.call(op, **args(name, rep))
                 samples["results"].append(result)
                 if rep >= 0:
@@ -1801,7 +1968,7 @@ def b5_load(data_dir: Path, start: int, stop: int) -> float:
     conn = actae.connect_sync(actae.Location(data_dir))
     try:
         for lo in range(start, stop, B5_BATCH):
-            ((result, events),) = actae.run_jobs(conn, [actae._Job(batch, (lo, min(stop, lo + B5_BATCH)), None)])
+            ((result, events),) = actae.run_jobs(conn, [actae.Job(batch, (lo, min(stop, lo + B5_BATCH)), None)])
             if events is None:
                 raise result
         conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()    # timings then read the database file
@@ -1912,36 +2079,39 @@ def b5_table(b5: dict) -> str:
 # =============================================================================
 
 LIMIT_COLUMNS = ("floor", "bare", "raw")
-COLUMNS = (*SYSTEMS, *LIMIT_COLUMNS)
+COLUMNS = (*SYSTEMS, "baseline", *LIMIT_COLUMNS)
+INPUT_FIGURES = ("bytes_in_per_step", "b4_bytes_added_per_step")   # what every system is handed: no better
 
 
 def per_round(got: dict, plan: Plan) -> dict:
     """The figures of one round: {figure: {column: value}}."""
     b1a, b1b, get = got["b1a"], got["b1b"], got["get"]
-    ours_a, ours_b = b1a["ours"], b1b["ours"]
-    sdk_ms_per_step = ours_a["cpu_seconds"] * 1000 / ours_a["steps"]
-    floor_ms = sdk_ms_per_step + 2 * got["raw"]["latency_ms"]
+    ours_a = b1a["ours"]
+    floor_ms = ours_a["cpu_seconds"] * 1000 / ours_a["steps"] + 2 * got["raw"]["latency_ms"]
     figures = {
         "b1a_steps_per_s": {**{n: r["steps"] / r["seconds"] for n, r in b1a.items()}, "floor": 1000 / floor_ms},
         "b1a_floor_ms_per_step": {"floor": floor_ms},
-        "sdk_cpu_ms_per_request": {"ours": ours_a["cpu_seconds"] * 1000 / ours_a["requests"]},
-        "sdk_cpu_ms_per_step": {"ours": sdk_ms_per_step},
         "b1b_steps_per_s": {n: r["steps"] / r["seconds"] for n, r in b1b.items()},
-        "b1b_write_requests_per_s": {"ours": ours_b["writes"] / ours_b["seconds"]},
-        "server_cpu_ms_per_write": {"ours": ours_b["server_cpu"] * 1000 / ours_b["writes"]},
-        "server_cpu_ms_per_write_b1a": {"ours": ours_a["server_cpu"] * 1000 / ours_a["writes"]},
         "cpu_ms_per_step_b1b": {n: (r["cpu_seconds"] + r.get("server_cpu", 0)) * 1000 / r["steps"]
                                 for n, r in b1b.items()},
-        "peak_rss_mb": {"ours": ours_b["peak_rss_mb"]},
-        "get_requests_per_s": {"ours": get["ours"]["requests"] / get["ours"]["seconds"],
-                               "bare": get["bare"]["requests"] / get["bare"]["seconds"]},
-        "get_cpu_ms_per_request": {"ours": get["ours"]["server_cpu"] * 1000 / get["ours"]["sent"],
-                                   "bare": get["bare"]["server_cpu"] * 1000 / get["bare"]["sent"]},
+        "get_requests_per_s": {n: r["requests"] / r["seconds"] for n, r in get.items()},
+        "get_cpu_ms_per_request": {n: r["server_cpu"] * 1000 / r["sent"] for n, r in get.items()},
         "sqlite_commits_per_s": {"raw": got["raw"]["commits_per_s"]},
         "commit_latency_ms": {"raw": got["raw"]["latency_ms"]},
     }
-    for inflight, r in got["b3"].items():
-        figures[f"b3_pairs_per_s_{inflight}"] = {"ours": r["steps"] / r["seconds"]}
+    for name in (n for n in OURS if n in b1a):      # ours, and the baseline when measured
+        a, b = b1a[name], b1b[name]
+        own = {
+            "sdk_cpu_ms_per_request": a["cpu_seconds"] * 1000 / a["requests"],
+            "sdk_cpu_ms_per_step": a["cpu_seconds"] * 1000 / a["steps"],
+            "b1b_write_requests_per_s": b["writes"] / b["seconds"],
+            "server_cpu_ms_per_write": b["server_cpu"] * 1000 / b["writes"],
+            "server_cpu_ms_per_write_b1a": a["server_cpu"] * 1000 / a["writes"],
+            "peak_rss_mb": b["peak_rss_mb"],
+            **{f"b3_pairs_per_s_{k}": r["steps"] / r["seconds"] for k, r in got["b3"][name].items()},
+        }
+        for figure, value in own.items():
+            figures.setdefault(figure, {})[name] = value
     return figures
 
 
@@ -2000,42 +2170,47 @@ def summarise(bench: Bench) -> dict:
             for column, value in columns.items():
                 samples.setdefault(name, {}).setdefault(column, []).append(value)
     for which, size in zip(("small", "mid", "large"), plan.sizes):
-        samples[f"b2_fork_ms_{which}"] = {n: bench.once["b2"][f"{n}:{size}"] for n in ("ours", "langgraph", "dbos")}
-        samples[f"b2_session_fork_ms_{which}"] = {"ours": bench.once["b2"][f"ours_session:{size}"]}
+        samples[f"b2_fork_ms_{which}"] = {n: bench.once["b2"][f"{n}:{size}"] for n in (*bench.ours, "langgraph", "dbos")}
+        samples[f"b2_session_fork_ms_{which}"] = {n: bench.once["b2"][f"{n}_session:{size}"] for n in bench.ours}
     disk = bench.once["disk"]
     samples["bytes_in_per_step"] = {n: [d["bytes_in"] / d["steps"]] for n, d in disk.items()}
     samples["disk_bytes_per_step"] = {n: [d["bytes"] / d["steps"]] for n, d in disk.items()}
     samples["disk_per_step_over_bytes_in"] = {n: [d["bytes"] / d["bytes_in"]] for n, d in disk.items()}
     latency = statistics.median(got["raw"]["latency_ms"] for got in bench.rounds)
-    cpu = [ms for size in plan.sizes for ms in bench.once["b2_sdk_cpu_ms"][str(size)]]
-    samples["b2_sdk_cpu_ms_per_fork"] = {"ours": cpu}
-    samples["b2_floor_ms"] = {"floor": [ms + latency for ms in cpu]}
+    cpu = {n: [ms for size in plan.sizes for ms in bench.once["b2_sdk_cpu_ms"][n][str(size)]] for n in bench.ours}
+    samples["b2_sdk_cpu_ms_per_fork"] = cpu
+    samples["b2_floor_ms"] = {"floor": [ms + latency for ms in cpu["ours"]]}
     samples.update(b4_figures(bench.once["b4"]))
     figures = {}
     for name, (label, unit) in labels(plan).items():
         columns = samples[name]
         figures[name] = {"label": label, "unit": unit,
                          "values": {c: statistics.median(columns[c]) for c in COLUMNS if c in columns},
-                         "samples": {c: columns[c] for c in COLUMNS if c in columns}}
+                         "samples": {c: columns[c] for c in COLUMNS if c in columns},
+                         "higher_is_better": None if name in INPUT_FIGURES else unit.endswith("/s")}
     return figures
 
 
 def b4_figures(b4: dict) -> dict:
     """B4's samples: {figure: {column: [values]}} (one value each for the run and the disk)."""
-    n, added = b4["steps"], b4["bytes_added_per_step"]
-    runs = {name: b4[name]["start"]["seconds"] + b4[name]["finish"]["seconds"] for name in B4_SYSTEMS}
-    writes = b4["ours"]["start"]["writes"] + b4["ours"]["finish"]["writes"]
-    server_cpu = b4["ours"]["start"]["server_cpu"] + b4["ours"]["finish"]["server_cpu"]
+    n, added, systems = b4["steps"], b4["bytes_added_per_step"], b4["systems"]
+    ours = [name for name in OURS if name in systems]
+    runs = {name: b4[name]["start"]["seconds"] + b4[name]["finish"]["seconds"] for name in systems}
+
+    def server_cpu_per_write(name: str) -> float:
+        start, finish = b4[name]["start"], b4[name]["finish"]
+        return (start["server_cpu"] + finish["server_cpu"]) * 1000 / (start["writes"] + finish["writes"])
+
     return {
         "b4_steps_per_s": {name: [n / seconds] for name, seconds in runs.items()},
-        "b4_server_cpu_ms_per_write": {"ours": [server_cpu * 1000 / writes]},
-        "b4_bytes_added_per_step": {name: [added] for name in B4_SYSTEMS},
-        "b4_disk_bytes_per_step": {name: [b4[name]["disk_bytes"] / n] for name in B4_SYSTEMS},
-        "b4_disk_over_added": {name: [b4[name]["disk_bytes"] / n / added] for name in B4_SYSTEMS},
-        "b4_read_ms_early": {name: b4["read_early"][name] for name in B4_SYSTEMS},
-        "b4_read_ms_final": {name: b4["read_final"][name] for name in B4_SYSTEMS},
-        "b4_read_whole_ms": {"ours": b4["read_final"]["ours_whole"]},
-        "b4_fork_ms": {name: b4["fork"][name] for name in B4_SYSTEMS},
+        "b4_server_cpu_ms_per_write": {name: [server_cpu_per_write(name)] for name in ours},
+        "b4_bytes_added_per_step": {name: [added] for name in systems},
+        "b4_disk_bytes_per_step": {name: [b4[name]["disk_bytes"] / n] for name in systems},
+        "b4_disk_over_added": {name: [b4[name]["disk_bytes"] / n / added] for name in systems},
+        "b4_read_ms_early": {name: b4["read_early"][name] for name in systems},
+        "b4_read_ms_final": {name: b4["read_final"][name] for name in systems},
+        "b4_read_whole_ms": {name: b4["read_final"][f"{name}_whole"] for name in ours},
+        "b4_fork_ms": {name: b4["fork"][name] for name in systems},
     }
 
 
@@ -2219,6 +2394,66 @@ def postgres_checks(postgresql: Optional[dict]) -> tuple[list[tuple], dict]:
             {"b1b_pg_over_sqlite": None if one else why, "b1b_pg3_over_pg1": None if three else why})
 
 
+# A ratio without a target is better higher or lower as its meaning says; one with a target as its op.
+CONTEXT_HIGHER_IS_BETTER = {"b1b_pg3_over_pg1": True, "b1a_over_langgraph": True, "server_cpu_write_over_bare": False}
+
+
+def quotient(ours: Optional[float], baseline: Optional[float]) -> Optional[float]:
+    return ours / baseline if ours is not None and baseline else None
+
+
+def as_ours(figures: dict, name: str) -> dict:
+    """The figures with `name`'s values (the baseline's) in ours's place, so that `ratios` computes
+    the baseline's targets the way it computes ours; a figure only ours has keeps ours's (the floors:
+    the same SDK's CPU)."""
+    return {key: {**f, "values": {**f["values"], "ours": f["values"][name]}} if name in f["values"] else f
+            for key, f in figures.items()}
+
+
+def compare_baseline(baseline: Optional[Baseline], why: str, figures: dict, checks: dict, plan: Plan) -> dict:
+    """The report's baseline section: which commit it was (or why there was none), and for every
+    figure and target ratio measured on both, ours, the baseline's, ours ÷ baseline and whether
+    higher is better (None for what every system is handed alike)."""
+    if baseline is None:
+        return {"skipped": why, "ref": None, "commit": None, "short": None, "source": None, "figures": {},
+                "ratios": {}}
+    theirs = ratios(as_ours(figures, "baseline"), plan)
+    compared = {}
+    for name, f in figures.items():
+        if "baseline" in f["values"]:
+            ours, base = f["values"]["ours"], f["values"]["baseline"]
+            compared[name] = {"ours": ours, "baseline": base, "ours_over_baseline": quotient(ours, base),
+                              "higher_is_better": f["higher_is_better"]}
+    targets = {}
+    for name, check in checks.items():
+        base = theirs[name]["value"] if name in theirs else None
+        better = CONTEXT_HIGHER_IS_BETTER.get(name) if check["op"] is None else check["op"] == ">="
+        targets[name] = {"ours": check["value"], "baseline": base, "ours_over_baseline": quotient(check["value"], base),
+                         "higher_is_better": better,
+                         "baseline_pass": theirs[name]["pass"] if name in theirs else None}
+    return {"skipped": None, "ref": baseline.ref, "commit": baseline.commit, "short": baseline.short,
+            "source": baseline.source, "figures": compared, "ratios": targets,
+            "not_measured": NOT_BASELINED}
+
+
+NOT_BASELINED = ("not measured on the baseline: B1b with export and on PostgreSQL (each starts fresh servers"
+                 " per measurement, as many again for the baseline), B5 (loaded through actae's Python API,"
+                 " which another commit need not share)")
+
+
+def baseline_heads(baseline: dict) -> list[str]:
+    """The columns a table gains for the baseline: its figure, ours ÷ it, and which way is better."""
+    return [f"baseline {baseline['short']}", "÷ baseline", "higher is better?"] if baseline["short"] else []
+
+
+def baseline_cells(compared: Optional[dict]) -> list[str]:
+    if compared is None or compared["ours_over_baseline"] is None:
+        return [number(compared and compared["baseline"]), "-", "-"]
+    better = compared["higher_is_better"]
+    return [number(compared["baseline"]), number(compared["ours_over_baseline"]),
+            "-" if better is None else "yes" if better else "no"]
+
+
 def number(value: Optional[float]) -> str:
     if value is None:
         return "-"
@@ -2229,22 +2464,30 @@ def number(value: Optional[float]) -> str:
     return f"{value:.2f}"
 
 
-def table(figures: dict, checks: dict, postgresql: dict, export: Optional[dict] = None) -> str:
-    heads = ["figure", "unit", "ours", "LangGraph", "DBOS", "DBOS (WAL)", "bare / raw / floor"]
+def table(figures: dict, checks: dict, postgresql: dict, export: Optional[dict] = None,
+          baseline: Optional[dict] = None) -> str:
+    """Every table: the figures (with the baseline's beside ours), PostgreSQL, export, the targets."""
+    baseline = baseline or {"short": None, "figures": {}, "ratios": {}}
+    extra = baseline_heads(baseline)
+    heads = ["figure", "unit", "ours", *extra, "LangGraph", "DBOS", "DBOS (WAL)", "bare / raw / floor"]
     rows = []
-    for f in figures.values():
+    for name, f in figures.items():
         values = f["values"]
         limit = next((f"{c} {number(values[c])}" for c in LIMIT_COLUMNS if c in values), "-")
-        rows.append([f["label"], f["unit"], *(number(values.get(s)) for s in SYSTEMS), limit])
+        ours = [number(values.get("ours")), *(baseline_cells(baseline["figures"].get(name)) if extra else [])]
+        rows.append([f["label"], f["unit"], *ours, *(number(values.get(s)) for s in SYSTEMS[1:]), limit])
     lines = [markdown(heads, rows), "", *pg_table(postgresql), "", raw_line(figures)]
     if export:
         b1b = export["export_b1b_steps_per_s"]["values"]
         lines += [export_table(export), f"  collector ok / export off: {b1b['ok'] / b1b['off']:.2f} (no target)", ""]
-    lines.append(markdown(["target", "value", "target", "result"],
+    lines.append(markdown(["target", "value", *extra, "target", "result"],
                           [[c["label"], c.get("skipped") or number(c["value"]),
+                            *(baseline_cells(baseline["ratios"].get(name)) if extra else []),
                             "(none)" if c["op"] is None else f"{c['op']} {c['target']:g}",
                             "-" if c["pass"] is None else "PASS" if c["pass"] else "FAIL"]
-                           for c in checks.values()]))
+                           for name, c in checks.items()]))
+    if extra:
+        lines.append(f"÷ baseline: ours / baseline {baseline['short']}; {baseline['not_measured']}.")
     return "\n".join(lines)
 
 
@@ -2301,6 +2544,12 @@ def markdown(heads: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(heads), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
 
 
+def connection_errors(bench: Bench, name: str) -> int:
+    """The connection errors the SDK of `name` (ours or the baseline) saw in B1a, B1b and B3."""
+    return (sum(got[phase][name].get("connection_errors", 0) for got in bench.rounds for phase in ("b1a", "b1b"))
+            + sum(r.get("connection_errors", 0) for got in bench.rounds for r in got["b3"][name].values()))
+
+
 def meta(bench: Bench, quick: bool, seconds: float) -> dict:
     cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                       if line.startswith("model name")), platform.processor())
@@ -2314,13 +2563,68 @@ def meta(bench: Bench, quick: bool, seconds: float) -> dict:
         "actae_commit": commit + ("+changes" if dirty else ""), "quick": quick, "seconds": round(seconds, 1),
         "plan": asdict(bench.plan), "workers": {name: w.info for name, w in bench.workers.items()},
         "rss_reset_worked": all(r.get("rss_reset") for r in bench.rounds),
-        "ours_connection_errors": sum(r.get("connection_errors", 0) for got in bench.rounds
-                                      for phase in ("b1a", "b1b") for r in [got[phase]["ours"]])
-                                  + sum(r.get("connection_errors", 0) for got in bench.rounds for r in got["b3"].values()),
+        "ours_connection_errors": connection_errors(bench, "ours"),
+        "baseline_connection_errors": connection_errors(bench, "baseline") if bench.baseline else None,
+        "baseline_commit": bench.baseline.commit if bench.baseline else None,
         "dbos_fork_statuses": bench.once.get("dbos_fork_statuses"),
         "b4_dbos_fork_statuses": bench.once["b4"]["dbos_fork_statuses"],
         "disk": bench.once["disk"], "folder_device": os.stat(bench.folder).st_dev,
     }
+
+
+def spaced(text: str) -> str:
+    """`text` with a blank line wherever a table starts or ends right against other text, so that
+    markdown renders each table as one."""
+    out: list[str] = []
+    for line in text.splitlines():
+        if out and out[-1].strip() and out[-1].startswith("|") != line.startswith("|"):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
+
+
+def docs_section(report: dict, tables: str) -> str:
+    """What goes between the markers: when, where, which commits, the raw commit rate, every table."""
+    m, base, f = report["meta"], report["baseline"], report["figures"]
+    baseline = (f"baseline `{base['short']}` ({base['commit']}, {base['source']})" if base["short"]
+                else f"no baseline ({base['skipped']})")
+    return "\n".join([
+        f"Run of {m['date']} on {m['machine']} ({m['cpu']}), Python {m['python']}, SQLite {m['sqlite']}:"
+        f" {'quick' if m['quick'] else 'full'} run in {m['seconds']:.0f} s, medians of {m['plan']['rounds']} rounds.",
+        "",
+        f"Ours: actae `{m['actae_commit']}`; {baseline}.",
+        "",
+        f"This machine's raw SQLite commit rate (WAL, synchronous=FULL, one 2 KB row a commit, same disk):"
+        f" {number(f['sqlite_commits_per_s']['values']['raw'])} commits/s,"
+        f" median commit {number(f['commit_latency_ms']['values']['raw'])} ms.",
+        "",
+        spaced(tables),
+    ])
+
+
+def write_docs(path: Path, section: str) -> None:
+    """Put `section` between the markers of `path`, leaving every other byte as it was (someone
+    else may be writing the rest of the file); a file without the markers gets them at its end, a
+    missing one is created with a title. Written whole and renamed into place."""
+    block = f"{DOCS_START}\n{section}\n{DOCS_END}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        text = None
+    start = -1 if text is None else text.find(DOCS_START)
+    end = -1 if start < 0 else text.find(DOCS_END, start)
+    if text is None:
+        text = ("# Benchmarks\n\nThe tables of `python examples/bench.py`, written by the bench itself"
+                " (`--docs`): edit outside the markers, the next run replaces what is between them.\n\n"
+                f"{block}\n")
+    elif end >= 0:
+        text = text[:start] + block + text[end + len(DOCS_END):]
+    else:
+        text = text.rstrip("\n") + ("\n\n" if text.strip() else "") + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text, encoding="utf-8")
+    os.replace(temporary, path)
 
 
 # =============================================================================
@@ -2351,11 +2655,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dir", type=Path, help="put the temporary folder (every database) here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
     parser.add_argument("--b5", action="store_true", help="run only B5 (many runs; needs no peers)")
+    parser.add_argument("--baseline", nargs="?", const=BASELINE_AUTO, default=BASELINE_AUTO, metavar="REF",
+                        help="also measure our server as of REF (a git worktree of it) in the same rounds, and"
+                             " show ours / baseline; default, and with no REF: the newest tag, else the newest"
+                             " commit before HEAD that changed actae.py; 'none' turns it off")
+    parser.add_argument("--docs", type=Path, metavar="PATH",
+                        help=f"write the tables between the bench markers of PATH (default for a full run:"
+                             f" {DEFAULT_DOCS.relative_to(ROOT)}; a --quick run writes none unless given)")
     parser.add_argument("--postgres", metavar="URL",
                         help="also measure B1b on PostgreSQL: a maintenance-database URL whose user may"
                              " CREATE DATABASE (default $ACTAE_BENCH_DATABASE_URL, else $ACTAE_TEST_DATABASE_URL)")
     # The same file runs the measured systems and the bare endpoint as child processes.
-    parser.add_argument("--worker", choices=SYSTEMS, help=argparse.SUPPRESS)
+    parser.add_argument("--worker", choices=(*SYSTEMS, "baseline"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     parser.add_argument("--key", help=argparse.SUPPRESS)
     parser.add_argument("--bare-server", action="store_true", help=argparse.SUPPRESS)
@@ -2367,7 +2678,8 @@ def run_bench(args: argparse.Namespace, plan: Plan, postgres: Optional[Postgres]
     if args.dir:
         args.dir.mkdir(parents=True, exist_ok=True)
     folder = Path(tempfile.mkdtemp(prefix="actae-bench-", dir=args.dir))
-    bench = Bench(plan, folder, postgres)
+    baseline, why = prepare_baseline(args.baseline, folder)
+    bench = Bench(plan, folder, postgres, baseline)
     try:
         bench.start()
         for number in range(1, plan.rounds + 1):
@@ -2382,7 +2694,8 @@ def run_bench(args: argparse.Namespace, plan: Plan, postgres: Optional[Postgres]
         export = summarise_export(bench)
         checks = ratios(figures, plan, postgresql, export)
         return {"meta": meta(bench, args.quick, time.monotonic() - STARTED), "figures": figures,
-                "ratios": checks, "postgresql": postgresql, "export": export, "probes": bench.once["probe"],
+                "ratios": checks, "baseline": compare_baseline(baseline, why, figures, checks, plan),
+                "postgresql": postgresql, "export": export, "probes": bench.once["probe"],
                 "b4": bench.once["b4"], "b5": b5, "rounds": bench.rounds}
     except BaseException:
         if getattr(bench, "server", None) is not None:
@@ -2390,8 +2703,22 @@ def run_bench(args: argparse.Namespace, plan: Plan, postgres: Optional[Postgres]
         raise
     finally:
         bench.stop()
+        if baseline is not None and baseline.worktree is not None:
+            remove_worktree(baseline.worktree)
         if not args.keep:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def prepare_baseline(asked: str, folder: Path) -> tuple[Optional[Baseline], str]:
+    """The baseline checked out in `folder`, or None and one line saying why the run goes without."""
+    baseline, why = resolve_baseline(asked)
+    if baseline is not None and (failed := add_worktree(baseline, folder)):
+        baseline, why = None, f"git worktree add of {baseline.short} failed: {failed}"
+    if baseline is None:
+        print(f"bench: no baseline row: {why}; measuring ours and the peers only", file=sys.stderr, flush=True)
+    else:
+        say(f"baseline: {baseline.describe()}, a worktree at {baseline.worktree}")
+    return baseline, why
 
 
 def b5_only(args: argparse.Namespace) -> int:
@@ -2448,16 +2775,21 @@ def main(argv: Optional[list] = None) -> int:
             postgres.close()
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
-    figures, checks = report["figures"], report["ratios"]
+    figures, checks, base = report["figures"], report["ratios"], report["baseline"]
     m = report["meta"]
     print(f"{m['machine']} ({m['cpu']}), {m['date']}, actae {m['actae_commit']}, "
-          f"{'quick' if args.quick else 'full'} run in {m['seconds']:.0f} s, medians of {plan.rounds} rounds\n")
-    print(table(figures, checks, report["postgresql"], report["export"]))
+          + (f"baseline {base['short']} ({base['source']}), " if base["short"] else f"no baseline ({base['skipped']}), ")
+          + f"{'quick' if args.quick else 'full'} run in {m['seconds']:.0f} s, medians of {plan.rounds} rounds\n")
+    tables = table(figures, checks, report["postgresql"], report["export"], base) + f"\n\n{b5_table(report['b5'])}"
+    print(tables)
     probe = report["probes"]
-    print(f"\n{b5_table(report['b5'])}")
     print(f"\nprobe: the same ledger key with other params: ours {probe['ours']['mismatch']}")
     print(f"probe: the same DBOS workflow id with another input: {probe['dbos']['behaviour']}")
     print(f"\nreport: {args.json}")
+    docs = args.docs or (None if args.quick else DEFAULT_DOCS)
+    if docs is not None:
+        write_docs(docs, docs_section(report, tables))
+        print(f"tables: {docs}")
     return 0
 
 

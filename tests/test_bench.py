@@ -12,6 +12,11 @@ B1b on PostgreSQL (one server, three servers on one database): the bench takes i
 ACTAE_TEST_DATABASE_URL when nothing else names one, so on the PostgreSQL pass every one of those
 figures and both ratios must be there, with fsync and synchronous_commit reported. On the SQLite
 pass they may be skipped, and then they must say so: null values and the reason.
+
+The baseline row: by default every run also measures our server as of the newest tag, else the
+newest commit before HEAD that changed actae.py, from a git worktree; every figure ours has (but
+the floors) must then have the baseline's value beside it, ours ÷ baseline and which way is better,
+in the table and in the report, and the worktree must be gone afterwards.
 """
 from __future__ import annotations
 
@@ -94,6 +99,18 @@ PG_FIGURES = {       # figure -> whether it needs PostgreSQL's own CPU (read fro
 }
 PG_RATIOS = {"b1b_pg_over_sqlite": (">=", 0.7), "b1b_pg3_over_pg1": (None, None)}
 SKIPPED = "skipped: no PostgreSQL (pass --postgres URL)"
+# Figures of ours the baseline does not get (the SDK's floors), and ratios not measured on it.
+NOT_BASELINED = {"b1a_floor_ms_per_step", "b2_floor_ms"}
+RATIOS_NOT_BASELINED = {*PG_RATIOS, "b1b_export_503_over_off", "b1b_export_down_over_off"}
+
+
+def git(*argv: str) -> str:
+    return subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+
+
+def expected_columns(name: str) -> set:
+    """The columns of a figure: those FIGURES names, and the baseline's wherever ours is."""
+    return FIGURES[name] | ({"baseline"} if "ours" in FIGURES[name] else set())
 
 
 def missing_peers() -> list[str]:
@@ -146,7 +163,7 @@ def test_every_figure_is_reported_for_each_system(quick_run, name):
     figure = report["figures"].get(name)
     assert figure, f"figure {name} missing; reported: {sorted(report['figures'])}"
     assert figure["label"] and figure["unit"]
-    assert set(figure["values"]) == FIGURES[name], figure["values"]
+    assert set(figure["values"]) == expected_columns(name), figure["values"]
     for column, value in figure["values"].items():
         assert positive(value), (name, column, value)
         assert figure["samples"][column] and all(positive(v) for v in figure["samples"][column]), (name, column)
@@ -272,19 +289,77 @@ def test_postgresql_ratios_and_durability_settings(quick_run):
     rounds = report["rounds"]
     assert all(set(got["b1b_pg"]) == set(PG) for got in rounds), [sorted(got["b1b_pg"]) for got in rounds]
     spread = [got["b1b_pg"]["pg3"]["write_jobs_each"] for got in rounds]
-    assert all(len(jobs) == 3 and all(n > 0 for n in jobs) for jobs in spread), \
-        f"each of the three servers must have written some of the runs: {spread}"
+    assert all(len(jobs) == 3 and all(n > 0 for n in jobs) for jobs in spread), (
+        f"each of the three servers must have written some of the runs: {spread}")
 
 
 def test_the_table_prints_every_figure_and_target(quick_run):
     report, stdout = finished(quick_run)
     for figure in [*report["figures"].values(), *report["postgresql"]["figures"].values()]:
         assert figure["label"] in stdout, figure["label"]
-    verdicts = {line.split("|")[1].strip(): line.rstrip(" |").split("|")[-1].strip()
-                for line in stdout.splitlines() if line.startswith("|") and line.count("|") == 5}
+    verdicts = {cells[0]: cells[-1] for cells in table_rows(stdout, "target")}
     for check in report["ratios"].values():
         expected = "-" if check["pass"] is None else "PASS" if check["pass"] else "FAIL"
         assert verdicts.get(check["label"]) == expected, check["label"]
+
+
+def table_rows(stdout: str, first_head: str) -> list[list[str]]:
+    """The cells of every row of the printed tables whose first column is headed `first_head`."""
+    rows, inside = [], False
+    for line in stdout.splitlines():
+        if not line.startswith("|"):
+            inside = False
+            continue
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        if cells[0] == first_head:
+            inside, heads = True, cells
+        elif inside and not set(line) <= set("|-"):
+            rows.append(dict(zip(heads, cells)) if first_head == "figure" else cells)
+    return rows
+
+
+def test_the_baseline_row_is_our_server_at_the_default_ref(quick_run):
+    """The default baseline, measured like ours: its figures, ours ÷ baseline and which way is
+    better, in the report and in a "÷ baseline" column; its worktree removed at the end."""
+    report, stdout = finished(quick_run)
+    base = report["baseline"]
+    expected = git("describe", "--tags", "--abbrev=0") or git("log", "-1", "--format=%H", "HEAD~1", "--", "actae.py")
+    assert expected, "this checkout has neither a tag nor a commit before HEAD that changed actae.py"
+    assert base["skipped"] is None and base["commit"] == git("rev-parse", f"{expected}^{{commit}}"), base
+    assert report["meta"]["baseline_commit"] == base["commit"] and base["short"]
+    assert all("baseline" in got["order"] and "baseline" in got["b1b_order"] for got in report["rounds"])
+    for name, figure in report["figures"].items():
+        if "ours" not in figure["values"] or name in NOT_BASELINED:
+            assert name not in base["figures"], name
+            continue
+        compared = base["figures"][name]
+        ours, theirs = figure["values"]["ours"], figure["values"]["baseline"]
+        assert (compared["ours"], compared["baseline"]) == (ours, theirs), (name, compared)
+        assert compared["ours_over_baseline"] == pytest.approx(ours / theirs), (name, compared)
+        better = None if name in ("bytes_in_per_step", "b4_bytes_added_per_step") else figure["unit"].endswith("/s")
+        assert compared["higher_is_better"] is better is figure["higher_is_better"], (name, compared)
+    for name, check in report["ratios"].items():
+        compared = base["ratios"][name]
+        if name in RATIOS_NOT_BASELINED:
+            assert compared["baseline"] is None and compared["ours_over_baseline"] is None, (name, compared)
+            continue
+        assert positive(compared["baseline"]), (name, compared)
+        assert compared["ours_over_baseline"] == pytest.approx(check["value"] / compared["baseline"]), name
+    head = f"baseline {base['short']}"
+    rows = {row["figure"]: row for row in table_rows(stdout, "figure") if head in row}
+    for name, compared in base["figures"].items():
+        row = rows[report["figures"][name]["label"]]
+        assert row["÷ baseline"] == number(compared["ours_over_baseline"]), (name, row)
+        assert row["higher is better?"] == {True: "yes", False: "no", None: "-"}[compared["higher_is_better"]]
+    worktrees = git("worktree", "list", "--porcelain")
+    assert "actae-bench-" not in worktrees, f"the baseline's worktree was left behind:\n{worktrees}"
+
+
+def number(value) -> str:
+    """The table's number format (bench.number)."""
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
 def test_the_probe_finds_our_ledger_rejects_a_reused_key_and_reports_dbos(quick_run):
