@@ -470,3 +470,73 @@ def test_bad_collector_urls_are_named_at_start(tmp_path):
     assert bad.returncode != 0 and "OTEL_EXPORTER_OTLP_ENDPOINT takes an OTLP/HTTP URL" in bad.stderr
     missing = cli("otel-export", "some-run", "--data-dir", str(tmp_path / "c"), env=without_otel(), check=False)
     assert missing.returncode != 0 and "otel-export needs a collector" in missing.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# A collector that is down: the circuit opens, the log stays quiet, no write is lost
+# --------------------------------------------------------------------------------------------
+
+
+class RefusingExporter:
+    """The SDK's SpanExporter interface, failing every export (a collector that is down)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def export(self, spans):
+        from opentelemetry.sdk.trace.export import SpanExportResult
+        self.calls += 1
+        return SpanExportResult.FAILURE
+
+    def shutdown(self):
+        pass
+
+
+def test_the_circuit_opens_after_failures_in_a_row_and_half_opens_later():
+    import actae
+    now = [1000.0]
+    inner = RefusingExporter()
+    exporter = actae.CountingExporter(inner, None, "http://collector", clock=lambda: now[0])
+    for _ in range(actae.CIRCUIT_FAILURES):
+        exporter.export([object()])
+    assert inner.calls == actae.CIRCUIT_FAILURES and exporter.open
+    exporter.export([object(), object()])                 # open: dropped unsent
+    assert inner.calls == actae.CIRCUIT_FAILURES and exporter.failed == actae.CIRCUIT_FAILURES + 2
+    now[0] += actae.CIRCUIT_OPEN_SECONDS[0] + 0.01          # half-open: one batch tries again
+    assert not exporter.open
+    exporter.export([object()])
+    assert inner.calls == actae.CIRCUIT_FAILURES + 1 and exporter.open
+    now[0] += actae.CIRCUIT_OPEN_SECONDS[0] + 0.01          # the second opening lasts twice as long
+    assert exporter.open
+    now[0] += actae.CIRCUIT_OPEN_SECONDS[0]
+    assert not exporter.open
+
+
+def test_a_dead_collector_under_load_logs_once_and_loses_no_write(tmp_path):
+    import concurrent.futures
+    gone = Collector()
+    url = gone.url
+    gone.stop()                                           # nothing listens there any more
+    with exporting_server(tmp_path, url) as server:
+        channels = [f"load-{uuid.uuid4().hex[:6]}-{i}" for i in range(8)]
+        deadline = time.monotonic() + 12
+
+        def write(channel):
+            written = 0
+            while time.monotonic() < deadline:
+                written += 1
+                status, _, body = http("POST", server.url + "/api/v1/events/record", key=server.key, body={
+                    "channel_id": channel, "event_type": "work", "payload": {"n": written}, "step_number": written})
+                assert status == 200, body
+            return written
+        with concurrent.futures.ThreadPoolExecutor(len(channels)) as pool:
+            written = dict(zip(channels, pool.map(write, channels)))
+        for channel, count in written.items():
+            status, _, latest = http("GET", server.url + f"/api/v1/events/cursor/{channel}", key=server.key)
+            assert status == 200 and latest["latest_cursor"] == count, (channel, latest, count)
+        figures = metric_values(server)
+        assert value(figures, "actae_spans_exported_total") == 0 and value(figures, "actae_spans_dropped_total") > 0
+    about_it = [line for line in server.lines if any(word in line.lower() for word in ("otlp", "opentelemetry",
+                                                                                       "export", "traceback"))]
+    about_it = [line for line in about_it if not line.startswith("Traces:")]
+    assert 1 <= len(about_it) <= 2, about_it
