@@ -11,19 +11,20 @@ It prints the dashboard URL and, on first start, a one-time API key for the SDK:
     from actae_client import ActaeClient, AgentSession
     client = ActaeClient(endpoint="http://127.0.0.1:8002", api_key="sk-...")
 
-The map: the sections below, top to bottom, each under a banner of its own. A name is defined
-before the sections that read it at import time.
+The map: the core first, in layers, then one region per capability, each section under a banner
+of its own. A name is defined before the sections that read it at import time.
 
-Constants and paths — limits, file names, the vocabulary of run, execution and claim states
-Errors — ActaeError and its family; error_response maps each to its HTTP status, once
+Constants and vocabulary — limits, file names; run, execution, claim, ledger and failure states, grades, each once
+Errors — ActaeError and its family; error_response (the request path) maps each to its HTTP answer, once
 Small helpers — time, ids, canonical JSON, the event chain's hash
+Hooks — the lists a region appends itself to (schema parts, event hooks, routes, pages, installers, commands)
 Request records — every body, query string, path and frame (the dashboard's too), decoded once
 Response records — every API answer, declared once; /openapi.json documents them
-Schema and migrations — the schema list of each backend (SQLite, PostgreSQL), append-only
+Schema and migrations — one template per table, rendered for each backend (SQLite, PostgreSQL), append-only
 Storage — the connection interface, one Dialect per backend, SQLite's and PostgreSQL's connections
 Database — the one writer path (group commit), the engines, the Backend chosen in backend_for
 Store — the queries more than one place needs, one named function each
-Domain: channels, events, state — append_event (cursor and chain), snapshots, metadata, steps
+Domain: channels, events, state — append_event (cursor, chain, EVENT_HOOKS), snapshots, metadata, steps
 Domain: forks — copy-on-write forks, receipts, the fork tree
 Domain: diff, compare, trail, outcome, promote, delete, experiments
 Domain: the execution ledger and fork tool policies — claims, leases, replay, block
@@ -31,25 +32,33 @@ Domain: scheduled wake-ups — stored wake-ups and the write that fires them
 Scheduler — the task that fires due wake-ups, across restarts
 Domain: consumer groups — at-least-once workers on one channel
 Domain: execution groups — fenced member leases, durable messages, group forks
-Domain: the approvals inbox — the index of approval events append_event keeps, listing, deciding
-Domain: bulk fork from failure — select by status, fork each run after its own last good step
-Domain: retention — prune whole runs that nothing needs, return the space, the daily prune
-Domain: principals, API keys, accounts, login tokens, dashboard sessions
+Domain: principals, API keys, accounts, login tokens, dashboard sessions — in the core: every door asks them
 Authentication — the key ring, token and session checks, same-origin and form tokens
-Fleet: remote instances, organisation tokens — their keys encrypted beside the database, fleet tokens, tickets
-Moving runs — export and import as JSON Lines, over HTTP and from the command line
 HTTP API: handlers — one per route, named after it, returning its response record
-Fleet gateway: the manifest, dispatch — local in process, remote over HTTP; keyset queries; the handlers
-HTTP API: the route table — API_ROUTES, scopes, authorization, the OpenAPI document
+HTTP API: the route table — API_ROUTES and api_routes(), scopes, authorization, the OpenAPI document
 WebSocket — /ws: in-band auth, subscribe with catch-up, publish with ack
-Observability: traces and metrics — Prometheus /metrics; every run as an OpenTelemetry trace, live and backfilled
-Fleet gateway: event streams — the ticketed WebSocket and the NDJSON stream, local or relayed
 Dashboard: data for the pages — reads that build what each page shows
 Dashboard: page handlers — rendering, sign-in, the fork and delete forms, keys
-Dashboard: the Fleet page — each instance's reachability, version, backend and run count
-Connections — uvicorn's HTTP protocol with bounds an unauthenticated client cannot pass; API requests answered from it in one write
-App factory — create_app: the routes, middleware and lifespan
-Command line — main(): serve, key, user, export, import, otel-export, instance, org-token, fork-failed, prune
+Connections — BoundedHttp: each request's head and body bounded, in front of uvicorn's own protocol
+The request path — ActaeApp, a plain ASGI app: Host check, routes, errors, gzip, headers, request notes, once
+App factory — Services and create_app: the route table, the regions' installers, the lifespan
+Command line — main(): serve, key, user, and the regions' subcommands
+
+Many runs: records and schema — region: the approvals inbox, bulk fork, retention; their records and tables
+Many runs: the approvals inbox — the index of approval events (an event hook), listing, deciding
+Many runs: bulk fork from failure — select by status, fork each run after its own last good step
+Many runs: retention — prune whole runs that nothing needs, return the space, the daily prune
+Many runs: handlers, routes, pages and commands — and how the region plugs into the core
+Moving runs: export and import — region: JSON Lines files of a run and its lineage
+Moving runs: routes and commands — over HTTP and from the command line
+Observability: metrics — region: Prometheus /metrics, one registry per app, the stored-data gauges
+Observability: traces — every run as an OpenTelemetry trace, live and backfilled
+Observability: handlers, routes and commands — /metrics, /metrics.json, otel-export, the installer
+Fleet: records and schema — region: the fleet gateway's records, its tables, its queries
+Fleet: remote instances, organisation tokens — keys encrypted beside the database, fleet tokens, tickets
+Fleet: the gateway's manifest, dispatch — local in process, remote over HTTP; keyset queries; the handlers
+Fleet: event streams — the ticketed WebSocket and the NDJSON stream, local or relayed
+Fleet: routes, the Fleet page and commands — instance, org-token, and how the region plugs in
 """
 from __future__ import annotations
 
@@ -82,7 +91,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
-from urllib.parse import parse_qs, unquote as urllib_unquote, urlencode, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 import aiosqlite
 import jinja2
@@ -91,16 +100,9 @@ import msgspec
 import prometheus_client
 import uvicorn
 import httptools
-from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
-from uvicorn.protocols.http.httptools_impl import (HEADER_RE, HEADER_VALUE_RE, STATUS_LINE, HttpToolsProtocol,
-                                                  RequestResponseCycle)
-from starlette.applications import Starlette
-from starlette.exceptions import HTTPException
-from starlette.middleware import Middleware
-from starlette.middleware.gzip import GZipMiddleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
-from starlette.routing import Mount, Route, WebSocketRoute, compile_path
+from starlette.routing import compile_path
 from starlette.staticfiles import StaticFiles
 from msgspec import UNSET, Meta, Struct, UnsetType
 from starlette.websockets import WebSocket
@@ -122,22 +124,43 @@ except ImportError:                    # pragma: no cover - `--database postgres
     psycopg = psycopg_pool = None
 
 
-def _stamped_version() -> Optional[str]:
+# What the tests, the examples and the executable use; every other name is the module's own.
+__all__ = ["ActaeApp", "api_routes", "append_event", "APPROVAL_DECISIONS", "APPROVAL_STATUSES",
+           "backfill_chain", "BLOCKING_EVENT_TYPES", "bulk_fork_candidates", "BulkForkFilter",
+           "canonical_json", "channel_by_id", "CLAIM_OUTCOMES", "configure_sqlite", "Conflict", "connect_sync",
+           "CountingExporter", "create_app", "Database", "DOCUMENT_DEPTH_MAX", "ERROR_EVENT_TYPES",
+           "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "FAILURE_STATES", "FLEET_MANIFEST",
+           "fleet_operation_routes", "GROUP_MESSAGE_STATUSES", "Job", "LEDGER_OUTCOMES", "list_approvals",
+           "Location", "main", "MAX_BODY_BYTES", "MIGRATIONS", "OUTCOMES", "prune_runs", "put_metadata",
+           "PutMetadata", "record_event", "RecordEvent", "REPRODUCIBILITY_GRADES", "Retention", "run_jobs",
+           "runs_page", "serve", "Services", "Settings", "SQLITE", "Tx", "uvicorn_config", "WAKEUP_STATUSES",
+           "__version__"]
+
+
+def bundle_dir() -> Optional[Path]:
+    """Where a PyInstaller executable unpacked its data (`sys._MEIPASS`, which PyInstaller documents
+    for this), or None when running from source."""
+    unpacked = getattr(sys, "_MEIPASS", None)
+    return Path(unpacked) if unpacked else None
+
+
+def stamped_version() -> Optional[str]:
     """The version .github/package.sh stamped into a release build (bundled as VERSION), else None."""
     try:
-        return (Path(sys._MEIPASS) / "VERSION").read_text(encoding="utf-8").strip() or None
-    except (AttributeError, OSError):      # from source (no sys._MEIPASS), or a build nobody stamped
+        return (bundle_dir() / "VERSION").read_text(encoding="utf-8").strip() or None
+    except (TypeError, OSError):           # from source (no bundle), or a build nobody stamped
         return None
 
 
-__version__ = _stamped_version() or "0.1.0"
+__version__ = stamped_version() or "0.1.0"
+
 
 # =============================================================================
-# Constants and paths
+# Constants and vocabulary
 # =============================================================================
 
-# A frozen executable unpacks its data next to sys._MEIPASS; from source, ui/ sits beside us.
-UI_DIR = Path(getattr(sys, "_MEIPASS", Path(__file__).resolve().parent)) / "ui"
+# A frozen executable unpacks its data into its bundle; from source, ui/ sits beside us.
+UI_DIR = (bundle_dir() or Path(__file__).resolve().parent) / "ui"
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8002
 DB_FILE = "actae.db"
@@ -174,11 +197,18 @@ TOOL_POLICIES = ("auto", "replay", "block", "live")
 # The vocabulary of states, one tuple each, for the SQL, the Python checks and the records alike.
 OUTCOMES = ("promoted", "rejected", "inconclusive", "crashed")
 WAKEUP_STATUSES = ("pending", "done", "failed", "cancelled")
+EXECUTION_GROUP_STATUSES = ("active",)                 # the first is a new group's
+GROUP_MESSAGE_STATUSES = ("delivered", "acknowledged")
 # An execution in the ledger: running (claimed; its token holder may complete it), completed (its
 # result is stored; claims replay it), failed, cancelled, interrupted, expired (a claim takes them over).
 EXECUTION_STATES = ("running", "completed", "failed", "cancelled", "interrupted", "expired")
 EXECUTION_RETRYABLE = ("running", "failed", "interrupted", "expired")   # what cancel releases
 CLAIM_OUTCOMES = ("claimed", "reclaimed", "replayed", "in_progress")
+# What the ledger answered a claim, as actae_ledger_claims_total counts it: a claim's outcome, or the
+# 409 for a key reused with other params (mismatch), or a fork's tool policy refusing it (blocked).
+LEDGER_OUTCOMES = (*CLAIM_OUTCOMES, "mismatch", "blocked")
+# A fork's reproducibility, strongest first (see reproducibility_grade).
+REPRODUCIBILITY_GRADES = ("state_exact", "context_exact", "execution_replayable", "best_effort")
 # A run as the dashboard and the lists show it (computed by run_state_sql). "failed" as a filter
 # is every failure, crashes included; "crashed" only those.
 RUN_STATES = ("created", "started", "stepping", "completed", "failed", "crashed", "blocked", "recorded")
@@ -188,16 +218,7 @@ MEMBER_POLICIES = ("fork", "share")    # group fork: a member's channel is forke
 SESSION_FENCE = ("__session_lock__", "agent.session")
 # Keys a fork manifest must name for the strongest reproducibility grade, `context_exact`.
 CONTEXT_EXACT_KEYS = ("model", "environment", "dependencies", "seed")
-# Many runs: the bulk fork, the approvals inbox, retention.
-BULK_FORK_STATUSES = ("failed", "crashed")       # what a bulk fork takes by default: every run that went wrong
-BULK_FORK_MAX = 1000                             # runs one bulk fork may take; a wider filter is refused
-APPROVAL_STATUSES = ("pending", "decided", "expired")
-APPROVAL_DECISIONS = ("approved", "rejected")
-APPROVALS_LIMIT_MAX = 1000
-PRUNE_STATUSES = ("completed", "failed", "any")
-PRUNE_BATCH = 100                                # runs deleted per write transaction
-PRUNE_LISTED_MAX = 1000                          # run ids an answer lists (its counts cover them all)
-RETENTION_INTERVAL_SECONDS = 24 * 3600           # --retain-days prunes at start, then this often
+
 
 log = logging.getLogger("actae")
 
@@ -223,10 +244,13 @@ class Settings:
     retain_days: Optional[float] = None  # prune runs idle this many days, at start and then daily (None: never)
 
 
-# =============================================================================
-# Errors: one exception type, mapped to HTTP in one place (error_response)
-# =============================================================================
+# The run states that went wrong: a status filter's "failed" takes both, and so does a bulk fork.
+FAILURE_STATES = ("failed", "crashed")
 
+
+# =============================================================================
+# Errors: one exception family, mapped to HTTP in one place (error_response)
+# =============================================================================
 
 class ActaeError(Exception):
     """A failure the client should see as `{"status": code, "error": message}` with `status` HTTP."""
@@ -296,17 +320,6 @@ class UnsupportedOperation(ActaeError):
     status, code = 426, "unsupported_operation"
 
 
-class InstanceFailed(ActaeError):
-    """An instance of the fleet gave the gateway no answer: down, too slow, or refusing the gateway's key.
-    502 (504 when it was too slow); in a multi-instance answer, an entry of `errors` instead."""
-
-    status, code = 502, "instance_unavailable"
-
-    def __init__(self, instance_id: str, code: str, message: str, *, status: int = 502, retryable: bool = True):
-        super().__init__(f"instance {instance_id}: {message}", code=code, status=status)
-        self.instance_id, self.retryable = instance_id, retryable
-
-
 def error_body(code: str, message: str) -> bytes:
     """The one error shape every refusal carries, whoever writes it (handler, protocol, Host check)."""
     return msgspec.json.encode({"status": code, "error": message})
@@ -325,7 +338,6 @@ def channel_closed(channel_id: str) -> Conflict:
 # =============================================================================
 # Small helpers: time, ids, canonical JSON
 # =============================================================================
-
 
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
@@ -488,6 +500,56 @@ def valid_channel(value: Any, what: str = "channel_id") -> str:
     if not isinstance(value, str) or not CHANNEL_ID.fullmatch(value):
         raise BadRequest(f"{what} must be 1-256 characters of A-Z a-z 0-9 . _ : -, not . or .. (got {value!r:.80})")
     return value
+
+
+# =============================================================================
+# Hooks: where the regions plug into the core
+# =============================================================================
+# The core names no region. A region (below the command line) plugs itself in by appending to
+# these lists at import time; the core calls whatever is there. Delete a region and its
+# entries are simply absent: the core still runs.
+
+# Schema: the parts each migration number adds, in the order they were registered (the core's first).
+# `schema_step(n, part)` registers one; migrate_sqlite and migrate_postgres run every number in order.
+SCHEMA_PARTS: dict = {}
+# append_event, in the event's own transaction: `hook(tx, event)` for the events of the types named.
+EVENT_HOOKS: dict = {}
+# The HTTP API: each region's list of Api routes, after the core's (the one table: api_routes()).
+ROUTE_LISTS: list = []
+# The dashboard: each region's list of (method, path, handler) pages, after the core's.
+PAGE_LISTS: list = []
+# What is not an Api route nor a page: each region's list of Endpoints (streams, WebSockets).
+ENDPOINT_LISTS: list = []
+# `wrap(route, endpoint) -> endpoint` around every API route's endpoint (the fleet's bearer tokens).
+ENDPOINT_WRAPPERS: list = []
+# Api.auth kinds a region checks itself: `await check(request, route) -> Principal`.
+AUTHENTICATORS: dict = {}
+# `observe(services, route, method, status, seconds)` for every finished request (note_request).
+REQUEST_OBSERVERS: list = []
+# `install(services, options) -> (starts, stops)`: a region's service, built with the app; `options`
+# are create_app's keywords the core does not take (`otlp=`). Starts run once the database is open,
+# stops before it closes.
+APP_INSTALLERS: list = []
+# The command line: `add(commands, common, scoped)` adds a region's subcommands, each with
+# `set_defaults(run=...)`; `flag(parser)` adds a flag of `serve`; `read(args) -> dict` turns them into
+# Settings fields (SETTINGS_READERS) or create_app options (OPTION_READERS).
+COMMAND_ADDERS: list = []
+SERVE_FLAGS: list = []
+SETTINGS_READERS: list = []
+OPTION_READERS: list = []
+# Before `serve` prints its banner: `line(settings, options) -> str | None`, one line each.
+BANNER_LINES: list = []
+
+
+def schema_step(number: int, schema: Optional[Callable] = None, run: Optional[Callable] = None) -> None:
+    """Add to migration `number`: the SQL `schema(words)` renders for a backend, then `run(conn)`."""
+    SCHEMA_PARTS.setdefault(number, []).append((schema, run))
+
+
+def on_events(types: Any, hook: Callable) -> None:
+    """Run `hook(tx, event)` inside append_event's transaction for each event of these types."""
+    for event_type in types:
+        EVENT_HOOKS.setdefault(event_type, []).append(hook)
 
 
 # =============================================================================
@@ -812,69 +874,6 @@ class ForkExecutionGroup(Record, kw_only=True):
         self.tool_policies = self.tool_policies or {}
 
 
-# --- many runs: the bulk fork, the approvals inbox, retention ----------------------------------
-
-RunStatus = Literal[RUN_STATES]
-Days = Annotated[float, Meta(ge=0, le=36500, description="days (fractions allowed)")]
-
-
-class BulkForkFilter(Record, kw_only=True):
-    """Which runs a bulk fork takes; every field narrows the selection (AND)."""
-
-    status: Annotated[list[RunStatus], Meta(min_length=1, max_length=32)] = \
-        msgspec.field(default_factory=lambda: list(BULK_FORK_STATUSES))
-    since: Optional[Timestamp] = None         # last activity at or after
-    until: Optional[Timestamp] = None         # last activity at or before
-    channel_prefix: Optional[Annotated[str, Meta(max_length=256, pattern=r"^[A-Za-z0-9._:-]*\Z")]] = None
-    failure_contains: Optional[Label] = None  # a substring of the failure's message (any case)
-    channel_ids: Optional[Annotated[list[ChannelId], Meta(max_length=BULK_FORK_MAX)]] = None   # only these runs
-
-    def __post_init__(self):
-        check_utc(self.since)
-        check_utc(self.until)
-
-
-class BulkFork(Idempotent, kw_only=True):
-    """POST /forks/bulk and `actae fork-failed`: fork every selected run after its own last good step
-    (or after step `at`), with one intervention, one tool policy and one name pattern."""
-
-    filter: BulkForkFilter = msgspec.field(default_factory=BulkForkFilter)
-    at: Union[Literal["last_good_step"], Positive] = "last_good_step"
-    intervention: Optional[JsonObject] = None
-    tool_policies: Optional[ToolPolicies] = None
-    name: Annotated[str, Meta(min_length=1, max_length=512,
-                              description="the fork's id: {channel_id} is the run's id, {step} the step")] = \
-        "{channel_id}-retry"
-    dry_run: bool = False
-
-    def __post_init__(self):
-        super().__post_init__()
-        self.tool_policies = self.tool_policies or None
-        if "{channel_id}" not in self.name:
-            raise ValueError("name must contain {channel_id}, so that each fork gets a name of its own")
-
-
-class ApprovalsQuery(ClampedLimit, kw_only=True):
-    LIMIT_MAX: ClassVar[int] = APPROVALS_LIMIT_MAX
-    status: Optional[Literal[APPROVAL_STATUSES]] = None     # none: every approval
-    channel_id: Optional[ChannelId] = None
-
-
-class DecideApproval(Record, kw_only=True):
-    decision: Literal[APPROVAL_DECISIONS]
-    reason: Optional[LongText] = None
-    channel_id: Optional[ChannelId] = None    # needed only when several runs used the same request id
-
-
-class Prune(Record, kw_only=True):
-    """POST /admin/prune and `actae prune`: delete whole runs idle longer than `older_than_days`."""
-
-    older_than_days: Days
-    status: Literal[PRUNE_STATUSES] = "any"
-    keep_failed_days: Optional[Days] = None   # failed and crashed runs are kept this long instead
-    dry_run: bool = False
-
-
 # --- keys, accounts, preferences --------------------------------------------------------------
 
 # A scope pattern: "*", a prefix ending in "*", or one exact channel id.
@@ -995,81 +994,11 @@ class FlashQuery(Record, kw_only=True):
     error: Optional[PageText] = None        # the flash id of a refused form
 
 
-class BulkForkPageQuery(Record, kw_only=True):
-    """The bulk fork form: the runs ticked on the runs list (`run`, repeated: read as a list by the
-    page), or with `all` every run its filter matches."""
-
-    q: PageText = ""                  # with `all`: the runs list's search ...
-    status: PageText = ""             # ... and status filter
-    all: bool = False
-    intervention: PageText = ""
-    tool_policies: PageText = ""
-    name: PageText = "{channel_id}-retry"
-    done: PageText = ""               # the operation id of the bulk fork just made
-
-
-class ApprovalsPageQuery(Record, kw_only=True):
-    status: PageText = "pending"      # one of APPROVAL_STATUSES, or "all"
-    error: Optional[PageText] = None  # the flash id of a refused decision
-
-
 class ErrorBody(Struct):
     """Every error answer: `status` names the error (the SDK maps it to an exception), `error` says why."""
 
     status: str
     error: str
-
-
-# --- the fleet gateway (/v1/organizations/{organization_id}/..., /api/v1/fleet/...) ----------------
-
-SdkScope = Annotated[str, Meta(max_length=64, description='a scope of the SDK\'s manifest ("events:read", '
-                                                            '"forks:create", ...); "" asks for all the token grants')]
-PageToken = Annotated[str, Meta(max_length=4096, description="opaque: pass it back unchanged")]
-
-
-class FleetTokenRequest(Record, kw_only=True):
-    """The SDK's exchange of an organisation token (the Bearer credential) for a fleet token."""
-
-    purpose: Optional[Literal["fleet_access"]] = None
-    organization_id: Optional[Annotated[str, Meta(max_length=256)]] = None   # another one: 403
-    scopes: Optional[Annotated[list[SdkScope], Meta(max_length=100)]] = None  # none or blank: all it grants
-
-
-class OperationEnvelope(Record, kw_only=True):
-    """POST .../ops/{operation_id}: a manifest operation's path parameters, query and body, kept apart."""
-
-    path_params: Optional[dict[Annotated[str, Meta(max_length=64)], Union[Label, Int64]]] = None
-    query: Optional[JsonObject] = None
-    body: Document = None
-    params: Optional[JsonObject] = None   # the legacy combined form: path parameters, the rest the query
-
-
-class FleetEventFilter(EventQuery, kw_only=True):
-    """The direct query's filters; `pagination: "keyset"` asks for per-instance continuation tokens."""
-
-    pagination: Optional[Literal["keyset", "offset"]] = None
-
-
-class FleetQuery(Record, kw_only=True):
-    instances: Annotated[list[Id], Meta(min_length=1, max_length=100)]
-    query: FleetEventFilter = msgspec.field(default_factory=FleetEventFilter)
-    page_tokens: Optional[dict[Id, PageToken]] = None   # instance id -> the token its last page gave
-
-
-class StreamTicketRequest(Record, kw_only=True):
-    instance_id: Id
-    channel_id: Optional[ChannelId] = None      # else the stream's own channel_id parameter
-    resume_cursor: Optional[Count] = None       # events after this cursor (else only new ones)
-
-
-class FleetStreamQuery(Record, kw_only=True):
-    """The gateway's streams: the WebSocket's ticket, the channel and where to resume."""
-
-    ticket: Optional[Token] = None
-    channel_id: Optional[ChannelId] = None
-    resume_cursor: Optional[Count] = None
-    cursor: Optional[Count] = None              # the NDJSON stream's name for resume_cursor
-    instance_id: Optional[Id] = None            # the NDJSON stream's, else X-Actae-Instance-Id
 
 
 # --- decoding: the one place input becomes a record ---------------------------------------
@@ -1203,7 +1132,6 @@ def path_record(path: str) -> Optional[type]:
 # /openapi.json documents each route's 2xx answer from the same declarations. Field names,
 # types and nullability are what the SDK reads: a field that is absent in some answers is
 # `UNSET` (left out), one that may be null is Optional. Free-form documents are `Any`.
-
 
 class Answer(Struct, kw_only=True):
     """A response shape."""
@@ -1461,7 +1389,7 @@ class OutputDiff(Answer, kw_only=True):
     entries: list[DiffEntry]
 
 
-class RunMetrics(Answer, kw_only=True):
+class RunFigures(Answer, kw_only=True):
     """Counts and duration of a run; tokens and cost summed from step payloads that report them."""
 
     event_count: int
@@ -1472,10 +1400,10 @@ class RunMetrics(Answer, kw_only=True):
     cost: float
 
 
-class MetricsDiff(Answer, kw_only=True):
-    left: RunMetrics
-    right: RunMetrics
-    delta: RunMetrics
+class FiguresDiff(Answer, kw_only=True):
+    left: RunFigures
+    right: RunFigures
+    delta: RunFigures
 
 
 class Comparison(Answer, kw_only=True):
@@ -1485,7 +1413,7 @@ class Comparison(Answer, kw_only=True):
     manifest_diff: list[DiffEntry]
     tool_diff: ToolDiff
     output_diff: OutputDiff
-    metrics: MetricsDiff
+    metrics: FiguresDiff
 
 
 class OutcomeAnswer(Done, kw_only=True):
@@ -1743,88 +1671,6 @@ class GroupForkAnswer(Answer, kw_only=True):
     fork: GroupFork
 
 
-# --- many runs: the bulk fork, the approvals inbox, retention -----------------------------------
-
-
-class BulkForked(Answer, kw_only=True):
-    """One run of a bulk fork: the fork made after `step` (in a dry run, the fork it would make: no receipt)."""
-
-    source_channel_id: str
-    channel_id: str
-    step: int
-    receipt: Optional[Receipt]
-
-
-class BulkSkipped(Answer, kw_only=True):
-    channel_id: str
-    reason: str
-
-
-class BulkForkAnswer(Answer, kw_only=True):
-    """What a bulk fork made (or, with dry_run, would make), and the runs it left alone and why."""
-
-    forks: list[BulkForked]
-    skipped: list[BulkSkipped]
-    dry_run: bool
-
-
-class Approval(Answer, kw_only=True):
-    """An approval request as the inbox shows it: `status` is expired once its timeout has passed."""
-
-    request_id: str
-    channel_id: str
-    summary: Optional[str]
-    details: Any
-    requester: str
-    requested_at: str
-    timeout_at: Optional[str]
-    age_seconds: float
-    status: Literal[APPROVAL_STATUSES]
-    decision: Optional[Literal[APPROVAL_DECISIONS]]
-    decided_by: Optional[str]
-    reason: Optional[str]
-    decided_at: Optional[str]
-
-
-class Approvals(Answer, kw_only=True):
-    approvals: list[Approval]
-
-
-class ApprovalDecision(Answer, kw_only=True):
-    """A decided approval and its `approval.decided` event (the first one, when it was decided before)."""
-
-    approval: Approval
-    event: Event
-    replayed: bool
-
-
-class PrunedRows(Answer, kw_only=True):
-    runs: int
-    events: int
-    states: int
-    executions: int
-    approvals: int
-    wakeups: int
-
-
-class KeptRun(Answer, kw_only=True):
-    channel_id: str
-    reason: str
-
-
-class PruneAnswer(Answer, kw_only=True):
-    """What a prune deleted (a dry run: would delete), the old runs it kept and why, and the space."""
-
-    dry_run: bool
-    deleted: list[str]                 # at most PRUNE_LISTED_MAX ids; `rows.runs` counts them all
-    kept: list[KeptRun]
-    rows: PrunedRows
-    bytes_before: int
-    bytes_after: int
-    bytes_freed: int
-    space: str                         # how the space went back to the disk, or what to run for it
-
-
 # --- principals, keys, accounts -----------------------------------------------------------------
 
 
@@ -1971,130 +1817,6 @@ class DatabaseFigures(Answer, kw_only=True):
     write_jobs: int
 
 
-class MetricsJson(Answer, kw_only=True):
-    status: str
-    timestamp: str
-    uptime_seconds: int
-    websocket: WebSocketFigures
-    database: DatabaseFigures
-
-
-# --- the fleet gateway ------------------------------------------------------------------------------
-
-
-class FleetInstance(Answer, kw_only=True):
-    """One instance of the organisation: the gateway's own server, or a registered remote one."""
-
-    instance_id: str
-    name: str
-    local: bool
-    url: Optional[str]                 # a remote's base URL; null for the gateway's own server
-    dashboard_url: str
-    added_at: Optional[str]
-
-
-class FleetInstances(Answer, kw_only=True):
-    organization_id: str
-    gateway_protocol_version: str
-    instances: list[FleetInstance]
-
-
-class FleetCapabilities(Answer, kw_only=True):
-    """What an instance runs and which manifest operations the gateway dispatches to it."""
-
-    organization_id: str
-    instance_id: str
-    local: bool
-    gateway_protocol_version: str
-    api_version: str
-    version: str
-    engine_version: str
-    backend: str
-    features: list[str]
-    supported_fleet_operations: list[str]
-
-
-class FleetToken(Answer, kw_only=True):
-    """A short-lived fleet token: the SDK sends it as `authorization: Bearer` to the gateway's routes."""
-
-    token: str
-    token_type: str
-    expires_in: int
-    organization_id: str
-    scopes: list[str]
-
-
-class StreamTicket(Answer, kw_only=True):
-    """A one-use ticket for the gateway's event stream (GET .../events/stream?ticket=...)."""
-
-    ticket: str
-    expires_in: int
-    instance_id: str
-    channel_id: Optional[str]
-    resume_cursor: Optional[int]
-
-
-class FleetEvent(Event, kw_only=True):
-    instance_id: str
-
-
-class InstanceFailure(Answer, kw_only=True):
-    """An instance a multi-instance read could not include, and why."""
-
-    instance_id: str
-    code: str
-    message: str
-    retryable: bool
-
-
-class FleetPage(Answer, kw_only=True):
-    next_page_tokens: dict[str, str]
-
-
-class FleetEvents(Answer, kw_only=True):
-    """Events of one or more instances, newest first, beside an entry for each instance that failed."""
-
-    events: list[FleetEvent]
-    errors: list[InstanceFailure]
-    page: FleetPage
-    next_page_token: Optional[str]
-
-
-# POST .../ops/{operation_id} answers what the operation's own direct route answers (documented there).
-OperationAnswer = dict[str, Any]
-
-
-class RemoteInstanceInfo(Answer, kw_only=True):
-    """A registered remote instance as `instance list` shows it: never its key."""
-
-    instance_id: str
-    name: str
-    url: str
-    key_prefix: str
-    timeout_seconds: Optional[float]
-    added_at: str
-
-
-class OrgTokenInfo(Answer, kw_only=True):
-    """An organisation token as `org-token list` shows it: never the token itself."""
-
-    id: int
-    name: str
-    prefix: str
-    scopes: Permissions
-    created_at: str
-    expires_at: Optional[str]
-    revoked_at: Optional[str]
-
-
-class FleetErrorBody(Struct):
-    """The gateway's error answers: the usual two fields, and `message` (what the SDK's FleetClient reads)."""
-
-    status: str
-    error: str
-    message: str
-
-
 @dataclass(frozen=True)
 class TextAnswer:
     """A 2xx answer that is not JSON (a file, the Prometheus text): documented as a string."""
@@ -2137,104 +1859,123 @@ def backfill_chain(conn: Conn) -> None:
         pending = [r for r in pending if r["id"] not in done]
 
 
-# Many runs: what a runs page shows per run lives on the channel row, kept there by the write path
-# (the counter UPDATEs of append_event and insert_state), so listing, filtering and selecting runs
-# costs one page of an index, not a pass over every run; approvals get an index of their own, kept
-# in the same transaction as their events; a bulk fork's answer is kept under its operation id.
-MANY_RUNS_FACTS = {
-    # The type of the event at last_cursor; the first event of ERROR_EVENT_TYPES; the latest snapshot's
-    # "status". (No comment after a column: SQLite keeps the text, and the table's definition with it.)
-    "sqlite": """
-    ALTER TABLE channels ADD COLUMN last_event_type TEXT;
-    ALTER TABLE channels ADD COLUMN error_cursor INTEGER;
-    ALTER TABLE channels ADD COLUMN last_state_status TEXT
-    """,
-    "postgresql": """
-    ALTER TABLE channels ADD COLUMN last_event_type TEXT, ADD COLUMN error_cursor BIGINT,
-        ADD COLUMN last_state_status TEXT
-    """,
-}
-# The first runs page lists roots by last activity, from an index of the roots only (a fork's events
-# do not touch it). SQLite's planner takes it with parent_id in front (its IS NULL is an equality
-# there, and it would otherwise prefer channels_by_parent and sort); PostgreSQL's orders only without.
-ROOTS_INDEX = {
-    "sqlite": "CREATE INDEX channels_roots_by_activity ON channels (parent_id, updated_at, id)"
-              " WHERE parent_id IS NULL",
-    "postgresql": "CREATE INDEX channels_roots_by_activity ON channels (updated_at, id) WHERE parent_id IS NULL",
-}
-MANY_RUNS_INDEXES = """
-    CREATE INDEX channels_by_state ON channels (run_state, updated_at, id);
-    CREATE INDEX channels_by_origin ON channels (origin_id, created_at, id);
-    CREATE INDEX approvals_by_status ON approvals (status, requested_at, channel_id, request_id);
-    CREATE INDEX approvals_by_time ON approvals (requested_at, channel_id, request_id);
-    CREATE INDEX approvals_by_request ON approvals (request_id)
-    """
+# One schema for both backends: each step is written once, as a template rendered with the words
+# its backend spells differently (SchemaWords), and runs as one transaction on SQLite. PostgreSQL's
+# INTEGER is 32 bits, so BIGINT wherever SQLite has its (64-bit) INTEGER; a state's column holds text
+# or zlib bytes on SQLite (TEXT affinity keeps either), always the bytes on PostgreSQL (BYTEA: one
+# column there cannot hold both).
+@dataclass(frozen=True)
+class SchemaWords:
+    name: str                  # the backend's name (Backend.name): what Migration.only is keyed by
+    dialect: "Dialect"         # for the expressions (json_text, run_state_sql)
+    integer: str
+    real: str
+    serial: str                # an integer primary key the database numbers itself
+    packed: str                # a state's column
+    generated: str             # how a computed column is kept
 
 
-def many_runs_schema(dialect: "Dialect", integer: str, generated: str) -> str:
-    """The run-state column (computed by the database from the row: SQLite VIRTUAL, PostgreSQL STORED),
-    the approvals index and the bulk forks' answers; `integer` is the backend's 64-bit integer."""
-    return f"""
-    ALTER TABLE channels ADD COLUMN run_state TEXT GENERATED ALWAYS AS ({run_state_sql(dialect)}) {generated};
-    CREATE TABLE approvals (
-        channel_id        TEXT NOT NULL REFERENCES channels(id),
-        request_id        TEXT NOT NULL,
-        summary           TEXT,
-        details           TEXT,                   -- JSON, as the request carried it
-        requester         TEXT NOT NULL,          -- the approval.requested event's actor
-        requested_at      TEXT NOT NULL,
-        requested_cursor  {integer} NOT NULL,
-        timeout_at        TEXT,                   -- requested_at + timeout_seconds, past it: expired
-        status            TEXT NOT NULL CHECK (status IN (
-                              'pending',          -- waiting for a decision
-                              'decided',          -- its first approval.decided event is recorded
-                              'expired')),        -- approval.expired, or the SDK's timeout wake-up fired
-        decision          TEXT CHECK (decision IN ('approved', 'rejected')),
-        decided_by        TEXT,                   -- the approval.decided event's actor
-        reason            TEXT,
-        decided_at        TEXT,
-        decided_cursor    {integer},
-        PRIMARY KEY (channel_id, request_id)
-    );
-    CREATE TABLE bulk_forks (
-        operation_id  TEXT PRIMARY KEY,           -- the request's operation id: one answer each
-        request_hash  TEXT NOT NULL,
-        answer        TEXT NOT NULL,              -- the answer as first given (JSON)
-        created_at    TEXT NOT NULL
-    )
-    """
+def schema_words(dialect: "Dialect") -> SchemaWords:
+    if dialect is SQLITE:
+        return SchemaWords("sqlite", dialect, "INTEGER", "REAL", "INTEGER PRIMARY KEY", "TEXT", "VIRTUAL")
+    return SchemaWords("postgresql", dialect, "BIGINT", "DOUBLE PRECISION",
+                       "BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY", "BYTEA", "STORED")
+
+
+def sql_list(values: tuple) -> str:
+    """A vocabulary constant as a CHECK's IN list, so the schema and the code share one vocabulary."""
+    return ", ".join(f"'{value}'" for value in values)
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One step of the schema: the SQL both backends render from `schema`, then `run` (a function of
+    the connection, for what SQL cannot compute), then what one backend alone needs (`only`: its name
+    to SQL text or a function of the connection)."""
+
+    postgres: int                                       # its version in actae_migrations (see MIGRATIONS)
+    schema: Optional[Callable[[SchemaWords], str]] = None
+    run: Optional[Callable[[Any], None]] = None
+    only: dict = field(default_factory=dict)
+
+    def parts(self, dialect: "Dialect", number: int) -> list:
+        """What step `number` runs on `dialect`'s backend, in order: SQL text, or functions of the
+        connection; the core's part first, then what the regions registered for it (SCHEMA_PARTS)."""
+        words = schema_words(dialect)
+        parts = ([self.schema(words)] if self.schema else []) + ([self.run] if self.run else []) + (
+            [self.only[words.name]] if words.name in self.only else [])
+        for schema, run in SCHEMA_PARTS.get(number, ()):
+            parts += ([schema(words)] if schema else []) + ([run] if run else [])
+        return parts
 
 
 def run_script(conn: "Conn", script: str) -> None:
-    """Statements separated by `;` (none of these scripts has one inside a statement)."""
-    for statement in script.split(";"):
-        if statement.strip():
+    """A script's statements one at a time, inside the caller's transaction (sqlite3's executescript
+    would commit it first); SQLite's tokenizer says where each ends, so a `;` in a comment is no end."""
+    statement = ""
+    for line in script.splitlines(keepends=True):
+        statement += line
+        if sqlite3.complete_statement(statement):
             conn.execute(statement)
+            statement = ""
+    if statement.strip():
+        conn.execute(statement)
 
 
-def migrate_many_runs(conn: "Conn") -> None:
-    """The columns, indexes and tables of many runs, filled in for the runs already stored: a page
-    of an old database shows after this exactly what it showed before."""
-    sqlite = conn.dialect is SQLITE
-    run_script(conn, MANY_RUNS_FACTS["sqlite" if sqlite else "postgresql"])
-    refresh_run_facts(conn)
-    run_script(conn, many_runs_schema(conn.dialect, "INTEGER" if sqlite else "BIGINT", "VIRTUAL" if sqlite else "STORED"))
-    run_script(conn, MANY_RUNS_INDEXES)
-    conn.execute(ROOTS_INDEX["sqlite" if sqlite else "postgresql"])
-    reindex_approvals(conn)
-
-
-# SQLite's forward migrations; PRAGMA user_version records how many ran. Append, never edit.
-# Each is a SQL script, or a function of the connection for what SQL cannot compute.
-SQLITE_MIGRATIONS = [
+# What a runs page shows per run lives on the channel row, kept there by the write path (the
+# counter UPDATEs of append_event and insert_state), so listing, filtering and selecting runs costs
+# one page of an index, not a pass over every run.
+def run_facts(w: SchemaWords) -> str:
+    # The type of the event at last_cursor; the first event of ERROR_EVENT_TYPES; the latest snapshot's
+    # "status". One ALTER a column: SQLite's takes no more. (No comment after a column: SQLite keeps
+    # the text, and the table's definition with it.)
+    return f"""
+    ALTER TABLE channels ADD COLUMN last_event_type TEXT;
+    ALTER TABLE channels ADD COLUMN error_cursor {w.integer};
+    ALTER TABLE channels ADD COLUMN last_state_status TEXT
     """
+
+
+# The first runs page lists roots by last activity, from an index of the roots only (a fork's events
+# do not touch it). SQLite's planner takes it with parent_id in front (its IS NULL is an equality
+# there, and it would otherwise prefer channels_by_parent and sort); PostgreSQL's orders only without.
+ROOTS_INDEX_KEY = {"sqlite": "parent_id, updated_at, id", "postgresql": "updated_at, id"}
+
+
+def run_fact_indexes(w: SchemaWords) -> str:
+    return f"""
+    CREATE INDEX channels_by_state ON channels (run_state, updated_at, id);
+    CREATE INDEX channels_by_origin ON channels (origin_id, created_at, id);
+    CREATE INDEX channels_roots_by_activity ON channels ({ROOTS_INDEX_KEY[w.name]}) WHERE parent_id IS NULL
+    """
+
+
+def run_state_column(w: SchemaWords) -> str:
+    """The run-state column, computed by the database from the row (see run_state_sql)."""
+    return f"""
+    ALTER TABLE channels ADD COLUMN run_state TEXT GENERATED ALWAYS AS ({run_state_sql(w.dialect)}) {w.generated}
+    """
+
+
+def migrate_run_facts(conn: "Conn") -> None:
+    """The columns and indexes of the runs list, filled in for the runs already stored: a page of an
+    old database shows after this exactly what it showed before."""
+    words = schema_words(conn.dialect)
+    run_script(conn, run_facts(words))
+    refresh_run_facts(conn)
+    run_script(conn, run_state_column(words))
+    run_script(conn, run_fact_indexes(words))
+
+
+def base_schema(w: SchemaWords) -> str:
+    return f"""
     CREATE TABLE settings (
         name  TEXT PRIMARY KEY,
         value TEXT NOT NULL
     );
 
     CREATE TABLE api_keys (
-        id          INTEGER PRIMARY KEY,
+        id          {w.serial},
         key_hash    TEXT NOT NULL UNIQUE,      -- sha256 of the key; the key itself is never stored
         prefix      TEXT NOT NULL,             -- first characters, to tell keys apart
         created_at  TEXT NOT NULL,
@@ -2248,28 +1989,28 @@ SQLITE_MIGRATIONS = [
         origin_id            TEXT NOT NULL,    -- root of the lineage (itself for roots)
         created_at           TEXT NOT NULL,
         updated_at           TEXT NOT NULL,    -- last activity
-        last_cursor          INTEGER NOT NULL DEFAULT 0,  -- per-channel gapless cursor counter
-        state_version        INTEGER NOT NULL DEFAULT 0,  -- per-channel state version counter
+        last_cursor          {w.integer} NOT NULL DEFAULT 0,  -- per-channel gapless cursor counter
+        state_version        {w.integer} NOT NULL DEFAULT 0,  -- per-channel state version counter
         display_name         TEXT,
         reason               TEXT,
         experiment_metadata  TEXT,             -- JSON object owned by the SDK, stored verbatim
         forked_at            TEXT,
-        requested_cursor     INTEGER NOT NULL DEFAULT 0,
-        resolved_cursor      INTEGER NOT NULL DEFAULT 0,  -- parent snapshot cursor inherited
+        requested_cursor     {w.integer} NOT NULL DEFAULT 0,
+        resolved_cursor      {w.integer} NOT NULL DEFAULT 0,  -- parent snapshot cursor inherited
         resolved_event_id    TEXT,
-        forked_at_step       INTEGER,          -- steps 1..k are owned by the ancestors
-        source_state_version INTEGER NOT NULL DEFAULT 0,
+        forked_at_step       {w.integer},          -- steps 1..k are owned by the ancestors
+        source_state_version {w.integer} NOT NULL DEFAULT 0,
         source_state_sha256  TEXT,
-        restorable           INTEGER NOT NULL DEFAULT 0 CHECK (restorable IN (0, 1)),
+        restorable           {w.integer} NOT NULL DEFAULT 0 CHECK (restorable IN (0, 1)),
         manifest             TEXT,
-        reproducibility      TEXT CHECK (reproducibility IN ('state_exact', 'context_exact', 'execution_replayable', 'best_effort')),
+        reproducibility      TEXT CHECK (reproducibility IN ({sql_list(REPRODUCIBILITY_GRADES)})),
         tool_policies        TEXT,             -- JSON map tool|"*" -> auto|replay|block|live
         fork_operation_id    TEXT,
         fork_request_hash    TEXT,
-        outcome              TEXT CHECK (outcome IN ('promoted', 'rejected', 'inconclusive', 'crashed')),
-        result_score         REAL,
+        outcome              TEXT CHECK (outcome IN ({sql_list(OUTCOMES)})),
+        result_score         {w.real},
         promoted_event_id    TEXT,             -- the parent's channel.promoted event, once promoted
-        promoted_version     INTEGER           -- which of this fork's state versions was promoted
+        promoted_version     {w.integer}           -- which of this fork's state versions was promoted
     );
     CREATE INDEX channels_by_parent ON channels (parent_id);
     CREATE INDEX channels_by_activity ON channels (updated_at, id);
@@ -2278,7 +2019,7 @@ SQLITE_MIGRATIONS = [
     -- The append-only log: per-channel gapless cursors from 1.
     CREATE TABLE events (
         channel_id    TEXT NOT NULL REFERENCES channels(id),
-        cursor        INTEGER NOT NULL,
+        cursor        {w.integer} NOT NULL,
         id            TEXT NOT NULL UNIQUE,
         type          TEXT NOT NULL,
         payload       TEXT,
@@ -2288,7 +2029,7 @@ SQLITE_MIGRATIONS = [
         metadata      TEXT,
         operation_id  TEXT,
         request_hash  TEXT,
-        step_number   INTEGER CHECK (step_number >= 1),
+        step_number   {w.integer} CHECK (step_number >= 1),
         depends_on    TEXT,
         dependencies  TEXT,
         created_at    TEXT NOT NULL,
@@ -2302,9 +2043,9 @@ SQLITE_MIGRATIONS = [
     -- Immutable state snapshots, each aligned with an event cursor.
     CREATE TABLE states (
         channel_id    TEXT NOT NULL REFERENCES channels(id),
-        version       INTEGER NOT NULL,
-        cursor        INTEGER NOT NULL,
-        state         TEXT,
+        version       {w.integer} NOT NULL,
+        cursor        {w.integer} NOT NULL,
+        state         {w.packed},
         sha256        TEXT NOT NULL,
         operation_id  TEXT,
         created_at    TEXT NOT NULL,
@@ -2321,27 +2062,23 @@ SQLITE_MIGRATIONS = [
         tool_name           TEXT NOT NULL,
         request_hash        TEXT NOT NULL,
         params              TEXT,
-        status              TEXT NOT NULL CHECK (status IN (
-                                'running',      -- claimed; the token holder may complete it
-                                'completed',    -- result stored; claims replay it
-                                'failed',       -- error stored; a claim takes it over
-                                'cancelled',    -- released by its owner; a claim takes it over
-                                -- The SDK's vocabulary also has these two; this server never writes
-                                -- them (a lapsed lease stays 'running' until someone reclaims it),
-                                -- but a claim would take them over like 'failed'.
-                                'interrupted',
-                                'expired')),
+        -- running: claimed, the token holder may complete it; completed: result stored, claims
+        -- replay it; failed (error stored) and cancelled (released by its owner): a claim takes it
+        -- over. The SDK's vocabulary also has interrupted and expired; this server never writes
+        -- them (a lapsed lease stays 'running' until someone reclaims it), but a claim would take
+        -- them over like 'failed'.
+        status              TEXT NOT NULL CHECK (status IN ({sql_list(EXECUTION_STATES)})),
         claim_token         TEXT,
-        lease_seconds       INTEGER NOT NULL,
+        lease_seconds       {w.integer} NOT NULL,
         lease_until         TEXT,
-        attempts            INTEGER NOT NULL DEFAULT 0,
+        attempts            {w.integer} NOT NULL DEFAULT 0,
         result              TEXT,
         error               TEXT,
-        started_cursor      INTEGER,
-        completed_cursor    INTEGER,
+        started_cursor      {w.integer},
+        completed_cursor    {w.integer},
         started_event_id    TEXT,
         completed_event_id  TEXT,
-        replay_emitted      INTEGER NOT NULL DEFAULT 0 CHECK (replay_emitted IN (0, 1)),
+        replay_emitted      {w.integer} NOT NULL DEFAULT 0 CHECK (replay_emitted IN (0, 1)),
         inherited_from      TEXT,             -- ancestor execution replayed onto a fork
         created_at          TEXT NOT NULL,
         updated_at          TEXT NOT NULL,
@@ -2355,13 +2092,9 @@ SQLITE_MIGRATIONS = [
         id           TEXT PRIMARY KEY,
         channel_id   TEXT NOT NULL,
         run_at       TEXT NOT NULL,            -- normalised UTC, so it compares as text
-        status       TEXT NOT NULL CHECK (status IN (
-                         'pending',    -- waiting for run_at
-                         'done',       -- its event was appended
-                         'failed',     -- could not be delivered (error says why)
-                         'cancelled')),
+        status       TEXT NOT NULL CHECK (status IN ({sql_list(WAKEUP_STATUSES)})),
         payload      TEXT,
-        attempts     INTEGER NOT NULL DEFAULT 0,
+        attempts     {w.integer} NOT NULL DEFAULT 0,
         error        TEXT,
         created_at   TEXT NOT NULL,
         executed_at  TEXT
@@ -2373,16 +2106,16 @@ SQLITE_MIGRATIONS = [
         id                TEXT PRIMARY KEY,
         channel_id        TEXT NOT NULL,
         metadata          TEXT,
-        committed_cursor  INTEGER NOT NULL DEFAULT 0,   -- acked watermark: work at or below is done
+        committed_cursor  {w.integer} NOT NULL DEFAULT 0,   -- acked watermark: work at or below is done
         created_at        TEXT NOT NULL
     );
     CREATE TABLE group_consumers (
         group_id       TEXT NOT NULL REFERENCES consumer_groups(id),
         consumer_id    TEXT NOT NULL,
         lease_until    TEXT NOT NULL,
-        reserved_from  INTEGER NOT NULL DEFAULT 0,     -- reservation is (reserved_from, claimed_cursor]
-        claimed_cursor INTEGER NOT NULL DEFAULT 0,
-        acked_cursor   INTEGER NOT NULL DEFAULT 0,     -- processed up to here within the reservation
+        reserved_from  {w.integer} NOT NULL DEFAULT 0,     -- reservation is (reserved_from, claimed_cursor]
+        claimed_cursor {w.integer} NOT NULL DEFAULT 0,
+        acked_cursor   {w.integer} NOT NULL DEFAULT 0,     -- processed up to here within the reservation
         updated_at     TEXT NOT NULL,
         PRIMARY KEY (group_id, consumer_id)
     );
@@ -2390,7 +2123,8 @@ SQLITE_MIGRATIONS = [
     -- Execution groups: members (each one channel), leased to one owner at a time, exchanging messages.
     CREATE TABLE execution_groups (
         id          TEXT PRIMARY KEY,
-        status      TEXT NOT NULL DEFAULT 'active' CHECK (status IN ('active')),
+        status      TEXT NOT NULL DEFAULT '{EXECUTION_GROUP_STATUSES[0]}'
+                        CHECK (status IN ({sql_list(EXECUTION_GROUP_STATUSES)})),
         metadata    TEXT,
         fork        TEXT,                      -- the group-fork receipt when this group is a fork
         created_at  TEXT NOT NULL,
@@ -2403,13 +2137,13 @@ SQLITE_MIGRATIONS = [
         role         TEXT,
         metadata     TEXT,
         owner_id     TEXT,
-        generation   INTEGER NOT NULL DEFAULT 0,   -- bumped by every claim: fences stale owners
+        generation   {w.integer} NOT NULL DEFAULT 0,   -- bumped by every claim: fences stale owners
         lease_until  TEXT,
         created_at   TEXT NOT NULL,
         PRIMARY KEY (group_id, member_id)
     );
     CREATE TABLE group_messages (
-        seq                INTEGER PRIMARY KEY,     -- delivery order
+        seq                {w.serial},     -- delivery order
         id                 TEXT NOT NULL UNIQUE,
         group_id           TEXT NOT NULL REFERENCES execution_groups(id),
         from_member_id     TEXT NOT NULL,
@@ -2419,7 +2153,7 @@ SQLITE_MIGRATIONS = [
         causal_context     TEXT,
         source_event_id    TEXT NOT NULL,
         delivery_event_id  TEXT NOT NULL,
-        status             TEXT NOT NULL CHECK (status IN ('delivered', 'acknowledged')),
+        status             TEXT NOT NULL CHECK (status IN ({sql_list(GROUP_MESSAGE_STATUSES)})),
         operation_id       TEXT,
         request_hash       TEXT NOT NULL,
         created_at         TEXT NOT NULL,
@@ -2443,8 +2177,11 @@ SQLITE_MIGRATIONS = [
         added_at        TEXT NOT NULL,
         PRIMARY KEY (experiment_id, channel_id)
     );
-    """,
     """
+
+
+def sessions_schema(w: SchemaWords) -> str:
+    return f"""
     -- Dashboard sessions live on the server: the cookie holds a random id, this table only its hash,
     -- so reading the database does not give anyone a session.
     CREATE TABLE sessions (
@@ -2457,17 +2194,20 @@ SQLITE_MIGRATIONS = [
     DELETE FROM settings WHERE name = 'session_secret';   -- the signed cookies it made are void
 
     -- A consumer's own last acknowledged cursor (acked_cursor restarts with each reservation).
-    ALTER TABLE group_consumers ADD COLUMN last_acked_cursor INTEGER NOT NULL DEFAULT 0;
-    """,
+    ALTER TABLE group_consumers ADD COLUMN last_acked_cursor {w.integer} NOT NULL DEFAULT 0;
     """
-    -- Scoped keys. scopes is {"read": [pattern...], "write": [...], "delete": [...], "admin": [...]};
+
+
+def accounts_schema(w: SchemaWords) -> str:
+    return f"""
+    -- Scoped keys. scopes is {{"read": [pattern...], "write": [...], "delete": [...], "admin": [...]}};
     -- a pattern is "*", a prefix ending in "*", or an exact channel id. Keys issued before scopes
     -- existed were the one key that could do everything: they stay admin.
     ALTER TABLE api_keys ADD COLUMN name TEXT;
-    ALTER TABLE api_keys ADD COLUMN scopes TEXT NOT NULL DEFAULT '{}';
+    ALTER TABLE api_keys ADD COLUMN scopes TEXT NOT NULL DEFAULT '{{}}';
     ALTER TABLE api_keys ADD COLUMN expires_at TEXT;          -- NULL: never expires
     ALTER TABLE api_keys ADD COLUMN last_used_at TEXT;        -- written at most once a minute per key
-    UPDATE api_keys SET name = 'admin', scopes = '{"read":["*"],"write":["*"],"delete":["*"],"admin":["*"]}';
+    UPDATE api_keys SET name = 'admin', scopes = '{{"read":["*"],"write":["*"],"delete":["*"],"admin":["*"]}}';
 
     -- User accounts: a password login that yields a token carrying the scopes an admin granted.
     CREATE TABLE users (
@@ -2476,7 +2216,7 @@ SQLITE_MIGRATIONS = [
         email_key      TEXT NOT NULL UNIQUE,   -- lower-cased: one account per address, whatever its case
         name           TEXT,
         password_hash  TEXT NOT NULL,          -- scrypt$N$r$p$salt-hex$hash-hex, a salt per user
-        scopes         TEXT NOT NULL DEFAULT '{}',
+        scopes         TEXT NOT NULL DEFAULT '{{}}',
         created_at     TEXT NOT NULL,
         updated_at     TEXT NOT NULL
     );
@@ -2486,7 +2226,7 @@ SQLITE_MIGRATIONS = [
     CREATE TABLE tokens (
         jti         TEXT PRIMARY KEY,
         user_id     TEXT REFERENCES users(id),     -- a password login
-        key_id      INTEGER REFERENCES api_keys(id),  -- or an exchanged API key (api-key-login)
+        key_id      {w.integer} REFERENCES api_keys(id),  -- or an exchanged API key (api-key-login)
         created_at  TEXT NOT NULL,
         expires_at  TEXT NOT NULL,
         CHECK ((user_id IS NULL) <> (key_id IS NULL))
@@ -2504,9 +2244,21 @@ SQLITE_MIGRATIONS = [
     ALTER TABLE events ADD COLUMN chain_hash TEXT;
     ALTER TABLE channels ADD COLUMN chain_head TEXT;           -- NULL: no event yet (the genesis value)
     ALTER TABLE channels ADD COLUMN closed_at TEXT;            -- a closed run takes no more events or states
-    """,
-    backfill_chain,
     """
+
+
+# The chain step the cursor UPDATE computes (see append_event), as PostgreSQL's SQL function:
+# chain_step() in SQL, byte for byte. SQLite calls chain_step itself (configure_sqlite registers it).
+CHAIN_FUNCTION = f"""
+    CREATE FUNCTION actae_chain(previous TEXT, head TEXT, at_cursor BIGINT, tail TEXT) RETURNS TEXT
+        LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+        SELECT encode(sha256(convert_to(COALESCE(previous, '{CHAIN_GENESIS}') || head || at_cursor::text || tail,
+                                        'UTF8')), 'hex') $$
+    """
+
+
+def step_lookup_schema(w: SchemaWords) -> str:
+    return """
     -- Step lookups (resume at step k) walk (channel, step) then the cursor: no scan of the channel.
     DROP INDEX events_by_step;
     CREATE INDEX events_by_step ON events (channel_id, step_number, cursor);
@@ -2514,370 +2266,49 @@ SQLITE_MIGRATIONS = [
     -- States may be stored zlib-compressed (a BLOB) from now on; their top-level "status" is kept
     -- beside them so the pages can find failed runs without unpacking every snapshot.
     ALTER TABLE states ADD COLUMN status TEXT;
-    UPDATE states SET status = json_extract(state, '$.status')
-     WHERE json_valid(state) AND json_type(state, '$.status') = 'text';
-    """,
     """
+
+
+# SQLite's states were JSON text until then; PostgreSQL's were packed from the start, their status beside.
+STATE_STATUS_BACKFILL = """
+    UPDATE states SET status = json_extract(state, '$.status')
+     WHERE json_valid(state) AND json_type(state, '$.status') = 'text'
+    """
+
+
+def state_storage_schema(w: SchemaWords) -> str:
+    return f"""
     -- A state may be stored as a delta on an earlier version of its channel, or as a reference to
     -- the row that holds it (a fork's first snapshot); rows before this are whole (NULLs). See
     -- "state storage" in the domain for the columns.
-    ALTER TABLE states ADD COLUMN delta_base INTEGER;
-    ALTER TABLE states ADD COLUMN chain_start INTEGER;
+    ALTER TABLE states ADD COLUMN delta_base {w.integer};
+    ALTER TABLE states ADD COLUMN chain_start {w.integer};
     ALTER TABLE states ADD COLUMN ref_channel TEXT;
-    ALTER TABLE states ADD COLUMN ref_version INTEGER;
-    ALTER TABLE states ADD COLUMN chain_bytes INTEGER NOT NULL DEFAULT 0;
-    ALTER TABLE states ADD COLUMN base_bytes INTEGER NOT NULL DEFAULT 0;
+    ALTER TABLE states ADD COLUMN ref_version {w.integer};
+    ALTER TABLE states ADD COLUMN chain_bytes {w.integer} NOT NULL DEFAULT 0;
+    ALTER TABLE states ADD COLUMN base_bytes {w.integer} NOT NULL DEFAULT 0;
     CREATE INDEX states_by_ref ON states (ref_channel, ref_version);
     CREATE INDEX states_by_base ON states (channel_id, delta_base);
-    """,
     """
-    -- The answers to approvals by (channel, request_id), so /metrics finds the approvals still pending
-    -- with one probe each (stored_figures); only approval.decided and approval.expired rows are in it.
-    CREATE INDEX events_approval_answers ON events (channel_id, json_extract(payload, '$.request_id'))
-     WHERE type IN ('approval.decided', 'approval.expired');
-    """,
-    """
-    -- The fleet gateway. The remote instances this server's organisation reaches: each remote's
-    -- API key is encrypted (Fernet) with the key in the file fleet_key beside the database, never
-    -- in it, so a copy of the database does not reveal it.
-    CREATE TABLE fleet_instances (
-        id               TEXT PRIMARY KEY,         -- the remote server's own instance id
-        name             TEXT NOT NULL,
-        url              TEXT NOT NULL,            -- its base URL
-        key_ciphertext   TEXT NOT NULL,            -- Fernet token of its API key
-        key_prefix       TEXT NOT NULL,            -- first characters, to tell keys apart
-        timeout_seconds  REAL,                     -- NULL: the server's --fleet-timeout
-        added_at         TEXT NOT NULL
-    );
-    -- Organisation tokens (the SDK's FleetClient exchanges one for a fleet token), by hash only.
-    CREATE TABLE org_tokens (
-        id          INTEGER PRIMARY KEY,
-        name        TEXT NOT NULL,
-        token_hash  TEXT NOT NULL UNIQUE,          -- sha256 of the token
-        prefix      TEXT NOT NULL,
-        scopes      TEXT NOT NULL,                 -- {"read": [...], "write": [...], "delete": [...], "admin": [...]}
-        created_at  TEXT NOT NULL,
-        expires_at  TEXT,                          -- NULL: never expires
-        revoked_at  TEXT
-    );
-    -- One-use, short-lived tickets for the gateway's event stream, by hash.
-    CREATE TABLE fleet_tickets (
-        ticket_hash    TEXT PRIMARY KEY,
-        org_token_id   INTEGER NOT NULL,
-        scopes         TEXT NOT NULL,              -- the SDK scopes of the fleet token that minted it
-        instance_id    TEXT NOT NULL,
-        channel_id     TEXT,
-        resume_cursor  INTEGER,
-        created_at     TEXT NOT NULL,
-        expires_at     TEXT NOT NULL,
-        used_at        TEXT
-    );
-    """,
-    migrate_many_runs,
-]
 
 
-# PostgreSQL: the same tables as SQLite's migrations leave them, in one script (the backend starts
-# at this schema). BIGINT wherever SQLite has INTEGER (PostgreSQL's INTEGER is 32 bits); states are
-# BYTEA and always zlib-packed (one column cannot hold text or bytes as SQLite's can). Recorded in
-# actae_migrations; append, never edit.
-POSTGRES_MIGRATIONS = [
-    f"""
-    CREATE TABLE settings (
-        name  TEXT PRIMARY KEY,
-        value TEXT NOT NULL
-    );
-
-    CREATE TABLE api_keys (
-        id            BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-        key_hash      TEXT NOT NULL UNIQUE,
-        prefix        TEXT NOT NULL,
-        created_at    TEXT NOT NULL,
-        revoked_at    TEXT,
-        name          TEXT,
-        scopes        TEXT NOT NULL DEFAULT '{{}}',
-        expires_at    TEXT,
-        last_used_at  TEXT
-    );
-
-    CREATE TABLE channels (
-        id                   TEXT PRIMARY KEY,
-        parent_id            TEXT REFERENCES channels(id),
-        origin_id            TEXT NOT NULL,
-        created_at           TEXT NOT NULL,
-        updated_at           TEXT NOT NULL,
-        last_cursor          BIGINT NOT NULL DEFAULT 0,
-        state_version        BIGINT NOT NULL DEFAULT 0,
-        display_name         TEXT,
-        reason               TEXT,
-        experiment_metadata  TEXT,
-        forked_at            TEXT,
-        requested_cursor     BIGINT NOT NULL DEFAULT 0,
-        resolved_cursor      BIGINT NOT NULL DEFAULT 0,
-        resolved_event_id    TEXT,
-        forked_at_step       BIGINT,
-        source_state_version BIGINT NOT NULL DEFAULT 0,
-        source_state_sha256  TEXT,
-        restorable           BIGINT NOT NULL DEFAULT 0 CHECK (restorable IN (0, 1)),
-        manifest             TEXT,
-        reproducibility      TEXT CHECK (reproducibility IN ('state_exact', 'context_exact', 'execution_replayable', 'best_effort')),
-        tool_policies        TEXT,
-        fork_operation_id    TEXT,
-        fork_request_hash    TEXT,
-        outcome              TEXT CHECK (outcome IN ('promoted', 'rejected', 'inconclusive', 'crashed')),
-        result_score         DOUBLE PRECISION,
-        promoted_event_id    TEXT,
-        promoted_version     BIGINT,
-        chain_head           TEXT,
-        closed_at            TEXT
-    );
-    CREATE INDEX channels_by_parent ON channels (parent_id);
-    CREATE INDEX channels_by_activity ON channels (updated_at, id);
-    CREATE UNIQUE INDEX channels_fork_operation ON channels (fork_operation_id);
-
-    CREATE TABLE events (
-        channel_id    TEXT NOT NULL REFERENCES channels(id),
-        cursor        BIGINT NOT NULL,
-        id            TEXT NOT NULL UNIQUE,
-        type          TEXT NOT NULL,
-        payload       TEXT,
-        actor         TEXT NOT NULL,
-        agent_id      TEXT,
-        user_id       TEXT,
-        metadata      TEXT,
-        operation_id  TEXT,
-        request_hash  TEXT,
-        step_number   BIGINT CHECK (step_number >= 1),
-        depends_on    TEXT,
-        dependencies  TEXT,
-        created_at    TEXT NOT NULL,
-        chain_hash    TEXT,
-        PRIMARY KEY (channel_id, cursor)
-    );
-    CREATE UNIQUE INDEX events_operation ON events (channel_id, operation_id);
-    CREATE INDEX events_by_step ON events (channel_id, step_number, cursor);
-    CREATE INDEX events_by_type ON events (type, created_at);
-    CREATE INDEX events_by_time ON events (created_at);
-
-    CREATE TABLE states (
-        channel_id    TEXT NOT NULL REFERENCES channels(id),
-        version       BIGINT NOT NULL,
-        cursor        BIGINT NOT NULL,
-        state         BYTEA,
-        sha256        TEXT NOT NULL,
-        operation_id  TEXT,
-        created_at    TEXT NOT NULL,
-        status        TEXT,
-        PRIMARY KEY (channel_id, version)
-    );
-    CREATE INDEX states_by_cursor ON states (channel_id, cursor, version);
-    CREATE UNIQUE INDEX states_operation ON states (channel_id, operation_id);
-
-    CREATE TABLE executions (
-        id                  TEXT PRIMARY KEY,
-        channel_id          TEXT NOT NULL REFERENCES channels(id),
-        key_name            TEXT NOT NULL,
-        tool_name           TEXT NOT NULL,
-        request_hash        TEXT NOT NULL,
-        params              TEXT,
-        status              TEXT NOT NULL CHECK (status IN
-                                ('running', 'completed', 'failed', 'cancelled', 'interrupted', 'expired')),
-        claim_token         TEXT,
-        lease_seconds       BIGINT NOT NULL,
-        lease_until         TEXT,
-        attempts            BIGINT NOT NULL DEFAULT 0,
-        result              TEXT,
-        error               TEXT,
-        started_cursor      BIGINT,
-        completed_cursor    BIGINT,
-        started_event_id    TEXT,
-        completed_event_id  TEXT,
-        replay_emitted      BIGINT NOT NULL DEFAULT 0 CHECK (replay_emitted IN (0, 1)),
-        inherited_from      TEXT,
-        created_at          TEXT NOT NULL,
-        updated_at          TEXT NOT NULL,
-        completed_at        TEXT,
-        UNIQUE (channel_id, key_name)
-    );
-    CREATE INDEX executions_by_time ON executions (channel_id, created_at);
-
-    CREATE TABLE wakeups (
-        id           TEXT PRIMARY KEY,
-        channel_id   TEXT NOT NULL,
-        run_at       TEXT NOT NULL,
-        status       TEXT NOT NULL CHECK (status IN ('pending', 'done', 'failed', 'cancelled')),
-        payload      TEXT,
-        attempts     BIGINT NOT NULL DEFAULT 0,
-        error        TEXT,
-        created_at   TEXT NOT NULL,
-        executed_at  TEXT
-    );
-    CREATE INDEX wakeups_due ON wakeups (status, run_at);
-
-    CREATE TABLE consumer_groups (
-        id                TEXT PRIMARY KEY,
-        channel_id        TEXT NOT NULL,
-        metadata          TEXT,
-        committed_cursor  BIGINT NOT NULL DEFAULT 0,
-        created_at        TEXT NOT NULL
-    );
-    CREATE TABLE group_consumers (
-        group_id           TEXT NOT NULL REFERENCES consumer_groups(id),
-        consumer_id        TEXT NOT NULL,
-        lease_until        TEXT NOT NULL,
-        reserved_from      BIGINT NOT NULL DEFAULT 0,
-        claimed_cursor     BIGINT NOT NULL DEFAULT 0,
-        acked_cursor       BIGINT NOT NULL DEFAULT 0,
-        updated_at         TEXT NOT NULL,
-        last_acked_cursor  BIGINT NOT NULL DEFAULT 0,
-        PRIMARY KEY (group_id, consumer_id)
-    );
-
-    CREATE TABLE execution_groups (
-        id          TEXT PRIMARY KEY,
-        status      TEXT NOT NULL DEFAULT 'active' CHECK (status IN ('active')),
-        metadata    TEXT,
-        fork        TEXT,
-        created_at  TEXT NOT NULL,
-        updated_at  TEXT NOT NULL
-    );
-    CREATE TABLE execution_group_members (
-        group_id     TEXT NOT NULL REFERENCES execution_groups(id),
-        member_id    TEXT NOT NULL,
-        channel_id   TEXT NOT NULL,
-        role         TEXT,
-        metadata     TEXT,
-        owner_id     TEXT,
-        generation   BIGINT NOT NULL DEFAULT 0,
-        lease_until  TEXT,
-        created_at   TEXT NOT NULL,
-        PRIMARY KEY (group_id, member_id)
-    );
-    CREATE TABLE group_messages (
-        seq                BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-        id                 TEXT NOT NULL UNIQUE,
-        group_id           TEXT NOT NULL REFERENCES execution_groups(id),
-        from_member_id     TEXT NOT NULL,
-        to_member_id       TEXT NOT NULL,
-        type               TEXT NOT NULL,
-        payload            TEXT,
-        causal_context     TEXT,
-        source_event_id    TEXT NOT NULL,
-        delivery_event_id  TEXT NOT NULL,
-        status             TEXT NOT NULL CHECK (status IN ('delivered', 'acknowledged')),
-        operation_id       TEXT,
-        request_hash       TEXT NOT NULL,
-        created_at         TEXT NOT NULL,
-        acknowledged_at    TEXT,
-        UNIQUE (group_id, operation_id)
-    );
-    CREATE INDEX group_messages_inbox ON group_messages (group_id, to_member_id, seq);
-
-    CREATE TABLE experiments (
-        id                   TEXT PRIMARY KEY,
-        name                 TEXT NOT NULL,
-        description          TEXT,
-        baseline_channel_id  TEXT,
-        created_at           TEXT NOT NULL
-    );
-    CREATE TABLE experiment_members (
-        experiment_id   TEXT NOT NULL REFERENCES experiments(id),
-        channel_id      TEXT NOT NULL,
-        role            TEXT NOT NULL,
-        declared_delta  TEXT,
-        added_at        TEXT NOT NULL,
-        PRIMARY KEY (experiment_id, channel_id)
-    );
-
-    CREATE TABLE sessions (
-        id_hash     TEXT PRIMARY KEY,
-        key_ref     TEXT NOT NULL,
-        created_at  TEXT NOT NULL,
-        expires_at  TEXT NOT NULL
-    );
-    CREATE INDEX sessions_by_key ON sessions (key_ref);
-
-    CREATE TABLE users (
-        id             TEXT PRIMARY KEY,
-        email          TEXT NOT NULL,
-        email_key      TEXT NOT NULL UNIQUE,
-        name           TEXT,
-        password_hash  TEXT NOT NULL,
-        scopes         TEXT NOT NULL DEFAULT '{{}}',
-        created_at     TEXT NOT NULL,
-        updated_at     TEXT NOT NULL
-    );
-    CREATE TABLE tokens (
-        jti         TEXT PRIMARY KEY,
-        user_id     TEXT REFERENCES users(id),
-        key_id      BIGINT REFERENCES api_keys(id),
-        created_at  TEXT NOT NULL,
-        expires_at  TEXT NOT NULL,
-        CHECK ((user_id IS NULL) <> (key_id IS NULL))
-    );
-    CREATE TABLE preferences (
-        owner       TEXT PRIMARY KEY,
-        document    TEXT NOT NULL,
-        updated_at  TEXT NOT NULL
-    );
-
-    -- The chain step the cursor UPDATE computes (see append_event): chain_step() in SQL, byte for byte.
-    CREATE FUNCTION actae_chain(previous TEXT, head TEXT, at_cursor BIGINT, tail TEXT) RETURNS TEXT
-        LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
-        SELECT encode(sha256(convert_to(COALESCE(previous, '{CHAIN_GENESIS}') || head || at_cursor::text || tail,
-                                        'UTF8')), 'hex') $$;
-    """,
-    """
-    -- States stored as deltas or shared with a fork (see SQLite's migration of the same change).
-    ALTER TABLE states ADD COLUMN delta_base BIGINT;
-    ALTER TABLE states ADD COLUMN chain_start BIGINT;
-    ALTER TABLE states ADD COLUMN ref_channel TEXT;
-    ALTER TABLE states ADD COLUMN ref_version BIGINT;
-    ALTER TABLE states ADD COLUMN chain_bytes BIGINT NOT NULL DEFAULT 0;
-    ALTER TABLE states ADD COLUMN base_bytes BIGINT NOT NULL DEFAULT 0;
-    CREATE INDEX states_by_ref ON states (ref_channel, ref_version);
-    CREATE INDEX states_by_base ON states (channel_id, delta_base);
-    """,
-    """
-    -- The answers to approvals by (channel, request_id), as on SQLite (see stored_figures).
-    CREATE INDEX events_approval_answers ON events
-        (channel_id, (CASE WHEN jsonb_typeof(payload::jsonb) = 'object' THEN payload::jsonb ->> 'request_id' END))
-     WHERE type IN ('approval.decided', 'approval.expired');
-    """,
-    """
-    -- The fleet gateway, as SQLite's fleet migration makes it (remote keys encrypted with fleet_key).
-    CREATE TABLE fleet_instances (
-        id               TEXT PRIMARY KEY,
-        name             TEXT NOT NULL,
-        url              TEXT NOT NULL,
-        key_ciphertext   TEXT NOT NULL,
-        key_prefix       TEXT NOT NULL,
-        timeout_seconds  DOUBLE PRECISION,
-        added_at         TEXT NOT NULL
-    );
-    CREATE TABLE org_tokens (
-        id          BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,
-        name        TEXT NOT NULL,
-        token_hash  TEXT NOT NULL UNIQUE,
-        prefix      TEXT NOT NULL,
-        scopes      TEXT NOT NULL,
-        created_at  TEXT NOT NULL,
-        expires_at  TEXT,
-        revoked_at  TEXT
-    );
-    CREATE TABLE fleet_tickets (
-        ticket_hash    TEXT PRIMARY KEY,
-        org_token_id   BIGINT NOT NULL,
-        scopes         TEXT NOT NULL,
-        instance_id    TEXT NOT NULL,
-        channel_id     TEXT,
-        resume_cursor  BIGINT,
-        created_at     TEXT NOT NULL,
-        expires_at     TEXT NOT NULL,
-        used_at        TEXT
-    );
-    """,
-    migrate_many_runs,
+# The schema, step by step: append, never edit. SQLite runs every step, one transaction each, and
+# PRAGMA user_version counts them. PostgreSQL started later, at steps 1-5 in one script, and numbers
+# its versions (actae_migrations) apart: a step's `postgres` is the version it belongs to there, and
+# a database at version v has run every step whose `postgres` is at most v. Steps 1-5 are version 1;
+# every later step takes the next version of its own (sharing one would skip it on databases that
+# already recorded that version). A step one backend does not need is still a step on both: it runs
+# nothing there (`only`). A region adds its part to a step's number (schema_step), after the core's.
+MIGRATIONS = [
+    Migration(1, base_schema),
+    Migration(1, sessions_schema),
+    Migration(1, accounts_schema, only={"postgresql": CHAIN_FUNCTION}),
+    Migration(1, only={"sqlite": backfill_chain}),        # PostgreSQL's events were chained from the first
+    Migration(1, step_lookup_schema, only={"sqlite": STATE_STATUS_BACKFILL}),
+    Migration(2, state_storage_schema),
+    Migration(3),                                         # the approvals' answers (Many runs)
+    Migration(4),                                         # the fleet's tables (Fleet)
+    Migration(5, run=migrate_run_facts),                  # and the approvals and bulk forks (Many runs)
 ]
 
 
@@ -2888,7 +2319,6 @@ POSTGRES_MIGRATIONS = [
 # rows readable by name or position, and `conn.dialect` for the little SQL that differs. SQLite's
 # connection is that already (a subclass adds the dialect); PostgreSQL's is a thin wrapper over a
 # psycopg connection. Whole functions cross to a database thread, never single statements.
-
 
 # Transaction control: the same words on every backend.
 BEGIN, COMMIT, ROLLBACK = "BEGIN", "COMMIT", "ROLLBACK"
@@ -2918,10 +2348,10 @@ class Dialect:
     def is_unique_violation(self, exc: BaseException) -> bool:
         raise NotImplementedError
 
-    def announce(self, conn: Any, events: list) -> None:
+    def announce(self, conn: "Conn", events: list) -> None:
         """Tell other servers, inside the transaction, which channels got events (no-op on SQLite)."""
 
-    def bump_and_insert(self, conn: Any, update: str, args: tuple, row: CounterRow, values: tuple) -> Optional[tuple]:
+    def bump_and_insert(self, conn: "Conn", update: str, args: tuple, row: CounterRow, values: tuple) -> Optional[tuple]:
         """Run the counter `update` (no RETURNING clause) and insert `row` with `values` and the
         counters it returned; the counters, or None when the UPDATE matched nothing (and nothing
         was inserted)."""
@@ -2991,13 +2421,13 @@ class PostgresDialect(Dialect):
     def is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.errors.UniqueViolation)
 
-    def bump_and_insert(self, conn: Any, update: str, args: tuple, row: CounterRow, values: tuple) -> Optional[tuple]:
+    def bump_and_insert(self, conn: "Conn", update: str, args: tuple, row: CounterRow, values: tuple) -> Optional[tuple]:
         # One statement, not two: a statement is a round trip's worth of client and server work,
         # and an SDK step is two of these.
         bumped = conn.execute(counter_insert_sql(row, update), args + values).fetchone()
         return None if bumped is None else tuple(bumped)
 
-    def announce(self, conn: Any, events: list) -> None:
+    def announce(self, conn: "Conn", events: list) -> None:
         latest: dict = {}
         for event in events:
             latest[event.channel_id] = max(event.cursor, latest.get(event.channel_id, 0))
@@ -3040,6 +2470,7 @@ class SqliteConnection(sqlite3.Connection):
 
     dialect = SQLITE
     usable = True                    # a file: nothing to lose between statements
+    states: Optional["StateCache"] = None   # its engine's cache of rebuilt states (see state_cache)
 
     def pipeline(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()     # a statement costs no round trip here
@@ -3062,15 +2493,13 @@ def user_version(number: int) -> str:
 
 
 def migrate_sqlite(conn: Conn) -> None:
-    """Run the SQLite migrations this file has not run; PRAGMA user_version counts them."""
+    """Run the migrations this file has not run, each in one transaction; PRAGMA user_version counts them."""
     current = conn.execute("PRAGMA user_version").fetchone()[0]
     for number, step in enumerate(SQLITE_BACKEND.migrations[current:], start=current + 1):
-        if not callable(step):
-            conn.executescript(f"{SQLITE.begin_write[0]};\n{step}\n{user_version(number)};\n{COMMIT};")
-            continue
         conn.execute(SQLITE.begin_write[0])
         try:
-            step(conn)
+            for part in step.parts(SQLITE, number):
+                part(conn) if callable(part) else run_script(conn, part)
             conn.execute(user_version(number))
             conn.execute(COMMIT)
         except BaseException:
@@ -3143,8 +2572,9 @@ class PostgresConnection:
 
     dialect = POSTGRES
 
-    def __init__(self, raw: "psycopg.Connection", origin: str = "cli"):
+    def __init__(self, raw: "psycopg.Connection", origin: str = "cli", states: Optional["StateCache"] = None):
         self.raw = raw
+        self.states = states
         self.origin = origin               # names this server in its NOTIFYs (see PostgresEngine.listen)
 
     def execute(self, sql: str, args: Any = ()) -> Any:
@@ -3216,11 +2646,15 @@ def migrate_postgres(raw: "psycopg.Connection") -> None:
     try:
         raw.execute("CREATE TABLE IF NOT EXISTS actae_migrations (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)")
         done = raw.execute("SELECT COALESCE(MAX(version), 0) FROM actae_migrations").fetchone()[0]
-        for number, script in enumerate(POSTGRES_BACKEND.migrations[done:], start=done + 1):
+        steps = list(enumerate(POSTGRES_BACKEND.migrations, start=1))
+        for version in sorted({step.postgres for _, step in steps if step.postgres > done}):
             with raw.transaction():
-                script(PostgresConnection(raw)) if callable(script) else raw.execute(script)
+                for number, step in steps:
+                    if step.postgres == version:
+                        for part in step.parts(POSTGRES, number):
+                            part(PostgresConnection(raw)) if callable(part) else raw.execute(part)
                 raw.execute("INSERT INTO actae_migrations (version, applied_at) VALUES (%s, %s)",
-                            (number, iso(utc_now())))
+                            (version, iso(utc_now())))
     finally:
         raw.execute(f"SELECT pg_advisory_unlock({POSTGRES_MIGRATION_LOCK})")
 
@@ -3238,13 +2672,12 @@ def connect_postgres(url: str) -> PostgresConnection:
 # Database: one writer path (group commit), pooled readers, either backend
 # =============================================================================
 
-
 @dataclass
 class Tx:
     """What a write function gets: the connection, one clock reading, the events it appends, and
     what to do once (and only if) its work is committed."""
 
-    conn: Any                        # SqliteConnection or PostgresConnection
+    conn: Conn
     now: datetime
     ts: str                          # `now` as stored: formatted once per batch, not per row
     events: list = field(default_factory=list)
@@ -3270,7 +2703,7 @@ class Job:
     bare: bool = False               # `work(conn, *args)` alone, outside any transaction (see Database.on_writer)
 
 
-def run_jobs(conn: Any, jobs: list) -> list:
+def run_jobs(conn: Conn, jobs: list) -> list:
     """Run write jobs in ONE transaction (one fsync, one commit); returns, per job, `(result, events)`
     or `(exception, None)`, and raises if the commit itself fails.
 
@@ -3299,7 +2732,7 @@ class JobFailed(Exception):
         self.error = error
 
 
-def run_jobs_together(conn: Any, jobs: list) -> list:
+def run_jobs_together(conn: Conn, jobs: list) -> list:
     now = utc_now()
     ts = iso(now)
     outcomes, txs = [], []
@@ -3324,7 +2757,7 @@ def run_jobs_together(conn: Any, jobs: list) -> list:
     return outcomes
 
 
-def job_error(conn: Any, exc: Exception) -> Exception:
+def job_error(conn: Conn, exc: Exception) -> Exception:
     """What a job that raised `exc` answers: a unique constraint's refusal is the caller's conflict."""
     if conn.dialect.is_unique_violation(exc):
         log.warning("a unique constraint refused a write: %s", first_line(exc))
@@ -3332,7 +2765,7 @@ def job_error(conn: Any, exc: Exception) -> Exception:
     return exc
 
 
-def run_jobs_isolated(conn: Any, jobs: list) -> list:
+def run_jobs_isolated(conn: Conn, jobs: list) -> list:
     """Each job in a savepoint, so one failure rolls back alone."""
     outcomes, txs = [], []
     for statement in conn.dialect.begin_write:
@@ -3390,7 +2823,7 @@ class Location:
         return f"postgresql://{parts.hostname or 'localhost'}{':' + str(parts.port) if parts.port else ''}{parts.path}"
 
 
-def connect_sync(location: Location) -> Any:
+def connect_sync(location: Location) -> Conn:
     """A configured, migrated connection for the command line (before or beside the server)."""
     return backend_for(location).connect(location)
 
@@ -3409,6 +2842,7 @@ class Engine:
 
     def __init__(self, location: Location):
         self.location = location
+        self.states = StateCache(STATE_CACHE_BYTES)    # rebuilt states, shared by this engine's connections
 
     async def open(self) -> None:
         """Connect, configure and migrate; fail fast with the database's own message."""
@@ -3434,6 +2868,14 @@ class Engine:
         raise NotImplementedError
 
 
+def aiosqlite_internals(conn: aiosqlite.Connection) -> tuple:
+    """aiosqlite's private pair: the call that runs a whole function on the connection's own thread,
+    and the sqlite3 connection it wraps. Its public API crosses threads once per statement; a domain
+    function (often a dozen statements) crosses once this way. The only use of aiosqlite's
+    internals: requirements.txt bounds aiosqlite to the versions the suite runs on."""
+    return conn._execute, conn._conn
+
+
 class SqliteEngine(Engine):
     """SQLite threads through aiosqlite: one writer connection, a few readers (WAL lets them overlap)."""
 
@@ -3452,6 +2894,8 @@ class SqliteEngine(Engine):
         for _ in range(self._reader_count):
             reader = await self._connect()
             await self._call(reader, configure_sqlite)
+        for conn in (self._writer, *self._readers):
+            aiosqlite_internals(conn)[1].states = self.states
             self._readers.append(reader)
 
     async def _connect(self) -> aiosqlite.Connection:
@@ -3461,8 +2905,8 @@ class SqliteEngine(Engine):
 
     @staticmethod
     async def _call(conn: aiosqlite.Connection, fn: Callable, *args):
-        # aiosqlite runs each call on the connection's own thread; _execute ships a whole function.
-        return await conn._execute(fn, conn._conn, *args)
+        ship, raw = aiosqlite_internals(conn)
+        return await ship(fn, raw, *args)
 
     async def read(self, fn: Callable, *args):
         reader = self._readers[self._next_reader % len(self._readers)]
@@ -3473,7 +2917,7 @@ class SqliteEngine(Engine):
         await self._call(self._writer, lambda conn: writer(lambda fn, *args: fn(conn, *args)))
 
     def on_writer_here(self) -> Optional[Callable]:
-        conn = self._writer._conn                # shared with the writer's thread, never at once (Database._writing)
+        _, conn = aiosqlite_internals(self._writer)   # shared with the writer's thread, never at once (Database._writing)
         return lambda fn, *args: fn(conn, *args)
 
     async def close(self) -> None:
@@ -3524,7 +2968,7 @@ class PostgresEngine(Engine):
     def _run(self, pool: "psycopg_pool.ConnectionPool", fn: Callable, args: tuple):
         try:
             with pool.connection() as raw:
-                return fn(PostgresConnection(raw, self.origin), *args)
+                return fn(PostgresConnection(raw, self.origin, self.states), *args)
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise DatabaseUnavailable(f"PostgreSQL is unavailable: {first_line(exc)}") from exc
 
@@ -3759,13 +3203,13 @@ class Backend:
 
     name: str                                # what /api/v1/instance reports
     dialect: Dialect
-    migrations: list                         # its one schema list
+    migrations: list                         # the one list of migrations, each step rendered for this backend
     engine: type                             # an Engine subclass: the server's connections
-    connect: Callable[[Location], Any]       # a configured, migrated connection for the command line
+    connect: Callable[[Location], Conn]      # a configured, migrated connection for the command line
 
 
-SQLITE_BACKEND = Backend("sqlite", SQLITE, SQLITE_MIGRATIONS, SqliteEngine, connect_sqlite)
-POSTGRES_BACKEND = Backend("postgresql", POSTGRES, POSTGRES_MIGRATIONS, PostgresEngine,
+SQLITE_BACKEND = Backend("sqlite", SQLITE, MIGRATIONS, SqliteEngine, connect_sqlite)
+POSTGRES_BACKEND = Backend("postgresql", POSTGRES, MIGRATIONS, PostgresEngine,
                            lambda location: connect_postgres(location.url))
 
 
@@ -3779,7 +3223,6 @@ def backend_for(location: Location) -> Backend:
 # =============================================================================
 # Domain functions call these and decide what a row (or its absence) means; a query only one
 # function needs stays in that function.
-
 
 def state_version_row(conn: Conn, channel_id: str, version: int) -> Optional[Row]:
     return conn.execute("SELECT * FROM states WHERE channel_id = ? AND version = ?", (channel_id, version)).fetchone()
@@ -3862,17 +3305,13 @@ def refresh_run_facts(conn: Conn, channel_id: Optional[str] = None) -> None:
         " last_event_type = (SELECT e.type FROM events e WHERE e.channel_id = channels.id"
         " AND e.cursor = channels.last_cursor),"
         " error_cursor = (SELECT MIN(e.cursor) FROM events e WHERE e.channel_id = channels.id"
-        f" AND e.type IN ({_sql_names(ERROR_EVENT_TYPES)})),"
+        f" AND e.type IN ({sql_list(ERROR_EVENT_TYPES)})),"
         " last_state_status = (SELECT s.status FROM states s WHERE s.channel_id = channels.id"
         f" ORDER BY s.version DESC LIMIT 1){where}", args)
 
 
 def event_at(conn: Conn, channel_id: str, cursor: int) -> Optional[Row]:
     return conn.execute("SELECT * FROM events WHERE channel_id = ? AND cursor = ?", (channel_id, cursor)).fetchone()
-
-
-def bulk_fork_by_operation(conn: Conn, operation_id: str) -> Optional[Row]:
-    return conn.execute("SELECT * FROM bulk_forks WHERE operation_id = ?", (operation_id,)).fetchone()
 
 
 def union_of_pages(conn: Conn, pages: list, order: str, limit: int) -> list:
@@ -3892,30 +3331,9 @@ def present(row: Optional[Row], missing: Callable[[], ActaeError]) -> Row:
     return row
 
 
-# --- the fleet gateway's instances and organisation tokens ---------------------------------------
-
-
-def fleet_instance_by_id(conn: Conn, instance_id: str) -> Optional[Row]:
-    return conn.execute("SELECT * FROM fleet_instances WHERE id = ?", (instance_id,)).fetchone()
-
-
-def fleet_instance_rows(conn: Conn) -> list:
-    return conn.execute("SELECT * FROM fleet_instances ORDER BY added_at, id").fetchall()
-
-
-def org_token_by_id(conn: Conn, token_id: int) -> Optional[Row]:
-    return conn.execute("SELECT * FROM org_tokens WHERE id = ?", (token_id,)).fetchone()
-
-
-def active_org_token_rows(conn: Conn) -> list:
-    """Every organisation token not revoked (expired ones too: `org-token list` shows their expiry)."""
-    return conn.execute("SELECT * FROM org_tokens WHERE revoked_at IS NULL ORDER BY id").fetchall()
-
-
 # =============================================================================
 # Domain: channels, events, state (plain functions of a connection or a Tx)
 # =============================================================================
-
 
 class Where:
     """AND-ed filter clauses and their arguments, for queries whose filters are all optional."""
@@ -4044,8 +3462,10 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                   channel_cursor=cursor, timestamp=tx.ts, agent_id=agent_id, user_id=user_id, metadata=metadata,
                   depends_on=depends_on, step_number=step_number, chain_hash=chain_hash)
     tx.events.append(event)
-    if event_type in APPROVAL_INDEXED:
-        index_approval(tx.conn, channel_id, cursor, event_type, payload, actor, tx.ts)
+    hooks = EVENT_HOOKS.get(event_type)
+    if hooks is not None:
+        for hook in hooks:
+            hook(tx, event)
     return event
 
 
@@ -4294,7 +3714,12 @@ class StateCache:
 
 
 MISSING = object()
-STATE_CACHE = StateCache(STATE_CACHE_BYTES)
+
+
+def state_cache(conn: Conn) -> StateCache:
+    """The connection's engine's cache of rebuilt states (one per app, never shared); a connection of
+    no engine's (the command line's, an upgrade's) gets an empty one that keeps nothing."""
+    return getattr(conn, "states", None) or StateCache(0)
 
 
 def state_key(row: Row) -> tuple:
@@ -4430,11 +3855,11 @@ def shared_state(row: Row) -> StoredState:
 
 def state_value(conn: Conn, row: Row, *, remember: bool = True) -> Any:
     """The state a states row holds, whatever its stored form. `remember`: keep a rebuilt one in
-    STATE_CACHE (only for committed rows: a write transaction passes False)."""
+    the connection's StateCache (only for committed rows: a write transaction passes False)."""
     if row["delta_base"] is None and row["ref_channel"] is None:
         return load_state(row["state"])
     key = state_key(row)
-    hit = STATE_CACHE.get(key)
+    hit = state_cache(conn).get(key)
     if hit is not MISSING:
         return hit
     if row["ref_channel"] is not None:
@@ -4443,7 +3868,7 @@ def state_value(conn: Conn, row: Row, *, remember: bool = True) -> Any:
     else:
         value = rebuilt_state(conn, row, remember)
     if remember:
-        STATE_CACHE.put(key, value, row["base_bytes"] * 4 + row["chain_bytes"])
+        state_cache(conn).put(key, value, row["base_bytes"] * 4 + row["chain_bytes"])
     return value
 
 
@@ -4452,7 +3877,7 @@ def rebuilt_state(conn: Conn, row: Row, remember: bool) -> Any:
     chain = state_rows_between(conn, row["channel_id"], row["chain_start"], row["version"])
     start = 0
     for index in range(len(chain) - 1, 0, -1):
-        hit = STATE_CACHE.get(state_key(chain[index]))
+        hit = state_cache(conn).get(state_key(chain[index]))
         if hit is not MISSING:
             value, start = hit, index
             break
@@ -4474,9 +3899,9 @@ def require_state_version(conn: Conn, channel_id: str, version: int) -> Row:
 
 
 def remember_saved(tx: Tx, channel_id: str, version: int, sha: str, value: Any, text: Optional[str]) -> None:
-    """A saved large state goes into STATE_CACHE once committed: the next save diffs against it."""
+    """A saved large state goes into the StateCache once committed: the next save diffs against it."""
     if text is not None and len(text) >= DELTA_MIN_BYTES:
-        tx.after_commit.append(lambda: STATE_CACHE.put((channel_id, version, sha), value, len(text)))
+        tx.after_commit.append(lambda: state_cache(tx.conn).put((channel_id, version, sha), value, len(text)))
 
 
 def make_whole(tx: Tx, row: Row) -> None:
@@ -4677,8 +4102,8 @@ def own_step(conn: Conn, channel_id: str, step_number: int) -> Optional[Row]:
 def resolve_step(conn: Conn, channel_id: str, step_number: int) -> StepLocation:
     """Step n -> (owner channel, cursor). Inherited steps resolve on the ancestor that recorded them."""
     for row, _ in lineage(conn, channel_id):
-        inherited = row["parent_id"] is not None and row["forked_at_step"] is not None \
-            and step_number <= row["forked_at_step"]
+        inherited = (row["parent_id"] is not None and row["forked_at_step"] is not None
+                     and step_number <= row["forked_at_step"])
         if not inherited:
             hit = own_step(conn, row["id"], step_number)
             if hit is not None:
@@ -4713,7 +4138,6 @@ def step_list(conn: Conn, channel_id: str) -> list:
 # =============================================================================
 # Domain: forks (copy-on-write: a row, a boundary, one copied snapshot)
 # =============================================================================
-
 
 def reproducibility_grade(restorable: bool, manifest: Optional[dict]) -> str:
     if not restorable:
@@ -4768,8 +4192,8 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
         # AgentSession retries with a fresh operation id, so the child's name is the retry key.
         # Same source and boundary is the same fork (the SDK's own retry); a different tool policy is
         # not: replaying it would leave the caller believing its policy is in force.
-        if existing["parent_id"] == source_id and existing["requested_cursor"] == at_cursor \
-                and load(existing["tool_policies"]) == req.tool_policies:
+        if (existing["parent_id"] == source_id and existing["requested_cursor"] == at_cursor
+                and load(existing["tool_policies"]) == req.tool_policies):
             return receipt_of(existing, replayed=True)
         raise Conflict("channel_conflict", f"channel {child_id} already exists with a different definition")
     if child_id == source_id:
@@ -4840,7 +4264,6 @@ def fork_tree(conn: Conn, channel_id: str, depth: int = 0) -> ForkTree:
 # =============================================================================
 # Domain: diff, compare, trail, outcome, promote, delete, experiments
 # =============================================================================
-
 
 def diff_values(left: Any, right: Any, path: tuple = ()) -> list[DiffEntry]:
     """Keys/indexes only on the right are added, only on the left removed, on both but unequal changed."""
@@ -4933,7 +4356,7 @@ def decision_trail(conn: Conn, channel_id: str) -> Trail:
         boundary=boundary, executions=channel_executions(conn, channel_id))
 
 
-def run_metrics(conn: Conn, channel_id: str) -> RunMetrics:
+def run_figures(conn: Conn, channel_id: str) -> RunFigures:
     row = conn.execute("SELECT COUNT(*) AS n, COUNT(step_number) AS steps, MIN(created_at) AS first,"
                        " MAX(created_at) AS last FROM events WHERE channel_id = ?", (channel_id,)).fetchone()
     tokens = cost = 0
@@ -4946,7 +4369,7 @@ def run_metrics(conn: Conn, channel_id: str) -> RunMetrics:
             cost += output["cost"] if is_number(output.get("cost")) else 0
     duration = (parse_iso(row["last"]) - parse_iso(row["first"])).total_seconds() if row["first"] else 0.0
     tools = conn.execute("SELECT COUNT(*) FROM executions WHERE channel_id = ?", (channel_id,)).fetchone()[0]
-    return RunMetrics(event_count=row["n"], step_count=row["steps"], tool_calls=tools, duration_seconds=duration,
+    return RunFigures(event_count=row["n"], step_count=row["steps"], tool_calls=tools, duration_seconds=duration,
                       tokens=tokens, cost=cost)
 
 
@@ -4961,15 +4384,15 @@ def tool_summary(execution: Execution) -> ToolSummary:
     return ToolSummary(key_name=execution.key_name, tool_name=execution.tool_name, status=execution.status)
 
 
-def metrics_delta(left: RunMetrics, right: RunMetrics) -> RunMetrics:
-    return RunMetrics(**{name: getattr(right, name) - getattr(left, name) for name in RunMetrics.__struct_fields__})
+def figures_delta(left: RunFigures, right: RunFigures) -> RunFigures:
+    return RunFigures(**{name: getattr(right, name) - getattr(left, name) for name in RunFigures.__struct_fields__})
 
 
 def compare_channels(conn: Conn, left_id: str, right_id: str) -> Comparison:
     left_meta, right_meta = get_metadata(conn, left_id), get_metadata(conn, right_id)
     left_tools, right_tools = ({e.key_name: tool_summary(e) for e in channel_executions(conn, cid)}
                                for cid in (left_id, right_id))
-    left_metrics, right_metrics = run_metrics(conn, left_id), run_metrics(conn, right_id)
+    left_metrics, right_metrics = run_figures(conn, left_id), run_figures(conn, right_id)
     outputs = (last_output(conn, left_id), last_output(conn, right_id))
     return Comparison(
         left_channel_id=left_id, right_channel_id=right_id,
@@ -4981,7 +4404,7 @@ def compare_channels(conn: Conn, left_id: str, right_id: str) -> Comparison:
             changed=[ToolChange(key_name=k, left=t, right=right_tools[k])
                      for k, t in left_tools.items() if k in right_tools and t != right_tools[k]]),
         output_diff=OutputDiff(left=outputs[0], right=outputs[1], entries=diff_values(*outputs)),
-        metrics=MetricsDiff(left=left_metrics, right=right_metrics, delta=metrics_delta(left_metrics, right_metrics)))
+        metrics=FiguresDiff(left=left_metrics, right=right_metrics, delta=figures_delta(left_metrics, right_metrics)))
 
 
 def set_outcome(tx: Tx, channel_id: str, outcome: str, score: Optional[float]) -> OutcomeAnswer:
@@ -5060,7 +4483,7 @@ def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> DeletedChannels:
     tx.conn.execute("UPDATE wakeups SET status = 'cancelled', error = 'channel deleted'"
                     " WHERE channel_id = ? AND status = 'pending'", (channel_id,))
     tx.conn.execute("DELETE FROM channels WHERE id = ?", (channel_id,))
-    tx.after_commit.append(lambda: STATE_CACHE.forget_channel(channel_id))
+    tx.after_commit.append(lambda: state_cache(tx.conn).forget_channel(channel_id))
     return DeletedChannels(deleted=deleted + [channel_id])
 
 
@@ -5125,7 +4548,6 @@ def rank_experiment(conn: Conn, experiment_id: str) -> RankedExperiment:
 # =============================================================================
 # Domain: the execution ledger and fork tool policies
 # =============================================================================
-
 
 def execution_identity(tool_name: str, params: Any, dedup_fields: Optional[list]) -> str:
     """Request hash over tool + params, projected on `dedup_fields` so volatile fields don't count."""
@@ -5241,8 +4663,8 @@ def claim_on_fork(tx: Tx, req: Claim, hashed: str, channel: Row) -> Union[Claime
         return refuse_by_policy(tx, req, policy, "blocked")
     found = ancestor_execution(tx.conn, channel, req.key_name)
     row, boundary = found or (None, None)
-    if row is not None and row["request_hash"] == hashed and row["status"] == "completed" \
-            and row["completed_cursor"] is not None and row["completed_cursor"] <= boundary:
+    if (row is not None and row["request_hash"] == hashed and row["status"] == "completed"
+            and row["completed_cursor"] is not None and row["completed_cursor"] <= boundary):
         return copy_inherited(tx, req, row)
     if policy == "auto":
         return None
@@ -5414,7 +4836,6 @@ def next_wakeup_at(conn: Conn) -> Optional[str]:
 # Scheduler: fires persisted wake-ups (so they survive restarts)
 # =============================================================================
 
-
 def seconds_until(stamp: str) -> float:
     """Seconds from now to a stored timestamp; one that cannot be read counts as a second away."""
     try:
@@ -5466,7 +4887,6 @@ class Scheduler:
 # =============================================================================
 # Domain: consumer groups (at-least-once workers on one channel)
 # =============================================================================
-
 
 def consumer_group_of(row: Row) -> ConsumerGroup:
     return ConsumerGroup(group_id=row["id"], channel_id=row["channel_id"], created_at=row["created_at"],
@@ -5622,7 +5042,6 @@ def group_offsets(conn: Conn, group_id: str) -> list[Offset]:
 # Domain: execution groups (members with fenced leases, durable messages, group forks)
 # =============================================================================
 
-
 def execution_group_of(row: Row) -> ExecutionGroup:
     return ExecutionGroup(group_id=row["id"], status=row["status"], metadata=load(row["metadata"]) or {},
                           created_at=row["created_at"], updated_at=row["updated_at"])
@@ -5700,8 +5119,8 @@ def claim_member(tx: Tx, group_id: str, member_id: str, owner_id: str, lease_sec
 
 def current_lease(tx: Tx, group_id: str, member_id: str, owner_id: Any, generation: Any) -> Row:
     member = require_member(tx.conn, group_id, member_id)
-    if member["owner_id"] != owner_id or member["generation"] != generation \
-            or member["lease_until"] is None or member["lease_until"] <= tx.ts:
+    if (member["owner_id"] != owner_id or member["generation"] != generation
+            or member["lease_until"] is None or member["lease_until"] <= tx.ts):
         raise Conflict("execution_not_owned", f"owner {owner_id} generation {generation} no longer holds "
                                               f"member {member_id} (stale, released or expired lease)")
     return member
@@ -5845,586 +5264,11 @@ def promote_group_fork_member(tx: Tx, fork_id: str, member_id: str) -> GroupFork
 
 
 # =============================================================================
-# Domain: the approvals inbox (an index of approval events, kept by append_event)
+# Domain: principals, API keys, accounts, login tokens, dashboard sessions
 # =============================================================================
-# The SDK's approvals are events: `approval.requested` {request_id, summary, details?,
-# timeout_seconds?} under operation id = request_id; `approval.decided` {request_id, decision,
-# reason?} under a deterministic operation id; `approval.expired` {request_id}; and, with a timeout,
-# a wake-up that fires `scheduler.wakeup` {approval_request_id, kind: "approval_timeout"} at the
-# deadline. append_event hands each of these to index_approval inside the event's own transaction,
-# so the inbox reads one small table and never scans logs.
-
-APPROVAL_REQUESTED, APPROVAL_DECIDED, APPROVAL_EXPIRED = "approval.requested", "approval.decided", "approval.expired"
-WAKEUP_EVENT = "scheduler.wakeup"
-APPROVAL_INDEXED = frozenset({APPROVAL_REQUESTED, APPROVAL_DECIDED, APPROVAL_EXPIRED, WAKEUP_EVENT})
-OPERATION_NAMESPACE = uuid.UUID("3f74e5f1-9b2c-4a7e-8f1d-000000000001")   # the SDKs' deterministic ids
-
-
-def deterministic_operation_key(scope: str, action: str, *identity: Any) -> str:
-    """The SDKs' deterministic operation id: a UUIDv5 over the NUL-joined parts, capped at 256 bytes."""
-    parts = [scope, action, *("" if v is None else v if isinstance(v, str) else str(v) for v in identity)]
-    name = "\x00".join(parts).encode("utf-8", "surrogatepass")[:256]
-    raw = bytearray(hashlib.sha1(OPERATION_NAMESPACE.bytes + name).digest()[:16])
-    raw[6] = (raw[6] & 0x0F) | 0x50
-    raw[8] = (raw[8] & 0x3F) | 0x80
-    return str(uuid.UUID(bytes=bytes(raw)))
-
-
-def approval_deadline(requested_at: str, timeout: Any) -> Optional[str]:
-    """requested_at + `timeout` seconds; None without a number, or for a deadline past the year 9999."""
-    if not is_number(timeout):
-        return None
-    try:
-        return iso(parse_iso(requested_at) + timedelta(seconds=timeout))
-    except (OverflowError, ValueError):
-        return None
-
-
-def inbox_text(value: Any) -> Optional[str]:
-    """A payload value as the inbox stores it: text as it is, anything else as JSON; no NUL (PostgreSQL
-    text cannot hold one, and the event itself keeps the exact value)."""
-    if value is None:
-        return None
-    text = value if isinstance(value, str) else canonical_json(value)
-    return text.replace("\x00", "\ufffd")
-
-
-def index_approval(conn: Conn, channel_id: str, cursor: int, event_type: str, payload: Any, actor: str,
-                   ts: str) -> None:
-    """Keep the inbox in step with one event of APPROVAL_INDEXED (any payload: what is not an
-    approval's changes nothing). A request is pending until its first decision, an approval.expired
-    or its timeout wake-up; a later event does not change that first outcome."""
-    if not isinstance(payload, dict):
-        return
-    if event_type == WAKEUP_EVENT:
-        if payload.get("kind") != "approval_timeout":
-            return
-        request_id, event_type = payload.get("approval_request_id"), APPROVAL_EXPIRED
-    else:
-        request_id = payload.get("request_id")
-    if not isinstance(request_id, str) or not request_id or "\x00" in request_id:
-        return
-    if event_type == APPROVAL_REQUESTED:
-        conn.execute(
-            "INSERT INTO approvals (channel_id, request_id, summary, details, requester, requested_at,"
-            " requested_cursor, timeout_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending')"
-            " ON CONFLICT (channel_id, request_id) DO NOTHING",
-            (channel_id, request_id, inbox_text(payload.get("summary")), inbox_text(payload.get("details")),
-             actor, ts, cursor, approval_deadline(ts, payload.get("timeout_seconds"))))
-    elif event_type == APPROVAL_DECIDED:
-        decision = payload.get("decision")
-        if decision in APPROVAL_DECISIONS:
-            conn.execute("UPDATE approvals SET status = 'decided', decision = ?, decided_by = ?, reason = ?,"
-                         " decided_at = ?, decided_cursor = ? WHERE channel_id = ? AND request_id = ?"
-                         " AND status <> 'decided'",
-                         (decision, actor, inbox_text(payload.get("reason")), ts, cursor, channel_id, request_id))
-    else:
-        conn.execute("UPDATE approvals SET status = 'expired' WHERE channel_id = ? AND request_id = ?"
-                     " AND status = 'pending'", (channel_id, request_id))
-
-
-def reindex_approvals(conn: Conn, channel_id: Optional[str] = None) -> None:
-    """The inbox rows of stored events (one channel, or all: the migration), as append_event keeps them."""
-    where = Where().add(f"type IN ({_sql_names(tuple(sorted(APPROVAL_INDEXED)))})").add_if(channel_id, "channel_id = ?")
-    rows = conn.execute(f"SELECT channel_id, cursor, type, payload, actor, created_at FROM events{where}"
-                        " ORDER BY channel_id, cursor", where.args).fetchall()
-    for row in rows:
-        index_approval(conn, row["channel_id"], row["cursor"], row["type"], load(row["payload"]), row["actor"],
-                       row["created_at"])
-
-
-def approval_status(row: Row, now: str) -> str:
-    """pending, decided or expired: a pending request past its timeout is expired."""
-    if row["status"] == "pending" and row["timeout_at"] is not None and row["timeout_at"] <= now:
-        return "expired"
-    return row["status"]
-
-
-def approval_of(row: Row, now: datetime) -> Approval:
-    age = max(0.0, (now - parse_iso(row["requested_at"])).total_seconds())
-    return Approval(request_id=row["request_id"], channel_id=row["channel_id"], summary=row["summary"],
-                    details=load(row["details"]), requester=row["requester"], requested_at=row["requested_at"],
-                    timeout_at=row["timeout_at"], age_seconds=round(age, 3), status=approval_status(row, iso(now)),
-                    decision=row["decision"], decided_by=row["decided_by"], reason=row["reason"],
-                    decided_at=row["decided_at"])
-
-
-def list_approvals(conn: Conn, status: Optional[str], channel_id: Optional[str], limit: int,
-                   now: datetime) -> list[Approval]:
-    """GET /approvals: oldest request first; each status is one range of approvals_by_status (expired:
-    two, merged), so a page costs what one page costs."""
-    ts = iso(now)
-    if status == "pending":
-        parts = [Where().add("status = 'pending'").add("(timeout_at IS NULL OR timeout_at > ?)", ts)]
-    elif status == "decided":
-        parts = [Where().add("status = 'decided'")]
-    elif status == "expired":
-        parts = [Where().add("status = 'expired'"), Where().add("status = 'pending'").add("timeout_at <= ?", ts)]
-    else:
-        parts = [Where()]
-    order = "requested_at, channel_id, request_id"
-    pages = [(f"SELECT * FROM approvals{w.add_if(channel_id, 'channel_id = ?')} ORDER BY {order} LIMIT ?",
-              [*w.args, limit]) for w in parts]
-    return [approval_of(r, now) for r in union_of_pages(conn, pages, order, limit)]
-
-
-def require_approval(conn: Conn, request_id: str, channel_id: Optional[str]) -> Row:
-    """The approval request with this id (on `channel_id`, when given); 409 when several runs use the id."""
-    where = Where().add("request_id = ?", request_id).add_if(channel_id, "channel_id = ?")
-    rows = conn.execute(f"SELECT * FROM approvals{where} ORDER BY channel_id LIMIT 2", where.args).fetchall()
-    if not rows:
-        raise NotFound(f"approval request {request_id} not found" + (f" on run {channel_id}" if channel_id else ""))
-    if len(rows) > 1:
-        raise Conflict("approval_ambiguous", f"runs {rows[0]['channel_id']} and {rows[1]['channel_id']} both have "
-                                             f"approval request {request_id}: name the run with channel_id")
-    return rows[0]
-
-
-def decide_approval(tx: Tx, request_id: str, channel_id: Optional[str], decision: str, reason: Optional[str],
-                    actor: str) -> ApprovalDecision:
-    """Record the decision exactly as the SDK's decide_approval does (same payload, same deterministic
-    operation id), with `actor` as the one who decided. The same decision again changes nothing and
-    answers the first; another decision of a decided request, or any of an expired one, is refused."""
-    row = require_approval(tx.conn, request_id, channel_id)
-    channel_id = row["channel_id"]
-    if row["status"] == "decided":
-        if row["decision"] != decision:
-            raise Conflict("approval_decided", f"approval request {request_id} was {row['decision']} already, by "
-                                               f"{row['decided_by']} at {row['decided_at']}")
-        event = present(event_at(tx.conn, channel_id, row["decided_cursor"]),
-                        lambda: NotFound(f"the decision of approval request {request_id} is gone"))
-        return ApprovalDecision(approval=approval_of(row, tx.now), event=event_of(event), replayed=True)
-    if approval_status(row, tx.ts) == "expired":
-        raise Conflict("approval_expired", f"approval request {request_id} has expired"
-                                           + (f" (its timeout passed at {row['timeout_at']})" if row["status"] == "pending"
-                                              else "") + ": nothing waits for a decision any more")
-    payload = {"request_id": request_id, "decision": decision}
-    if reason is not None:
-        payload["reason"] = reason
-    event = record_event(tx, RecordEvent(
-        channel_id=channel_id, event_type=APPROVAL_DECIDED, payload=payload, metadata=EventMeta(actor=actor),
-        operation_id=deterministic_operation_key("approval", decision, request_id)))
-    return ApprovalDecision(approval=approval_of(require_approval(tx.conn, request_id, channel_id), tx.now),
-                            event=event, replayed=False)
-
-
-# =============================================================================
-# Domain: bulk fork from failure (every selected run forked after its own last good step)
-# =============================================================================
-# One write job: the selection (indexed by run_state), every fork and the answer, kept under the
-# request's operation id, commit together or not at all; a run whose fork is refused (a name taken
-# by another run, no snapshot at the step) is skipped with the reason, in its own savepoint. The
-# forks are the ones the dashboard's fork form makes, so AgentSession.resume(client, fork) continues
-# each one after the step it kept.
-
-
-def bulk_fork_candidates(conn: Conn, selection: BulkForkFilter) -> list:
-    """The runs the filter selects (RUN_COLUMNS rows), least recently active first, at most
-    BULK_FORK_MAX + 1: one range of channels_by_state per status."""
-    if selection.channel_ids is not None and not selection.channel_ids:
-        return []
-    pages = []
-    for state in dict.fromkeys(selection.status):
-        where = Where().add("c.run_state = ?", state)
-        where.add_if(selection.since and iso(selection.since), "c.updated_at >= ?")
-        where.add_if(selection.until and iso(selection.until), "c.updated_at <= ?")
-        if selection.channel_prefix:
-            where.add("substr(c.id, 1, ?) = ?", len(selection.channel_prefix), selection.channel_prefix)
-        if selection.channel_ids:
-            ids = list(dict.fromkeys(selection.channel_ids))
-            where.add(f"c.id IN ({', '.join('?' * len(ids))})", *ids)
-        pages.append((f"SELECT {RUN_COLUMNS} FROM channels c{where} ORDER BY c.updated_at, c.id LIMIT ?",
-                      [*where.args, BULK_FORK_MAX + 1]))
-    return union_of_pages(conn, pages, "updated_at, id", BULK_FORK_MAX + 1)
-
-
-@dataclass(frozen=True)
-class PlannedFork:
-    source_channel_id: str           # the run that went wrong
-    step: int                        # the fork keeps steps 1..step
-    fork: Fork                       # the fork request (its source is the run that recorded that step)
-
 
 def everyone(channel_id: str) -> bool:
     return True
-
-
-def plan_bulk_fork(conn: Conn, req: BulkFork, may_write: Callable[[str], bool]) -> tuple:
-    """([PlannedFork], [BulkSkipped]): what the request would fork, and which selected runs it leaves and why."""
-    wanted = req.filter.failure_contains.lower() if req.filter.failure_contains else None
-    picked = []
-    for row in bulk_fork_candidates(conn, req.filter):
-        failure = run_failure(conn, row, row["run_state"])
-        if wanted is None or (failure is not None and wanted in failure.message.lower()):
-            picked.append((row, failure))
-    if len(picked) > BULK_FORK_MAX:
-        raise BadRequest(f"more than {BULK_FORK_MAX} runs match: narrow the filter (since, until, channel_prefix, "
-                         "failure_contains or channel_ids)")
-    planned, skipped = [], []
-    for row, failure in picked:
-        run_id = row["id"]
-        last = max(row["last_step"] or 0, (row["forked_at_step"] or 0) if row["parent_id"] else 0)
-        if req.at == "last_good_step":
-            step = failure.last_good_step if failure is not None else last
-            if not step:
-                skipped.append(BulkSkipped(channel_id=run_id, reason="no step completed before it went wrong"))
-                continue
-        elif req.at > last:
-            skipped.append(BulkSkipped(channel_id=run_id, reason=f"it has no step {req.at} (its last is {last})"))
-            continue
-        else:
-            step = req.at
-        name = req.name.replace("{channel_id}", run_id).replace("{step}", str(step))
-        if not CHANNEL_ID.fullmatch(name) or name == run_id:
-            skipped.append(BulkSkipped(channel_id=run_id, reason=f"the name pattern gives {name[:300]!r}, which is "
-                                                                 "not a channel id of its own"))
-            continue
-        if not (may_write(run_id) and may_write(name)):
-            skipped.append(BulkSkipped(channel_id=run_id, reason=f"this credential may not write {run_id} and {name}"))
-            continue
-        try:
-            boundary = resolve_step(conn, run_id, step)
-        except NotFound:
-            skipped.append(BulkSkipped(channel_id=run_id, reason=f"step {step} is not in the step index"))
-            continue
-        experiment = {"session_name": name, "params": experiment_of(row).get("params"),
-                      "forked_from": boundary.channel_id, "forked_from_channel": run_id, "forked_at_step": step,
-                      "forked_at_cursor": boundary.cursor, "status": "created"}
-        if req.intervention is not None:
-            experiment["intervention"] = req.intervention
-        planned.append(PlannedFork(run_id, step, Fork(
-            source_channel_id=boundary.channel_id, new_channel_id=name, at_cursor=boundary.cursor, display_name=name,
-            reason=f"Bulk fork of {run_id} after step {step}", experiment_metadata=experiment,
-            manifest={"source": "bulk_fork"}, tool_policies=req.tool_policies)))
-    return planned, skipped
-
-
-def preview_bulk_fork(conn: Conn, req: BulkFork, may_write: Callable[[str], bool] = everyone) -> BulkForkAnswer:
-    """A dry run: what the request would fork, writing nothing (its operation id included). A fork that
-    exists already with the same definition is listed with its receipt: the real run answers it again."""
-    planned, skipped = plan_bulk_fork(conn, req, may_write)
-    forks = []
-    for item in planned:
-        fork = item.fork
-        existing = channel_by_id(conn, fork.new_channel_id)
-        if existing is not None:
-            if existing["parent_id"] == fork.source_channel_id and existing["requested_cursor"] == fork.at_cursor \
-                    and load(existing["tool_policies"]) == fork.tool_policies:
-                forks.append(BulkForked(source_channel_id=item.source_channel_id, channel_id=fork.new_channel_id,
-                                        step=item.step, receipt=receipt_of(existing, replayed=True)))
-            else:
-                skipped.append(BulkSkipped(channel_id=item.source_channel_id,
-                                           reason=f"channel {fork.new_channel_id} already exists with a different "
-                                                  "definition"))
-        elif state_row_at(conn, fork.source_channel_id, fork.at_cursor) is None:
-            skipped.append(BulkSkipped(channel_id=item.source_channel_id,
-                                       reason=f"no state snapshot of {fork.source_channel_id} at step {item.step}"))
-        else:
-            forks.append(BulkForked(source_channel_id=item.source_channel_id, channel_id=fork.new_channel_id,
-                                    step=item.step, receipt=None))
-    return BulkForkAnswer(forks=forks, skipped=skipped, dry_run=True)
-
-
-def bulk_fork(tx: Tx, req: BulkFork, may_write: Callable[[str], bool] = everyone) -> BulkForkAnswer:
-    """POST /forks/bulk (not a dry run): fork every planned run in this one transaction. The same
-    operation id again answers the first answer and forks nothing; without one, a fork named like an
-    earlier one of the same run and step replays that fork."""
-    conn = tx.conn
-    hashed = request_hash({k: v for k, v in msgspec.to_builtins(req).items() if k != "operation_id"})
-    if req.operation_id is not None:
-        stored = bulk_fork_by_operation(conn, req.operation_id)
-        if stored is not None:
-            require_same_request(stored["request_hash"], hashed, req.operation_id, "bulk fork")
-            return msgspec.json.decode(stored["answer"], type=BulkForkAnswer)
-    planned, skipped = plan_bulk_fork(conn, req, may_write)
-    forks = []
-    for item in planned:
-        conn.execute("SAVEPOINT bulk_fork")
-        appended = len(tx.events)
-        try:
-            receipt = fork_channel(tx, item.fork)
-        except ActaeError as exc:
-            if not conn.in_transaction:
-                raise
-            conn.execute("ROLLBACK TO bulk_fork")
-            del tx.events[appended:]
-            skipped.append(BulkSkipped(channel_id=item.source_channel_id, reason=exc.message))
-        else:
-            forks.append(BulkForked(source_channel_id=item.source_channel_id, channel_id=item.fork.new_channel_id,
-                                    step=item.step, receipt=receipt))
-        conn.execute("RELEASE bulk_fork")
-    answer = BulkForkAnswer(forks=forks, skipped=skipped, dry_run=False)
-    if req.operation_id is not None:
-        conn.execute("INSERT INTO bulk_forks (operation_id, request_hash, answer, created_at) VALUES (?, ?, ?, ?)",
-                     (req.operation_id, hashed, dump(answer), tx.ts))
-    return answer
-
-
-# =============================================================================
-# Domain: retention (prune whole runs, never one that a kept run or live work still needs)
-# =============================================================================
-# A run is deleted whole (events, states, ledger rows, approvals, wake-ups; the step index is its
-# events) when it was last active before the cutoff, has the status asked for, and nothing needs it:
-# no pending approval, live claim, pending wake-up or group uses it, and every fork of it goes too
-# (a fork's history lives in its parents). The plan is read first; the deletions follow in batches
-# of PRUNE_BATCH runs, children before parents, each batch one write transaction that checks every
-# rule again, so a run that became active or needed meanwhile stays. Then the space goes back: on
-# SQLite by incremental vacuum on the writer connection between batches of writes (or one VACUUM
-# that switches an older file to incremental vacuum); PostgreSQL's operator runs VACUUM (FULL).
-
-FAILURE_STATES = ("crashed", "failed")
-PRUNE_GUARDS = (        # (why a run is kept, its table, the condition); `?` is the prune's now
-    ("a pending approval", "approvals", "status = 'pending' AND (timeout_at IS NULL OR timeout_at > ?)"),
-    ("a live claim", "executions", "status = 'running' AND lease_until > ?"),
-    ("a pending wake-up", "wakeups", "status = 'pending'"),
-    ("a consumer group reading it", "consumer_groups", ""),
-    ("an execution group member on it", "execution_group_members", ""),
-)
-
-
-def guard_sql(table: str, condition: str, one_channel: bool) -> str:
-    where = " AND ".join(c for c in (condition, "channel_id = ?" if one_channel else "") if c)
-    return f"SELECT DISTINCT channel_id FROM {table}{' WHERE ' + where if where else ''}"
-
-
-def prune_cutoffs(req: Prune, now: datetime) -> tuple:
-    """(the cutoff, the failed runs' cutoff or None) as stored timestamps."""
-    cutoff = iso(now - timedelta(days=req.older_than_days))
-    failed = iso(now - timedelta(days=req.keep_failed_days)) if req.keep_failed_days is not None else None
-    return cutoff, failed
-
-
-def prune_eligible(row: Row, req: Prune, cutoffs: tuple) -> bool:
-    """Old enough, and of the status asked for (failed: crashed too)."""
-    failed = row["run_state"] in FAILURE_STATES
-    if (req.status == "completed" and row["run_state"] != "completed") or (req.status == "failed" and not failed):
-        return False
-    cutoff, failed_cutoff = cutoffs
-    return row["updated_at"] < (failed_cutoff if failed and failed_cutoff is not None else cutoff)
-
-
-def run_guard(conn: Conn, channel_id: str, now: str) -> Optional[str]:
-    """Why a run must stay whatever its age (one of PRUNE_GUARDS, or forks of it), else None."""
-    for reason, table, condition in PRUNE_GUARDS:
-        args = (now, channel_id) if "?" in condition else (channel_id,)
-        if conn.execute(guard_sql(table, condition, True), args).fetchone() is not None:
-            return f"it has {reason}"
-    if conn.execute("SELECT 1 FROM channels WHERE parent_id = ? LIMIT 1", (channel_id,)).fetchone() is not None:
-        return "it has forks that are kept"
-    return None
-
-
-@dataclass
-class PrunePlan:
-    deletable: list                  # channel ids, every fork before its parent
-    kept: list                       # [KeptRun] of the old runs that stay
-
-
-def plan_prune(conn: Conn, req: Prune, now: datetime) -> PrunePlan:
-    """Which runs the rules let a prune delete, read at one moment (a read transaction)."""
-    cutoffs, ts = prune_cutoffs(req, now), iso(now)
-    latest = max(c for c in cutoffs if c is not None)
-    with read_snapshot(conn):
-        rows = conn.execute("SELECT id, parent_id, run_state, updated_at FROM channels WHERE updated_at < ?"
-                            " ORDER BY updated_at, id", (latest,)).fetchall()
-        eligible = {r["id"]: r for r in rows if prune_eligible(r, req, cutoffs)}
-        guarded: dict = {}
-        for reason, table, condition in PRUNE_GUARDS:
-            for (channel_id,) in conn.execute(guard_sql(table, condition, False), (ts,) if "?" in condition else ()):
-                guarded.setdefault(channel_id, f"it has {reason}")
-        children: dict = {}
-        ids = list(eligible)
-        for start in range(0, len(ids), ID_BATCH):
-            batch = ids[start:start + ID_BATCH]
-            for child, parent in conn.execute(f"SELECT id, parent_id FROM channels WHERE parent_id IN"
-                                              f" ({', '.join('?' * len(batch))})", batch):
-                children.setdefault(parent, []).append(child)
-    verdict: dict = {}
-
-    def decide(run_id: str) -> Optional[str]:
-        """None when the run may go; else why it stays (a fork that stays keeps its whole lineage)."""
-        if run_id not in verdict:
-            reason = guarded.get(run_id) if run_id in eligible else "it is newer than the cutoff, or of another status"
-            for child in children.get(run_id, ()) if reason is None else ():
-                if decide(child) is not None:
-                    reason = f"it is an ancestor of {child}, which is kept"
-                    break
-            verdict[run_id] = reason
-        return verdict[run_id]
-
-    depth: dict = {}
-
-    def depth_of(run_id: str) -> int:
-        if run_id not in depth:
-            parent = eligible[run_id]["parent_id"]
-            depth[run_id] = depth_of(parent) + 1 if parent in eligible else 0
-        return depth[run_id]
-
-    deletable = [run_id for run_id in eligible if decide(run_id) is None]
-    deletable.sort(key=depth_of, reverse=True)              # forks (deeper) before their parents
-    kept = [KeptRun(channel_id=run_id, reason=verdict[run_id]) for run_id in eligible if verdict[run_id] is not None]
-    return PrunePlan(deletable, kept)
-
-
-def run_rows(conn: Conn, channel_id: str) -> tuple:
-    """(states, executions, approvals, wake-ups) a run holds."""
-    return tuple(conn.execute(
-        "SELECT (SELECT COUNT(*) FROM states WHERE channel_id = ?), (SELECT COUNT(*) FROM executions WHERE channel_id = ?),"
-        " (SELECT COUNT(*) FROM approvals WHERE channel_id = ?), (SELECT COUNT(*) FROM wakeups WHERE channel_id = ?)",
-        (channel_id,) * 4).fetchone())
-
-
-def add_rows(total: dict, events: int, held: tuple) -> None:
-    total["runs"] += 1
-    total["events"] += events
-    for name, count in zip(("states", "executions", "approvals", "wakeups"), held):
-        total[name] += count
-
-
-def prune_runs(tx: Tx, ids: list, req: Prune, now: str) -> tuple:
-    """Delete these runs (forks first), each only if every rule still lets it go at `now` (the plan's
-    instant); returns (deleted ids, kept [KeptRun], row counts)."""
-    conn, cutoffs = tx.conn, prune_cutoffs(req, parse_iso(now))
-    deleted, kept, total = [], [], dict.fromkeys(PrunedRows.__struct_fields__, 0)
-    for run_id in ids:
-        row = channel_by_id(conn, run_id)
-        if row is None:
-            continue                     # deleted meanwhile
-        reason = None if prune_eligible(row, req, cutoffs) else "it was active again after the plan"
-        reason = reason or run_guard(conn, run_id, now)
-        if reason is not None:
-            kept.append(KeptRun(channel_id=run_id, reason=reason))
-            continue
-        add_rows(total, row["last_cursor"], run_rows(conn, run_id))
-        delete_channel(tx, run_id, False)
-        conn.execute("DELETE FROM wakeups WHERE channel_id = ?", (run_id,))
-        deleted.append(run_id)
-    return deleted, kept, total
-
-
-def planned_rows(conn: Conn, ids: list) -> dict:
-    """What deleting these runs would delete (a dry run's counts)."""
-    total = dict.fromkeys(PrunedRows.__struct_fields__, 0)
-    for run_id in ids:
-        row = channel_by_id(conn, run_id)
-        if row is not None:
-            add_rows(total, row["last_cursor"], run_rows(conn, run_id))
-    return total
-
-
-def database_bytes(conn: Conn) -> int:
-    """The database's size: SQLite's pages in use by the file, PostgreSQL's pg_database_size."""
-    if conn.dialect is SQLITE:
-        return sqlite_pragma(conn, "page_count") * sqlite_pragma(conn, "page_size")
-    return conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
-
-
-POSTGRES_SPACE = ("PostgreSQL keeps the freed pages for new rows (autovacuum marks them free); to give the disk back "
-                  "run VACUUM (FULL, ANALYZE) channels, events, states, executions, approvals, wakeups (it locks each "
-                  "table while it rewrites it), or pg_repack, which does not")
-INCREMENTAL_VACUUM_PAGES = 2000           # pages freed per step: a few milliseconds of the writer's time
-
-
-def sqlite_pragma(conn: Conn, name: str) -> Any:
-    """A SQLite PRAGMA's value (`name` is one of ours, never input); the whole result is read, so a
-    pragma that works row by row (incremental_vacuum, wal_checkpoint) runs to its end."""
-    rows = conn.execute(f"PRAGMA {name}").fetchall()
-    return rows[0][0] if rows else None
-
-
-def reclaim_step(conn: Conn) -> Optional[str]:
-    """One step of giving freed SQLite pages back (outside any transaction, on the writer connection):
-    None while there is more to do, else what was done. A file made before incremental vacuum (or
-    one where it makes no progress) is rewritten once by VACUUM, which switches it over."""
-    free = sqlite_pragma(conn, "freelist_count")
-    incremental = sqlite_pragma(conn, "auto_vacuum") == 2            # 2: INCREMENTAL
-    if incremental and free:
-        sqlite_pragma(conn, f"incremental_vacuum({INCREMENTAL_VACUUM_PAGES})")
-        left = sqlite_pragma(conn, "freelist_count")
-        if 0 < left < free:
-            return None
-        free = left
-    if free:
-        sqlite_pragma(conn, "auto_vacuum = INCREMENTAL")
-        conn.execute("VACUUM")
-    sqlite_pragma(conn, "wal_checkpoint(TRUNCATE)")
-    if free:
-        return "VACUUM rewrote the database (from now on it vacuums incrementally); WAL checkpointed"
-    return "incremental vacuum returned the freed pages to the file system; WAL checkpointed"
-
-
-def prune_answer(req: Prune, deleted: list, kept: list, rows: dict, before: int, after: int, space: str) -> PruneAnswer:
-    return PruneAnswer(dry_run=req.dry_run, deleted=deleted[:PRUNE_LISTED_MAX], kept=kept[:PRUNE_LISTED_MAX],
-                       rows=PrunedRows(**rows), bytes_before=before, bytes_after=after,
-                       bytes_freed=max(0, before - after), space=space)
-
-
-async def prune_database(db: Database, req: Prune, now: datetime) -> PruneAnswer:
-    """The server's prune: plan, batches through the writer (other writes go on between them), then the space."""
-    plan = await db.read(plan_prune, req, now)
-    before = await db.read(database_bytes)
-    if req.dry_run:
-        rows = await db.read(planned_rows, plan.deletable)
-        return prune_answer(req, plan.deletable, plan.kept, rows, before, before, "a dry run: nothing was deleted")
-    deleted, kept, rows = [], list(plan.kept), dict.fromkeys(PrunedRows.__struct_fields__, 0)
-    for start in range(0, len(plan.deletable), PRUNE_BATCH):
-        gone, stayed, counted = await db.write(prune_runs, plan.deletable[start:start + PRUNE_BATCH], req, iso(now))
-        deleted += gone
-        kept += stayed
-        rows = {k: rows[k] + counted[k] for k in rows}
-    if db.location.backend != "sqlite":
-        space = POSTGRES_SPACE
-    elif not deleted:
-        space = "nothing was deleted"
-    else:
-        space = None
-        while space is None:             # each step is one call on the writer's thread, between write batches
-            space = await db.on_writer(reclaim_step)
-    return prune_answer(req, deleted, kept, rows, before, await db.read(database_bytes), space)
-
-
-class Retention:
-    """Prunes one at a time; with --retain-days, at start and then every `interval` seconds. `clock`
-    is the prune's idea of now (tests move it on instead of waiting days)."""
-
-    def __init__(self, db: Database, retain_days: Optional[float], *, clock: Callable[[], datetime] = utc_now,
-                 interval: float = RETENTION_INTERVAL_SECONDS):
-        self.db, self.retain_days, self.clock, self.interval = db, retain_days, clock, interval
-        self.lock = asyncio.Lock()
-        self.last: Optional[PruneAnswer] = None
-        self._task: Optional[asyncio.Task] = None
-
-    def start(self) -> None:
-        if self.retain_days is not None:
-            self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def prune(self, req: Prune) -> PruneAnswer:
-        async with self.lock:
-            return await prune_database(self.db, req, self.clock())
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                self.last = await self.prune(Prune(older_than_days=self.retain_days))
-                rows = self.last.rows
-                log.info("retention: deleted %d runs idle over %g days (%d events), %d bytes freed",
-                         rows.runs, self.retain_days, rows.events, self.last.bytes_freed)
-            except (ShuttingDown, asyncio.CancelledError):
-                raise
-            except Exception:  # noqa: BLE001 - a failed prune is tried again at the next interval
-                log.exception("the daily prune failed")
-            await asyncio.sleep(self.interval)
-
-
-# =============================================================================
-# Domain: principals, API keys, accounts, login tokens, dashboard sessions
-# =============================================================================
 
 
 def pattern_matches(pattern: str, channel_id: str) -> bool:
@@ -6773,7 +5617,6 @@ def session_principal(conn: Conn, session_id: str, now: str, env_key: bool) -> O
 # Authentication: API keys for the API, server-side sessions for the dashboard
 # =============================================================================
 
-
 class KeyRing:
     """The valid API keys by hash, as principals, in memory: checking a key reads nothing from disk.
 
@@ -6817,43 +5660,43 @@ class KeyRing:
         return found
 
 
-async def check_key(app, key: Any) -> Principal:
+async def check_key(app: "ActaeApp", key: Any) -> Principal:
     """Who a credential (an API key, or a login token) is; Unauthorized when it is missing, wrong,
     expired or revoked."""
     if not isinstance(key, str) or not key:
         raise Unauthorized("missing API key: send it in the x-api-key header")
     if looks_like_token(key):
         return (await check_token(app, key))[0]
-    env_key = app.state.env_key
+    env_key = app.services.env_key
     if env_key and same_secret(key, env_key):
         return ENV_PRINCIPAL
-    found = await app.state.keys.lookup(key)
+    found = await app.services.keys.lookup(key)
     if found is None or (found.expires_at is not None and found.expires_at <= iso(utc_now())):
         raise Unauthorized("invalid, expired or revoked API key")
     note_key_use(app, found.key_row)
     return found
 
 
-async def check_token(app, token: str) -> tuple:
+async def check_token(app: "ActaeApp", token: str) -> tuple:
     """(Principal, UserInfo) of a live login token; Unauthorized otherwise."""
-    claims = token_claims(app.state.token_secret, token, utc_now())
-    identity = await app.state.db.read(token_identity, claims["jti"], iso(utc_now())) if claims else None
+    claims = token_claims(app.services.token_secret, token, utc_now())
+    identity = await app.services.db.read(token_identity, claims["jti"], iso(utc_now())) if claims else None
     if identity is None:
         raise Unauthorized("invalid, expired or logged-out token: log in again")
     return identity
 
 
-def note_key_use(app, key_id: int) -> None:
+def note_key_use(app: "ActaeApp", key_id: int) -> None:
     """Record a key's last use at most once a minute, off the request's path (never a write per request)."""
-    now, touched = time.monotonic(), app.state.key_touched
+    now, touched = time.monotonic(), app.services.key_touched
     if now - touched.get(key_id, -KEY_TOUCH_SECONDS) < KEY_TOUCH_SECONDS:
         return
     touched[key_id] = now
-    task = asyncio.get_running_loop().create_task(app.state.db.write(touch_key, key_id))
-    app.state.background.add(task)
+    task = asyncio.get_running_loop().create_task(app.services.db.write(touch_key, key_id))
+    app.services.background.add(task)
 
     def done(finished: asyncio.Task) -> None:
-        app.state.background.discard(finished)
+        app.services.background.discard(finished)
         if not finished.cancelled() and not isinstance(finished.exception(), (ShuttingDown, type(None))):
             log.warning("recording a key's last use failed: %s", finished.exception())
     task.add_done_callback(done)
@@ -6864,9 +5707,9 @@ def bearer_token(request: Request) -> Optional[str]:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def key_ref(app, key: str) -> str:
+def key_ref(app: "ActaeApp", key: str) -> str:
     """How a session names the key it was opened with: "env", or the key's hash."""
-    return "env" if app.state.env_key and same_secret(key, app.state.env_key) else key_hash(key)
+    return "env" if app.services.env_key and same_secret(key, app.services.env_key) else key_hash(key)
 
 
 def form_token(session_id: str) -> str:
@@ -6881,7 +5724,7 @@ async def current_session(request: Request) -> Optional[str]:
     if not session_id:
         return None
     principal = await db_of(request).read(session_principal, session_id, iso(utc_now()),
-                                          bool(request.app.state.env_key))
+                                          bool(request.app.services.env_key))
     if principal is None:
         return None
     request.state.principal = principal
@@ -6915,363 +5758,4426 @@ def require_form_token(request: Request, form: dict) -> None:
 
 
 # =============================================================================
-# Fleet: remote instances, organisation tokens, fleet tokens, stream tickets
+# HTTP API: handlers, named after their routes
 # =============================================================================
-# Every server is also the gateway of one organisation (--organization, default "local"). Its
-# instances are the server itself, under its own instance id, and the remote Actae servers
-# registered with `actae instance add`. A remote's API key is stored encrypted (Fernet) with a key
-# kept in FLEET_KEY_FILE beside the database, never inside it. Organisation tokens are stored as
-# hashes, like API keys; the SDK's FleetClient exchanges one for a short-lived fleet token, signed
-# (like login tokens, under a key of its own) and carrying the SDK's scope names, and a stream
-# ticket is a one-use row that expires. The organisation's instances and tokens are held in memory
-# and read again when more than FLEET_REFRESH_SECONDS old, as the key ring is.
+# A handler gets the request and the records its route declares (`path`, `query`, `body`),
+# already decoded and checked, and returns the JSON value to answer with.
 
-FLEET_KEY_FILE = "fleet_key"           # encrypts the remote instances' keys; beside the database, never inside it
-FLEET_PROTOCOL_VERSION = "1"           # the gateway protocol this server speaks (capabilities report it)
-FLEET_REFRESH_SECONDS = KEY_REFRESH_SECONDS
-ORG_TOKEN_PREFIX = "ot-"
-FLEET_TICKET_PREFIX = "tk-"
-ORGANIZATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
-FLEET_PATHS = ("/v1/organizations/", "/api/v1/fleet/")   # the gateway's own routes
+def db_of(request) -> Database:
+    return request.app.services.db
 
-# The SDK's scope names (its manifest) onto this server's actions. A fleet token holds SDK scopes;
-# each is granted when the organisation token has patterns for its action. An operation then needs
-# its scope in the fleet token and, as its direct route does, the action on its channels from the
-# organisation token's patterns. "manage" scopes are granted with write and carry the token's read,
-# write and delete patterns (listing, creating, cancelling: the direct routes need each).
-FLEET_SCOPES = {
-    "events:read": "read", "state:read": "read", "channels:read": "read", "payloads:read": "read",
-    "events:write": "write", "state:write": "write", "channels:write": "write",
-    "forks:create": "write", "forks:promote": "write",
-    "state:delete": "delete", "channels:delete": "delete",
-    "groups:manage": "write", "execution_groups:manage": "write", "experiments:manage": "write",
-    "scheduler:manage": "write", "executions:manage": "write",
+
+async def read_capped(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
+    """The request body, at most `limit` bytes (413 beyond), read as it streams in."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size <= limit:
+            chunks.append(chunk)
+        elif size > DRAIN_BYTES_MAX:
+            break    # past this, the client is not worth waiting for: the connection just closes
+    if size > limit:
+        # The oversized body was read (and dropped), so the client can read this answer.
+        raise TooLarge(f"request body is larger than {limit} bytes")
+    return b"".join(chunks)
+
+
+def same_channel(body_channel: Optional[str], path_channel: str) -> None:
+    """The SDK repeats the path's channel in some bodies; a different one is a client bug."""
+    if body_channel not in (None, path_channel):
+        raise BadRequest(f"body channel_id {body_channel!r} differs from the path's {path_channel!r}")
+
+
+async def api_events_record(request: Request, body: RecordEvent) -> EventAnswer:
+    return EventAnswer(event=await db_of(request).write(record_event, body))
+
+
+async def api_events_replay(request: Request, path, query: ReplayQuery) -> Events:
+    events = await db_of(request).read(replay_events, path.channel_id, query.cursor, query.limit, query.event_type)
+    return Events(events=events)
+
+
+async def api_events_query(request: Request, body: EventQuery) -> Events:
+    return Events(events=await db_of(request).read(query_events, body))
+
+
+async def api_events_cursor(request: Request, path) -> LatestCursor:
+    return LatestCursor(latest_cursor=await db_of(request).read(latest_cursor, path.channel_id))
+
+
+async def api_events_transition(request: Request, body: Transition) -> TransitionAnswer:
+    return await db_of(request).write(transition, body)
+
+
+async def api_events_causal_graph(request: Request, path, query: CausalQuery) -> CausalGraph:
+    return await db_of(request).read(causal_graph, path.event_id, query.max_nodes)
+
+
+async def api_state_save(request: Request, path, body: SaveState) -> SavedState:
+    same_channel(body.channel_id, path.channel_id)
+    return SavedState(version=await db_of(request).write(save_state, path.channel_id, body))
+
+
+async def api_state_latest(request: Request, path) -> StateAnswer:
+    return await db_of(request).read(latest_state, path.channel_id)
+
+
+async def api_state_versions(request: Request, path, query: PageQuery) -> StateVersions:
+    return StateVersions(versions=await db_of(request).read(list_states, path.channel_id, query.limit, query.offset))
+
+
+async def api_state_version(request: Request, path) -> StateAnswer:
+    return await db_of(request).read(get_state_version, path.channel_id, path.version)
+
+
+async def api_state_delete(request: Request, path) -> DeletedCount:
+    return await db_of(request).write(delete_state_version, path.channel_id, path.version)
+
+
+async def api_channels_list(request: Request) -> ChannelIds:
+    """List the channels this credential may read."""
+    principal = request.state.principal
+    channels = await db_of(request).read(list_channels)
+    return ChannelIds(channels=channels if principal.can_everywhere("read") else
+                      [c for c in channels if principal.can("read", c)])
+
+
+async def api_channels_metadata(request: Request, path) -> ChannelMetadata:
+    return await db_of(request).read(get_metadata, path.channel_id)
+
+
+async def api_channels_metadata_put(request: Request, path, body: PutMetadata) -> ChannelMetadata:
+    same_channel(body.channel_id, path.channel_id)
+    return await db_of(request).write(put_metadata, path.channel_id, body)
+
+
+async def api_channels_forks(request: Request, path) -> Forks:
+    return Forks(forks=await db_of(request).read(list_forks, path.channel_id))
+
+
+async def api_channels_step(request: Request, path) -> StepLocation:
+    return await db_of(request).read(resolve_step, path.channel_id, path.step_number)
+
+
+async def api_channels_steps(request: Request, path) -> LastStep:
+    return LastStep(channel_id=path.channel_id,
+                    last_step_number=await db_of(request).read(last_step_number, path.channel_id))
+
+
+async def api_channels_fork(request: Request, body: Fork) -> Receipt:
+    return await db_of(request).write(fork_channel, body)
+
+
+async def api_channels_receipt(request: Request, path) -> Receipt:
+    return await db_of(request).read(get_receipt, path.channel_id)
+
+
+async def api_channels_fork_tree(request: Request, path) -> ForkTree:
+    return await db_of(request).read(fork_tree, path.channel_id)
+
+
+async def api_channels_diff(request: Request, query: PairQuery) -> ChannelDiff:
+    return await db_of(request).read(diff_channels, query.left, query.right)
+
+
+async def api_channels_compare(request: Request, query: PairQuery) -> Comparison:
+    return await db_of(request).read(compare_channels, query.left, query.right)
+
+
+async def api_channels_trail(request: Request, path) -> Trail:
+    return await db_of(request).read(decision_trail, path.channel_id)
+
+
+async def api_channels_outcome(request: Request, path, body: SetOutcome) -> OutcomeAnswer:
+    return await db_of(request).write(set_outcome, path.channel_id, body.outcome, body.score)
+
+
+async def api_channels_promote(request: Request, path, body: Empty) -> Promotion:
+    return await db_of(request).write(promote_channel, path.channel_id)
+
+
+async def api_channels_delete(request: Request, path, query: DeleteQuery) -> DeletedChannels:
+    return await db_of(request).write(delete_channel, path.channel_id, query.recursive)
+
+
+async def api_channels_close(request: Request, path, body: Empty) -> Closed:
+    """Close a run: it refuses new events and states (409 channel_closed); reads, forks and diffs go on."""
+    return await db_of(request).write(close_channel, path.channel_id, request.state.principal.actor)
+
+
+async def api_events_verify(request: Request, path) -> ChainCheck:
+    """Recompute a run's hash chain (with the history it inherited) and name the first broken cursor."""
+    return await db_of(request).read(verify_chain, path.channel_id)
+
+
+async def api_experiments_create(request: Request, body: CreateExperiment) -> Experiment:
+    return await db_of(request).write(create_experiment, body.name, body.description, body.baseline_channel_id)
+
+
+async def api_experiments_list(request: Request) -> Experiments:
+    return Experiments(experiments=await db_of(request).read(list_experiments))
+
+
+async def api_experiments_get(request: Request, path) -> Experiment:
+    return await db_of(request).read(get_experiment, path.group_id)
+
+
+async def api_experiments_member(request: Request, path, body: AddExperimentMember) -> Experiment:
+    return await db_of(request).write(add_experiment_member, path.group_id, body.channel_id,
+                                      body.role or "variant", body.declared_delta)
+
+
+async def api_experiments_rank(request: Request, path) -> RankedExperiment:
+    return await db_of(request).read(rank_experiment, path.group_id)
+
+
+async def api_executions_claim(request: Request, body: Claim) -> Claimed:
+    outcome = await db_of(request).write(claim_execution, body)
+    if isinstance(outcome, Refused):
+        raise outcome.error
+    return outcome
+
+
+async def api_executions_complete(request: Request, path, body: Complete) -> ExecutionAnswer:
+    execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "completed",
+                                           body.result)
+    return ExecutionAnswer(execution=execution)
+
+
+async def api_executions_fail(request: Request, path, body: Fail) -> ExecutionAnswer:
+    error = {"message": body.message or "", "error_type": body.error_type, "stack": body.stack}
+    execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "failed",
+                                           None, error)
+    return ExecutionAnswer(execution=execution)
+
+
+async def api_executions_heartbeat(request: Request, path, body: Heartbeat) -> ExecutionAnswer:
+    execution = await db_of(request).write(heartbeat_execution, path.execution_id, body.claim_token,
+                                           body.lease_seconds)
+    return ExecutionAnswer(execution=execution)
+
+
+async def api_executions_cancel(request: Request, path, body: ClaimToken) -> ExecutionAnswer:
+    return ExecutionAnswer(execution=await db_of(request).write(cancel_execution, path.execution_id, body.claim_token))
+
+
+async def api_executions_get(request: Request, path) -> ExecutionAnswer:
+    return ExecutionAnswer(execution=execution_of(await db_of(request).read(require_execution, path.execution_id)))
+
+
+async def api_executions_list(request: Request, query: ExecutionsQuery) -> Executions:
+    return Executions(executions=await db_of(request).read(list_executions, query.channel_id, query.limit))
+
+
+async def api_executions_delete(request: Request, path) -> DeletedId:
+    return await db_of(request).write(delete_execution, path.execution_id)
+
+
+async def api_wakeups_schedule(request: Request, body: ScheduleWakeup) -> Wakeup:
+    wakeup = await db_of(request).write(schedule_wakeup, body.channel_id, iso(body.run_at), body.payload)
+    request.app.services.scheduler.nudge()
+    return wakeup
+
+
+async def api_wakeups_list(request: Request, query: WakeupsQuery) -> Wakeups:
+    return Wakeups(wakeups=await db_of(request).read(list_wakeups, query.channel_id, query.status))
+
+
+async def api_wakeups_get(request: Request, path) -> Wakeup:
+    return wakeup_of(await db_of(request).read(require_wakeup, path.wakeup_id))
+
+
+async def api_wakeups_cancel(request: Request, path) -> WakeupCancelled:
+    return await db_of(request).write(cancel_wakeup, path.wakeup_id)
+
+
+async def api_groups_create(request: Request, body: CreateConsumerGroup) -> ConsumerGroup:
+    return await db_of(request).write(create_consumer_group, body.group_id, body.channel_id, body.metadata)
+
+
+async def api_groups_list(request: Request, query: ChannelFilter) -> ConsumerGroups:
+    return ConsumerGroups(groups=await db_of(request).read(list_consumer_groups, query.channel_id))
+
+
+async def api_groups_delete(request: Request, path) -> DeletedId:
+    return await db_of(request).write(delete_consumer_group, path.group_id)
+
+
+async def api_groups_join(request: Request, path, body: Consumer) -> Offset:
+    return await db_of(request).write(join_group, path.group_id, body.consumer_id, body.lease_seconds)
+
+
+async def api_groups_work(request: Request, path, body: ClaimWork) -> Work:
+    return await db_of(request).write(claim_work, path.group_id, body.consumer_id, body.limit)
+
+
+async def api_groups_ack(request: Request, path, body: AckWork) -> Offset:
+    return await db_of(request).write(ack_work, path.group_id, body.consumer_id, body.cursor)
+
+
+async def api_groups_heartbeat(request: Request, path, body: Consumer) -> Offset:
+    return await db_of(request).write(heartbeat_consumer, path.group_id, body.consumer_id, body.lease_seconds)
+
+
+async def api_groups_offsets(request: Request, path) -> Offsets:
+    return Offsets(offsets=await db_of(request).read(group_offsets, path.group_id))
+
+
+async def api_execution_groups_create(request: Request, body: CreateExecutionGroup) -> ExecutionGroup:
+    return await db_of(request).write(create_execution_group, body.group_id, body.metadata)
+
+
+async def api_execution_groups_list(request: Request) -> ExecutionGroups:
+    return ExecutionGroups(groups=await db_of(request).read(list_execution_groups))
+
+
+async def api_execution_groups_add_member(request: Request, path, body: AddGroupMember) -> Member:
+    return await db_of(request).write(add_group_member, path.group_id, body.member_id, body.channel_id,
+                                      body.role, body.metadata)
+
+
+async def api_execution_groups_members(request: Request, path) -> Members:
+    return Members(members=await db_of(request).read(list_group_members, path.group_id))
+
+
+async def api_execution_groups_claim(request: Request, path, body: LeaseClaim) -> MemberLease:
+    return await db_of(request).write(claim_member, path.group_id, path.member_id, body.owner_id, body.lease_seconds)
+
+
+async def api_execution_groups_heartbeat(request: Request, path, body: LeaseHolder) -> MemberLease:
+    return await db_of(request).write(heartbeat_member, path.group_id, path.member_id, body.owner_id,
+                                      body.generation, body.lease_seconds)
+
+
+async def api_execution_groups_release(request: Request, path, body: LeaseHolder) -> Released:
+    return await db_of(request).write(release_member, path.group_id, path.member_id, body.owner_id,
+                                      body.generation)
+
+
+async def api_execution_groups_send(request: Request, path, body: SendMessage) -> Message:
+    return await db_of(request).write(send_group_message, path.group_id, body)
+
+
+async def api_execution_groups_inbox(request: Request, path, query: InboxQuery) -> Messages:
+    messages = await db_of(request).read(member_inbox, path.group_id, path.member_id, query.after, query.limit)
+    return Messages(messages=messages)
+
+
+async def api_execution_group_messages_ack(request: Request, path, body: LeaseHolder) -> Message:
+    return await db_of(request).write(acknowledge_message, path.message_id, body.owner_id, body.generation)
+
+
+async def api_execution_group_forks_create(request: Request, body: ForkExecutionGroup) -> GroupForkAnswer:
+    return GroupForkAnswer(fork=await db_of(request).write(fork_execution_group, body))
+
+
+async def api_execution_group_forks_get(request: Request, path) -> GroupForkAnswer:
+    return GroupForkAnswer(fork=await db_of(request).read(require_group_fork, path.fork_group_id))
+
+
+async def api_execution_group_forks_promote(request: Request, path, body: Empty) -> GroupForkAnswer:
+    return GroupForkAnswer(fork=await db_of(request).write(promote_group_fork_member, path.fork_group_id, path.member_id))
+
+
+# --- health, metrics, capabilities ------------------------------------------------
+
+
+async def database_ready(db: Database) -> bool:
+    try:
+        await db.read(lambda conn: conn.execute("SELECT 1").fetchone())
+        return True
+    except Exception:  # noqa: BLE001 - readiness reports, it does not raise
+        return False
+
+
+def health_of(request: Request, started: float, status: str, **parts) -> Health:
+    return Health(status=status, timestamp=iso(utc_now()), instance_id=request.app.services.instance_id,
+                  check_duration_ms=int((time.perf_counter() - started) * 1000), **parts)
+
+
+async def healthz(request: Request) -> Health:
+    started = time.perf_counter()
+    ok = await database_ready(db_of(request))
+    hub = request.app.services.hub
+    return health_of(request, started, "ok" if ok else "degraded", version=__version__, components=Components(
+        database=ComponentStatus(status="ok" if ok else "error"),
+        websocket=ComponentStatus(status="ok", connections=len(hub.connections))))
+
+
+async def readyz(request: Request) -> Health:
+    # 200 with readiness in the body: the SDK raises on 503, and users should be able to read why.
+    started = time.perf_counter()
+    ok = await database_ready(db_of(request))
+    hub, limit = request.app.services.hub, request.app.services.settings.max_connections
+    return health_of(request, started, "ok" if ok else "unavailable", readiness_checks=ReadinessChecks(
+        database_ready=ok, capacity_available=len(hub.connections) < limit,
+        uptime_seconds=int(time.monotonic() - request.app.services.started),
+        connection_utilization=len(hub.connections) / limit, active_connections=len(hub.connections),
+        max_connections=limit))
+
+
+async def api_auth_capabilities(request: Request) -> Capabilities:
+    """The caller's true scopes and expiry, in the grammar the SDK's can_read/can_write evaluate."""
+    return request.state.principal.capabilities()
+
+
+INSTANCE_FEATURES = ["events", "state", "forks", "ledger", "scheduler", "consumer_groups", "execution_groups",
+                     "experiments", "websocket", "scoped_keys", "accounts", "event_chain", "close",
+                     "bulk_fork", "approvals", "retention"]
+
+
+async def api_instance(request: Request) -> Instance:
+    """This server: version, instance id, storage backend, start time and features."""
+    state = request.app.services
+    return Instance(version=__version__, api_version="v1", instance_id=state.instance_id,
+                    backend=state.db.location.backend, started_at=state.started_at,
+                    uptime_seconds=int(time.monotonic() - state.started), features=INSTANCE_FEATURES,
+                    open_signup=state.settings.open_signup)
+
+
+# --- accounts, login tokens, preferences, keys ------------------------------------------------
+
+
+async def issue_token(request: Request, *, user_id: Optional[str] = None, key_row: Optional[int] = None,
+                      not_after: Optional[str] = None) -> str:
+    """A signed token for an account (or an exchanged key), live until it expires or is logged out."""
+    now = utc_now()
+    expires = now + timedelta(seconds=TOKEN_TTL_SECONDS)
+    if not_after is not None:
+        expires = min(expires, parse_iso(not_after))
+    jti = secrets.token_urlsafe(18)
+    token = sign_token(request.app.services.token_secret, {
+        "iss": "actae", "sub": f"user:{user_id}" if user_id else f"key:{key_row}", "jti": jti,
+        "iat": int(now.timestamp()), "exp": int(expires.timestamp())})
+    await db_of(request).write(store_token, jti, user_id, key_row, iso(expires))
+    return token
+
+
+async def api_auth_signup(request: Request, body: Signup) -> LoggedIn:
+    """Create an account (an admin key is needed unless the server runs with --open-signup)."""
+    principal = request.state.principal
+    if not request.app.services.settings.open_signup:
+        if principal is None:
+            raise Unauthorized("signup needs an admin key in x-api-key (or a server started with --open-signup)")
+        if not principal.is_admin:
+            raise Forbidden("only an admin key may create accounts on this server")
+    if body.scopes is not None and not (principal is not None and principal.is_admin):
+        raise Forbidden("only an admin key may grant scopes to an account")
+    password_hash = await asyncio.to_thread(hash_password, body.password)
+    user = await db_of(request).write(create_user, body.email, body.name, password_hash, scopes_of(body.scopes))
+    return LoggedIn(user=user_of(user), token=await issue_token(request, user_id=user["id"]))
+
+
+async def verified_user(request: Request, email: str, password: str) -> Optional[Row]:
+    """The account whose email and password these are, else None.
+
+    An unknown email runs the same KDF as a wrong password: same answer, same time.
+    """
+    user = await db_of(request).read(user_by_email, email)
+    stored = user["password_hash"] if user is not None else UNKNOWN_USER_HASH
+    matches = await asyncio.to_thread(password_matches, stored, password)
+    return user if user is not None and matches else None
+
+
+async def api_auth_login(request: Request, body: Login) -> LoggedIn:
+    """Log in with email and password; the token carries the scopes an admin granted the account."""
+    user = await verified_user(request, body.email, body.password)
+    if user is None:
+        raise Unauthorized("wrong email or password")
+    return LoggedIn(user=user_of(user), token=await issue_token(request, user_id=user["id"]))
+
+
+async def api_auth_api_key_login(request: Request, body: ApiKeyLogin) -> LoggedIn:
+    """Exchange a stored API key for a login token with the key's scopes (never beyond its expiry)."""
+    key = body.api_key or request.headers.get("x-api-key") or ""
+    row = await db_of(request).read(active_key, key_hash(key), iso(utc_now())) if key else None
+    if row is None:
+        raise Unauthorized("invalid, expired or revoked API key")
+    token = await issue_token(request, key_row=row["id"], not_after=row["expires_at"])
+    return LoggedIn(user=key_user_of(row), token=token)
+
+
+async def api_auth_config(request: Request) -> AuthConfig:
+    """How this server lets people in."""
+    open_signup = request.app.services.settings.open_signup
+    return AuthConfig(methods=["api_key", "password"], signup="open" if open_signup else "admin",
+                      open_signup=open_signup, token_type="jwt", token_ttl_seconds=TOKEN_TTL_SECONDS,
+                      password_min_length=8, email_verification=False)
+
+
+def bearer_user(request: Request) -> UserInfo:
+    user = getattr(request.state, "user", None)
+    if user is None:
+        raise Unauthorized("send the login token as `authorization: Bearer <token>`")
+    return user
+
+
+async def api_auth_me(request: Request) -> Me:
+    """The account behind the Bearer token."""
+    return Me(user=bearer_user(request))
+
+
+async def api_auth_logout(request: Request) -> Done:
+    """End the Bearer token now."""
+    bearer_user(request)
+    claims = token_claims(request.app.services.token_secret, request.state.bearer, utc_now())
+    if claims is None:                     # it expired since it was checked: nothing left to end
+        raise Unauthorized("invalid, expired or logged-out token: log in again")
+    await db_of(request).write(drop_token, claims["jti"])
+    return Done()
+
+
+async def api_preferences_get(request: Request) -> Preferences:
+    """The caller's preferences document (the Bearer account's, else the key's)."""
+    return await db_of(request).read(get_preferences, request.state.principal.owner)
+
+
+async def api_preferences_put(request: Request, body: PutPreferences) -> Preferences:
+    """Replace the caller's preferences document."""
+    return await db_of(request).write(put_preferences, request.state.principal.owner, body.preferences)
+
+
+async def api_keys_list(request: Request) -> Keys:
+    """Active keys with their scopes, creation, last use and expiry; never the key."""
+    return Keys(keys=await db_of(request).read(list_keys))
+
+
+async def change_keys(request: Request, work: Callable, *args) -> Any:
+    """A write to the keys, then the in-memory key ring reloaded: this server applies it at once."""
+    result = await db_of(request).write(work, *args)
+    await request.app.services.keys.reload()
+    return result
+
+
+async def api_keys_create(request: Request, body: CreateKey) -> NewKey:
+    """Create a scoped key; the answer holds the key, this once."""
+    return await change_keys(request, create_key, body.name, body.scopes, body.expires_in_days)
+
+
+async def api_keys_revoke(request: Request, path) -> KeyInfo:
+    """Revoke a key now, with the sessions and tokens it opened."""
+    return await change_keys(request, revoke_key, path.key_id)
+
+
+async def openapi_json(request: Request) -> dict[str, Any]:
+    return request.app.services.openapi
+
+
+# =============================================================================
+# HTTP API: the route table, and the OpenAPI document generated from it
+# =============================================================================
+
+EVERY = "*"            # a call that is not about one channel needs the action on every channel
+SOMEWHERE = "any"      # ... or only some pattern for it (the answer is filtered to what the scopes match)
+
+
+def reads(*where: str) -> tuple:
+    return tuple(("read", w) for w in where)
+
+
+def writes(*where: str) -> tuple:
+    return tuple(("write", w) for w in where)
+
+
+def deletes(*where: str) -> tuple:
+    return tuple(("delete", w) for w in where)
+
+
+ADMIN = (("admin", EVERY),)
+
+# Where a route's channel is when it is not in the request: one row away.
+CHANNEL_LOOKUPS = {
+    "event": "SELECT channel_id FROM events WHERE id = ?",
+    "execution": "SELECT channel_id FROM executions WHERE id = ?",
+    "wakeup": "SELECT channel_id FROM wakeups WHERE id = ?",
+    "group": "SELECT channel_id FROM consumer_groups WHERE id = ?",
+    "parent": "SELECT parent_id FROM channels WHERE id = ?",
 }
 
 
-def is_fleet_path(path: str) -> bool:
-    return path.startswith(FLEET_PATHS)
-
-
-def org_grant(stored: Any) -> dict:
-    """An organisation token's channel patterns for read, write and delete (admin: all three on '*')."""
-    scopes = scopes_of(stored)
-    if "*" in scopes["admin"]:
-        return {action: ["*"] for action in ACTIONS[:3]}
-    return {action: list(dict.fromkeys(scopes[action] + scopes["admin"])) for action in ACTIONS[:3]}
-
-
-def granted_scopes(grant: dict, requested: Optional[list]) -> list:
-    """The SDK scopes a fleet token gets: those requested that the grant allows; none or only blank
-    names (what the SDK sends with ACTAE_FLEET_SCOPES unset: [""]) mean all that it allows."""
-    allowed = [name for name, action in FLEET_SCOPES.items() if grant[action]]
-    wanted = {name.strip() for name in requested or () if name.strip()}
-    return allowed if not wanted else [name for name in allowed if name in wanted]
-
-
-def fleet_patterns(grant: dict, fleet_scopes: Any) -> dict:
-    """The channel patterns a fleet token acts with: the grant's, for the actions its scopes name."""
-    actions = set()
-    for name in fleet_scopes:
-        actions.update(ACTIONS[:3] if name.endswith(":manage") else [FLEET_SCOPES.get(name)])
-    return {**{action: grant[action] if action in actions else [] for action in ACTIONS[:3]}, "admin": []}
+def looked_up_channel(conn: Conn, sql: str, value: Any) -> Optional[str]:
+    row = conn.execute(sql, (value,)).fetchone()
+    return row[0] if row else None
 
 
 @dataclass(frozen=True)
-class FleetPrincipal(Principal):
-    """A fleet token's caller: the organisation token behind it, with the SDK scopes it was granted."""
+class TextBody:
+    """A request body that is a file, not one JSON value: documented as `name`, parsed by `parse`."""
 
-    organization_id: str = ""
-    org_token_id: int = 0
-    fleet_scopes: tuple = ()
-    name: str = ""
-    created_at: str = ""
+    name: str                          # its schema in /openapi.json (a string)
+    description: str
+    media_types: tuple                 # documented; the body is read whatever content-type it is sent with
+    max_bytes: int
+    parse: Callable[[bytes], Any]      # bytes -> what the handler gets as `body`; BadRequest when bad
+
+
+@dataclass(frozen=True)
+class Api:
+    """One API route: how to call it, what it takes, who may."""
+
+    method: str
+    path: str
+    handler: Callable
+    body: Optional[type] = None        # the JSON body's record
+    text_body: Optional[TextBody] = None   # or a body in another format
+    query: Optional[type] = None       # the query string's record
+    answers: str = "application/json"  # the media type of a 200 answer
+    body_optional: bool = False        # the SDK may send no body at all
+    # (action, where) pairs the credential's scopes must allow; () = any valid credential. `where`
+    # names the channel: "path.channel_id", "body.source_channel_id", "query.left", a lookup
+    # ("execution.execution_id" finds the execution's channel), EVERY or SOMEWHERE.
+    scopes: tuple = ()
+    # key: x-api-key (a key or a login token); user: the Bearer login token when one is sent, else
+    # the key; bearer: the Bearer login token only (the account it names); optional: a key if one is
+    # valid (signup); public: none (probes, logins, the API description); fleet: a fleet token (the
+    # gateway's routes); org: an organisation token (the fleet token exchange).
+    auth: str = "key"
+    group: Optional[str] = None        # the OpenAPI tag, where the path does not say it (a region's routes)
 
     @property
-    def actor(self) -> str:
-        return f"org-token:{self.org_token_id}"
+    def public(self) -> bool:
+        return self.auth == "public"
 
     @property
-    def owner(self) -> str:
-        return f"org-token:{self.org_token_id}"
+    def answer(self) -> Any:
+        """The 2xx answer's record: the handler's return annotation, the one place it is declared.
+        A handler that returns a Response (a file, the Prometheus text) answers `answers` as text."""
+        return answer_type(self.handler)
 
-    def user(self) -> UserInfo:
-        """Who GET /auth/me names through the gateway: the organisation token (it is no account)."""
-        return UserInfo(id=self.owner, email=None, name=self.name, created_at=self.created_at)
+    @property
+    def path_params(self) -> Optional[type]:
+        return path_record(self.path)
 
-    def require_scope(self, scope: str) -> None:
-        if scope not in self.fleet_scopes:
-            raise Forbidden(f"this fleet token lacks the {scope} scope (it has {', '.join(self.fleet_scopes) or 'none'})")
+    @property
+    def tag(self) -> str:
+        if self.group is not None:
+            return self.group
+        parts = self.path.split("/")
+        return parts[3] if len(parts) > 3 and parts[1] == "api" else "server"
 
-
-def fleet_principal(row: Row, organization_id: str, fleet_scopes: Any) -> FleetPrincipal:
-    scopes = tuple(fleet_scopes)
-    return FleetPrincipal(f"fleet:{row['id']}", fleet_patterns(org_grant(row["scopes"]), scopes), "fleet",
-                          "fleet_token", expires_at=row["expires_at"], organization_id=organization_id,
-                          org_token_id=row["id"], fleet_scopes=scopes, name=row["name"], created_at=row["created_at"])
-
-
-# --- remote instances: their keys encrypted beside the database ------------------------------------
+    @property
+    def summary(self) -> str:
+        doc = (self.handler.__doc__ or "").strip().splitlines()
+        return doc[0] if doc else self.handler.__name__.replace("_", " ")
 
 
-def fleet_cipher(data_dir: Path) -> Any:
-    """The Fernet key that encrypts remote instances' keys: a file beside the database (0600), made on
-    first use. A copy of the database alone cannot decrypt them."""
-    from cryptography.fernet import Fernet        # imported here: only the fleet needs it
+@functools.cache
+def answer_type(handler: Callable) -> Any:
+    return typing.get_type_hints(handler)["return"]
 
-    path = Path(data_dir) / FLEET_KEY_FILE
+
+P, B = "path.channel_id", "body.channel_id"
+API_ROUTES = [
+    Api("POST", "/api/v1/events/record", api_events_record, body=RecordEvent, scopes=writes(B)),
+    Api("GET", "/api/v1/events/replay/{channel_id}", api_events_replay, query=ReplayQuery, scopes=reads(P)),
+    Api("POST", "/api/v1/events/query", api_events_query, body=EventQuery, scopes=reads("body.channel_ids")),
+    Api("GET", "/api/v1/events/cursor/{channel_id}", api_events_cursor, scopes=reads(P)),
+    Api("POST", "/api/v1/events/transition", api_events_transition, body=Transition, scopes=writes(B)),
+    Api("GET", "/api/v1/events/verify/{channel_id}", api_events_verify, scopes=reads(P)),
+    Api("GET", "/api/v1/events/{event_id}/causal-graph", api_events_causal_graph, query=CausalQuery,
+        scopes=reads("event.event_id")),
+    Api("POST", "/api/v1/state/{channel_id}", api_state_save, body=SaveState, scopes=writes(P)),
+    Api("GET", "/api/v1/state/{channel_id}", api_state_latest, scopes=reads(P)),
+    Api("GET", "/api/v1/state/{channel_id}/versions", api_state_versions, query=PageQuery, scopes=reads(P)),
+    Api("GET", "/api/v1/state/{channel_id}/version/{version}", api_state_version, scopes=reads(P)),
+    Api("DELETE", "/api/v1/state/{channel_id}/version/{version}", api_state_delete, scopes=deletes(P)),
+    Api("GET", "/api/v1/channels", api_channels_list, scopes=reads(SOMEWHERE)),
+    Api("POST", "/api/v1/channels/fork", api_channels_fork, body=Fork,
+        scopes=writes("body.source_channel_id", "body.new_channel_id")),
+    Api("GET", "/api/v1/channels/diff", api_channels_diff, query=PairQuery, scopes=reads("query.left", "query.right")),
+    Api("GET", "/api/v1/channels/compare", api_channels_compare, query=PairQuery,
+        scopes=reads("query.left", "query.right")),
+    Api("GET", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata, scopes=reads(P)),
+    Api("PUT", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata_put, body=PutMetadata,
+        scopes=writes(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/forks", api_channels_forks, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/steps", api_channels_steps, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/steps/{step_number}", api_channels_step, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/receipt", api_channels_receipt, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/fork-tree", api_channels_fork_tree, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/trail", api_channels_trail, scopes=reads(P)),
+    Api("PATCH", "/api/v1/channels/{channel_id}/outcome", api_channels_outcome, body=SetOutcome, scopes=writes(P)),
+    Api("POST", "/api/v1/channels/{channel_id}/promote", api_channels_promote, body=Empty, body_optional=True,
+        scopes=writes(P, "parent.channel_id")),
+    Api("POST", "/api/v1/channels/{channel_id}/close", api_channels_close, body=Empty, body_optional=True,
+        scopes=writes(P)),
+    Api("DELETE", "/api/v1/channels/{channel_id}", api_channels_delete, query=DeleteQuery, scopes=deletes(P)),
+    Api("POST", "/api/v1/experiments", api_experiments_create, body=CreateExperiment, scopes=writes(EVERY)),
+    Api("GET", "/api/v1/experiments", api_experiments_list, scopes=reads(EVERY)),
+    Api("GET", "/api/v1/experiments/{group_id}", api_experiments_get, scopes=reads(EVERY)),
+    Api("POST", "/api/v1/experiments/{group_id}/members", api_experiments_member, body=AddExperimentMember,
+        scopes=writes(EVERY)),
+    Api("GET", "/api/v1/experiments/{group_id}/rank", api_experiments_rank, scopes=reads(EVERY)),
+    Api("POST", "/api/v1/executions/claim", api_executions_claim, body=Claim, scopes=writes(B)),
+    Api("GET", "/api/v1/executions", api_executions_list, query=ExecutionsQuery, scopes=reads("query.channel_id")),
+    Api("GET", "/api/v1/executions/{execution_id}", api_executions_get, scopes=reads("execution.execution_id")),
+    Api("DELETE", "/api/v1/executions/{execution_id}", api_executions_delete,
+        scopes=deletes("execution.execution_id")),
+    Api("POST", "/api/v1/executions/{execution_id}/complete", api_executions_complete, body=Complete,
+        body_optional=True, scopes=writes("execution.execution_id")),
+    Api("POST", "/api/v1/executions/{execution_id}/fail", api_executions_fail, body=Fail, body_optional=True,
+        scopes=writes("execution.execution_id")),
+    Api("POST", "/api/v1/executions/{execution_id}/heartbeat", api_executions_heartbeat, body=Heartbeat,
+        body_optional=True, scopes=writes("execution.execution_id")),
+    Api("POST", "/api/v1/executions/{execution_id}/cancel", api_executions_cancel, body=ClaimToken,
+        body_optional=True, scopes=writes("execution.execution_id")),
+    Api("POST", "/api/v1/groups", api_groups_create, body=CreateConsumerGroup, scopes=writes(B)),
+    Api("GET", "/api/v1/groups", api_groups_list, query=ChannelFilter, scopes=reads("query.channel_id")),
+    Api("DELETE", "/api/v1/groups/{group_id}", api_groups_delete, scopes=deletes("group.group_id")),
+    Api("POST", "/api/v1/groups/{group_id}/join", api_groups_join, body=Consumer, scopes=writes("group.group_id")),
+    Api("POST", "/api/v1/groups/{group_id}/work", api_groups_work, body=ClaimWork, scopes=writes("group.group_id")),
+    Api("POST", "/api/v1/groups/{group_id}/ack", api_groups_ack, body=AckWork, scopes=writes("group.group_id")),
+    Api("POST", "/api/v1/groups/{group_id}/heartbeat", api_groups_heartbeat, body=Consumer,
+        scopes=writes("group.group_id")),
+    Api("GET", "/api/v1/groups/{group_id}/offsets", api_groups_offsets, scopes=reads("group.group_id")),
+    # Execution groups span their members' channels: they need the action on every channel.
+    Api("POST", "/api/v1/execution-groups", api_execution_groups_create, body=CreateExecutionGroup,
+        scopes=writes(EVERY)),
+    Api("GET", "/api/v1/execution-groups", api_execution_groups_list, scopes=reads(EVERY)),
+    Api("POST", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_add_member, body=AddGroupMember,
+        scopes=writes(EVERY)),
+    Api("GET", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_members, scopes=reads(EVERY)),
+    Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/claim", api_execution_groups_claim,
+        body=LeaseClaim, scopes=writes(EVERY)),
+    Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/heartbeat", api_execution_groups_heartbeat,
+        body=LeaseHolder, scopes=writes(EVERY)),
+    Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/release", api_execution_groups_release,
+        body=LeaseHolder, scopes=writes(EVERY)),
+    Api("POST", "/api/v1/execution-groups/{group_id}/messages", api_execution_groups_send, body=SendMessage,
+        scopes=writes(EVERY)),
+    Api("GET", "/api/v1/execution-groups/{group_id}/members/{member_id}/messages", api_execution_groups_inbox,
+        query=InboxQuery, scopes=reads(EVERY)),
+    Api("POST", "/api/v1/execution-group-messages/{message_id}/ack", api_execution_group_messages_ack,
+        body=LeaseHolder, scopes=writes(EVERY)),
+    Api("POST", "/api/v1/execution-group-forks", api_execution_group_forks_create, body=ForkExecutionGroup,
+        scopes=writes(EVERY)),
+    Api("GET", "/api/v1/execution-group-forks/{fork_group_id}", api_execution_group_forks_get, scopes=reads(EVERY)),
+    Api("POST", "/api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote",
+        api_execution_group_forks_promote, body=Empty, body_optional=True, scopes=writes(EVERY)),
+    Api("POST", "/api/v1/scheduler/wakeups", api_wakeups_schedule, body=ScheduleWakeup, scopes=writes(B)),
+    Api("GET", "/api/v1/scheduler/wakeups", api_wakeups_list, query=WakeupsQuery, scopes=reads("query.channel_id")),
+    Api("GET", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_get, scopes=reads("wakeup.wakeup_id")),
+    Api("DELETE", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_cancel, scopes=deletes("wakeup.wakeup_id")),
+    Api("GET", "/api/v1/auth/capabilities", api_auth_capabilities),
+    Api("POST", "/api/v1/auth/signup", api_auth_signup, body=Signup, auth="optional"),
+    Api("POST", "/api/v1/auth/login", api_auth_login, body=Login, auth="public"),
+    Api("POST", "/api/v1/auth/api-key-login", api_auth_api_key_login, body=ApiKeyLogin, body_optional=True,
+        auth="public"),
+    Api("GET", "/api/v1/auth/config", api_auth_config, auth="public"),
+    Api("GET", "/api/v1/auth/me", api_auth_me, auth="bearer"),
+    Api("POST", "/api/v1/auth/logout", api_auth_logout, auth="bearer"),
+    Api("GET", "/api/v1/user/preferences", api_preferences_get, auth="user"),
+    Api("PUT", "/api/v1/user/preferences", api_preferences_put, body=PutPreferences, auth="user"),
+    Api("GET", "/api/v1/keys", api_keys_list, scopes=ADMIN),
+    Api("POST", "/api/v1/keys", api_keys_create, body=CreateKey, scopes=ADMIN),
+    Api("DELETE", "/api/v1/keys/{key_id}", api_keys_revoke, scopes=ADMIN),
+    Api("GET", "/api/v1/instance", api_instance),
+    Api("GET", "/readyz", readyz),
+    Api("GET", "/healthz", healthz, auth="public"),
+    Api("GET", "/openapi.json", openapi_json, auth="public"),
+]
+
+
+
+def api_routes() -> list:
+    """The one route table: the core's routes, then each region's (ROUTE_LISTS)."""
+    return [*API_ROUTES, *(route for routes in ROUTE_LISTS for route in routes)]
+
+
+ERROR_RESPONSES = {
+    "400": "bad input: malformed JSON, a wrong type, a value out of range, a bad channel id",
+    "401": "missing, invalid, expired or revoked API key (or login token)",
+    "403": "the credential is valid but its scopes do not allow this call on this channel",
+    "404": "the named channel, execution, group or route does not exist",
+    "409": "a conflict the SDK raises as its own exception: idempotency_conflict, version_conflict, "
+           "fork_tool_blocked, execution_not_owned, channel_conflict, ...",
+    "413": "the body is over 4 MiB, or one document over 1 MiB",
+}
+
+
+def ecma_patterns(schema: Any) -> Any:
+    """JSON Schema patterns are ECMA-262: `\\Z` (our exact end) becomes `$`, which ECMA (without the
+    m flag) anchors there too."""
+    if isinstance(schema, dict):
+        return {k: (v.replace("\\Z", "$") if k == "pattern" and isinstance(v, str) else ecma_patterns(v))
+                for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [ecma_patterns(v) for v in schema]
+    return schema
+
+
+def record_parameters(kind: Optional[type], where: str, components: dict) -> list:
+    """OpenAPI parameters (in: path or query) from a record's fields."""
+    if kind is None:
+        return []
+    (ref,), defs = msgspec.json.schema_components([kind], ref_template="#/components/schemas/{name}")
+    schema = defs[ref["$ref"].rsplit("/", 1)[1]]
+    components.update({k: v for k, v in defs.items() if k != kind.__name__})
+    required = set(schema.get("required", ()))
+    return [{"name": name, "in": where, "required": where == "path" or name in required, "schema": prop}
+            for name, prop in schema.get("properties", {}).items()]
+
+
+def answer_schema(route: Api, refs: dict) -> dict:
+    if route.answer is Response:
+        return {"type": "string"}
+    return refs[route.answer]
+
+
+def openapi_document(routes: list) -> dict:
+    """OpenAPI 3.1 for the route table: every path, body, query, answer and error shape."""
+    bodies = sorted({r.body for r in routes if r.body is not None}, key=lambda k: k.__name__)
+    answers = list(dict.fromkeys(r.answer for r in routes if r.answer is not Response))
+    refs, components = msgspec.json.schema_components([*bodies, *answers, ErrorBody],
+                                                      ref_template="#/components/schemas/{name}")
+    shapes = dict(zip([*bodies, *answers], refs))
+    error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+    paths: dict = {}
+    for route in routes:
+        answer = {"description": answer_doc(route.answer),
+                  "content": {route.answers: {"schema": answer_schema(route, shapes)}}}
+        operation = {
+            "operationId": route.handler.__name__, "summary": route.summary, "tags": [route.tag],
+            "parameters": record_parameters(route.path_params, "path", components)
+                          + record_parameters(route.query, "query", components),
+            "responses": {"200": answer,
+                          **{code: {"description": text, **error} for code, text in ERROR_RESPONSES.items()}},
+        }
+        if route.body is not None:
+            operation["requestBody"] = {"required": not route.body_optional,
+                                        "content": {"application/json": {"schema": shapes[route.body]}}}
+        elif route.text_body is not None:
+            text = route.text_body
+            components[text.name] = {"title": text.name, "type": "string", "description": text.description}
+            operation["requestBody"] = {"required": True, "content": {
+                media: {"schema": {"$ref": f"#/components/schemas/{text.name}"}} for media in text.media_types}}
+        if route.scopes:
+            operation["x-actae-scopes"] = [{"action": action, "channel": where} for action, where in route.scopes]
+        operation["security"] = {"public": [], "optional": [{}, {"apiKey": []}],
+                                 "user": [{"bearer": []}, {"apiKey": []}],
+                                 "bearer": [{"bearer": []}], "fleet": [{"bearer": []}],
+                                 "org": [{"bearer": []}]}.get(route.auth, [{"apiKey": []}])
+        paths.setdefault(route.path, {})[route.method.lower()] = operation
+    return ecma_patterns({
+        "openapi": "3.1.0",
+        "info": {"title": "Actae community server", "version": __version__,
+                 "description": "Record agent runs, fork them at an exact step, never fire a side effect twice."},
+        "paths": paths,
+        "components": {"schemas": components,
+                       "securitySchemes": {"apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
+                                           "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}},
+        "security": [{"apiKey": []}],
+    })
+
+
+def answer_doc(kind: Any) -> str:
+    doc = getattr(kind, "__doc__", None) if isinstance(kind, type) and issubclass(kind, Answer) else None
+    return doc.strip().splitlines()[0] if doc and doc.strip() else "the answer"
+
+
+def api_response(value: Any, status: int = 200) -> Response:
+    if isinstance(value, Response):
+        return value
+    return Response(msgspec.json.encode(value), status_code=status, media_type="application/json")
+
+
+async def authenticate(request: Request, route: Api) -> Optional[Principal]:
+    """The route's principal (None where none is needed); Unauthorized when a needed one is missing."""
+    if route.auth == "public":
+        return None
+    check = AUTHENTICATORS.get(route.auth)
+    if check is not None:                      # a kind of credential a region checks (the fleet's tokens)
+        return await check(request, route)
+    if route.auth in ("user", "bearer"):
+        bearer = bearer_token(request)
+        if bearer is not None:
+            principal, request.state.user = await check_token(request.app, bearer)
+            request.state.bearer = bearer
+            return principal
+        if route.auth == "bearer":
+            raise Unauthorized("send the login token as `authorization: Bearer <token>`")
+    try:
+        return await check_key(request.app, request.headers.get("x-api-key"))
+    except Unauthorized:
+        if route.auth == "optional":
+            return None
+        raise
+
+
+async def channels_named(request: Request, where: str, parts: dict) -> list:
+    """The channels a route acts on, per its table entry; [None] when it names none (every channel)."""
+    kind, _, name = where.partition(".")
+    if kind in ("path", "query", "body"):
+        value = getattr(parts.get(kind), name, None)
+        if not value:
+            return [None]
+        return list(value) if isinstance(value, list) else [value]
+    found = await db_of(request).read(looked_up_channel, CHANNEL_LOOKUPS[kind], getattr(parts["path"], name))
+    return [] if found is None else [found]      # nothing there: the handler answers 404 (or 400)
+
+
+async def authorize(request: Request, route: Api, parts: dict) -> None:
+    """Forbidden (403) unless the principal's scopes cover every (action, channel) the route declares."""
+    principal = request.state.principal
+    if principal is None:                  # optional auth: the handler decides
+        return
+    for action, where in route.scopes:
+        if principal.can_everywhere(action):
+            continue                       # the usual admin key: no channel to find
+        if where == SOMEWHERE:
+            if not principal.can_somewhere(action):
+                raise Forbidden(f"this credential may not {action} any channel")
+            continue
+        for channel in ([None] if where == EVERY else await channels_named(request, where, parts)):
+            principal.require(action, channel)
+
+
+async def route_parts(request: Request, route: Api) -> dict:
+    """The records a route declares (path, query, body), decoded and checked."""
+    parts = {}
+    if route.path_params is not None:
+        parts["path"] = decode_params(request.path_params, route.path_params, "path")
+    if route.query is not None:
+        parts["query"] = decode_params(request.query_params, route.query, "query string")
+    if route.body is not None:
+        parts["body"] = decode_body(await read_capped(request), route.body, optional=route.body_optional)
+    elif route.text_body is not None:     # a file may be large: parsed off the event loop
+        parts["body"] = await asyncio.to_thread(route.text_body.parse,
+                                                await read_capped(request, route.text_body.max_bytes))
+    return parts
+
+
+async def serve_route(request: Request, route: Api, principal: Optional[Principal]) -> Any:
+    """A route's answer for `principal`: its records decoded, its scopes checked, its handler run.
+    HTTP requests come here after their credential is checked; the fleet gateway calls it in process."""
+    request.state.principal = principal
+    parts = await route_parts(request, route)
+    if route.scopes:
+        await authorize(request, route, parts)
+    return await route.handler(request, **parts)
+
+
+def api_endpoint(route: Api) -> Callable:
+    """The endpoint of a route: key check, then the declared records decoded, then the handler."""
+
+    async def endpoint(request: Request) -> Response:
+        return api_response(await serve_route(request, route, await authenticate(request, route)))
+
+    endpoint.__name__ = route.handler.__name__
+    return endpoint
+
+
+# =============================================================================
+# WebSocket: /ws (in-band auth, subscribe with catch-up, publish with ack)
+# =============================================================================
+
+def broadcast_frame(topic: str, event: Event) -> dict:
+    return {"type": "broadcast", "topic": topic,
+            "payload": {"event": {**msgspec.structs.asdict(event), "event_type": event.type}}}
+
+
+@dataclass
+class Subscription:
+    """Per connection and topic: events go out in cursor order, each once, none skipped."""
+
+    last_cursor: int = 0
+    catching_up: bool = True
+    pending: list = field(default_factory=list)
+    own: set = field(default_factory=set)    # ids of events this connection published: not echoed
+
+
+class WsConnection:
+    def __init__(self, websocket: WebSocket, hub: "Hub"):
+        self.websocket = websocket
+        self.hub = hub
+        self.id = str(uuid.uuid4())
+        self.subscriptions: dict = {}
+        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=WS_QUEUE_MAX)
+        self.pump_task: Optional[asyncio.Task] = None
+        self.cut = False
+        self.key: Optional[str] = None
+        self.principal: Optional[Principal] = None   # re-read on every frame: revoking a key ends it
+
+    def send(self, frame: dict) -> None:
+        """Queue a frame; a client too slow to drain WS_QUEUE_MAX frames is cut off (it catches up on reconnect)."""
+        if self.cut:
+            return
+        try:
+            self.outbox.put_nowait(frame)
+        except asyncio.QueueFull:
+            self.cut_off()
+
+    def cut_off(self) -> None:
+        self.cut = True
+        self.hub.dropped += 1
+        self.hub.leave(self)
+        if self.pump_task is not None:
+            self.pump_task.cancel()          # ws_endpoint then closes the socket with 1013 (try again later)
+
+    async def send_paced(self, frame: dict) -> None:
+        """Catch-up replay waits for room in the queue instead of dropping a client that asked for history.
+
+        If the client goes away meanwhile, the pump dies and ws_endpoint cancels this wait.
+        """
+        await self.outbox.put(frame)
+
+    def deliver(self, topic: str, event: dict, *, echo: bool = True) -> None:
+        """Send the event if it is the next one; a later one means another server's commit has not
+        been heard yet: the hub reads the missing ones from the table instead."""
+        sub = self.subscriptions.get(topic)
+        if sub is None:
+            return
+        if not echo:
+            sub.own.add(event.id)
+        if sub.catching_up:
+            if len(sub.pending) >= WS_QUEUE_MAX:
+                self.cut_off()
+                return
+            sub.pending.append(event)
+        elif event.cursor == sub.last_cursor + 1:
+            sub.last_cursor = event.cursor
+            if event.id in sub.own:
+                sub.own.discard(event.id)
+            else:
+                self.send(broadcast_frame(topic, event))
+        elif event.cursor > sub.last_cursor:
+            self.hub.fill(topic)
+
+    async def pump(self) -> None:
+        while True:
+            frame = await self.outbox.get()
+            await self.websocket.send_text(msgspec.json.encode(frame).decode("utf-8"))
+            self.hub.messages_sent += 1
+
+
+class Hub:
+    """Who listens to which channel. Fed by this server's commits (in cursor order), and on
+    PostgreSQL by other servers' notifications, which only say "channel X reached cursor N": the
+    events themselves are read from the table, after each subscriber's last cursor."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        self.connections: set = set()
+        self.topics: dict = {}
+        self._filling: dict = {}             # topic -> the task reading its missed events
+        self._refill: set = set()            # topics told of more while their task was reading
+        self.events_seen = self.messages_sent = self.messages_received = self.dropped = 0
+
+    def on_commit(self, events: list, exclude: Optional[WsConnection]) -> None:
+        self.events_seen += len(events)
+        for event in events:
+            for conn in list(self.topics.get(event.channel_id, ())):
+                conn.deliver(event.channel_id, event, echo=conn is not exclude)
+
+    def on_notify(self, channel_id: Optional[str], cursor: Optional[int]) -> None:
+        """Another server committed up to `cursor` on `channel_id` (None, None: maybe missed anything)."""
+        for topic in ([channel_id] if channel_id is not None else list(self.topics)):
+            subs = [c.subscriptions[topic] for c in self.topics.get(topic, ()) if topic in c.subscriptions]
+            if any(not sub.catching_up and (cursor is None or sub.last_cursor < cursor) for sub in subs):
+                self.fill(topic)
+
+    def fill(self, topic: str) -> None:
+        """Read what the topic's subscribers have not had yet; one reader task per topic."""
+        if topic in self._filling:
+            self._refill.add(topic)
+        else:
+            self._filling[topic] = asyncio.get_running_loop().create_task(self._fill(topic))
+
+    async def _fill(self, topic: str) -> None:
+        try:
+            while True:
+                self._refill.discard(topic)
+                subs = [c.subscriptions[topic] for c in self.topics.get(topic, ()) if topic in c.subscriptions]
+                live = [sub.last_cursor for sub in subs if not sub.catching_up]
+                if not live:
+                    return
+                batch = await self.db.read(replay_events, topic, min(live), REPLAY_LIMIT_MAX)
+                for event in batch:
+                    for conn in list(self.topics.get(topic, ())):
+                        conn.deliver(topic, event)
+                if len(batch) < REPLAY_LIMIT_MAX and topic not in self._refill:
+                    return
+        except Exception:  # noqa: BLE001 - the next notification or commit tries again
+            log.exception("reading missed events of %s failed", topic)
+        finally:
+            self._filling.pop(topic, None)
+
+    def watch(self, conn: WsConnection, topic: str, cursor: int) -> Subscription:
+        sub = conn.subscriptions[topic] = Subscription(last_cursor=cursor)
+        self.topics.setdefault(topic, set()).add(conn)
+        return sub
+
+    def unwatch(self, conn: WsConnection, topic: str) -> None:
+        conn.subscriptions.pop(topic, None)
+        listeners = self.topics.get(topic)
+        if listeners is not None:
+            listeners.discard(conn)
+            if not listeners:
+                del self.topics[topic]
+
+    def leave(self, conn: WsConnection) -> None:
+        for topic in list(conn.subscriptions):
+            self.unwatch(conn, topic)
+        self.connections.discard(conn)
+
+
+async def ws_subscribe(conn: WsConnection, db: Database, frame: SubscribeFrame) -> None:
+    """Confirm, replay `cursor > N` from the log, then hand over to live delivery without gaps."""
+    topic, start = frame.topic, frame.cursor
+    conn.principal.require("read", topic)
+    sub = conn.hub.watch(conn, topic, start or 0)
+    latest = await db.read(latest_cursor, topic)
+    if start is None:
+        sub.last_cursor = latest or 0      # live only: what comes after the cursor we confirm
+    conn.send({"type": "subscription", "event": "subscribed", "topic": topic, "cursor": latest,
+               "payload": {"topic": topic, "cursor": latest}})
+    if start is not None:
+        while True:
+            batch = await db.read(replay_events, topic, sub.last_cursor, REPLAY_LIMIT_MAX)
+            for event in batch:
+                sub.last_cursor = event.cursor
+                await conn.send_paced(broadcast_frame(topic, event))
+            if len(batch) < REPLAY_LIMIT_MAX:
+                break
+    sub.catching_up = False
+    for event in sorted(sub.pending, key=lambda e: e.cursor):
+        conn.deliver(topic, event)
+    sub.pending.clear()
+    if db.location.shared:
+        conn.hub.fill(topic)               # another server may have committed since the last read
+
+
+async def ws_publish(conn: WsConnection, db: Database, frame: PublishFrame) -> None:
+    conn.principal.require("write", frame.topic)
+    req = RecordEvent(channel_id=frame.topic, event_type="broadcast", payload=frame.payload,
+                      metadata=EventMeta(actor="websocket"), operation_id=frame.operation_id)
+    event = await db.write(record_event, req, exclude=conn)
+    # The event's own "type" must not overwrite the frame kind: the SDK reads the type from event_type.
+    conn.send({**msgspec.structs.asdict(event), "event_type": event.type, "type": "ack", "request_id": frame.request_id})
+
+
+async def ws_authenticate(websocket: WebSocket, conn: WsConnection, app) -> bool:
+    try:
+        message = await asyncio.wait_for(websocket.receive(), timeout=app.services.settings.header_timeout)
+        if message["type"] == "websocket.disconnect":
+            return False
+        frame = decode_frame(message.get("text") or "null")
+        if not isinstance(frame, AuthFrame):
+            raise BadRequest("expected {\"type\": \"auth\", \"api_key\": ...} first")
+        conn.principal = await check_key(app, frame.api_key)
+        conn.key = frame.api_key
+    except (asyncio.TimeoutError, ActaeError) as exc:
+        reason = exc.message if isinstance(exc, ActaeError) else "expected {\"type\": \"auth\", \"api_key\": ...} first"
+        await websocket.send_text(json.dumps({"type": "error", "message": reason}))
+        await websocket.close(code=1008)
+        return False
+    await websocket.send_text(json.dumps({"type": "connection", "event": "authenticated",
+                                          "payload": {"connection_id": conn.id}}))
+    return True
+
+
+async def ws_endpoint(websocket: WebSocket) -> None:
+    """GET /ws. The SDK's handshake carries no credentials: the first frame authenticates."""
+    app, hub, db = websocket.app, websocket.app.services.hub, websocket.app.services.db
+    await websocket.accept()
+    conn = WsConnection(websocket, hub)
+    await websocket.send_text(json.dumps({"type": "connection", "event": "connected",
+                                          "payload": {"connection_id": conn.id}}))
+    if not await ws_authenticate(websocket, conn, app):
+        return
+    hub.connections.add(conn)
+    conn.pump_task = asyncio.create_task(conn.pump())
+    reader = asyncio.create_task(ws_read_frames(conn, db))
+    try:
+        # Whichever ends first (client gone, send failed, client cut off) ends the other.
+        await asyncio.wait({conn.pump_task, reader}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hub.leave(conn)
+        for task in (conn.pump_task, reader):
+            task.cancel()
+        await asyncio.gather(conn.pump_task, reader, return_exceptions=True)
+        if conn.cut:
+            with contextlib.suppress(Exception):
+                await websocket.close(code=1013)
+
+
+async def ws_read_frames(conn: WsConnection, db: Database) -> None:
+    """Handle the client's frames one at a time, in order, until it goes away."""
+    while True:
+        message = await conn.websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        conn.hub.messages_received += 1
+        if message.get("text") is None:
+            conn.send({"type": "error", "message": "binary frames are not supported: send JSON text"})
+            continue
+        try:                            # a key revoked (or expired) stops working here too
+            conn.principal = await check_key(conn.websocket.app, conn.key)
+        except Unauthorized as exc:
+            conn.send({"type": "error", "message": exc.message})
+            return
+        await ws_handle_frame(conn, db, message["text"])
+
+
+def frame_request_id(text: str) -> Any:
+    """The request_id of a frame that failed to decode, so the SDK can match the error to its call."""
+    try:
+        frame = msgspec.json.decode(text)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    request_id = frame.get("request_id") if isinstance(frame, dict) else None
+    return request_id if isinstance(request_id, str) and len(request_id) <= 256 else None
+
+
+async def ws_handle_frame(conn: WsConnection, db: Database, text: str) -> None:
+    try:
+        frame = decode_frame(text)
+        if isinstance(frame, SubscribeFrame):
+            await ws_subscribe(conn, db, frame)
+        elif isinstance(frame, UnsubscribeFrame):
+            conn.hub.unwatch(conn, frame.topic)
+            conn.send({"type": "subscription", "event": "unsubscribed", "topic": frame.topic,
+                       "payload": {"topic": frame.topic}})
+        elif isinstance(frame, PublishFrame):
+            await ws_publish(conn, db, frame)
+        elif isinstance(frame, PingFrame):
+            conn.send({"type": "connection", "event": "pong", "payload": {"connection_id": conn.id}})
+        else:
+            raise BadRequest("already authenticated")
+    except ActaeError as exc:
+        request_id = frame_request_id(text)
+        conn.send({"type": "error", "message": exc.message, "status": exc.code,
+                   **({"request_id": request_id} if request_id is not None else {})})
+    except Exception:  # noqa: BLE001 - a bug answers this frame with an error; the socket stays up
+        log.exception("WebSocket frame failed")
+        conn.send({"type": "error", "message": "internal error", "status": "internal"})
+
+
+# =============================================================================
+# Dashboard: data for the pages (reads that build what a page shows)
+# =============================================================================
+
+RUNS_PAGE_SIZE = 50
+TIMELINE_PAGE_SIZE = 200
+GROUP_FORKS_MAX = 100                  # forks listed under one root run; the fork tree has them all
+FAILED_STATE_STATUSES = ("failed", "error")
+# Event types that say the run itself failed. Exact names, so the (type, created_at) index finds them.
+ERROR_EVENT_TYPES = ("error", "run.error", "run.failed", "session.error", "session.failed",
+                     "step.error", "step.failed", "agent.error", "agent.failed")
+# A run that has not completed and whose last event is one of these is stuck on a refusal or a human.
+ERROR_EVENT_SET = frozenset(ERROR_EVENT_TYPES)   # append_event notes a run's first one (error_cursor)
+BLOCKING_EVENT_TYPES = ("tool.blocked", "approval.requested", "approval.expired")
+LEDGER_SINCE = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+STEP_CHANGES_SHOWN = 20                # changed keys listed per step (the count says how many in all)
+JSON_TREE_NODES = 3000                 # larger documents are shown as plain JSON text
+JSON_TREE_DEPTH = 24
+PICTURE_BARS_MAX = 240                 # steps are bucketed beyond this, so a 10,000-step run stays small
+FLASH_MAX = 64                         # fork-form errors kept for the redirect that shows them
+FLASH_TTL_SECONDS = 900
+FLASH_VALUE_MAX = 256 * 1024
+
+
+
+# A run's status in one SQL expression over its own channels row: the generated column run_state (see
+# migrate_many_runs), so the runs list, its filter, the fork tree and the run page always agree, and
+# an index answers a status filter. Its inputs are columns the write path keeps: the SDK's status (a
+# field of a JSON column, per dialect), the outcome, the latest snapshot's status, the first error
+# event and the last event's type.
+def run_state_sql(dialect: Dialect) -> str:
+    sdk_status = dialect.json_text("experiment_metadata", "status")
+    return f"""CASE
+    WHEN {sdk_status} = 'crashed' OR outcome = 'crashed' THEN 'crashed'
+    WHEN {sdk_status} IN ({sql_list(FAILED_STATE_STATUSES)})
+      OR last_state_status IN ({sql_list(FAILED_STATE_STATUSES)})
+      OR error_cursor IS NOT NULL
+      THEN 'failed'
+    WHEN COALESCE({sdk_status}, '') <> 'completed' AND last_event_type IN ({sql_list(BLOCKING_EVENT_TYPES)})
+      THEN 'blocked'
+    ELSE COALESCE({sdk_status}, 'recorded') END"""
+
+
+# What a listed run's row carries: the channel (with run_state) and a few lookups by its own key.
+RUN_COLUMNS = ("c.*,"                   # run_state among them
+               " (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id) AS last_step,"
+               " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks,"
+               " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = 1) AS first_event_at,"
+               " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = c.last_cursor)"
+               " AS last_event_at")
+
+
+def shown_status(run_state: Any) -> str:
+    """The status a page shows: every failure reads "failed" (the failure's kind says crashed or not)."""
+    return "failed" if run_state in FAILURE_STATES else str(run_state)
+
+
+def listed_states(status: str) -> tuple:
+    """The run_state values a list's status filter takes ("failed": crashes too); (None,) for no filter."""
+    if not status:
+        return (None,)
+    return FAILURE_STATES if status == "failed" else (status,)
+
+
+def millis_between(earlier: Optional[str], later: Optional[str]) -> Optional[int]:
+    if not earlier or not later:
+        return None
+    return max(0, round((parse_iso(later) - parse_iso(earlier)).total_seconds() * 1000))
+
+
+# --- failures: why a run went wrong, and the step a fork should keep -------------------
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a run shows as failed or blocked; `cursor` is the event that shows it (None: after the last one)."""
+
+    kind: str                        # crashed | failed | blocked
+    message: str
+    last_good_step: Optional[int]    # the fork form's preset; None when not even step 1 completed
+    cursor: Optional[int] = None
+
+    def as_json(self) -> dict:
+        return {"kind": self.kind, "message": self.message, "last_good_step": self.last_good_step,
+                "cursor": self.cursor}
+
+
+def failure_message(document: Any) -> Optional[str]:
+    """The human message a failed document carries, under the names agents use for it."""
+    if not isinstance(document, dict):
+        return None
+    for name in ("error", "crash_reason", "message", "reason", "exception"):
+        value = document.get(name)
+        if isinstance(value, dict):
+            value = value.get("message") or value.get("error")
+        if isinstance(value, str) and value.strip():
+            return value.strip()[:2000]
+    return None
+
+
+def step_at(conn: Conn, row: Row, cursor: int) -> Optional[int]:
+    """The last step completed at or before `cursor` (a fork's inherited steps count)."""
+    hit = last_step_at(conn, row["id"], cursor)
+    if hit is not None:
+        return hit
+    return (row["forked_at_step"] or None) if row["parent_id"] else None
+
+
+def crash_failure(conn: Conn, row: Row) -> Failure:
+    # AgentSession records a crash only in its metadata (status, crash_reason) and the outcome:
+    # no event, so the steps it completed are all the steps there are.
+    reason = experiment_of(row).get("crash_reason")
+    message = str(reason)[:2000] if reason else "the run's process raised; the session recorded a crash"
+    return Failure("crashed", message, last_step_number(conn, row["id"]) or None)
+
+
+def error_event_failure(conn: Conn, row: Row) -> Optional[Failure]:
+    if row["error_cursor"] is None:           # the write path notes the run's first error event
+        return None
+    event = event_at(conn, row["id"], row["error_cursor"])
+    if event is None:
+        return None
+    message = failure_message(load(event["payload"])) or f"the run recorded {event['type']}"
+    return Failure("failed", message, step_at(conn, row, event["cursor"] - 1), event["cursor"])
+
+
+def failed_state_failure(conn: Conn, row: Row) -> Optional[Failure]:
+    """The first snapshot after the last one whose status is not failed/error."""
+    good = conn.execute(
+        "SELECT version, cursor FROM states WHERE channel_id = ? AND COALESCE(status, '')"
+        f" NOT IN ({sql_list(FAILED_STATE_STATUSES)}) ORDER BY version DESC LIMIT 1", (row["id"],)).fetchone()
+    bad = conn.execute("SELECT * FROM states WHERE channel_id = ? AND version > ? ORDER BY version LIMIT 1",
+                       (row["id"], good["version"] if good else 0)).fetchone()
+    if bad is None:
+        return None
+    state = state_value(conn, bad)
+    status = state.get("status") if isinstance(state, dict) else None
+    at_step = step_at(conn, row, bad["cursor"])
+    message = failure_message(state) or f'the state saved at step {at_step} has status "{status}"'
+    last_good = step_at(conn, row, good["cursor"]) if good else None
+    return Failure("failed", message, last_good, bad["cursor"])
+
+
+def blocked_failure(conn: Conn, row: Row) -> Failure:
+    event = event_at(conn, row["id"], row["last_cursor"])
+    payload = load(event["payload"])
+    payload = payload if isinstance(payload, dict) else {}
+    if event["type"] == "tool.blocked":
+        message = (f"fork tool policy '{payload.get('policy')}' refused {payload.get('tool_name')} "
+                   f"(key {payload.get('key_name')}): {payload.get('reason')}")
+    else:
+        summary = payload.get("summary") or failure_message(payload) or ""
+        message = f"{event['type'].replace('.', ' ')}{': ' + str(summary) if summary else ''}"
+    return Failure("blocked", message, step_at(conn, row, event["cursor"] - 1), event["cursor"])
+
+
+def run_failure(conn: Conn, row: Row, run_state: str) -> Optional[Failure]:
+    """What went wrong with a run whose status (run_state_sql) is crashed, failed or blocked; else None."""
+    if run_state == "crashed":
+        return crash_failure(conn, row)
+    if run_state == "blocked":
+        return blocked_failure(conn, row)
+    if run_state != "failed":
+        return None
+    found = error_event_failure(conn, row) or failed_state_failure(conn, row)
+    if found is not None:
+        return found
+    meta = experiment_of(row)
+    return Failure("failed", failure_message(meta) or f"the session's status is {meta.get('status')}",
+                   last_step_number(conn, row["id"]) or None)
+
+
+# --- the runs list ----------------------------------------------------------------------
+
+
+def after_page_token(token: str, time_column: str, id_column: str) -> tuple:
+    """Keyset pagination, newest first: (SQL condition, *args) for the rows after a `<time>|<id>` token."""
+    stamp, _, last_id = token.partition("|")
+    return f"({time_column} < ? OR ({time_column} = ? AND {id_column} < ?))", stamp, stamp, last_id
+
+
+def next_page_token(rows: list, time_column: str) -> Optional[str]:
+    """The token of the last row shown, when a row beyond the page (fetched as a probe) exists."""
+    if len(rows) <= RUNS_PAGE_SIZE:
+        return None
+    last = rows[RUNS_PAGE_SIZE - 1]
+    return f"{last[time_column]}|{last['id']}"
+
+
+def run_summary(row: Row, last_own_step: Optional[int], fork_count: int) -> dict:
+    """One run as the dashboard lists it; steps count like /steps does (inherited ones included)."""
+    meta = experiment_of(row)
+    return {
+        "channel_id": row["id"], "display_name": row["display_name"] or row["id"],
+        "status": meta.get("status") or "recorded",
+        "step_count": max(last_own_step or 0, (row["forked_at_step"] or 0) if row["parent_id"] else 0),
+        "event_count": row["last_cursor"], "last_activity": row["updated_at"], "outcome": row["outcome"],
+        "fork_count": fork_count, "parent_channel_id": row["parent_id"], "origin_run_id": row["origin_id"],
+        "forked_at_step": row["forked_at_step"] if row["parent_id"] else None,
+        "closed_at": row["closed_at"],
+    }
+
+
+def listed_run(conn: Conn, row: Row, depth: int = 0) -> dict:
+    """A RUN_COLUMNS row as the list shows it: status as the run page says it, failure, duration."""
+    failure = run_failure(conn, row, row["run_state"])
+    return {**run_summary(row, row["last_step"], row["forks"]), "status": shown_status(row["run_state"]),
+            "sdk_status": experiment_of(row).get("status"),
+            "failure": failure.as_json() if failure else None, "depth": depth,
+            "duration_ms": millis_between(row["first_event_at"], row["last_event_at"])}
+
+
+def fork_group(conn: Conn, root_id: str) -> tuple:
+    """A root's descendants in tree order (each with its depth), at most GROUP_FORKS_MAX; and how many in all."""
+    rows = conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.origin_id = ? AND c.id <> ?"
+                        " ORDER BY c.created_at, c.id LIMIT ?", (root_id, root_id, GROUP_FORKS_MAX)).fetchall()
+    total = conn.execute("SELECT COUNT(*) FROM channels WHERE origin_id = ? AND id <> ?",
+                         (root_id, root_id)).fetchone()[0]
+    children: dict = {}
+    for r in rows:
+        children.setdefault(r["parent_id"], []).append(r)
+    ordered, stack = [], [(r, 1) for r in reversed(children.get(root_id, []))]
+    while stack:
+        r, depth = stack.pop()
+        ordered.append(listed_run(conn, r, depth))
+        stack += [(c, depth + 1) for c in reversed(children.get(r["id"], []))]
+    return ordered, total
+
+
+def mark_shared_names(runs: list) -> None:
+    """A display name two listed runs share (resumed forks keep the parent's) is not enough to tell them apart."""
+    counts: dict = {}
+    for run in runs:
+        counts[run["display_name"]] = counts.get(run["display_name"], 0) + 1
+    for run in runs:
+        run["name_shared"] = counts[run["display_name"]] > 1 and run["display_name"] != run["channel_id"]
+
+
+def runs_page(conn: Conn, q: str, status: str, after: Optional[str]) -> tuple:
+    """One page of runs, most recent activity first (keyset pagination on (updated_at, id)).
+
+    Unfiltered, the page lists root runs, each with its forks grouped under it; a search or a status
+    filter lists every matching run on its own.
+    """
+    grouped = not q and not status
+    pages = []                            # one index range per run_state; "failed" merges two of them
+    for state in listed_states(status):
+        where = Where()
+        if grouped:
+            where.add("c.parent_id IS NULL")
+        if q:
+            like = conn.dialect.like
+            where.add(f"(c.id {like} ? OR c.display_name {like} ?)", f"%{q}%", f"%{q}%")
+        where.add_if(state, "c.run_state = ?")
+        if after:
+            where.add(*after_page_token(after, "c.updated_at", "c.id"))
+        pages.append((f"SELECT {RUN_COLUMNS} FROM channels c{where}"
+                      " ORDER BY c.updated_at DESC, c.id DESC LIMIT ?", [*where.args, RUNS_PAGE_SIZE + 1]))
+    rows = union_of_pages(conn, pages, "updated_at DESC, id DESC", RUNS_PAGE_SIZE + 1)
+    runs = [listed_run(conn, r) for r in rows[:RUNS_PAGE_SIZE]]
+    everyone = list(runs)
+    for run in runs:
+        run["group"], run["group_total"] = (fork_group(conn, run["channel_id"]) if grouped and run["fork_count"]
+                                            else ([], 0))
+        everyone += run["group"]
+    mark_shared_names(everyone)
+    return runs, next_page_token(rows, "updated_at")
+
+
+def deletion_plan(conn: Conn, channel_id: str) -> dict:
+    """The run and every fork below it: what deleting it removes."""
+    row = require_channel(conn, channel_id)
+    doomed = conn.execute(
+        "WITH RECURSIVE tree(id) AS (SELECT CAST(? AS TEXT) UNION ALL SELECT k.id FROM channels k JOIN tree t ON k.parent_id = t.id)"
+        " SELECT c.id, c.display_name, c.last_cursor FROM channels c JOIN tree t ON c.id = t.id ORDER BY c.created_at",
+        (channel_id,)).fetchall()
+    executions = conn.execute(
+        "WITH RECURSIVE tree(id) AS (SELECT CAST(? AS TEXT) UNION ALL SELECT k.id FROM channels k JOIN tree t ON k.parent_id = t.id)"
+        " SELECT COUNT(*) FROM executions x JOIN tree t ON x.channel_id = t.id", (channel_id,)).fetchone()[0]
+    return {"channel_id": channel_id, "display_name": row["display_name"] or channel_id,
+            "runs": [{"channel_id": r["id"], "display_name": r["display_name"] or r["id"],
+                      "event_count": r["last_cursor"]} for r in doomed],
+            "event_count": sum(r["last_cursor"] for r in doomed), "execution_count": executions}
+
+
+# --- the run page -------------------------------------------------------------------------
+
+
+def execution_marks(execution: dict) -> list:
+    marks = []
+    if execution["inherited_from"]:
+        marks.append("replayed from parent")
+    elif execution["replay_emitted"]:
+        marks.append("replayed")
+    if execution["attempts"] > 1:
+        marks.append(f"reclaimed ×{execution['attempts'] - 1}")
+    return marks
+
+
+def with_marks(execution: Execution) -> dict:
+    fields = msgspec.structs.asdict(execution)
+    return {**fields, "marks": execution_marks(fields)}
+
+
+def blocked_attempts(conn: Conn, channel_id: Optional[str], limit: int = 100) -> list:
+    where = Where().add("type = 'tool.blocked'").add_if(channel_id, "channel_id = ?")
+    rows = conn.execute(f"SELECT * FROM events{where} ORDER BY created_at DESC LIMIT ?", (*where.args, limit))
+    return [event_of(r) for r in rows.fetchall()]
+
+
+def timeline_events(conn: Conn, channel_id: str, start: int, event_type: str) -> tuple:
+    """One page of events from cursor `start` (only steps, or one type, when asked); and the next page's start."""
+    where = Where().add("channel_id = ?", channel_id).add("cursor >= ?", start)
+    if event_type == "steps":
+        where.add("step_number IS NOT NULL")
+    elif event_type:
+        where.add("type = ?", event_type)
+    rows = conn.execute(f"SELECT * FROM events{where} ORDER BY cursor LIMIT ?",
+                        (*where.args, TIMELINE_PAGE_SIZE + 1)).fetchall()
+    more = rows[TIMELINE_PAGE_SIZE]["cursor"] if len(rows) > TIMELINE_PAGE_SIZE else None
+    return rows[:TIMELINE_PAGE_SIZE], more
+
+
+def step_durations(conn: Conn, channel_id: str, first: int, last: int) -> dict:
+    """cursor -> milliseconds since the previous step (the first step: since the run's first event)."""
+    before = conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
+                          " AND cursor < ? ORDER BY cursor DESC LIMIT 1", (channel_id, first)).fetchone()
+    previous = before["created_at"] if before else first_event_at(conn, channel_id)
+    durations = {}
+    for r in conn.execute("SELECT cursor, created_at FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
+                          " AND cursor BETWEEN ? AND ? ORDER BY cursor", (channel_id, first, last)):
+        durations[r["cursor"]] = millis_between(previous, r["created_at"]) if r["cursor"] != 1 else None
+        previous = r["created_at"]
+    return durations
+
+
+def state_changes(before: Any, after: Any) -> dict:
+    """The top-level keys a snapshot changed against the one before it, each with the paths inside it
+    that changed: {keys: [{key, kind, paths}], total}."""
+    changed: dict = {}
+    for entry in diff_values(before if before is not None else {}, after):
+        path = entry.path
+        key = path[0] if path else "(whole state)"
+        hit = changed.setdefault(key, {"key": key, "kind": entry.kind if len(path) <= 1 else "changed",
+                                       "paths": []})
+        if len(path) > 1 and len(hit["paths"]) < 5:
+            hit["paths"].append(".".join(path[1:]))
+    return {"keys": list(changed.values())[:STEP_CHANGES_SHOWN], "total": len(changed)}
+
+
+def snapshots(conn: Conn, channel_id: str, first: int, last: int) -> dict:
+    """cursor -> {state, version, cursor, changes} for the snapshots saved between two cursors.
+
+    Each is compared with the snapshot before it (for the first on the page, the one saved before
+    `first`; a fork's first own step compares with the state it inherited).
+    """
+    previous_row = state_row_at(conn, channel_id, first - 1) if first > 1 else None
+    previous = state_value(conn, previous_row) if previous_row else None
+    latest: dict = {}
+    for r in conn.execute("SELECT * FROM states WHERE channel_id = ? AND cursor BETWEEN ? AND ? ORDER BY cursor, version",
+                          (channel_id, first, last)):
+        latest[r["cursor"]] = r             # a step saved twice: its last snapshot is the step's
+    shown = {}
+    for cursor in sorted(latest):
+        answer = state_of(conn, latest[cursor])
+        shown[cursor] = {**msgspec.structs.asdict(answer), "changes": state_changes(previous, answer.state)}
+        state = answer.state
+        previous = state
+    return shown
+
+
+def replayed_rows(conn: Conn, channel_id: str) -> list:
+    """Effects a fork replayed from an ancestor without a tool.replayed event (the SDK asks for one only
+    with emit_replay_event), as timeline rows derived from the ledger."""
+    rows = conn.execute("SELECT * FROM executions WHERE channel_id = ? AND inherited_from IS NOT NULL"
+                        " AND replay_emitted = 0 ORDER BY created_at", (channel_id,)).fetchall()
+    return [{"kind": "replayed", "id": r["id"], "type": "tool.replayed", "timestamp": r["created_at"],
+             "tool_name": r["tool_name"], "key_name": r["key_name"], "inherited_from": r["inherited_from"],
+             "result": load(r["result"])} for r in rows]
+
+
+def place_derived(items: list, derived: list, start: int, more: Optional[int]) -> list:
+    """Merge derived rows into the page's event rows by time; rows that belong to another page are left out."""
+    out, pending = [], list(derived)
+    for item in items:
+        while pending and pending[0]["timestamp"] < item["event"]["timestamp"]:
+            row = pending.pop(0)
+            if out or start == 1:
+                out.append(row)
+        out.append(item)
+    return out + (pending if more is None else [])
+
+
+def timeline(conn: Conn, row: Row, start: int, event_type: str,
+             failure: Optional[Failure]) -> tuple:
+    """The timeline rows of one page: events with their step's duration, snapshot and changed keys,
+    plus rows derived from the ledger (replays) and from the metadata (a crash after the last event)."""
+    channel_id = row["id"]
+    events, more = timeline_events(conn, channel_id, start, event_type)
+    if not events:
+        return [], more
+    first, last = events[0]["cursor"], events[-1]["cursor"]
+    durations = step_durations(conn, channel_id, first, last)
+    states = snapshots(conn, channel_id, first, last)
+    items = [{"kind": "event", "event": msgspec.structs.asdict(event_of(e)), "step_number": e["step_number"],
+              "state": states.get(e["cursor"]), "duration_ms": durations.get(e["cursor"]),
+              "failure": failure is not None and failure.cursor == e["cursor"]} for e in events]
+    if event_type in ("", "tool.replayed"):
+        items = place_derived(items, replayed_rows(conn, channel_id), start, more)
+    if failure is not None and failure.cursor is None and more is None and not event_type:
+        items.append({"kind": "failure", "failure": failure.as_json(), "timestamp": row["updated_at"]})
+    return items, more
+
+
+def event_types(conn: Conn, channel_id: str) -> list:
+    return [{"type": r[0], "count": r[1]} for r in conn.execute(
+        "SELECT type, COUNT(*) FROM events WHERE channel_id = ? GROUP BY type ORDER BY type LIMIT 200", (channel_id,))]
+
+
+def step_picture(conn: Conn, row: Row, failure: Optional[Failure], forks: list) -> Optional[dict]:
+    """The run's own steps over time as bars (height: time the step took), for a small inline SVG.
+
+    Beyond PICTURE_BARS_MAX steps, neighbouring steps share a bar. Forks of this run and the failure are
+    marked at their step.
+    """
+    steps = conn.execute("SELECT step_number, created_at FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
+                         " ORDER BY cursor", (row["id"],)).fetchall()
+    if not steps:
+        return None
+    origin = first_event_at(conn, row["id"])
+    previous, spans = origin, []
+    for s in steps:
+        spans.append((s["step_number"], millis_between(previous, s["created_at"]) or 0))
+        previous = s["created_at"]
+    per = -(-len(spans) // PICTURE_BARS_MAX)
+    buckets = [spans[i:i + per] for i in range(0, len(spans), per)]
+    longest = max(sum(ms for _, ms in b) for b in buckets) or 1
+    width, height, slot = 1000, 60, 1000 / len(buckets)
+    first_step, last_step = spans[0][0], spans[-1][0]
+    bad_after = failure.last_good_step if failure is not None else None
+
+    def x_after(step: int) -> float:
+        """Where "after step k" is: the right edge of the bar holding step k."""
+        return round(min(len(buckets), (max(0, step - first_step) // per) + 1) * slot, 1)
+
+    bars = []
+    for b in buckets:
+        ms = sum(ms for _, ms in b)
+        h = round(2 + (height - 4) * ms / longest, 1)
+        bars.append({"first": b[0][0], "last": b[-1][0], "ms": ms, "x": round(len(bars) * slot, 1),
+                     "y": round(height - h, 1), "width": round(max(slot * 0.8, 0.8), 1), "height": h,
+                     "bad": bad_after is not None and b[-1][0] > bad_after})
+    marks = [{"x": x_after(f["forked_at_step"]), "label": f"fork {f['channel_id']} after step {f['forked_at_step']}"}
+             for f in forks if f.get("forked_at_step")]
+    return {"width": width, "height": height, "bars": bars, "marks": marks, "first_step": first_step,
+            "last_step": last_step, "total_ms": millis_between(origin, steps[-1]["created_at"]),
+            "per_bar": per, "any_bad": any(b["bad"] for b in bars)}
+
+
+def default_fork_name(conn: Conn, channel_id: str, fork_count: int) -> str:
+    """`<run>-fork-<n>`, the first n not taken (the name field starts with it)."""
+    stem = channel_id[:240]
+    for n in range(fork_count + 1, fork_count + 50):
+        name = f"{stem}-fork-{n}"
+        if channel_by_id(conn, name) is None:
+            return name
+    return f"{stem}-fork-{uuid.uuid4().hex[:8]}"
+
+
+def run_page(conn: Conn, channel_id: str, start: int, event_type: str = "") -> dict:
+    """Everything the run page shows; the timeline is one page of TIMELINE_PAGE_SIZE events."""
+    row = fetch_or_raise(conn, lambda: NotFound(f"channel {channel_id} not found"),
+                         f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.id = ?", channel_id)
+    meta = experiment_of(row)
+    run_state = row["run_state"]
+    failure = run_failure(conn, row, run_state)
+    items, more = timeline(conn, row, start, event_type, failure)
+    forks = [msgspec.structs.asdict(f) for f in list_forks(conn, channel_id)]
+    for f in forks:
+        em = f["experiment_metadata"] if isinstance(f["experiment_metadata"], dict) else {}
+        f["forked_at_step"] = em.get("forked_at_step")
+    return {
+        "run": {**run_summary(row, row["last_step"], len(forks)), "latest_cursor": row["last_cursor"] or None,
+                "status": shown_status(run_state), "sdk_status": meta.get("status"),
+                "metadata": metadata_of(row), "params": meta.get("params"),
+                "intervention": meta.get("intervention"),
+                "duration_ms": millis_between(row["first_event_at"], row["updated_at"])},
+        "failure": failure.as_json() if failure else None,
+        "receipt": receipt_of(row) if row["parent_id"] else None,
+        "timeline": items, "more": more, "event_types": event_types(conn, channel_id),
+        "total": row["last_cursor"], "start": start,
+        "end": max((i["event"]["cursor"] for i in items if i["kind"] == "event"), default=start),
+        "executions": [with_marks(e) for e in channel_executions(conn, channel_id)],
+        "blocked": blocked_attempts(conn, channel_id), "forks": forks,
+        "steps": step_list(conn, channel_id), "picture": step_picture(conn, row, failure, forks),
+        "default_fork_name": default_fork_name(conn, channel_id, len(forks)),
+    }
+
+
+def tree_page(conn: Conn, channel_id: str) -> dict:
+    """The fork tree with each run's status as the runs list shows it, and the picture of its branches."""
+    root = msgspec.to_builtins(lineage_tree(conn, channel_id))     # nodes gain what the page shows
+    nodes, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack += node["children"]
+    ids = [n["channel_id"] for n in nodes]
+    marks = ", ".join("?" for _ in ids)
+    found = {r["id"]: r for r in conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.id IN ({marks})", ids)}
+    for node in nodes:
+        r = found[node["channel_id"]]
+        failure = run_failure(conn, r, r["run_state"])
+        node.update(status=shown_status(r["run_state"]), failure=failure.as_json() if failure else None,
+                    end_step=max(r["last_step"] or 0, node["forked_at_step"] or 0))
+    return {"root": root, "picture": tree_picture(root)}
+
+
+def tree_picture(root: dict) -> dict:
+    """One horizontal line per run, from the step it forked after to its last step; a branch leaves its
+    parent's line at that step. Rows in tree order."""
+    rows: list = []
+
+    def walk(node: dict, parent_row: Optional[int]) -> None:
+        rows.append({"node": node, "parent_row": parent_row})
+        here = len(rows) - 1
+        for child in node["children"]:
+            walk(child, here)
+    walk(root, None)
+    longest = max(r["node"]["end_step"] for r in rows) or 1
+    left, right, row_height = 12, 408, 40
+
+    def x_of(step: int) -> float:
+        return round(left + (right - left) * step / longest, 1)
+    lines = []
+    for i, r in enumerate(rows):
+        node = r["node"]
+        begin = (node["forked_at_step"] or 0) if r["parent_row"] is not None else 0
+        y = 26 + i * row_height
+        lines.append({"channel_id": node["channel_id"], "label": node["channel_id"],
+                      "status": node["status"], "x1": x_of(begin), "x2": x_of(max(begin, node["end_step"])),
+                      "y": y, "text_y": y - 8, "begin": begin, "end": node["end_step"],
+                      "parent_y": 26 + r["parent_row"] * row_height if r["parent_row"] is not None else None})
+    # 420 units wide: scaled to a phone's width the labels stay readable, and at most 560px on a desktop.
+    return {"width": 420, "height": 16 + len(rows) * row_height, "lines": lines, "longest": longest}
+
+
+def ledger_page(conn: Conn, filters: dict, before: Optional[str]) -> tuple:
+    """One page of ledger rows, newest first, filtered by run, tool, status and age."""
+    where = Where().add_if(filters.get("channel_id"), "channel_id = ?").add_if(filters.get("tool"), "tool_name = ?")
+    where.add_if(filters.get("status"), "status = ?").add_if(filters.get("since_at"), "created_at >= ?")
+    if before:
+        where.add(*after_page_token(before, "created_at", "id"))
+    rows = conn.execute(f"SELECT * FROM executions{where} ORDER BY created_at DESC, id DESC LIMIT ?",
+                        (*where.args, RUNS_PAGE_SIZE + 1)).fetchall()
+    executions = [with_marks(execution_of(r)) for r in rows[:RUNS_PAGE_SIZE]]
+    tools = [r[0] for r in conn.execute("SELECT DISTINCT tool_name FROM executions ORDER BY tool_name LIMIT 200")]
+    return executions, blocked_attempts(conn, filters.get("channel_id")), next_page_token(rows, "created_at"), tools
+
+
+# =============================================================================
+# Dashboard: page handlers (rendering, sign-in, forms; one per page)
+# =============================================================================
+
+def pretty_json(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def _json_leaf(value: Any) -> str:
+    kind = ("jz" if value is None else "jb" if isinstance(value, bool) else
+            "jn" if isinstance(value, (int, float)) else "js" if isinstance(value, str) else "jx")
+    return f'<span class="{kind}">{markupsafe.escape(json.dumps(value, ensure_ascii=False, default=str))}</span>'
+
+
+def _json_node(value: Any, key_html: str, comma: str, depth: int, budget: list) -> str:
+    budget[0] -= 1
+    if budget[0] < 0:
+        return ""
+    if isinstance(value, dict) and value and depth < JSON_TREE_DEPTH:
+        opener, closer, unit = "{", "}", "key"
+        items = [(f'<span class="jk">{markupsafe.escape(json.dumps(str(k), ensure_ascii=False))}</span>: ', v)
+                 for k, v in value.items()]
+    elif isinstance(value, list) and value and depth < JSON_TREE_DEPTH:
+        opener, closer, unit = "[", "]", "item"
+        items = [("", v) for v in value]
+    else:
+        return f'<div class="jl">{key_html}{_json_leaf(value)}{comma}</div>'
+    last = len(items) - 1
+    inner = "".join(_json_node(v, k, "," if i < last else "", depth + 1, budget) for i, (k, v) in enumerate(items))
+    count = f"{len(items)} {unit}{'' if len(items) == 1 else 's'}"
+    opened = " open" if depth == 0 or len(items) <= 12 else ""
+    return (f'<details class="jo"{opened}><summary data-n="{count}" data-close="{closer}">{key_html}{opener}</summary>'
+            f'{inner}<div class="jc">{closer}{comma}</div></details>')
+
+
+def json_tree(value: Any) -> markupsafe.Markup:
+    """A JSON value as coloured HTML whose objects and arrays fold (<details>, no JavaScript).
+
+    The element's text is the JSON itself (counts and fold marks come from CSS), so copying it copies
+    valid JSON. Documents over JSON_TREE_NODES values are shown as plain pretty-printed text instead.
+    """
+    budget = [JSON_TREE_NODES]
+    html = _json_node(value, "", "", 0, budget)
+    if budget[0] < 0:
+        return markupsafe.Markup('<pre class="json-box jtext">{}</pre>').format(pretty_json(value))
+    return markupsafe.Markup(f'<div class="jtree">{html}</div>')
+
+
+def duration_text(ms: Any) -> str:
+    """850 ms, 2.4 s, 3 min 12 s, 2 h 5 min."""
+    if ms is None:
+        return "—"
+    if ms < 1000:
+        return f"{ms} ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+def template_env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(UI_DIR)), autoescape=True)
+    env.filters["pretty"] = pretty_json
+    env.filters["jsontree"] = json_tree
+    env.filters["duration"] = duration_text
+    return env
+
+
+def is_page(request) -> bool:
+    """Dashboard requests get HTML errors; the API, probes and JSON twins get the JSON error body."""
+    path = request.url.path
+    return not (path.startswith(("/api/", "/ws", "/v1/")) or path in ("/healthz", "/readyz", "/metrics", "/metrics.json",
+                                                               "/openapi.json")
+                or request.query_params.get("format") == "json")
+
+
+def render(request: Request, template: str, context: dict, status: int = 200) -> Response:
+    """A page, or its JSON twin with `?format=json` (the same context the template gets)."""
+    if request.query_params.get("format") == "json":
+        return Response(msgspec.json.encode(context), status_code=status, media_type="application/json")
+    # Every POST form carries the session's form token; the request state holds it once issued.
+    principal = getattr(request.state, "principal", None)
+    page = request.app.services.templates.get_template(template).render(
+        **context, version=__version__, logged_in=getattr(request.state, "logged_in", False),
+        csrf_token=getattr(request.state, "csrf_token", ""), is_admin=bool(principal and principal.is_admin))
+    return HTMLResponse(page, status_code=status)
+
+
+def dashboard(handler: Callable) -> Callable:
+    """Pages need a session; without one a browser goes to /login, a JSON twin gets 401.
+
+    A POST must also come from our own origin and carry the session's form token.
+    """
+    async def endpoint(request: Request) -> Response:
+        session_id = await current_session(request)
+        if session_id is None:
+            if request.query_params.get("format") == "json":
+                raise Unauthorized("log in at /login first")
+            return RedirectResponse("/login", status_code=303)
+        request.state.logged_in, request.state.session_id = True, session_id
+        request.state.csrf_token = form_token(session_id)
+        if request.method == "POST":
+            require_same_origin(request)
+            require_form_token(request, await read_form(request))
+        return await handler(request)
+    endpoint.__name__ = handler.__name__
+    return endpoint
+
+
+async def read_form(request: Request) -> dict:
+    """URL-encoded form fields (python-multipart is not needed for this one content type), read once."""
+    if not hasattr(request.state, "form"):
+        raw = await read_capped(request)
+        request.state.form = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace"),
+                                                           keep_blank_values=True).items()}
+    return request.state.form
+
+
+def path_channel(request: Request, name: str = "channel_id") -> str:
+    return valid_channel(request.path_params[name], name)
+
+
+class FlashStore:
+    """What a POST wants the page after its redirect to show (a form's error and typed values).
+
+    In memory and short-lived: at most FLASH_MAX entries for FLASH_TTL_SECONDS each, looked up by a
+    random id in the redirect's query string, so a refresh shows the error again but never re-posts.
+    """
+
+    def __init__(self):
+        self.entries: dict = {}
+
+    def put(self, value: dict) -> str:
+        now = time.monotonic()
+        self.entries = {k: v for k, v in self.entries.items() if now - v[0] < FLASH_TTL_SECONDS}
+        while len(self.entries) >= FLASH_MAX:
+            self.entries.pop(next(iter(self.entries)))
+        flash_id = secrets.token_urlsafe(12)
+        self.entries[flash_id] = (now, value)
+        return flash_id
+
+    def get(self, flash_id: Optional[str]) -> Optional[dict]:
+        hit = self.entries.get(flash_id or "")
+        if hit is None or time.monotonic() - hit[0] >= FLASH_TTL_SECONDS:
+            return None
+        return hit[1]
+
+
+def flash_store(app: "ActaeApp") -> FlashStore:
+    return app.services.flash
+
+
+async def page_login(request: Request) -> Response:
+    return render(request, "login.html", {"title": "Log in", "error": None})
+
+
+async def login_principal(request: Request, form: dict) -> tuple:
+    """(principal, session key_ref) for the login form's key, or its email and password."""
+    email = form.get("email", "").strip()
+    if email:
+        user = await verified_user(request, email, form.get("password", ""))
+        if user is None:
+            raise Unauthorized("That email and password do not match an account.")
+        return user_principal(user, auth_method="password"), f"user:{user['id']}"
+    key = form.get("api_key", "").strip()
+    if looks_like_token(key):
+        raise Unauthorized("Log in with an API key, or with your email and password.")
+    try:
+        return await check_key(request.app, key), key_ref(request.app, key)
+    except Unauthorized:
+        raise Unauthorized("That key is not valid.") from None
+
+
+async def page_login_submit(request: Request) -> Response:
+    require_same_origin(request)
+    try:
+        principal, ref = await login_principal(request, await read_form(request))
+    except Unauthorized as exc:
+        return render(request, "login.html", {"title": "Log in", "error": exc.message}, status=401)
+    if not principal.can_everywhere("read"):
+        # Every page lists runs across the server; a narrower credential would see beyond its scopes.
+        return render(request, "login.html", {"title": "Log in", "error": "The dashboard needs read access to "
+                                              "every run ('*'); this credential has less."}, status=403)
+    session_id = await db_of(request).write(open_session, ref)
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(SESSION_COOKIE, session_id, max_age=SESSION_MAX_AGE,
+                        httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+async def page_logout(request: Request) -> Response:
+    await db_of(request).write(close_session, request.state.session_id)
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="strict")
+    return response
+
+
+def page_query(request: Request, kind: type) -> Struct:
+    """The page's query parameters as a record; a form's blank field counts as absent."""
+    return decode_params({k: v for k, v in request.query_params.items() if v != ""}, kind, "query string")
+
+
+async def page_runs(request: Request) -> Response:
+    query = page_query(request, RunsPageQuery)
+    q, status = query.q.strip(), query.status
+    if status and status not in RUN_STATES:
+        raise BadRequest(f"status must be one of {', '.join(RUN_STATES)}")
+    runs, after = await db_of(request).read(runs_page, q, status, query.after)
+    next_url = f"/?{urlencode({'q': q, 'status': status, 'after': after})}" if after else None
+    return render(request, "runs.html", {"title": "Runs", "runs": runs, "q": q, "status": status,
+                                         "statuses": list(RUN_STATES), "next_url": next_url,
+                                         "grouped": not q and not status, "deleted": query.deleted[:256],
+                                         "deleted_count": query.count, "selectable": status in FAILURE_STATES})
+
+
+def timeline_links(channel_id: str, start: int, total: int, event_type: str, more: Optional[int]) -> dict:
+    """Pager links. All events: by cursor ranges (first, previous, next, last). One type: first and next."""
+    def at(cursor: int) -> str:
+        query = {"start": cursor, **({"type": event_type} if event_type else {})}
+        return f"/runs/{channel_id}?{urlencode(query)}#timeline"
+    if event_type:
+        return {"first_url": at(1) if start > 1 else None, "prev_url": None,
+                "next_url": at(more) if more else None, "last_url": None}
+    last_start = max(1, ((max(total, 1) - 1) // TIMELINE_PAGE_SIZE) * TIMELINE_PAGE_SIZE + 1)
+    return {"first_url": at(1) if start > 1 else None,
+            "prev_url": at(max(1, start - TIMELINE_PAGE_SIZE)) if start > 1 else None,
+            "next_url": at(start + TIMELINE_PAGE_SIZE) if start + TIMELINE_PAGE_SIZE <= total else None,
+            "last_url": at(last_start) if start < last_start else None}
+
+
+def continue_snippet(base_url: str, channel_id: str, next_step: int) -> str:
+    """The SDK code that continues a fork: AgentSession.resume picks up after the fork's last step."""
+    return f'''import asyncio
+import os
+
+from actae_client import ActaeClient, AgentSession
+
+
+async def main():
+    client = ActaeClient(endpoint={json.dumps(base_url)}, api_key=os.environ["ACTAE_API_KEY"])
+    try:
+        session = await AgentSession.resume(client, {json.dumps(channel_id)}, state_fn=lambda: state)
+        state = dict(session.inherited_state or {{}})   # the state the fork starts from
+        # session.intervention holds the fork's intervention: apply it to your agent.
+        async with session:
+            # Your agent's next step goes here; it is recorded as step {next_step}.
+            state["resumed_at_step"] = {next_step}
+            await session.step("step-{next_step}", input=None, output={{"resumed": True}})
+    finally:
+        await client.disconnect()
+
+
+asyncio.run(main())
+'''
+
+
+def fork_form_values(request: Request, data: dict, flash: Optional[dict]) -> dict:
+    """The fork form's fields: what was typed (after an error), else the step asked for (the failure
+    banner's button), else the last good step of a failed run, else its last step; a free name."""
+    typed = dict(flash["form"]) if flash else {}
+    asked = page_query(request, RunPageQuery).fork_step
+    steps = [s["step_number"] for s in data["steps"]]
+    failure = data["failure"]
+    default = failure["last_good_step"] if failure and failure["last_good_step"] else (steps[-1] if steps else None)
+    step = asked if asked is not None else (typed.get("step") or default)
+    return {"step": str(step) if step is not None else "", "name": typed.get("name") or data["default_fork_name"],
+            "intervention": typed.get("intervention", ""), "tool_policies": typed.get("tool_policies", "")}
+
+
+async def run_context(request: Request, channel_id: str, jump_error: Optional[str] = None) -> dict:
+    query = page_query(request, RunPageQuery)
+    start, event_type = query.start, query.type
+    data = await db_of(request).read(run_page, channel_id, start, event_type)
+    total, more = data.pop("total"), data.pop("more")
+    page = {**timeline_links(channel_id, start, total, event_type, more), "start": data.pop("start"),
+            "end": data.pop("end"), "total": data["run"]["event_count"], "filtered": bool(event_type)}
+    flash = flash_store(request.app).get(query.fork_error)
+    run = data["run"]
+    snippet = (continue_snippet(str(request.base_url).rstrip("/"), channel_id, run["step_count"] + 1)
+               if run["parent_channel_id"] else None)
+    return {"title": run["display_name"], **data, "page": page, "event_type": event_type,
+            "form": fork_form_values(request, data, flash), "fork_error": flash["error"] if flash else None,
+            "fork_field": flash["field"] if flash else None, "jump_error": jump_error,
+            "created": query.created == "1", "snippet": snippet}
+
+
+async def jump_to_step(request: Request, channel_id: str) -> Response:
+    """`?step=n`: to the timeline page holding step n, on the run that recorded it (a fork's inherited
+    steps are on an ancestor's page)."""
+    step = page_query(request, RunPageQuery).step
+    try:
+        hit = await db_of(request).read(resolve_step, channel_id, step)
+    except NotFound as exc:
+        if "not indexed" not in exc.message:
+            raise
+        return render(request, "run.html", await run_context(request, channel_id, f"This run has no step {step}."),
+                      status=404)
+    start = (hit.cursor - 1) // TIMELINE_PAGE_SIZE * TIMELINE_PAGE_SIZE + 1
+    return RedirectResponse(f"/runs/{hit.channel_id}?start={start}#cursor-{hit.cursor}", status_code=303)
+
+
+async def page_run(request: Request) -> Response:
+    channel_id = path_channel(request)
+    if page_query(request, RunPageQuery).step is not None:
+        return await jump_to_step(request, channel_id)
+    return render(request, "run.html", await run_context(request, channel_id))
+
+
+async def page_tree(request: Request) -> Response:
+    channel_id = path_channel(request)
+    data = await db_of(request).read(tree_page, channel_id)
+    return render(request, "tree.html", {"title": f"Fork tree of {channel_id}", **data, "current": channel_id})
+
+
+async def page_diff(request: Request) -> Response:
+    query = page_query(request, DiffPageQuery)
+    left, right = query.left, query.right
+    diff, error = None, None
+    if left and right:
+        try:
+            diff = await db_of(request).read(diff_channels, valid_channel(left, "left"), valid_channel(right, "right"))
+        except ActaeError as exc:
+            error = exc.message
+    channels = await db_of(request).read(list_channels)
+    return render(request, "diff.html", {"title": "Diff", "left": left, "right": right, "channels": channels[:1000],
+                                         "diff": diff, "error": error}, status=400 if error else 200)
+
+
+def ledger_filters(query: LedgerPageQuery) -> dict:
+    filters = {"channel_id": query.channel_id, "tool": query.tool, "status": query.status, "since": query.since}
+    if filters["channel_id"]:
+        valid_channel(filters["channel_id"])
+    if filters["status"] and filters["status"] not in EXECUTION_STATES:
+        raise BadRequest(f"status must be one of {', '.join(EXECUTION_STATES)}")
+    if filters["since"] and filters["since"] not in LEDGER_SINCE:
+        raise BadRequest(f"since must be one of {', '.join(LEDGER_SINCE)}")
+    filters["since_at"] = iso(utc_now() - LEDGER_SINCE[filters["since"]]) if filters["since"] else None
+    return filters
+
+
+async def page_ledger(request: Request) -> Response:
+    query = page_query(request, LedgerPageQuery)
+    filters = ledger_filters(query)
+    executions, blocked, before, tools = await db_of(request).read(ledger_page, filters, query.before)
+    shown = {k: v for k, v in filters.items() if v and k != "since_at"}
+    next_url = f"/ledger?{urlencode({**shown, 'before': before})}" if before else None
+    return render(request, "ledger.html", {
+        "title": "Ledger", "executions": executions, "blocked": blocked, "channel_id": filters["channel_id"] or "",
+        "tool": filters["tool"] or "", "status": filters["status"] or "", "since": filters["since"] or "",
+        "tools": tools, "statuses": list(EXECUTION_STATES), "since_choices": list(LEDGER_SINCE),
+        "filtered": bool(shown), "next_url": next_url})
+
+
+class FormError(BadRequest):
+    """A fork-form problem, naming the field it is about (None: the form as a whole)."""
+
+    def __init__(self, field_name: Optional[str], message: str, status: int = 400):
+        super().__init__(message, status=status)
+        self.field = field_name
+
+
+def form_json_object(form: dict, field_name: str, label: str) -> Optional[dict]:
+    text = form.get(field_name, "").strip()
+    if not text:
+        return None
+    try:
+        value = decode_json(text.encode("utf-8", "surrogatepass"), Any, label)
+    except ActaeError as exc:
+        raise FormError(field_name, exc.message)
+    if not isinstance(value, dict):
+        raise FormError(field_name, f"{label} must be a JSON object, like {{\"model\": \"slow\"}}")
+    return value
+
+
+def form_tool_policies(form: dict) -> Optional[dict]:
+    policies = form_json_object(form, "tool_policies", "Tool policies")
+    for tool, policy in (policies or {}).items():
+        if policy not in TOOL_POLICIES:
+            raise FormError("tool_policies", f"Tool policies: {tool!r} must map to one of {', '.join(TOOL_POLICIES)}")
+    return policies
+
+
+def api_groups(document: dict) -> list:
+    """The OpenAPI document's operations as rows for the API page, grouped by tag in route order."""
+    groups: dict = {}
+    for path, methods in document["paths"].items():
+        for method, op in methods.items():
+            body = op.get("requestBody")
+            ref = next(iter(body["content"].values()))["schema"]["$ref"].rsplit("/", 1)[1] if body else None
+            groups.setdefault(op["tags"][0], []).append({
+                "method": method.upper(), "path": path, "public": op.get("security") == [],
+                "parameters": op["parameters"], "body": ref, "body_required": bool(body and body["required"])})
+    return list(groups.items())
+
+
+async def page_api(request: Request) -> Response:
+    document = request.app.services.openapi
+    return render(request, "api.html", {"title": "API", "groups": api_groups(document),
+                                        "schemas": document["components"]["schemas"]})
+
+
+def dashboard_fork_request(conn: Conn, channel_id: str, form: dict) -> Fork:
+    """Turn the run page's fork form into the same request the SDK sends; each problem names its field."""
+    step_text = form.get("step", "").strip()
+    if not (step_text.isascii() and step_text.isdigit()) or int(step_text) < 1:
+        raise FormError("step", "Choose the step to fork after.")
+    step = int(step_text)
+    try:
+        name = valid_channel(form.get("name", "").strip(), "name")
+    except ActaeError:
+        raise FormError("name", "Name: use 1 to 256 letters, digits, '.', '_', ':' or '-'.")
+    if name == channel_id:
+        raise FormError("name", "Name: the fork needs a name of its own.")
+    try:
+        boundary = resolve_step(conn, channel_id, step)
+    except NotFound:
+        require_channel(conn, channel_id)
+        raise FormError("step", f"This run has no step {step} to fork after.")
+    intervention = form_json_object(form, "intervention", "Intervention")
+    policies = form_tool_policies(form)
+    source_meta = experiment_of(require_channel(conn, channel_id))
+    experiment = {"session_name": name, "params": source_meta.get("params"),
+                  "forked_from": boundary.channel_id, "forked_from_channel": channel_id, "forked_at_step": step,
+                  "forked_at_cursor": boundary.cursor, "status": "created"}
+    if intervention is not None:
+        experiment["intervention"] = intervention
+    return record_from(Fork, {
+        "source_channel_id": boundary.channel_id, "new_channel_id": name, "at_cursor": boundary.cursor,
+        "operation_id": str(uuid.uuid4()), "display_name": name,
+        "reason": f"Forked from {channel_id} after step {step} (dashboard)", "experiment_metadata": experiment,
+        "manifest": {"source": "dashboard"}, "tool_policies": policies,
+    }, "fork form")
+
+
+def form_field_of(exc: ActaeError) -> Optional[str]:
+    """Which fork-form field a server refusal is about."""
+    if isinstance(exc, FormError):
+        return exc.field
+    if isinstance(exc, Conflict) and "already exists" in exc.message:
+        return "name"
+    if isinstance(exc, Conflict) and exc.code == "snapshot_boundary_required":
+        return "step"
+    for field_name in ("tool_policies", "intervention", "name"):
+        if field_name in exc.message:
+            return field_name
+    return None
+
+
+async def page_fork(request: Request) -> Response:
+    """POST the fork form, then redirect (so a refresh never posts again): to the new fork, or back to
+    the form with what was typed and the error, kept server-side under a random id."""
+    channel_id = path_channel(request)
+    form = await read_form(request)
+    try:
+        req = await db_of(request).read(dashboard_fork_request, channel_id, form)
+        for target in (req.source_channel_id, req.new_channel_id):
+            request.state.principal.require("write", target)
+        await db_of(request).write(fork_channel, req)
+    except ActaeError as exc:
+        if isinstance(exc, NotFound) and not isinstance(exc, FormError):
+            raise
+        field_name = form_field_of(exc)
+        message = (exc.message if isinstance(exc, FormError) else
+                   f"{field_name.replace('_', ' ').capitalize() + ': ' if field_name else ''}{exc.message}")
+        typed = {k: form.get(k, "")[:FLASH_VALUE_MAX] for k in ("step", "name", "intervention", "tool_policies")}
+        flash_id = flash_store(request.app).put({"form": typed, "error": message, "field": field_name})
+        return RedirectResponse(f"/runs/{channel_id}?{urlencode({'fork_error': flash_id})}#fork", status_code=303)
+    return RedirectResponse(f"/runs/{req.new_channel_id}?created=1#continue", status_code=303)
+
+
+async def page_delete_confirm(request: Request) -> Response:
+    channel_id = path_channel(request)
+    plan = await db_of(request).read(deletion_plan, channel_id)
+    flash = flash_store(request.app).get(page_query(request, FlashQuery).error)
+    return render(request, "delete.html", {"title": f"Delete {channel_id}", "plan": plan,
+                                           "error": flash["error"] if flash else None})
+
+
+async def page_delete(request: Request) -> Response:
+    """Delete a run and its forks; only with the confirmation the confirm page's form sends."""
+    channel_id = path_channel(request)
+    form = await read_form(request)
+    if form.get("confirm") != channel_id:
+        return RedirectResponse(f"/runs/{channel_id}/delete", status_code=303)
+    try:
+        result = await db_of(request).write(delete_channel, channel_id, True)
+    except Conflict as exc:
+        flash_id = flash_store(request.app).put({"error": exc.message})
+        return RedirectResponse(f"/runs/{channel_id}/delete?{urlencode({'error': flash_id})}", status_code=303)
+    query = urlencode({"deleted": channel_id, "count": len(result.deleted)})
+    return RedirectResponse(f"/?{query}", status_code=303)
+
+
+def require_admin_page(request: Request) -> None:
+    if not request.state.principal.is_admin:
+        raise Forbidden("only an admin may manage keys")
+
+
+def scopes_from_form(form: dict) -> dict:
+    """Comma- or space-separated patterns per action, checked like the API's scopes."""
+    fields = {action: [p for p in re.split(r"[\s,]+", form.get(action, "")) if p] for action in ACTIONS[:3]}
+    fields["admin"] = ["*"] if form.get("admin") else []
+    return msgspec.structs.asdict(record_from(Scopes, fields, "scopes"))
+
+
+async def keys_context(request: Request, created: Optional[dict] = None, error: Optional[str] = None) -> dict:
+    return {"title": "Keys", "active": "keys", "keys": await db_of(request).read(list_keys), "created": created,
+            "error": error}
+
+
+async def page_keys(request: Request) -> Response:
+    require_admin_page(request)
+    return render(request, "keys.html", await keys_context(request))
+
+
+async def page_keys_create(request: Request) -> Response:
+    require_admin_page(request)
+    form = await read_form(request)
+    try:
+        name = form.get("name", "").strip()
+        if not name:
+            raise BadRequest("give the key a name")
+        days_text = form.get("expires_in_days", "").strip()
+        days = record_from(CreateKey, {"name": name, "scopes": {}, "expires_in_days": float(days_text)},
+                           "key").expires_in_days if days_text else None
+        created = await change_keys(request, create_key, name, scopes_from_form(form), days)
+    except (ActaeError, ValueError) as exc:
+        message = exc.message if isinstance(exc, ActaeError) else "expiry must be a number of days"
+        return render(request, "keys.html", await keys_context(request, error=message), status=400)
+    return render(request, "keys.html", await keys_context(request, created=created))
+
+
+async def page_keys_revoke(request: Request) -> Response:
+    require_admin_page(request)
+    key_id = decode_params(request.path_params, path_record("/{key_id}"), "path").key_id
+    await change_keys(request, revoke_key, key_id)
+    return RedirectResponse("/keys", status_code=303)
+
+
+# =============================================================================
+# Connections: bounds an unauthenticated client cannot pass, around uvicorn's protocol
+# =============================================================================
+# uvicorn has a keep-alive timeout and a concurrency limit, but no bound on a request's head, no
+# deadline for headers or body, and it waits for a silent connection for ever. BoundedHttp stands
+# between the socket and uvicorn's own httptools protocol: it reads each request's head with a
+# parser of its own (httptools' callbacks), holds every request to the bounds, and hands the bytes
+# on. uvicorn answers everything (the ASGI cycle, keep-alive, pipelining, 100-continue, upgrades).
+
+
+REFUSALS = {
+    408: ("Request Timeout", "request_timeout", "the request did not arrive in time"),
+    431: ("Request Header Fields Too Large", "headers_too_large", "the request's headers are too large or too many"),
+}
+
+
+def refusal(status: int) -> bytes:
+    """A complete response with the JSON error body, written by the connection itself."""
+    reason, code, message = REFUSALS[status]
+    body = error_body(code, message)
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n")
+    return head.encode("ascii") + body
+
+
+def uvicorn_http_protocol() -> type:
+    """uvicorn's httptools protocol, the class `uvicorn --http httptools` runs. BoundedHttp makes it
+    with the keywords uvicorn hands a protocol and speaks to it only as an asyncio.Protocol."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    return HttpToolsProtocol
+
+
+class HeadTooLarge(Exception):
+    """Raised in a parser callback: a request's head passed a bound (httptools stops there)."""
+
+
+class ConnectionTransport:
+    """The transport uvicorn's protocol writes to: the socket's, with the writes of one turn of the
+    event loop joined (an answer's head and body leave in one send, not two), and nothing written
+    once the connection is closing, so an answer to a client that went away is simply dropped."""
+
+    def __init__(self, transport: asyncio.Transport, connection: "BoundedHttp"):
+        self.transport, self.connection = transport, connection
+        self.pending: list = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        if self.closed or not data:
+            return
+        if not self.pending:
+            self.connection.loop.call_soon(self.flush)
+        self.pending.append(data)
+        self.connection.answered = True
+
+    def writelines(self, lines) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        if self.pending and not self.transport.is_closing():
+            data = self.pending[0] if len(self.pending) == 1 else b"".join(self.pending)
+            self.pending = []
+            self.transport.write(data)
+        self.pending = []
+
+    def close(self) -> None:
+        if not self.closed:
+            self.flush()
+            self.closed = True
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.pending, self.closed = [], True
+        self.transport.abort()
+
+    def is_closing(self) -> bool:
+        return self.closed or self.transport.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.transport.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self.connection.reading_paused = True
+        self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.connection.reading_paused = False
+        self.transport.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self.transport.is_reading()
+
+    def set_write_buffer_limits(self, high: Optional[int] = None, low: Optional[int] = None) -> None:
+        self.transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return self.transport.get_write_buffer_size() + sum(len(data) for data in self.pending)
+
+    def get_write_buffer_limits(self) -> tuple:
+        return self.transport.get_write_buffer_limits()
+
+    def can_write_eof(self) -> bool:
+        return self.transport.can_write_eof()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self.transport.write_eof()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.connection.upgraded(protocol)       # the WebSocket's protocol takes the connection over
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self.connection.inner
+
+
+class BoundedHttp(asyncio.Protocol):
+    """One connection: uvicorn's protocol behind bounds on each request's head (bytes and count:
+    431), a deadline for the head (from the connection, or from the next request's first byte)
+    and one for the whole body (408), so dripping a byte at a time holds nothing for long. Any
+    number of pipelined requests in one read are each measured on their own. `settings` is set on
+    the subclass that `bounded_http` makes."""
+
+    settings: Settings
+
+    def __init__(self, **uvicorn_keywords):
+        self.inner: asyncio.BaseProtocol = uvicorn_http_protocol()(**uvicorn_keywords)
+        self.loop = uvicorn_keywords.get("_loop") or asyncio.get_event_loop()
+        self.parser = httptools.HttpRequestParser(self)
+        with contextlib.suppress(AttributeError):    # as uvicorn's parser: answer a request sent before a close
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.watching = True                        # False after an upgrade or a request uvicorn refuses
+        self.in_head = self.body_expected = self.answered = self.reading_paused = self.too_large = False
+        self.head_bytes = self.head_count = self.head_read = self.head_carried = self.reads = 0
+        self.deadline: Optional[asyncio.TimerHandle] = None
+        self.transport: Optional[ConnectionTransport] = None
+
+    # --- asyncio.Protocol ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = ConnectionTransport(transport, self)
+        self.inner.connection_made(self.transport)
+        self.arm(self.settings.header_timeout, self.headers_timed_out)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.disarm()
+        self.transport.closed = True
+        self.inner.connection_lost(exc)
+
+    def eof_received(self) -> Optional[bool]:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        if self.watching and not self.watch(data):
+            return
+        self.inner.data_received(data)
+
+    def upgraded(self, protocol: asyncio.BaseProtocol) -> None:
+        self.watching, self.inner = False, protocol
+        self.disarm()
+
+    # --- the head of each request, read by our own parser ---
+
+    def watch(self, data: bytes) -> bool:
+        """Measure the requests in `data`; False when a bound was broken (the connection is refused)."""
+        self.reads += 1
+        if not self.in_head and self.deadline is None:    # the first byte of the next request
+            self.arm(self.settings.header_timeout, self.headers_timed_out)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.watching = False
+        except httptools.HttpParserError:
+            if self.too_large:
+                self.refuse(431)
+                return False
+            self.watching = False                      # malformed: uvicorn's parser answers 400
+        if self.in_head:
+            # An unfinished head: its bytes in earlier reads count whole, this read's from its start.
+            self.head_carried += len(data) if self.head_read < self.reads else 0
+            if max(self.head_bytes, self.head_carried) > self.settings.max_header_bytes:
+                self.refuse(431)
+                return False
+        return True
+
+    def on_message_begin(self) -> None:
+        self.in_head, self.body_expected, self.answered, self.too_large = True, False, False, False
+        self.head_bytes = self.head_count = self.head_carried = 0
+        self.head_read = self.reads
+        if self.deadline is None:
+            self.arm(self.settings.header_timeout, self.headers_timed_out)
+
+    def on_url(self, url: bytes) -> None:
+        self.head_bytes += len(url) + 16            # the method and version around it
+        self.check_head()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_count += 1
+        self.head_bytes += len(name) + len(value) + 4
+        if len(name) in (14, 17) and name.lower() in (b"content-length", b"transfer-encoding"):
+            self.body_expected = name.lower() == b"transfer-encoding" or value.strip() not in (b"", b"0")
+        self.check_head()
+
+    def check_head(self) -> None:
+        if self.head_bytes > self.settings.max_header_bytes or self.head_count > self.settings.max_headers:
+            self.too_large = True
+            raise HeadTooLarge()
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        self.disarm()
+        if self.body_expected and not self.parser.should_upgrade():
+            self.arm(self.settings.body_timeout, self.body_timed_out)
+
+    def on_message_complete(self) -> None:
+        self.disarm()
+
+    # --- deadlines and refusals ---
+
+    def arm(self, seconds: float, callback: Callable) -> None:
+        self.disarm()
+        self.deadline = self.loop.call_later(seconds, callback)
+
+    def disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def headers_timed_out(self) -> None:
+        self.deadline = None
+        if self.in_head:
+            self.refuse(408)
+        elif not self.transport.is_closing():
+            self.transport.close()                  # a silent connection gets no answer, just closed
+
+    def body_timed_out(self) -> None:
+        self.deadline = None
+        if self.reading_paused:                     # uvicorn stopped reading (the app is slow), not the client
+            self.arm(self.settings.body_timeout, self.body_timed_out)
+        else:
+            self.refuse(408)
+
+    def refuse(self, status: int) -> None:
+        """Answer (unless an answer to this request has begun) and close: the client broke a bound."""
+        self.disarm()
+        self.watching = False
+        if not self.transport.is_closing():
+            if not self.answered:
+                self.transport.write(refusal(status))
+            self.transport.close()
+
+
+def bounded_http(settings: Settings) -> type:
+    return type("ActaeHttp", (BoundedHttp,), {"settings": settings})
+
+
+def raise_open_file_limit() -> None:
+    """Each connection is a file descriptor: the default soft limit (often 1024) starves new clients."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
+    except (ImportError, ValueError, OSError):
+        pass                                      # not on this platform, or not allowed: keep the default
+
+
+# =============================================================================
+# The request path: one for every route (API, pages, streams, static files, WebSocket)
+# =============================================================================
+# Each concern of a request is defined once here and applies to every kind of route: the Host
+# check (host_refusal), the route table (RouteIndex), errors mapped to HTTP (error_response), gzip
+# (gzipped), the security headers (SECURITY_HEADERS) and the note each finished request leaves
+# (note_request, which the REQUEST_OBSERVERS hear). ActaeApp is a plain ASGI app: wrapped in any
+# ASGI middleware, or served by another ASGI server, it answers the same.
+
+SECURITY_HEADERS = [
+    (b"content-security-policy", b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                                 b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'"),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+]
+GZIP_MIN_BYTES = 1024                  # replays and pages shrink several times over; small answers do not pay
+REFUSED_CODING = re.compile(rb"\s*q\s*=\s*0(\.0*)?\s*")     # an Accept-Encoding entry's ";q=0"
+
+
+def host_name(host: str) -> str:
+    """The name part of a Host header, lower-case: `[::1]:8002` -> `[::1]`, `Localhost:80` -> `localhost`."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    return host.partition(":")[0]
+
+
+def host_header(scope: dict) -> str:
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+
+
+def served_hosts(settings: Settings) -> frozenset:
+    bound = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return frozenset({"localhost", "127.0.0.1", "[::1]", bound.lower(), *(h.lower() for h in settings.allow_hosts)})
+
+
+def host_refusal(hosts: frozenset, scope: dict) -> Optional[BadRequest]:
+    """None for a Host we serve, else the 400 that refuses it (a DNS-rebinding page names its own)."""
+    host = host_header(scope)
+    if host_name(host) in hosts:
+        return None
+    return BadRequest(f"host {host[:100]!r} is not served here; start the server with --allow-host NAME to serve it")
+
+
+def accepts_gzip(scope: dict) -> bool:
+    """Whether Accept-Encoding accepts gzip: named (or, when it is not named, `*`) with a q-value
+    above 0; coding names are case-insensitive."""
+    accepted: dict = {}
+    for name, value in scope["headers"]:
+        if name == b"accept-encoding":
+            for coding in value.lower().split(b","):
+                token, _, params = coding.partition(b";")
+                accepted[token.strip()] = not REFUSED_CODING.fullmatch(params)
+    return accepted.get(b"gzip", accepted.get(b"*", False))
+
+
+def gzipped(scope: dict, headers: list, body: bytes) -> tuple:
+    """(headers, body), gzipped when the client accepts it and the body is worth it. Level 1: a 300 KB
+    state compresses in 3 ms at it, 13 ms at level 5 (on the event loop, for 15% fewer bytes)."""
+    if len(body) < GZIP_MIN_BYTES or not accepts_gzip(scope):
+        return headers, body
+    body = gzip.compress(body, compresslevel=1, mtime=0)
+    headers = [(k, v) for k, v in headers if k != b"content-length"]
+    return headers + [(b"content-length", str(len(body)).encode()), (b"content-encoding", b"gzip"),
+                      (b"vary", b"accept-encoding")], body
+
+
+class MethodNotAllowed(ActaeError):
+    status, code = 405, "method_not_allowed"
+
+
+def error_response(request: Request, exc: Exception) -> Response:
+    """The one mapping of a failure to its HTTP answer, for every kind of route: an ActaeError is
+    its status and `{"status": code, "error": message}` (a page gets the error page instead, a
+    region its own shape through `request.state.error_shape`); anything else is a bug, logged once
+    and answered as an Internal error, so the connection stays sound."""
+    if isinstance(exc, ClientDisconnect):
+        return Response(status_code=499)          # nobody is left to read it: not a bug, nothing to log
+    if not isinstance(exc, ActaeError):
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        exc = Internal(f"internal error ({type(exc).__name__}); the server log has the details")
+    shape = getattr(request.state, "error_shape", None)
+    if shape is not None:
+        return shape(exc)
+    if is_page(request) and exc.status != 401:
+        try:
+            return render(request, "error.html", {"title": f"Error {exc.status}", "status": exc.status,
+                                                  "message": exc.message}, status=exc.status)
+        except jinja2.TemplateError:
+            log.exception("error page failed to render")
+    return Response(error_body(exc.code, exc.message), status_code=exc.status, media_type="application/json")
+
+
+def note_request(services: "Services", route: str, method: str, status: int, seconds: float) -> None:
+    """A finished request, for whoever listens (metrics): `route` is its template, "other" off the table."""
+    for hear in REQUEST_OBSERVERS:
+        hear(services, route, method, status, seconds)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A route of the table as the request path calls it: `handle(request)` answers a Response;
+    a WebSocket route's `handle(websocket)` runs the connection."""
+
+    method: str                        # "WS" for a WebSocket route
+    path: str                          # the template, as /metrics labels it
+    handle: Callable
+
+
+class RouteIndex:
+    """(method, path) -> the endpoint and its path parameters: exact paths in a dict, templates in
+    table order. One table for the API, the pages, the streams and the WebSockets."""
+
+    def __init__(self, endpoints: list):
+        self.static: dict = {}
+        self.dynamic: dict = {}
+        self.paths: dict = {}                 # path or template -> methods served there (405 vs 404)
+        for endpoint in endpoints:
+            self.paths.setdefault(endpoint.path, set()).add(endpoint.method)
+            if "{" in endpoint.path:
+                regex = compile_path(endpoint.path)[0]
+                self.dynamic.setdefault(endpoint.method, []).append((regex, endpoint))
+            else:
+                earlier = [regex for regex, _ in self.dynamic.get(endpoint.method, ()) if regex.match(endpoint.path)]
+                assert not earlier, f"{endpoint.path} is shadowed by an earlier route"   # static-first is then exact
+                self.static[(endpoint.method, endpoint.path)] = endpoint
+        self.templates = [(compile_path(path)[0], methods) for path, methods in self.paths.items()]
+
+    def find(self, method: str, path: str) -> Optional[tuple]:
+        """(endpoint, path parameters), or None."""
+        endpoint = self.static.get((method, path))
+        if endpoint is not None:
+            return endpoint, {}
+        for regex, endpoint in self.dynamic.get(method, ()):
+            match = regex.match(path)
+            if match:
+                return endpoint, match.groupdict()
+        return None
+
+    def refusal(self, method: str, path: str) -> ActaeError:
+        """Why nothing answers `method path`: 405 where another method is served, else 404."""
+        if any(regex.match(path) and methods - {"WS"} for regex, methods in self.templates):
+            return MethodNotAllowed(f"{method} is not allowed on {path}")
+        return NotFound(f"no route for {method} {path}")
+
+
+class ActaeApp:
+    """The whole server as one plain ASGI app. Every HTTP request takes `answer_http`, every
+    WebSocket `answer_websocket`: the Host check, the route table, the handler, errors mapped
+    once, gzip where accepted, the security headers, and the request noted. Everything one app
+    shares lives in `services`; nothing is shared between apps in one process."""
+
+    def __init__(self, services: "Services", endpoints: list, lifespan: Callable):
+        self.services = services
+        self.routes = RouteIndex(endpoints)
+        self.lifespan = lifespan
+        self.static = StaticFiles(directory=str(UI_DIR / "static"))
+        self.in_flight = 0                    # HTTP requests being answered (a lone write may commit here)
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        scope["app"] = self
+        if scope["type"] == "http":
+            await self.answer_http(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await self.answer_websocket(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self.run_lifespan(receive, send)
+
+    async def answer_http(self, scope: dict, receive: Callable, send: Callable) -> None:
+        started, noted = time.perf_counter(), []
+        self.in_flight += 1
+        try:
+            route = await self.respond(scope, receive, self.noting_send(send, noted))
+        finally:
+            self.in_flight -= 1
+        note_request(self.services, route, scope["method"], noted[0] if noted else 500, time.perf_counter() - started)
+
+    async def respond(self, scope: dict, receive: Callable, send: Callable) -> str:
+        """Answer one HTTP request; returns the route template it took ("other" off the table)."""
+        request = Request(scope, receive)
+        method = "GET" if scope["method"] == "HEAD" else scope["method"]
+        refused = host_refusal(self.services.hosts, scope)
+        if refused is not None:
+            await self.reply(scope, receive, send, error_response(request, refused))
+            return "other"
+        if scope["path"].startswith("/static/") and method == "GET":
+            await self.static({**scope, "root_path": scope.get("root_path", "") + "/static"}, receive, send)
+            return "other"
+        found = self.routes.find(method, scope["path"])
+        if found is None:
+            refusal = self.routes.refusal(scope["method"], scope["path"])
+            await self.reply(scope, receive, send, error_response(request, refusal))
+            return "other"
+        endpoint, scope["path_params"] = found
+        try:
+            response = await endpoint.handle(request)
+        except Exception as exc:  # noqa: BLE001 - mapped to its answer in one place
+            response = error_response(request, exc)
+        await self.reply(scope, receive, send, response)
+        return endpoint.path
+
+    @staticmethod
+    async def reply(scope: dict, receive: Callable, send: Callable, response: Response) -> None:
+        """A response on the wire; a whole body is gzipped where it pays, a stream goes as it is."""
+        if isinstance(response, StreamingResponse) or not hasattr(response, "body"):
+            await response(scope, receive, send)
+            return
+        headers, body = gzipped(scope, response.raw_headers, response.body)
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+
+    @staticmethod
+    def noting_send(send: Callable, noted: list) -> Callable:
+        """`send` with the security headers on every answer, noting its status."""
+        async def sending(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                noted.append(message["status"])
+                message = {**message, "headers": [*message.get("headers", ()), *SECURITY_HEADERS]}
+            await send(message)
+        return sending
+
+    async def answer_websocket(self, scope: dict, receive: Callable, send: Callable) -> None:
+        started = time.perf_counter()
+        found = None if host_refusal(self.services.hosts, scope) else self.routes.find("WS", scope["path"])
+        if found is None:
+            await send({"type": "websocket.close", "code": 1008})
+            note_request(self.services, "other", "GET", 403, time.perf_counter() - started)
+            return
+        endpoint, scope["path_params"] = found
+        try:
+            await endpoint.handle(WebSocket(scope, receive, send))
+        except Exception:  # noqa: BLE001 - a bug in one connection; the others go on
+            log.exception("unhandled error on WebSocket %s", scope["path"])
+            with contextlib.suppress(Exception):
+                await send({"type": "websocket.close", "code": 1011})
+        note_request(self.services, endpoint.path, "GET", 101, time.perf_counter() - started)
+
+    async def run_lifespan(self, receive: Callable, send: Callable) -> None:
+        """ASGI's lifespan: start the services, serve until told to stop, stop them."""
+        await receive()                                       # lifespan.startup
+        phase = "startup"
+        try:
+            async with self.lifespan(self):
+                await send({"type": "lifespan.startup.complete"})
+                phase = "shutdown"
+                await receive()                               # lifespan.shutdown
+        except Exception as exc:  # noqa: BLE001 - told to the server, which stops
+            log.exception("the server could not %s cleanly", "start" if phase == "startup" else "stop")
+            await send({"type": f"lifespan.{phase}.failed", "message": f"{type(exc).__name__}: {exc}"})
+            return
+        await send({"type": "lifespan.shutdown.complete"})
+
+
+# =============================================================================
+# App factory: the services, the route table, the lifespan
+# =============================================================================
+
+
+def token_secret(data_dir: Path) -> bytes:
+    """The login tokens' signing secret: a file beside the database (mode 0600), made on first start.
+
+    Kept out of the database so that a copy of it (or a backup) cannot mint tokens.
+    """
+    path = data_dir / TOKEN_SECRET_FILE
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
-        return Fernet(path.read_bytes().strip())
-    with os.fdopen(fd, "wb") as out:
-        out.write(Fernet.generate_key())
-    return Fernet(path.read_bytes().strip())
+        return bytes.fromhex(path.read_text().strip())
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32))
+    return bytes.fromhex(path.read_text().strip())
+
+
+def instance_identity(tx: Tx) -> str:
+    """This data dir's instance id, made once and kept across restarts."""
+    tx.conn.execute("INSERT INTO settings (name, value) VALUES ('instance_id', ?) ON CONFLICT (name) DO NOTHING",
+                    (str(uuid.uuid4()),))
+    return tx.conn.execute("SELECT value FROM settings WHERE name = 'instance_id'").fetchone()[0]
+
+
+@dataclass
+class Services:
+    """What every request of one app shares, built once by create_app (one app's, never another's).
+    A region keeps its own service in `regions`, by its type (`services.region(FleetState)`)."""
+
+    db: Database
+    hub: Hub
+    keys: KeyRing
+    settings: Settings
+    scheduler: Scheduler
+    templates: jinja2.Environment
+    flash: "FlashStore"
+    hosts: frozenset
+    data_dir: Path
+    token_secret: bytes
+    env_key: Optional[str]
+    instance_id: str = ""              # read from the database when the app starts
+    started: float = field(default_factory=time.monotonic)
+    started_at: str = field(default_factory=lambda: iso(utc_now()))
+    key_touched: dict = field(default_factory=dict)
+    background: set = field(default_factory=set)
+    openapi: dict = field(default_factory=dict)
+    regions: dict = field(default_factory=dict)
+
+    def region(self, kind: type) -> Any:
+        return self.regions[kind]
+
+
+PAGE_ROUTES = [
+    ("GET", "/", page_runs),
+    ("GET", "/runs/{channel_id}", page_run),
+    ("GET", "/runs/{channel_id}/tree", page_tree),
+    ("POST", "/runs/{channel_id}/fork", page_fork),
+    ("GET", "/runs/{channel_id}/delete", page_delete_confirm),
+    ("POST", "/runs/{channel_id}/delete", page_delete),
+    ("GET", "/diff", page_diff),
+    ("GET", "/ledger", page_ledger),
+    ("GET", "/api", page_api),
+    ("GET", "/keys", page_keys),
+    ("POST", "/keys", page_keys_create),
+    ("POST", "/keys/{key_id}/revoke", page_keys_revoke),
+    ("POST", "/logout", page_logout),
+]
+
+
+def page_routes() -> list:
+    """The dashboard's pages: the core's, then each region's (PAGE_LISTS)."""
+    return [*PAGE_ROUTES, *(page for pages in PAGE_LISTS for page in pages)]
+
+
+def page_endpoint(method: str, path: str, handler: Callable) -> Endpoint:
+    return Endpoint(method, path, dashboard(handler))
+
+
+def app_endpoints() -> list:
+    """The one route table: the API's routes, the pages, the WebSockets and streams, every region's too."""
+    endpoints = [Endpoint(route.method, route.path, wrapped_endpoint(route)) for route in api_routes()]
+    endpoints += [page_endpoint(method, path, handler) for method, path, handler in page_routes()]
+    return endpoints + [Endpoint("GET", "/login", page_login), Endpoint("POST", "/login", page_login_submit),
+                        Endpoint("WS", "/ws", ws_endpoint), *(e for extra in ENDPOINT_LISTS for e in extra)]
+
+
+def wrapped_endpoint(route: Api) -> Callable:
+    """A route's endpoint with what the regions wrap around every one (ENDPOINT_WRAPPERS)."""
+    endpoint = api_endpoint(route)
+    for wrap in ENDPOINT_WRAPPERS:
+        endpoint = wrap(route, endpoint)
+    return endpoint
+
+
+# The writes of an SDK step, a fork and a ledger call: small, quick, and on the path of a run that
+# waits for each. Alone on the server, one of these commits on the event loop's thread.
+LONE_WRITES = frozenset({record_event, save_state, transition, put_metadata, fork_channel, claim_execution,
+                         finish_execution, heartbeat_execution})
+
+
+def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: Optional[str] = None,
+               settings: Settings = Settings(), **region_options: Any) -> ActaeApp:
+    """The whole server: on the SQLite file in `data_dir`, or on PostgreSQL at `database_url`
+    (several servers may share that database). `env_key` is accepted besides stored keys;
+    `region_options` go to the regions that take them (`otlp=` turns on trace export)."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    db = Database(Location(data_dir, database_url))
+    hub = Hub(db)
+    db.on_commit, db.on_notify = hub.on_commit, hub.on_notify
+    services = Services(db=db, hub=hub, keys=KeyRing(db), settings=settings, scheduler=Scheduler(db),
+                        templates=template_env(), flash=FlashStore(), hosts=served_hosts(settings), data_dir=data_dir,
+                        token_secret=token_secret(data_dir), env_key=env_key or None, openapi=openapi_document(api_routes()))
+    starting, stopping = [services.scheduler.start], [services.scheduler.stop]
+    for install in APP_INSTALLERS:
+        started, stopped = install(services, region_options)
+        starting += started
+        stopping[:0] = stopped
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: ActaeApp):
+        await db.open()
+        services.instance_id = await db.write(instance_identity)
+        for start in starting:
+            await start() if asyncio.iscoroutinefunction(start) else start()
+        try:
+            yield
+        finally:
+            for stop in stopping:
+                await stop() if asyncio.iscoroutinefunction(stop) else stop()
+            await db.close()
+
+    app = ActaeApp(services, app_endpoints(), lifespan)
+    db.lone_write_here = lambda job: job.work in LONE_WRITES and app.in_flight <= 1
+    return app
+
+
+# =============================================================================
+# Command line
+# =============================================================================
+
+def build_parser() -> argparse.ArgumentParser:
+    # SUPPRESS: `--data-dir` may come before or after `key rotate` without one erasing the other.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR",
+                        help="folder holding the SQLite database and the token secret"
+                             " (default: $ACTAE_DATA_DIR or ~/.actae)")
+    common.add_argument("--database", default=argparse.SUPPRESS, metavar="URL",
+                        help="a postgresql://user:password@host:port/name URL: keep the data in PostgreSQL,"
+                             " which several servers may share (default: $ACTAE_DATABASE_URL, else SQLite)")
+    parser = argparse.ArgumentParser(
+        prog="actae", parents=[common],
+        description="Actae community server: record agent runs, fork them at a step, never repeat a side effect.")
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface to listen on (default: {DEFAULT_HOST})")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help=f"port to listen on; 0 picks a free one (default: {DEFAULT_PORT})")
+    parser.add_argument("--version", action="version", version=f"actae {__version__}",
+                        help="print the version and exit")
+    limits, default = parser.add_argument_group("who may connect, and for how long"), Settings()
+    limits.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="also answer requests for this Host name (repeatable); loopback names and the "
+                             "bound address are always served, any other name gets 400 (DNS rebinding)")
+    limits.add_argument("--max-connections", type=int, default=default.max_connections, metavar="N",
+                        help=f"open connections before new requests get 503 (default: {default.max_connections})")
+    limits.add_argument("--header-timeout", type=float, default=default.header_timeout, metavar="SECONDS",
+                        help=f"time for a request's headers (default: {default.header_timeout:g})")
+    limits.add_argument("--keepalive-timeout", type=float, default=default.keepalive_timeout, metavar="SECONDS",
+                        help=f"how long an idle connection stays open (default: {default.keepalive_timeout:g})")
+    limits.add_argument("--body-timeout", type=float, default=default.body_timeout, metavar="SECONDS",
+                        help=f"time for a request's whole body (default: {default.body_timeout:g})")
+    limits.add_argument("--max-header-bytes", type=int, default=default.max_header_bytes, metavar="BYTES",
+                        help=f"request line and headers together (default: {default.max_header_bytes})")
+    parser.add_argument("--open-signup", action="store_true",
+                        help="let anyone create an account (by default only an admin key may)")
+    for add_flags in SERVE_FLAGS:
+        add_flags(parser)
+    # The same scope flags for a key and for an account.
+    scoped = argparse.ArgumentParser(add_help=False)
+    for action in ACTIONS[:3]:
+        scoped.add_argument(f"--{action}", action="append", default=[], metavar="PATTERN",
+                            help=f"channels it may {action}: '*', a prefix ending in '*', or an id (repeatable)")
+    scoped.add_argument("--admin", action="store_true", help="every action on every channel, plus keys and users")
+    commands = parser.add_subparsers(dest="command")
+    add_core_commands(commands, common, scoped)
+    for add_commands in COMMAND_ADDERS:
+        add_commands(commands, common, scoped)
+    commands.metavar = "{" + ",".join(commands.choices) + "}"
+    return parser
+
+
+def add_core_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
+    """`actae key ...` and `actae user ...`: keys and accounts."""
+    key = commands.add_parser("key", parents=[common], help="manage API keys: create, list, revoke, rotate")
+    key.set_defaults(run=key_command)
+    key_commands = key.add_subparsers(dest="key_command", required=True, metavar="{create,list,revoke,rotate}")
+    create = key_commands.add_parser("create", parents=[common, scoped], help="issue a scoped key and print it once")
+    create.add_argument("--name", required=True, help="what the key is for (shown by `key list`)")
+    create.add_argument("--expires-in", type=float, metavar="DAYS", help="the key stops working after DAYS days")
+    listing = key_commands.add_parser("list", parents=[common], help="the active keys (never the keys themselves)")
+    listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    revoke = key_commands.add_parser("revoke", parents=[common], help="end a key now")
+    revoke.add_argument("key_id", type=int, metavar="ID", help="the id `key list` shows")
+    key_commands.add_parser("rotate", parents=[common],
+                            help="issue and print a new admin key; the old admin key stops working")
+    user = commands.add_parser("user", parents=[common], help="manage accounts: grant")
+    user.set_defaults(run=user_command)
+    user_commands = user.add_subparsers(dest="user_command", required=True, metavar="{grant}")
+    grant = user_commands.add_parser("grant", parents=[common, scoped],
+                                     help="set the scopes an account's login tokens carry")
+    grant.add_argument("email")
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    regions: dict = {}
+    for read in SETTINGS_READERS:
+        regions.update(read(args))
+    return Settings(host=args.host, allow_hosts=tuple(args.allow_host), max_connections=args.max_connections,
+                    header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout,
+                    body_timeout=args.body_timeout, max_header_bytes=args.max_header_bytes,
+                    open_signup=args.open_signup, **regions)
+
+
+def options_of(args: argparse.Namespace) -> dict:
+    """create_app's keywords for the regions (`otlp=`), from the flags they added."""
+    options: dict = {}
+    for read in OPTION_READERS:
+        options.update(read(args))
+    return options
+
+
+def uvicorn_config(app: ActaeApp, settings: Settings) -> uvicorn.Config:
+    """uvicorn behind the connection's bounds (BoundedHttp); what it cannot bound itself is bounded there."""
+    return uvicorn.Config(app, http=bounded_http(settings), log_level="warning", access_log=False,
+                          lifespan="on", ws_max_size=MAX_BODY_BYTES, timeout_graceful_shutdown=10,
+                          limit_concurrency=settings.max_connections,
+                          timeout_keep_alive=settings.keepalive_timeout)
+
+
+def serve(port: int, location: Location, settings: Settings, options: Optional[dict] = None) -> int:
+    """Bind first (so --port 0 prints the real port), print the banner, then serve until Ctrl-C."""
+    options = options or {}
+    host = settings.host
+    try:
+        sock = bind_socket(host, port)
+    except OSError as exc:
+        print(f"actae: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    raise_open_file_limit()
+    try:
+        key = write_once(location, first_key)
+    except (ActaeError, OSError, sqlite3.Error, *((psycopg.Error,) if psycopg else ())) as exc:
+        print(f"actae: cannot open the database at {location.describe()}: {exc}", file=sys.stderr)
+        return 1
+    shown_host = f"[{host}]" if ":" in host else host
+    print(f"Actae {__version__} — data in {location.describe()}")
+    print(f"Dashboard:   http://{shown_host}:{sock.getsockname()[1]}")
+    for line in BANNER_LINES:
+        text = line(settings, options)
+        if text:
+            print(text)
+    print_key_line(key)
+    sys.stdout.flush()
+    app = create_app(location.data_dir, database_url=location.url, env_key=os.environ.get("ACTAE_API_KEY"),
+                     settings=settings, **options)
+    try:
+        uvicorn.Server(uvicorn_config(app, settings)).run(sockets=[sock])
+    except KeyboardInterrupt:   # uvicorn re-raises Ctrl-C after its graceful shutdown has finished
+        pass
+    return 0
+
+
+def main(argv: Optional[list] = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    args = build_parser().parse_args(argv)
+    location = location_of(args)
+    run = getattr(args, "run", None)
+    if run is not None:
+        return run(args, location)
+    return serve(args.port, location, settings_of(args), options_of(args))
+
+
+def scopes_of_args(args: argparse.Namespace) -> dict:
+    """The scope flags as checked scopes; exits with a message on a bad pattern."""
+    fields = {action: getattr(args, action) for action in ACTIONS[:3]}
+    fields["admin"] = ["*"] if args.admin else []
+    try:
+        return msgspec.structs.asdict(record_from(Scopes, fields, "scopes"))
+    except BadRequest as exc:
+        raise SystemExit(f"actae: {exc.message}")
+
+
+def scopes_text(scopes: Permissions) -> str:
+    granted = [(action, getattr(scopes, action)) for action in ACTIONS]
+    return "; ".join(f"{action}={','.join(patterns)}" for action, patterns in granted if patterns) or "(none)"
+
+
+def key_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae key create|list|revoke|rotate`."""
+    if args.key_command == "rotate":
+        print_key_line(write_once(location, rotate_key))
+    elif args.key_command == "create":
+        if args.expires_in is not None and args.expires_in <= 0:
+            raise SystemExit("actae: --expires-in must be a positive number of days")
+        created = write_once(location, create_key, args.name, scopes_of_args(args), args.expires_in)
+        print(f"Key {created.id} ({created.name}): {scopes_text(created.scopes)}"
+              + (f", expires {created.expires_at}" if created.expires_at else ""))
+        print_key_line(created.key)
+    elif args.key_command == "list":
+        keys = read_once(location, list_keys)
+        if args.json:
+            print(msgspec.json.format(msgspec.json.encode(Keys(keys=keys)), indent=2).decode())
+            return 0
+        print(f"{'ID':>4}  {'NAME':<20} {'SCOPES':<40} {'CREATED':<25} {'LAST USED':<25} EXPIRES")
+        for k in keys:
+            print(f"{k.id:>4}  {k.name or '':<20} {scopes_text(k.scopes):<40} {k.created_at:<25} "
+                  f"{k.last_used_at or 'never':<25} {k.expires_at or 'never'}")
+    else:
+        try:
+            revoked = write_once(location, revoke_key, args.key_id)
+        except NotFound as exc:
+            raise SystemExit(f"actae: {exc.message}")
+        print(f"Key {revoked.id} ({revoked.name}) revoked at {revoked.revoked_at}")
+    return 0
+
+
+def user_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae user grant EMAIL [scope flags]`."""
+    try:
+        granted = write_once(location, grant_user, args.email, scopes_of_args(args))
+    except NotFound as exc:
+        raise SystemExit(f"actae: {exc.message}")
+    print(f"{granted.email}: {scopes_text(granted.scopes)}")
+    return 0
+
+
+def location_of(args: argparse.Namespace) -> Location:
+    """--database (or $ACTAE_DATABASE_URL) picks PostgreSQL; otherwise the SQLite file in the data dir."""
+    url = getattr(args, "database", None) or os.environ.get("ACTAE_DATABASE_URL") or None
+    if url is not None:
+        if urlsplit(url).scheme not in ("postgresql", "postgres"):
+            raise SystemExit(f"actae: --database takes a postgresql://user:password@host:port/name URL (got {url!r});"
+                             " without it the server uses SQLite in the data dir")
+        if psycopg is None:
+            raise SystemExit("actae: PostgreSQL needs psycopg: pip install 'psycopg[binary]' psycopg_pool")
+    return Location(data_dir_of(args), url)
+
+
+def data_dir_of(args: argparse.Namespace) -> Path:
+    chosen = getattr(args, "data_dir", None) or os.environ.get("ACTAE_DATA_DIR") or "~/.actae"
+    path = Path(chosen).expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_once(location: Location, work: Callable, *args):
+    """One write transaction from the command line, on the same job runner the server uses."""
+    conn = connect_sync(location)
+    try:
+        ((result, events),) = run_jobs(conn, [Job(work, args, None)])
+    finally:
+        conn.close()
+    if events is None:
+        raise result
+    return result
+
+
+def read_once(location: Location, work: Callable, *args):
+    conn = connect_sync(location)
+    try:
+        return work(conn, *args)
+    finally:
+        conn.close()
+
+
+def print_key_line(key: Optional[str]) -> None:
+    if key:
+        print(f"API key:     {key}   (shown once — store it now)")
+    else:
+        print("API key:     already issued at first start (run `actae key rotate` for a new one)")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
+
+
+
+
+
+
+
+
+
+
+
+
+# =============================================================================
+# Many runs: records and schema
+# =============================================================================
+# Region: the approvals inbox, bulk fork from failure, retention. Each plugs into the core through
+# its hook lists (see the region's last section): nothing in the core names it.
+
+# Many runs: the bulk fork, the approvals inbox, retention.
+BULK_FORK_MAX = 1000                             # runs one bulk fork may take; a wider filter is refused
+APPROVAL_STATUSES = ("pending", "decided", "expired")
+APPROVAL_DECISIONS = ("approved", "rejected")
+APPROVALS_LIMIT_MAX = 1000
+PRUNE_STATUSES = ("completed", "failed", "any")
+PRUNE_BATCH = 100                                # runs deleted per write transaction
+PRUNE_LISTED_MAX = 1000                          # run ids an answer lists (its counts cover them all)
+RETENTION_INTERVAL_SECONDS = 24 * 3600           # --retain-days prunes at start, then this often
+
+
+# --- many runs: the bulk fork, the approvals inbox, retention ----------------------------------
+
+RunStatus = Literal[RUN_STATES]
+Days = Annotated[float, Meta(ge=0, le=36500, description="days (fractions allowed)")]
+
+
+class BulkForkFilter(Record, kw_only=True):
+    """Which runs a bulk fork takes; every field narrows the selection (AND)."""
+
+    status: Annotated[list[RunStatus], Meta(min_length=1, max_length=32)] = (
+        msgspec.field(default_factory=lambda: list(FAILURE_STATES)))
+    since: Optional[Timestamp] = None         # last activity at or after
+    until: Optional[Timestamp] = None         # last activity at or before
+    channel_prefix: Optional[Annotated[str, Meta(max_length=256, pattern=r"^[A-Za-z0-9._:-]*\Z")]] = None
+    failure_contains: Optional[Label] = None  # a substring of the failure's message (any case)
+    channel_ids: Optional[Annotated[list[ChannelId], Meta(max_length=BULK_FORK_MAX)]] = None   # only these runs
+
+    def __post_init__(self):
+        check_utc(self.since)
+        check_utc(self.until)
+
+
+class BulkFork(Idempotent, kw_only=True):
+    """POST /forks/bulk and `actae fork-failed`: fork every selected run after its own last good step
+    (or after step `at`), with one intervention, one tool policy and one name pattern."""
+
+    filter: BulkForkFilter = msgspec.field(default_factory=BulkForkFilter)
+    at: Union[Literal["last_good_step"], Positive] = "last_good_step"
+    intervention: Optional[JsonObject] = None
+    tool_policies: Optional[ToolPolicies] = None
+    name: Annotated[str, Meta(min_length=1, max_length=512,
+                              description="the fork's id: {channel_id} is the run's id, {step} the step")] = (
+        "{channel_id}-retry")
+    dry_run: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        self.tool_policies = self.tool_policies or None
+        if "{channel_id}" not in self.name:
+            raise ValueError("name must contain {channel_id}, so that each fork gets a name of its own")
+
+
+class ApprovalsQuery(ClampedLimit, kw_only=True):
+    LIMIT_MAX: ClassVar[int] = APPROVALS_LIMIT_MAX
+    status: Optional[Literal[APPROVAL_STATUSES]] = None     # none: every approval
+    channel_id: Optional[ChannelId] = None
+
+
+class DecideApproval(Record, kw_only=True):
+    decision: Literal[APPROVAL_DECISIONS]
+    reason: Optional[LongText] = None
+    channel_id: Optional[ChannelId] = None    # needed only when several runs used the same request id
+
+
+class Prune(Record, kw_only=True):
+    """POST /admin/prune and `actae prune`: delete whole runs idle longer than `older_than_days`."""
+
+    older_than_days: Days
+    status: Literal[PRUNE_STATUSES] = "any"
+    keep_failed_days: Optional[Days] = None   # failed and crashed runs are kept this long instead
+    dry_run: bool = False
+
+
+class BulkForkPageQuery(Record, kw_only=True):
+    """The bulk fork form: the runs ticked on the runs list (`run`, repeated: read as a list by the
+    page), or with `all` every run its filter matches."""
+
+    q: PageText = ""                  # with `all`: the runs list's search ...
+    status: PageText = ""             # ... and status filter
+    all: bool = False
+    intervention: PageText = ""
+    tool_policies: PageText = ""
+    name: PageText = "{channel_id}-retry"
+    done: PageText = ""               # the operation id of the bulk fork just made
+
+
+class ApprovalsPageQuery(Record, kw_only=True):
+    status: PageText = "pending"      # one of APPROVAL_STATUSES, or "all"
+    error: Optional[PageText] = None  # the flash id of a refused decision
+
+
+# --- many runs: the bulk fork, the approvals inbox, retention -----------------------------------
+
+
+class BulkForked(Answer, kw_only=True):
+    """One run of a bulk fork: the fork made after `step` (in a dry run, the fork it would make: no receipt)."""
+
+    source_channel_id: str
+    channel_id: str
+    step: int
+    receipt: Optional[Receipt]
+
+
+class BulkSkipped(Answer, kw_only=True):
+    channel_id: str
+    reason: str
+
+
+class BulkForkAnswer(Answer, kw_only=True):
+    """What a bulk fork made (or, with dry_run, would make), and the runs it left alone and why."""
+
+    forks: list[BulkForked]
+    skipped: list[BulkSkipped]
+    dry_run: bool
+
+
+class Approval(Answer, kw_only=True):
+    """An approval request as the inbox shows it: `status` is expired once its timeout has passed."""
+
+    request_id: str
+    channel_id: str
+    summary: Optional[str]
+    details: Any
+    requester: str
+    requested_at: str
+    timeout_at: Optional[str]
+    age_seconds: float
+    status: Literal[APPROVAL_STATUSES]
+    decision: Optional[Literal[APPROVAL_DECISIONS]]
+    decided_by: Optional[str]
+    reason: Optional[str]
+    decided_at: Optional[str]
+
+
+class Approvals(Answer, kw_only=True):
+    approvals: list[Approval]
+
+
+class ApprovalDecision(Answer, kw_only=True):
+    """A decided approval and its `approval.decided` event (the first one, when it was decided before)."""
+
+    approval: Approval
+    event: Event
+    replayed: bool
+
+
+class PrunedRows(Answer, kw_only=True):
+    runs: int
+    events: int
+    states: int
+    executions: int
+    approvals: int
+    wakeups: int
+
+
+class KeptRun(Answer, kw_only=True):
+    channel_id: str
+    reason: str
+
+
+class PruneAnswer(Answer, kw_only=True):
+    """What a prune deleted (a dry run: would delete), the old runs it kept and why, and the space."""
+
+    dry_run: bool
+    deleted: list[str]                 # at most PRUNE_LISTED_MAX ids; `rows.runs` counts them all
+    kept: list[KeptRun]
+    rows: PrunedRows
+    bytes_before: int
+    bytes_after: int
+    bytes_freed: int
+    space: str                         # how the space went back to the disk, or what to run for it
+
+
+def bulk_fork_by_operation(conn: Conn, operation_id: str) -> Optional[Row]:
+    return conn.execute("SELECT * FROM bulk_forks WHERE operation_id = ?", (operation_id,)).fetchone()
+
+
+def approval_answers_index(w: SchemaWords) -> str:
+    return f"""
+    -- The answers to approvals by (channel, request_id), so /metrics finds the approvals still pending
+    -- with one probe each (stored_figures); only approval.decided and approval.expired rows are in it.
+    CREATE INDEX events_approval_answers ON events (channel_id, {w.dialect.json_text('payload', 'request_id')})
+     WHERE type IN ('approval.decided', 'approval.expired');
+    """
+
+
+def many_runs_schema(w: SchemaWords) -> str:
+    """The approvals index (kept in each approval event's transaction) and the bulk forks' answers."""
+    return f"""
+    CREATE TABLE approvals (
+        channel_id        TEXT NOT NULL REFERENCES channels(id),
+        request_id        TEXT NOT NULL,
+        summary           TEXT,
+        details           TEXT,                   -- JSON, as the request carried it
+        requester         TEXT NOT NULL,          -- the approval.requested event's actor
+        requested_at      TEXT NOT NULL,
+        requested_cursor  {w.integer} NOT NULL,
+        timeout_at        TEXT,                   -- requested_at + timeout_seconds, past it: expired
+        -- pending: waiting for a decision; decided: its first approval.decided event is recorded;
+        -- expired: approval.expired, or the SDK's timeout wake-up fired.
+        status            TEXT NOT NULL CHECK (status IN ({sql_list(APPROVAL_STATUSES)})),
+        decision          TEXT CHECK (decision IN ({sql_list(APPROVAL_DECISIONS)})),
+        decided_by        TEXT,                   -- the approval.decided event's actor
+        reason            TEXT,
+        decided_at        TEXT,
+        decided_cursor    {w.integer},
+        PRIMARY KEY (channel_id, request_id)
+    );
+    CREATE TABLE bulk_forks (
+        operation_id  TEXT PRIMARY KEY,           -- the request's operation id: one answer each
+        request_hash  TEXT NOT NULL,
+        answer        TEXT NOT NULL,              -- the answer as first given (JSON)
+        created_at    TEXT NOT NULL
+    )
+    """
+
+
+def many_runs_indexes(w: SchemaWords) -> str:
+    return """
+    CREATE INDEX approvals_by_status ON approvals (status, requested_at, channel_id, request_id);
+    CREATE INDEX approvals_by_time ON approvals (requested_at, channel_id, request_id);
+    CREATE INDEX approvals_by_request ON approvals (request_id)
+    """
+
+
+
+# =============================================================================
+# Many runs: the approvals inbox (an index of approval events, kept in each event's transaction)
+# =============================================================================
+# The SDK's approvals are events: `approval.requested` {request_id, summary, details?,
+# timeout_seconds?} under operation id = request_id; `approval.decided` {request_id, decision,
+# reason?} under a deterministic operation id; `approval.expired` {request_id}; and, with a timeout,
+# a wake-up that fires `scheduler.wakeup` {approval_request_id, kind: "approval_timeout"} at the
+# deadline. append_event hands each of these to index_approval inside the event's own transaction,
+# so the inbox reads one small table and never scans logs.
+
+APPROVAL_REQUESTED, APPROVAL_DECIDED, APPROVAL_EXPIRED = "approval.requested", "approval.decided", "approval.expired"
+WAKEUP_EVENT = "scheduler.wakeup"
+APPROVAL_INDEXED = frozenset({APPROVAL_REQUESTED, APPROVAL_DECIDED, APPROVAL_EXPIRED, WAKEUP_EVENT})
+OPERATION_NAMESPACE = uuid.UUID("3f74e5f1-9b2c-4a7e-8f1d-000000000001")   # the SDKs' deterministic ids
+
+
+def deterministic_operation_key(scope: str, action: str, *identity: Any) -> str:
+    """The SDKs' deterministic operation id: a UUIDv5 over the NUL-joined parts, capped at 256 bytes."""
+    parts = [scope, action, *("" if v is None else v if isinstance(v, str) else str(v) for v in identity)]
+    name = "\x00".join(parts).encode("utf-8", "surrogatepass")[:256]
+    raw = bytearray(hashlib.sha1(OPERATION_NAMESPACE.bytes + name).digest()[:16])
+    raw[6] = (raw[6] & 0x0F) | 0x50
+    raw[8] = (raw[8] & 0x3F) | 0x80
+    return str(uuid.UUID(bytes=bytes(raw)))
+
+
+def approval_deadline(requested_at: str, timeout: Any) -> Optional[str]:
+    """requested_at + `timeout` seconds; None without a number, or for a deadline past the year 9999."""
+    if not is_number(timeout):
+        return None
+    try:
+        return iso(parse_iso(requested_at) + timedelta(seconds=timeout))
+    except (OverflowError, ValueError):
+        return None
+
+
+def inbox_text(value: Any) -> Optional[str]:
+    """A payload value as the inbox stores it: text as it is, anything else as JSON; no NUL (PostgreSQL
+    text cannot hold one, and the event itself keeps the exact value)."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else canonical_json(value)
+    return text.replace("\x00", "\ufffd")
+
+
+def index_approval(conn: Conn, channel_id: str, cursor: int, event_type: str, payload: Any, actor: str,
+                   ts: str) -> None:
+    """Keep the inbox in step with one event of APPROVAL_INDEXED (any payload: what is not an
+    approval's changes nothing). A request is pending until its first decision, an approval.expired
+    or its timeout wake-up; a later event does not change that first outcome."""
+    if not isinstance(payload, dict):
+        return
+    if event_type == WAKEUP_EVENT:
+        if payload.get("kind") != "approval_timeout":
+            return
+        request_id, event_type = payload.get("approval_request_id"), APPROVAL_EXPIRED
+    else:
+        request_id = payload.get("request_id")
+    if not isinstance(request_id, str) or not request_id or "\x00" in request_id:
+        return
+    if event_type == APPROVAL_REQUESTED:
+        conn.execute(
+            "INSERT INTO approvals (channel_id, request_id, summary, details, requester, requested_at,"
+            " requested_cursor, timeout_at, status) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pending')"
+            " ON CONFLICT (channel_id, request_id) DO NOTHING",
+            (channel_id, request_id, inbox_text(payload.get("summary")), inbox_text(payload.get("details")),
+             actor, ts, cursor, approval_deadline(ts, payload.get("timeout_seconds"))))
+    elif event_type == APPROVAL_DECIDED:
+        decision = payload.get("decision")
+        if decision in APPROVAL_DECISIONS:
+            conn.execute("UPDATE approvals SET status = 'decided', decision = ?, decided_by = ?, reason = ?,"
+                         " decided_at = ?, decided_cursor = ? WHERE channel_id = ? AND request_id = ?"
+                         " AND status <> 'decided'",
+                         (decision, actor, inbox_text(payload.get("reason")), ts, cursor, channel_id, request_id))
+    else:
+        conn.execute("UPDATE approvals SET status = 'expired' WHERE channel_id = ? AND request_id = ?"
+                     " AND status = 'pending'", (channel_id, request_id))
+
+
+def reindex_approvals(conn: Conn, channel_id: Optional[str] = None) -> None:
+    """The inbox rows of stored events (one channel, or all: the migration), as append_event keeps them."""
+    where = Where().add(f"type IN ({sql_list(tuple(sorted(APPROVAL_INDEXED)))})").add_if(channel_id, "channel_id = ?")
+    rows = conn.execute(f"SELECT channel_id, cursor, type, payload, actor, created_at FROM events{where}"
+                        " ORDER BY channel_id, cursor", where.args).fetchall()
+    for row in rows:
+        index_approval(conn, row["channel_id"], row["cursor"], row["type"], load(row["payload"]), row["actor"],
+                       row["created_at"])
+
+
+def approval_status(row: Row, now: str) -> str:
+    """pending, decided or expired: a pending request past its timeout is expired."""
+    if row["status"] == "pending" and row["timeout_at"] is not None and row["timeout_at"] <= now:
+        return "expired"
+    return row["status"]
+
+
+def approval_of(row: Row, now: datetime) -> Approval:
+    age = max(0.0, (now - parse_iso(row["requested_at"])).total_seconds())
+    return Approval(request_id=row["request_id"], channel_id=row["channel_id"], summary=row["summary"],
+                    details=load(row["details"]), requester=row["requester"], requested_at=row["requested_at"],
+                    timeout_at=row["timeout_at"], age_seconds=round(age, 3), status=approval_status(row, iso(now)),
+                    decision=row["decision"], decided_by=row["decided_by"], reason=row["reason"],
+                    decided_at=row["decided_at"])
+
+
+def list_approvals(conn: Conn, status: Optional[str], channel_id: Optional[str], limit: int,
+                   now: datetime) -> list[Approval]:
+    """GET /approvals: oldest request first; each status is one range of approvals_by_status (expired:
+    two, merged), so a page costs what one page costs."""
+    ts = iso(now)
+    if status == "pending":
+        parts = [Where().add("status = 'pending'").add("(timeout_at IS NULL OR timeout_at > ?)", ts)]
+    elif status == "decided":
+        parts = [Where().add("status = 'decided'")]
+    elif status == "expired":
+        parts = [Where().add("status = 'expired'"), Where().add("status = 'pending'").add("timeout_at <= ?", ts)]
+    else:
+        parts = [Where()]
+    order = "requested_at, channel_id, request_id"
+    pages = [(f"SELECT * FROM approvals{w.add_if(channel_id, 'channel_id = ?')} ORDER BY {order} LIMIT ?",
+              [*w.args, limit]) for w in parts]
+    return [approval_of(r, now) for r in union_of_pages(conn, pages, order, limit)]
+
+
+def require_approval(conn: Conn, request_id: str, channel_id: Optional[str]) -> Row:
+    """The approval request with this id (on `channel_id`, when given); 409 when several runs use the id."""
+    where = Where().add("request_id = ?", request_id).add_if(channel_id, "channel_id = ?")
+    rows = conn.execute(f"SELECT * FROM approvals{where} ORDER BY channel_id LIMIT 2", where.args).fetchall()
+    if not rows:
+        raise NotFound(f"approval request {request_id} not found" + (f" on run {channel_id}" if channel_id else ""))
+    if len(rows) > 1:
+        raise Conflict("approval_ambiguous", f"runs {rows[0]['channel_id']} and {rows[1]['channel_id']} both have "
+                                             f"approval request {request_id}: name the run with channel_id")
+    return rows[0]
+
+
+def decide_approval(tx: Tx, request_id: str, channel_id: Optional[str], decision: str, reason: Optional[str],
+                    actor: str) -> ApprovalDecision:
+    """Record the decision exactly as the SDK's decide_approval does (same payload, same deterministic
+    operation id), with `actor` as the one who decided. The same decision again changes nothing and
+    answers the first; another decision of a decided request, or any of an expired one, is refused."""
+    row = require_approval(tx.conn, request_id, channel_id)
+    channel_id = row["channel_id"]
+    if row["status"] == "decided":
+        if row["decision"] != decision:
+            raise Conflict("approval_decided", f"approval request {request_id} was {row['decision']} already, by "
+                                               f"{row['decided_by']} at {row['decided_at']}")
+        event = present(event_at(tx.conn, channel_id, row["decided_cursor"]),
+                        lambda: NotFound(f"the decision of approval request {request_id} is gone"))
+        return ApprovalDecision(approval=approval_of(row, tx.now), event=event_of(event), replayed=True)
+    if approval_status(row, tx.ts) == "expired":
+        raise Conflict("approval_expired", f"approval request {request_id} has expired"
+                                           + (f" (its timeout passed at {row['timeout_at']})" if row["status"] == "pending"
+                                              else "") + ": nothing waits for a decision any more")
+    payload = {"request_id": request_id, "decision": decision}
+    if reason is not None:
+        payload["reason"] = reason
+    event = record_event(tx, RecordEvent(
+        channel_id=channel_id, event_type=APPROVAL_DECIDED, payload=payload, metadata=EventMeta(actor=actor),
+        operation_id=deterministic_operation_key("approval", decision, request_id)))
+    return ApprovalDecision(approval=approval_of(require_approval(tx.conn, request_id, channel_id), tx.now),
+                            event=event, replayed=False)
+
+
+# =============================================================================
+# Many runs: bulk fork from failure (every selected run forked after its own last good step)
+# =============================================================================
+# One write job: the selection (indexed by run_state), every fork and the answer, kept under the
+# request's operation id, commit together or not at all; a run whose fork is refused (a name taken
+# by another run, no snapshot at the step) is skipped with the reason, in its own savepoint. The
+# forks are the ones the dashboard's fork form makes, so AgentSession.resume(client, fork) continues
+# each one after the step it kept.
+
+def bulk_fork_candidates(conn: Conn, selection: BulkForkFilter) -> list:
+    """The runs the filter selects (RUN_COLUMNS rows), least recently active first, at most
+    BULK_FORK_MAX + 1: one range of channels_by_state per status."""
+    if selection.channel_ids is not None and not selection.channel_ids:
+        return []
+    pages = []
+    for state in dict.fromkeys(selection.status):
+        where = Where().add("c.run_state = ?", state)
+        where.add_if(selection.since and iso(selection.since), "c.updated_at >= ?")
+        where.add_if(selection.until and iso(selection.until), "c.updated_at <= ?")
+        if selection.channel_prefix:
+            where.add("substr(c.id, 1, ?) = ?", len(selection.channel_prefix), selection.channel_prefix)
+        if selection.channel_ids:
+            ids = list(dict.fromkeys(selection.channel_ids))
+            where.add(f"c.id IN ({', '.join('?' * len(ids))})", *ids)
+        pages.append((f"SELECT {RUN_COLUMNS} FROM channels c{where} ORDER BY c.updated_at, c.id LIMIT ?",
+                      [*where.args, BULK_FORK_MAX + 1]))
+    return union_of_pages(conn, pages, "updated_at, id", BULK_FORK_MAX + 1)
 
 
 @dataclass(frozen=True)
-class RemoteInstance:
-    """A registered remote instance, its key decrypted (None when this data dir's fleet_key cannot)."""
-
-    id: str
-    name: str
-    url: str
-    key: Optional[str]
-    key_prefix: str
-    timeout: Optional[float]
-    added_at: str
+class PlannedFork:
+    source_channel_id: str           # the run that went wrong
+    step: int                        # the fork keeps steps 1..step
+    fork: Fork                       # the fork request (its source is the run that recorded that step)
 
 
-def remote_of(row: Row, cipher: Any) -> RemoteInstance:
-    try:
-        key = cipher.decrypt(row["key_ciphertext"].encode("ascii")).decode("utf-8")
-    except Exception:  # noqa: BLE001 - a fleet_key that is not the one it was encrypted with
-        key = None
-    return RemoteInstance(row["id"], row["name"], row["url"], key, row["key_prefix"], row["timeout_seconds"],
-                          row["added_at"])
+def plan_bulk_fork(conn: Conn, req: BulkFork, may_write: Callable[[str], bool]) -> tuple:
+    """([PlannedFork], [BulkSkipped]): what the request would fork, and which selected runs it leaves and why."""
+    wanted = req.filter.failure_contains.lower() if req.filter.failure_contains else None
+    picked = []
+    for row in bulk_fork_candidates(conn, req.filter):
+        failure = run_failure(conn, row, row["run_state"])
+        if wanted is None or (failure is not None and wanted in failure.message.lower()):
+            picked.append((row, failure))
+    if len(picked) > BULK_FORK_MAX:
+        raise BadRequest(f"more than {BULK_FORK_MAX} runs match: narrow the filter (since, until, channel_prefix, "
+                         "failure_contains or channel_ids)")
+    planned, skipped = [], []
+    for row, failure in picked:
+        run_id = row["id"]
+        last = max(row["last_step"] or 0, (row["forked_at_step"] or 0) if row["parent_id"] else 0)
+        if req.at == "last_good_step":
+            step = failure.last_good_step if failure is not None else last
+            if not step:
+                skipped.append(BulkSkipped(channel_id=run_id, reason="no step completed before it went wrong"))
+                continue
+        elif req.at > last:
+            skipped.append(BulkSkipped(channel_id=run_id, reason=f"it has no step {req.at} (its last is {last})"))
+            continue
+        else:
+            step = req.at
+        name = req.name.replace("{channel_id}", run_id).replace("{step}", str(step))
+        if not CHANNEL_ID.fullmatch(name) or name == run_id:
+            skipped.append(BulkSkipped(channel_id=run_id, reason=f"the name pattern gives {name[:300]!r}, which is "
+                                                                 "not a channel id of its own"))
+            continue
+        if not (may_write(run_id) and may_write(name)):
+            skipped.append(BulkSkipped(channel_id=run_id, reason=f"this credential may not write {run_id} and {name}"))
+            continue
+        try:
+            boundary = resolve_step(conn, run_id, step)
+        except NotFound:
+            skipped.append(BulkSkipped(channel_id=run_id, reason=f"step {step} is not in the step index"))
+            continue
+        experiment = {"session_name": name, "params": experiment_of(row).get("params"),
+                      "forked_from": boundary.channel_id, "forked_from_channel": run_id, "forked_at_step": step,
+                      "forked_at_cursor": boundary.cursor, "status": "created"}
+        if req.intervention is not None:
+            experiment["intervention"] = req.intervention
+        planned.append(PlannedFork(run_id, step, Fork(
+            source_channel_id=boundary.channel_id, new_channel_id=name, at_cursor=boundary.cursor, display_name=name,
+            reason=f"Bulk fork of {run_id} after step {step}", experiment_metadata=experiment,
+            manifest={"source": "bulk_fork"}, tool_policies=req.tool_policies)))
+    return planned, skipped
 
 
-def remote_info(row: Row) -> RemoteInstanceInfo:
-    return RemoteInstanceInfo(instance_id=row["id"], name=row["name"], url=row["url"], key_prefix=row["key_prefix"],
-                              timeout_seconds=row["timeout_seconds"], added_at=row["added_at"])
+def preview_bulk_fork(conn: Conn, req: BulkFork, may_write: Callable[[str], bool] = everyone) -> BulkForkAnswer:
+    """A dry run: what the request would fork, writing nothing (its operation id included). A fork that
+    exists already with the same definition is listed with its receipt: the real run answers it again."""
+    planned, skipped = plan_bulk_fork(conn, req, may_write)
+    forks = []
+    for item in planned:
+        fork = item.fork
+        existing = channel_by_id(conn, fork.new_channel_id)
+        if existing is not None:
+            if (existing["parent_id"] == fork.source_channel_id and existing["requested_cursor"] == fork.at_cursor
+                    and load(existing["tool_policies"]) == fork.tool_policies):
+                forks.append(BulkForked(source_channel_id=item.source_channel_id, channel_id=fork.new_channel_id,
+                                        step=item.step, receipt=receipt_of(existing, replayed=True)))
+            else:
+                skipped.append(BulkSkipped(channel_id=item.source_channel_id,
+                                           reason=f"channel {fork.new_channel_id} already exists with a different "
+                                                  "definition"))
+        elif state_row_at(conn, fork.source_channel_id, fork.at_cursor) is None:
+            skipped.append(BulkSkipped(channel_id=item.source_channel_id,
+                                       reason=f"no state snapshot of {fork.source_channel_id} at step {item.step}"))
+        else:
+            forks.append(BulkForked(source_channel_id=item.source_channel_id, channel_id=fork.new_channel_id,
+                                    step=item.step, receipt=None))
+    return BulkForkAnswer(forks=forks, skipped=skipped, dry_run=True)
 
 
-def add_instance(tx: Tx, instance_id: str, name: str, url: str, ciphertext: str, prefix: str,
-                 timeout: Optional[float]) -> RemoteInstanceInfo:
-    """`instance add`: register a remote instance (again: its URL, key, name and timeout are replaced)."""
-    tx.conn.execute(
-        "INSERT INTO fleet_instances (id, name, url, key_ciphertext, key_prefix, timeout_seconds, added_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET name = excluded.name, url = excluded.url,"
-        " key_ciphertext = excluded.key_ciphertext, key_prefix = excluded.key_prefix,"
-        " timeout_seconds = excluded.timeout_seconds", (instance_id, name, url, ciphertext, prefix, timeout, tx.ts))
-    return remote_info(fleet_instance_by_id(tx.conn, instance_id))
+def bulk_fork(tx: Tx, req: BulkFork, may_write: Callable[[str], bool] = everyone) -> BulkForkAnswer:
+    """POST /forks/bulk (not a dry run): fork every planned run in this one transaction. The same
+    operation id again answers the first answer and forks nothing; without one, a fork named like an
+    earlier one of the same run and step replays that fork."""
+    conn = tx.conn
+    hashed = request_hash({k: v for k, v in msgspec.to_builtins(req).items() if k != "operation_id"})
+    if req.operation_id is not None:
+        stored = bulk_fork_by_operation(conn, req.operation_id)
+        if stored is not None:
+            require_same_request(stored["request_hash"], hashed, req.operation_id, "bulk fork")
+            return msgspec.json.decode(stored["answer"], type=BulkForkAnswer)
+    planned, skipped = plan_bulk_fork(conn, req, may_write)
+    forks = []
+    for item in planned:
+        conn.execute("SAVEPOINT bulk_fork")
+        appended = len(tx.events)
+        try:
+            receipt = fork_channel(tx, item.fork)
+        except ActaeError as exc:
+            if not conn.in_transaction:
+                raise
+            conn.execute("ROLLBACK TO bulk_fork")
+            del tx.events[appended:]
+            skipped.append(BulkSkipped(channel_id=item.source_channel_id, reason=exc.message))
+        else:
+            forks.append(BulkForked(source_channel_id=item.source_channel_id, channel_id=item.fork.new_channel_id,
+                                    step=item.step, receipt=receipt))
+        conn.execute("RELEASE bulk_fork")
+    answer = BulkForkAnswer(forks=forks, skipped=skipped, dry_run=False)
+    if req.operation_id is not None:
+        conn.execute("INSERT INTO bulk_forks (operation_id, request_hash, answer, created_at) VALUES (?, ?, ?, ?)",
+                     (req.operation_id, hashed, dump(answer), tx.ts))
+    return answer
 
 
-def remove_instance(tx: Tx, instance_id: str) -> RemoteInstanceInfo:
-    row = present(fleet_instance_by_id(tx.conn, instance_id), lambda: NotFound(f"no instance {instance_id}"))
-    tx.conn.execute("DELETE FROM fleet_instances WHERE id = ?", (instance_id,))
-    return remote_info(row)
+# =============================================================================
+# Many runs: retention (prune whole runs, never one that a kept run or live work still needs)
+# =============================================================================
+# A run is deleted whole (events, states, ledger rows, approvals, wake-ups; the step index is its
+# events) when it was last active before the cutoff, has the status asked for, and nothing needs it:
+# no pending approval, live claim, pending wake-up or group uses it, and every fork of it goes too
+# (a fork's history lives in its parents). The plan is read first; the deletions follow in batches
+# of PRUNE_BATCH runs, children before parents, each batch one write transaction that checks every
+# rule again, so a run that became active or needed meanwhile stays. Then the space goes back: on
+# SQLite by incremental vacuum on the writer connection between batches of writes (or one VACUUM
+# that switches an older file to incremental vacuum); PostgreSQL's operator runs VACUUM (FULL).
+
+PRUNE_GUARDS = (        # (why a run is kept, its table, the condition); `?` is the prune's now
+    ("a pending approval", "approvals", "status = 'pending' AND (timeout_at IS NULL OR timeout_at > ?)"),
+    ("a live claim", "executions", "status = 'running' AND lease_until > ?"),
+    ("a pending wake-up", "wakeups", "status = 'pending'"),
+    ("a consumer group reading it", "consumer_groups", ""),
+    ("an execution group member on it", "execution_group_members", ""),
+)
 
 
-def list_instances(conn: Conn) -> list[RemoteInstanceInfo]:
-    return [remote_info(row) for row in fleet_instance_rows(conn)]
+def guard_sql(table: str, condition: str, one_channel: bool) -> str:
+    where = " AND ".join(c for c in (condition, "channel_id = ?" if one_channel else "") if c)
+    return f"SELECT DISTINCT channel_id FROM {table}{' WHERE ' + where if where else ''}"
 
 
-# --- organisation tokens --------------------------------------------------------------------------
+def prune_cutoffs(req: Prune, now: datetime) -> tuple:
+    """(the cutoff, the failed runs' cutoff or None) as stored timestamps."""
+    cutoff = iso(now - timedelta(days=req.older_than_days))
+    failed = iso(now - timedelta(days=req.keep_failed_days)) if req.keep_failed_days is not None else None
+    return cutoff, failed
 
 
-def org_token_info(row: Row) -> OrgTokenInfo:
-    return OrgTokenInfo(id=row["id"], name=row["name"], prefix=row["prefix"],
-                        scopes=permissions_of(scopes_of(row["scopes"])), created_at=row["created_at"],
-                        expires_at=row["expires_at"], revoked_at=row["revoked_at"])
+def prune_eligible(row: Row, req: Prune, cutoffs: tuple) -> bool:
+    """Old enough, and of the status asked for (failed: crashed too)."""
+    failed = row["run_state"] in FAILURE_STATES
+    if (req.status == "completed" and row["run_state"] != "completed") or (req.status == "failed" and not failed):
+        return False
+    cutoff, failed_cutoff = cutoffs
+    return row["updated_at"] < (failed_cutoff if failed and failed_cutoff is not None else cutoff)
 
 
-def create_org_token(tx: Tx, name: str, scopes: dict, expires_in_days: Optional[float]) -> tuple:
-    """`org-token create`: store only the token's hash; returns (its listing, the token)."""
-    token = ORG_TOKEN_PREFIX + secrets.token_urlsafe(32)
-    expires_at = iso(tx.now + timedelta(days=expires_in_days)) if expires_in_days else None
-    token_id = tx.conn.execute(
-        "INSERT INTO org_tokens (name, token_hash, prefix, scopes, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)"
-        " RETURNING id", (name, key_hash(token), token[:7], dump(scopes_of(scopes)), tx.ts, expires_at)).fetchone()[0]
-    return org_token_info(org_token_by_id(tx.conn, token_id)), token
+def run_guard(conn: Conn, channel_id: str, now: str) -> Optional[str]:
+    """Why a run must stay whatever its age (one of PRUNE_GUARDS, or forks of it), else None."""
+    for reason, table, condition in PRUNE_GUARDS:
+        args = (now, channel_id) if "?" in condition else (channel_id,)
+        if conn.execute(guard_sql(table, condition, True), args).fetchone() is not None:
+            return f"it has {reason}"
+    if conn.execute("SELECT 1 FROM channels WHERE parent_id = ? LIMIT 1", (channel_id,)).fetchone() is not None:
+        return "it has forks that are kept"
+    return None
 
 
-def revoke_org_token(tx: Tx, token_id: int) -> OrgTokenInfo:
-    """End an organisation token now (and the fleet tokens and tickets made from it); twice is fine."""
-    present(org_token_by_id(tx.conn, token_id), lambda: NotFound(f"organisation token {token_id} not found"))
-    tx.conn.execute("UPDATE org_tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (tx.ts, token_id))
-    return org_token_info(org_token_by_id(tx.conn, token_id))
+@dataclass
+class PrunePlan:
+    deletable: list                  # channel ids, every fork before its parent
+    kept: list                       # [KeptRun] of the old runs that stay
 
 
-def list_org_tokens(conn: Conn) -> list[OrgTokenInfo]:
-    return [org_token_info(row) for row in active_org_token_rows(conn)]
+def plan_prune(conn: Conn, req: Prune, now: datetime) -> PrunePlan:
+    """Which runs the rules let a prune delete, read at one moment (a read transaction)."""
+    cutoffs, ts = prune_cutoffs(req, now), iso(now)
+    latest = max(c for c in cutoffs if c is not None)
+    with read_snapshot(conn):
+        rows = conn.execute("SELECT id, parent_id, run_state, updated_at FROM channels WHERE updated_at < ?"
+                            " ORDER BY updated_at, id", (latest,)).fetchall()
+        eligible = {r["id"]: r for r in rows if prune_eligible(r, req, cutoffs)}
+        guarded: dict = {}
+        for reason, table, condition in PRUNE_GUARDS:
+            for (channel_id,) in conn.execute(guard_sql(table, condition, False), (ts,) if "?" in condition else ()):
+                guarded.setdefault(channel_id, f"it has {reason}")
+        children: dict = {}
+        ids = list(eligible)
+        for start in range(0, len(ids), ID_BATCH):
+            batch = ids[start:start + ID_BATCH]
+            for child, parent in conn.execute(f"SELECT id, parent_id FROM channels WHERE parent_id IN"
+                                              f" ({', '.join('?' * len(batch))})", batch):
+                children.setdefault(parent, []).append(child)
+    verdict: dict = {}
+
+    def decide(run_id: str) -> Optional[str]:
+        """None when the run may go; else why it stays (a fork that stays keeps its whole lineage)."""
+        if run_id not in verdict:
+            reason = guarded.get(run_id) if run_id in eligible else "it is newer than the cutoff, or of another status"
+            for child in children.get(run_id, ()) if reason is None else ():
+                if decide(child) is not None:
+                    reason = f"it is an ancestor of {child}, which is kept"
+                    break
+            verdict[run_id] = reason
+        return verdict[run_id]
+
+    depth: dict = {}
+
+    def depth_of(run_id: str) -> int:
+        if run_id not in depth:
+            parent = eligible[run_id]["parent_id"]
+            depth[run_id] = depth_of(parent) + 1 if parent in eligible else 0
+        return depth[run_id]
+
+    deletable = [run_id for run_id in eligible if decide(run_id) is None]
+    deletable.sort(key=depth_of, reverse=True)              # forks (deeper) before their parents
+    kept = [KeptRun(channel_id=run_id, reason=verdict[run_id]) for run_id in eligible if verdict[run_id] is not None]
+    return PrunePlan(deletable, kept)
 
 
-def fleet_directory_rows(conn: Conn) -> tuple:
-    return fleet_instance_rows(conn), active_org_token_rows(conn)
+def run_rows(conn: Conn, channel_id: str) -> tuple:
+    """(states, executions, approvals, wake-ups) a run holds."""
+    return tuple(conn.execute(
+        "SELECT (SELECT COUNT(*) FROM states WHERE channel_id = ?), (SELECT COUNT(*) FROM executions WHERE channel_id = ?),"
+        " (SELECT COUNT(*) FROM approvals WHERE channel_id = ?), (SELECT COUNT(*) FROM wakeups WHERE channel_id = ?)",
+        (channel_id,) * 4).fetchone())
 
 
-# --- fleet tokens (signed, short-lived) and stream tickets (stored, one use) --------------------------
-
-FLEET_TOKEN_HEADER = b64url(b'{"alg":"HS256","typ":"actae-fleet"}')
-
-
-def fleet_signing_key(secret: bytes) -> bytes:
-    """Fleet tokens are signed with a key derived from the token secret: never valid as login tokens."""
-    return hmac.new(secret, b"actae fleet tokens", hashlib.sha256).digest()
+def add_rows(total: dict, events: int, held: tuple) -> None:
+    total["runs"] += 1
+    total["events"] += events
+    for name, count in zip(("states", "executions", "approvals", "wakeups"), held):
+        total[name] += count
 
 
-def sign_fleet_token(secret: bytes, claims: dict) -> str:
-    body = b64url(json.dumps(claims, separators=(",", ":"), sort_keys=True).encode("utf-8"))
-    signature = hmac.new(fleet_signing_key(secret), f"{FLEET_TOKEN_HEADER}.{body}".encode("ascii"),
-                         hashlib.sha256).digest()
-    return f"{FLEET_TOKEN_HEADER}.{body}.{b64url(signature)}"
+def prune_runs(tx: Tx, ids: list, req: Prune, now: str) -> tuple:
+    """Delete these runs (forks first), each only if every rule still lets it go at `now` (the plan's
+    instant); returns (deleted ids, kept [KeptRun], row counts)."""
+    conn, cutoffs = tx.conn, prune_cutoffs(req, parse_iso(now))
+    deleted, kept, total = [], [], dict.fromkeys(PrunedRows.__struct_fields__, 0)
+    for run_id in ids:
+        row = channel_by_id(conn, run_id)
+        if row is None:
+            continue                     # deleted meanwhile
+        reason = None if prune_eligible(row, req, cutoffs) else "it was active again after the plan"
+        reason = reason or run_guard(conn, run_id, now)
+        if reason is not None:
+            kept.append(KeptRun(channel_id=run_id, reason=reason))
+            continue
+        add_rows(total, row["last_cursor"], run_rows(conn, run_id))
+        delete_channel(tx, run_id, False)
+        conn.execute("DELETE FROM wakeups WHERE channel_id = ?", (run_id,))
+        deleted.append(run_id)
+    return deleted, kept, total
 
 
-def fleet_token_claims(secret: bytes, token: str, now: float) -> Optional[dict]:
-    """The claims of a fleet token we signed that has not expired, else None."""
-    try:
-        header, body, signature = token.split(".")
-        if header != FLEET_TOKEN_HEADER:
+def planned_rows(conn: Conn, ids: list) -> dict:
+    """What deleting these runs would delete (a dry run's counts)."""
+    total = dict.fromkeys(PrunedRows.__struct_fields__, 0)
+    for run_id in ids:
+        row = channel_by_id(conn, run_id)
+        if row is not None:
+            add_rows(total, row["last_cursor"], run_rows(conn, run_id))
+    return total
+
+
+def database_bytes(conn: Conn) -> int:
+    """The database's size: SQLite's pages in use by the file, PostgreSQL's pg_database_size."""
+    if conn.dialect is SQLITE:
+        return sqlite_pragma(conn, "page_count") * sqlite_pragma(conn, "page_size")
+    return conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+
+
+POSTGRES_SPACE = ("PostgreSQL keeps the freed pages for new rows (autovacuum marks them free); to give the disk back "
+                  "run VACUUM (FULL, ANALYZE) channels, events, states, executions, approvals, wakeups (it locks each "
+                  "table while it rewrites it), or pg_repack, which does not")
+INCREMENTAL_VACUUM_PAGES = 2000           # pages freed per step: a few milliseconds of the writer's time
+
+
+def sqlite_pragma(conn: Conn, name: str) -> Any:
+    """A SQLite PRAGMA's value (`name` is one of ours, never input); the whole result is read, so a
+    pragma that works row by row (incremental_vacuum, wal_checkpoint) runs to its end."""
+    rows = conn.execute(f"PRAGMA {name}").fetchall()
+    return rows[0][0] if rows else None
+
+
+def reclaim_step(conn: Conn) -> Optional[str]:
+    """One step of giving freed SQLite pages back (outside any transaction, on the writer connection):
+    None while there is more to do, else what was done. A file made before incremental vacuum (or
+    one where it makes no progress) is rewritten once by VACUUM, which switches it over."""
+    free = sqlite_pragma(conn, "freelist_count")
+    incremental = sqlite_pragma(conn, "auto_vacuum") == 2            # 2: INCREMENTAL
+    if incremental and free:
+        sqlite_pragma(conn, f"incremental_vacuum({INCREMENTAL_VACUUM_PAGES})")
+        left = sqlite_pragma(conn, "freelist_count")
+        if 0 < left < free:
             return None
-        expected = hmac.new(fleet_signing_key(secret), f"{header}.{body}".encode("ascii"), hashlib.sha256).digest()
-        if not same_secret(signature, b64url(expected)):
-            return None
-        claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-    except (ValueError, UnicodeError, TypeError):
-        return None
-    if not isinstance(claims, dict) or not is_number(claims.get("exp")) or claims["exp"] <= now:
-        return None
-    if not (is_int(claims.get("otk")) and isinstance(claims.get("org"), str) and isinstance(claims.get("scp"), list)):
-        return None
-    return claims
+        free = left
+    if free:
+        sqlite_pragma(conn, "auto_vacuum = INCREMENTAL")
+        conn.execute("VACUUM")
+    sqlite_pragma(conn, "wal_checkpoint(TRUNCATE)")
+    if free:
+        return "VACUUM rewrote the database (from now on it vacuums incrementally); WAL checkpointed"
+    return "incremental vacuum returned the freed pages to the file system; WAL checkpointed"
 
 
-def looks_like_fleet_token(credential: str) -> bool:
-    return credential.startswith(FLEET_TOKEN_HEADER + ".")
+def prune_answer(req: Prune, deleted: list, kept: list, rows: dict, before: int, after: int, space: str) -> PruneAnswer:
+    return PruneAnswer(dry_run=req.dry_run, deleted=deleted[:PRUNE_LISTED_MAX], kept=kept[:PRUNE_LISTED_MAX],
+                       rows=PrunedRows(**rows), bytes_before=before, bytes_after=after,
+                       bytes_freed=max(0, before - after), space=space)
 
 
-def mint_ticket(tx: Tx, ticket_hash: str, org_token_id: int, scopes: list, instance_id: str,
-                channel_id: Optional[str], resume_cursor: Optional[int], ttl: float) -> str:
-    """Store a stream ticket's hash with what it opens; returns when it expires."""
-    tx.conn.execute("DELETE FROM fleet_tickets WHERE expires_at <= ? OR used_at IS NOT NULL", (tx.ts,))
-    expires_at = iso(tx.now + timedelta(seconds=ttl))
-    tx.conn.execute(
-        "INSERT INTO fleet_tickets (ticket_hash, org_token_id, scopes, instance_id, channel_id, resume_cursor,"
-        " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-        (ticket_hash, org_token_id, dump(scopes), instance_id, channel_id, resume_cursor, tx.ts, expires_at))
-    return expires_at
+async def prune_database(db: Database, req: Prune, now: datetime) -> PruneAnswer:
+    """The server's prune: plan, batches through the writer (other writes go on between them), then the space."""
+    plan = await db.read(plan_prune, req, now)
+    before = await db.read(database_bytes)
+    if req.dry_run:
+        rows = await db.read(planned_rows, plan.deletable)
+        return prune_answer(req, plan.deletable, plan.kept, rows, before, before, "a dry run: nothing was deleted")
+    deleted, kept, rows = [], list(plan.kept), dict.fromkeys(PrunedRows.__struct_fields__, 0)
+    for start in range(0, len(plan.deletable), PRUNE_BATCH):
+        gone, stayed, counted = await db.write(prune_runs, plan.deletable[start:start + PRUNE_BATCH], req, iso(now))
+        deleted += gone
+        kept += stayed
+        rows = {k: rows[k] + counted[k] for k in rows}
+    if db.location.backend != "sqlite":
+        space = POSTGRES_SPACE
+    elif not deleted:
+        space = "nothing was deleted"
+    else:
+        space = None
+        while space is None:             # each step is one call on the writer's thread, between write batches
+            space = await db.on_writer(reclaim_step)
+    return prune_answer(req, deleted, kept, rows, before, await db.read(database_bytes), space)
 
 
-def use_ticket(tx: Tx, ticket_hash: str) -> Optional[dict]:
-    """The ticket's row, now marked used; None when it is unknown, used or expired (one use only)."""
-    row = tx.conn.execute("UPDATE fleet_tickets SET used_at = ? WHERE ticket_hash = ? AND used_at IS NULL"
-                          " AND expires_at > ? RETURNING *", (tx.ts, ticket_hash, tx.ts)).fetchone()
-    return dict(row) if row is not None else None
+class Retention:
+    """Prunes one at a time; with --retain-days, at start and then every `interval` seconds. `clock`
+    is the prune's idea of now (tests move it on instead of waiting days)."""
+
+    def __init__(self, db: Database, retain_days: Optional[float], *, clock: Callable[[], datetime] = utc_now,
+                 interval: float = RETENTION_INTERVAL_SECONDS):
+        self.db, self.retain_days, self.clock, self.interval = db, retain_days, clock, interval
+        self.lock = asyncio.Lock()
+        self.last: Optional[PruneAnswer] = None
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        if self.retain_days is not None:
+            self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def prune(self, req: Prune) -> PruneAnswer:
+        async with self.lock:
+            return await prune_database(self.db, req, self.clock())
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self.last = await self.prune(Prune(older_than_days=self.retain_days))
+                rows = self.last.rows
+                log.info("retention: deleted %d runs idle over %g days (%d events), %d bytes freed",
+                         rows.runs, self.retain_days, rows.events, self.last.bytes_freed)
+            except (ShuttingDown, asyncio.CancelledError):
+                raise
+            except Exception:  # noqa: BLE001 - a failed prune is tried again at the next interval
+                log.exception("the daily prune failed")
+            await asyncio.sleep(self.interval)
 
 
-# --- the organisation in memory ---------------------------------------------------------------------
+# =============================================================================
+# Many runs: handlers, routes, pages and commands
+# =============================================================================
+
+# --- many runs: the bulk fork, the approvals inbox, retention ------------------------------------
 
 
-class FleetDirectory:
-    """The remote instances (keys decrypted) and live organisation tokens, in memory.
-
-    `instance add|remove` and `org-token create|revoke` may run in another process: the directory is
-    read again when more than FLEET_REFRESH_SECONDS old (an unknown token: when more than
-    KEY_MISS_RELOAD_SECONDS old), each read shared by every request waiting on it, as KeyRing does.
-    """
-
-    def __init__(self, db: Database, data_dir: Path):
-        self.db, self.data_dir = db, Path(data_dir)
-        self.cipher: Any = None
-        self.instances: dict = {}          # id -> RemoteInstance
-        self.tokens_by_hash: dict = {}     # token hash -> row (dict)
-        self.tokens_by_id: dict = {}
-        self.loaded_at = -math.inf
-        self.loading: Optional[asyncio.Future] = None
-
-    async def reload(self) -> None:
-        instances, tokens = await self.db.read(fleet_directory_rows)
-        if instances and self.cipher is None:
-            self.cipher = await asyncio.to_thread(fleet_cipher, self.data_dir)
-        self.instances = {row["id"]: remote_of(row, self.cipher) for row in instances}
-        rows = [dict(row) for row in tokens]
-        self.tokens_by_hash = {row["token_hash"]: row for row in rows}
-        self.tokens_by_id = {row["id"]: row for row in rows}
-        self.loaded_at = time.monotonic()
-
-    async def fresh(self, max_age: float = FLEET_REFRESH_SECONDS) -> "FleetDirectory":
-        if time.monotonic() - self.loaded_at > max_age:
-            if self.loading is None or self.loading.done():
-                self.loading = asyncio.ensure_future(self.reload())
-            await asyncio.shield(self.loading)
-        return self
+async def api_forks_bulk(request: Request, body: BulkFork) -> BulkForkAnswer:
+    """Fork every selected run after its own last good step (dry_run: only say what would be forked)."""
+    principal = request.state.principal
+    may_write = everyone if principal.can_everywhere("write") else functools.partial(principal.can, "write")
+    if body.dry_run:
+        return await db_of(request).read(preview_bulk_fork, body, may_write)
+    return await db_of(request).write(bulk_fork, body, may_write)
 
 
-def live_org_token(row: Optional[dict]) -> Optional[dict]:
-    if row is None or (row["expires_at"] is not None and row["expires_at"] <= iso(utc_now())):
-        return None
-    return row
+async def api_approvals_list(request: Request, query: ApprovalsQuery) -> Approvals:
+    """The approval requests across runs, oldest first: pending, decided or expired."""
+    return Approvals(approvals=await db_of(request).read(list_approvals, query.status, query.channel_id, query.limit,
+                                                         utc_now()))
 
 
-async def check_org_token(app, token: str) -> dict:
-    """The organisation token's row; Unauthorized when it is unknown, expired or revoked."""
-    directory = await app.state.fleet.directory.fresh()
-    hashed = key_hash(token)
-    row = directory.tokens_by_hash.get(hashed)
-    if row is None:
-        row = (await directory.fresh(KEY_MISS_RELOAD_SECONDS)).tokens_by_hash.get(hashed)
-    if live_org_token(row) is None:
-        raise Unauthorized("invalid, expired or revoked organisation token")
-    return row
+async def decide_for(request: Request, request_id: str, body: DecideApproval) -> ApprovalDecision:
+    """Decide as the caller: write on the approval's run is checked on the run the id names (one id may
+    be used on several runs, so the route table cannot look it up)."""
+    row = await db_of(request).read(require_approval, request_id, body.channel_id)
+    principal = request.state.principal
+    principal.require("write", row["channel_id"])
+    return await db_of(request).write(decide_approval, request_id, row["channel_id"], body.decision, body.reason,
+                                      principal.actor)
 
 
-async def org_token_principal(app, token_id: int, organization_id: str, fleet_scopes: Any) -> FleetPrincipal:
-    """The principal of a fleet token (or ticket) made from organisation token `token_id`, while that lives."""
-    row = live_org_token((await app.state.fleet.directory.fresh()).tokens_by_id.get(token_id))
-    if row is None:
-        raise Unauthorized("the organisation token behind this fleet token was revoked or expired")
-    if organization_id != app.state.settings.organization:
-        raise Forbidden(f"this token is for organisation {organization_id!r}; this gateway serves "
-                        f"{app.state.settings.organization!r}")
-    return fleet_principal(row, organization_id, fleet_scopes)
+async def api_approvals_decide(request: Request, path, body: DecideApproval) -> ApprovalDecision:
+    """Approve or reject a pending request: the approval.decided event the SDK's decide_approval records."""
+    return await decide_for(request, path.request_id, body)
 
 
-async def check_fleet_token(app, token: str) -> FleetPrincipal:
-    claims = fleet_token_claims(app.state.token_secret, token, time.time())
-    if claims is None:
-        raise Unauthorized("invalid or expired fleet token: exchange the organisation token again"
-                           " (POST /api/v1/fleet/token)")
-    return await org_token_principal(app, claims["otk"], claims["org"], claims["scp"])
+async def api_admin_prune(request: Request, body: Prune) -> PruneAnswer:
+    """Delete whole runs idle longer than older_than_days (never one a kept run or live work needs)."""
+    return await request.app.services.region(Retention).prune(body)
 
 
-async def fleet_authenticate(request: Request, route: Any) -> FleetPrincipal:
-    """The gateway's credentials: a fleet token (auth "fleet"), or for the exchange an organisation token."""
-    token = bearer_token(request)
-    if token is None:
-        kind = "organisation token" if route.auth == "org" else "fleet token (POST /api/v1/fleet/token)"
-        raise Unauthorized(f"send the {kind} as `authorization: Bearer <token>`")
-    app = request.app
-    if route.auth == "org":
-        row = request.state.org_token = await check_org_token(app, token)
-        return fleet_principal(row, app.state.settings.organization, granted_scopes(org_grant(row["scopes"]), None))
-    return await check_fleet_token(app, token)
+# --- many runs: the bulk fork form, the approvals inbox, the storage page --------------------------
 
 
-class FleetState:
-    """The gateway's per-server state: the directory, remote login tokens, the HTTP threads."""
+def matching_run_ids(conn: Conn, q: str, status: str) -> list:
+    """The ids of every run the runs list's search and status filter match (at most BULK_FORK_MAX + 1),
+    most recently active first: what "fork all that match this filter" forks."""
+    pages = []
+    for state in listed_states(status):
+        where = Where()
+        if q:
+            like = conn.dialect.like
+            where.add(f"(c.id {like} ? OR c.display_name {like} ?)", f"%{q}%", f"%{q}%")
+        where.add_if(state, "c.run_state = ?")
+        pages.append((f"SELECT c.id, c.updated_at FROM channels c{where} ORDER BY c.updated_at DESC, c.id DESC LIMIT ?",
+                      [*where.args, BULK_FORK_MAX + 1]))
+    return [r["id"] for r in union_of_pages(conn, pages, "updated_at DESC, id DESC", BULK_FORK_MAX + 1)]
 
-    def __init__(self, db: Database, data_dir: Path):
-        self.directory = FleetDirectory(db, data_dir)
-        self.remote_tokens: dict = {}      # instance id -> (login token, monotonic expiry) for Bearer-only routes
-        # Remote instances are called with urllib (no HTTP client dependency) on these threads, each
-        # call bounded by its instance's timeout.
-        self.http = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="actae-fleet")
+
+def stored_size_sql(dialect: Dialect, column: str) -> str:
+    """SQL for the bytes a text or blob column holds."""
+    return f"length(CAST({column} AS BLOB))" if dialect is SQLITE else f"octet_length({column})"
+
+
+STORAGE_LISTED = 20
+
+
+def storage_page(conn: Conn) -> dict:
+    """The database's size, and the runs that hold the most and that were idle the longest."""
+    sqlite = conn.dialect is SQLITE
+    free = sqlite_pragma(conn, "freelist_count") * sqlite_pragma(conn, "page_size") if sqlite else None
+    counted = conn.execute("SELECT COUNT(*), COALESCE(SUM(last_cursor), 0) FROM channels").fetchone()
+    pending = conn.execute("SELECT COUNT(*) FROM approvals WHERE status = 'pending'").fetchone()[0]
+
+    def listed(sql: str) -> list:
+        runs = []
+        for row in conn.execute(sql, (STORAGE_LISTED,)).fetchall():
+            held = conn.execute(
+                f"SELECT (SELECT COALESCE(SUM({stored_size_sql(conn.dialect, 'payload')}), 0) FROM events"
+                f" WHERE channel_id = ?), (SELECT COALESCE(SUM({stored_size_sql(conn.dialect, 'state')}), 0)"
+                " FROM states WHERE channel_id = ?), (SELECT COUNT(*) FROM states WHERE channel_id = ?)",
+                (row["id"],) * 3).fetchone()
+            runs.append({"channel_id": row["id"], "events": row["last_cursor"], "states": held[2],
+                         "bytes": int(held[0]) + int(held[1]), "last_activity": row["updated_at"]})
+        return runs
+    return {"backend": "sqlite" if sqlite else "postgresql", "bytes": database_bytes(conn), "free_bytes": free,
+            "runs": counted[0], "events": int(counted[1]), "pending_approvals": pending,
+            "largest": listed("SELECT id, last_cursor, updated_at FROM channels"
+                              " ORDER BY last_cursor + state_version DESC, id LIMIT ?"),
+            "oldest": listed("SELECT id, last_cursor, updated_at FROM channels ORDER BY updated_at, id LIMIT ?"),
+            "space": "" if sqlite else POSTGRES_SPACE}
+
+
+def may_write_of(principal: Principal) -> Callable[[str], bool]:
+    return everyone if principal.can_everywhere("write") else functools.partial(principal.can, "write")
+
+
+def bulk_fork_of_form(fields: dict, runs: list, dry_run: bool, operation_id: Optional[str] = None) -> BulkFork:
+    """The bulk fork form as the request POST /api/v1/forks/bulk takes: exactly these runs, whatever their status."""
+    return record_from(BulkFork, {
+        "filter": {"status": list(RUN_STATES), "channel_ids": runs},
+        "intervention": form_json_object(fields, "intervention", "Intervention"),
+        "tool_policies": form_tool_policies(fields), "name": fields.get("name") or "{channel_id}-retry",
+        "operation_id": operation_id, "dry_run": dry_run}, "bulk fork form")
+
+
+def picked_runs(values: list) -> list:
+    runs = list(dict.fromkeys(v for value in values for v in value.split() if v))
+    if len(runs) > BULK_FORK_MAX:
+        raise BadRequest(f"at most {BULK_FORK_MAX} runs at once: filter the runs list further")
+    return [valid_channel(run, "run") for run in runs]
+
+
+async def page_bulk_fork_form(request: Request) -> Response:
+    """GET /forks/bulk: what a bulk fork of the ticked runs (or of every run the list's filter matches)
+    would make, and the form that makes it; `?done=<operation id>`: what one made."""
+    query = page_query(request, BulkForkPageQuery)
+    db = db_of(request)
+    fields = {"intervention": query.intervention, "tool_policies": query.tool_policies, "name": query.name}
+    context = {"title": "Bulk fork", "form": fields, "error": None, "done": bool(query.done), "runs": [],
+               "operation_id": str(uuid.uuid4()), "answer": BulkForkAnswer(forks=[], skipped=[], dry_run=True)}
+    if query.done:
+        stored = await db.read(bulk_fork_by_operation, query.done)
+        if stored is None:
+            raise NotFound(f"no bulk fork with operation id {query.done}")
+        context["answer"] = msgspec.json.decode(stored["answer"], type=BulkForkAnswer)
+        return render(request, "bulk_fork.html", context)
+    if query.all:
+        if query.status and query.status not in RUN_STATES:
+            raise BadRequest(f"status must be one of {', '.join(RUN_STATES)}")
+        runs = await db.read(matching_run_ids, query.q.strip(), query.status)
+    else:
+        runs = request.query_params.getlist("run")
+    try:
+        context["runs"] = picked_runs(runs)
+        req = bulk_fork_of_form(fields, context["runs"], True)
+        context["answer"] = await db.read(preview_bulk_fork, req, may_write_of(request.state.principal))
+    except BadRequest as exc:
+        context["error"] = exc.message
+        return render(request, "bulk_fork.html", context, status=400)
+    return render(request, "bulk_fork.html", context)
+
+
+async def page_bulk_fork(request: Request) -> Response:
+    """POST /forks/bulk: make the forks the form previewed (its operation id makes a second post a replay)."""
+    form = await read_form(request)
+    try:
+        req = bulk_fork_of_form(form, picked_runs([form.get("runs", "")]), False, form.get("operation_id") or None)
+    except BadRequest as exc:
+        return render(request, "bulk_fork.html", {
+            "title": "Bulk fork", "form": {k: form.get(k, "") for k in ("intervention", "tool_policies", "name")},
+            "error": exc.message, "done": False, "runs": [], "operation_id": str(uuid.uuid4()),
+            "answer": BulkForkAnswer(forks=[], skipped=[], dry_run=True)}, status=400)
+    if req.operation_id is None:
+        raise BadRequest("the form has no operation id: open the bulk fork page again")
+    await db_of(request).write(bulk_fork, req, may_write_of(request.state.principal))
+    return RedirectResponse(f"/forks/bulk?{urlencode({'done': req.operation_id})}", status_code=303)
+
+
+async def page_approvals(request: Request) -> Response:
+    query = page_query(request, ApprovalsPageQuery)
+    if query.status not in (*APPROVAL_STATUSES, "all"):
+        raise BadRequest(f"status must be one of {', '.join(APPROVAL_STATUSES)} or all")
+    approvals = await db_of(request).read(list_approvals, None if query.status == "all" else query.status, None,
+                                          APPROVALS_LIMIT_MAX, utc_now())
+    flash = flash_store(request.app).get(query.error)
+    return render(request, "approvals.html", {
+        "title": "Approvals", "approvals": approvals, "status": query.status, "statuses": [*APPROVAL_STATUSES, "all"],
+        "error": flash["error"] if flash else None, "decided": request.query_params.get("decided", "")[:256]})
+
+
+async def page_approval_decide(request: Request) -> Response:
+    """POST /approvals/{request_id}/decide: the signed-in key or account decides; back to the inbox."""
+    form = await read_form(request)
+    request_id = decode_params(request.path_params, path_record("/{request_id}"), "path").request_id
+    try:
+        body = record_from(DecideApproval, {"decision": form.get("decision", ""), "reason": form.get("reason") or None,
+                                            "channel_id": form.get("channel_id") or None}, "decision")
+        await decide_for(request, request_id, body)
+    except (BadRequest, Conflict) as exc:
+        flash_id = flash_store(request.app).put({"error": exc.message})
+        return RedirectResponse(f"/approvals?{urlencode({'error': flash_id})}", status_code=303)
+    return RedirectResponse(f"/approvals?{urlencode({'decided': request_id})}", status_code=303)
+
+
+async def page_storage(request: Request) -> Response:
+    if not request.state.principal.is_admin:
+        raise Forbidden("only an admin may see the storage page")
+    storage = await db_of(request).read(storage_page)
+    storage["retain_days"] = request.app.services.region(Retention).retain_days
+    return render(request, "storage.html", {"title": "Storage", "storage": storage})
+
+
+def add_many_runs_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
+    """`actae fork-failed` and `actae prune`: the bulk fork and retention, beside a running server too."""
+    fork = commands.add_parser("fork-failed", parents=[common],
+                               help="fork every run that went wrong after its own last good step")
+    fork.set_defaults(run=fork_failed_command)
+    fork.add_argument("--status", action="append", choices=RUN_STATES, metavar="STATUS",
+                      help=f"runs of this status (repeatable; default: {' and '.join(FAILURE_STATES)})")
+    fork.add_argument("--since", metavar="ISO", help="last active at or after this RFC 3339 time")
+    fork.add_argument("--until", metavar="ISO", help="last active at or before this RFC 3339 time")
+    fork.add_argument("--prefix", metavar="P", help="runs whose id starts with P")
+    fork.add_argument("--contains", metavar="TEXT", help="runs whose failure message contains TEXT (any case)")
+    fork.add_argument("--at", type=int, metavar="K", help="fork after step K instead of each run's last good step")
+    fork.add_argument("--intervention", metavar="JSON", help="the forks' intervention, a JSON object")
+    fork.add_argument("--policy", action="append", default=[], metavar="TOOL=POLICY",
+                      help=f"a tool policy of the forks ({'|'.join(TOOL_POLICIES)}; TOOL may be *; repeatable)")
+    fork.add_argument("--name", default="{channel_id}-retry", metavar="PATTERN",
+                      help="the forks' ids: {channel_id} is the run's id, {step} the step (default: %(default)s)")
+    fork.add_argument("--operation-id", metavar="ID", help="an idempotency key: the same one again forks nothing new")
+    fork.add_argument("--dry-run", action="store_true", help="list what would be forked; record nothing")
+    fork.add_argument("--json", action="store_true", help="print the answer as JSON")
+    prune = commands.add_parser("prune", parents=[common],
+                                help="delete whole runs idle longer than --older-than days (and return the space)")
+    prune.set_defaults(run=prune_command)
+    prune.add_argument("--older-than", type=float, required=True, metavar="DAYS",
+                       help="runs last active more than DAYS ago (0: every run last active before now)")
+    prune.add_argument("--status", choices=PRUNE_STATUSES, default="any", help="only runs of this status (default: any)")
+    prune.add_argument("--keep-failed-days", type=float, metavar="DAYS",
+                       help="keep failed and crashed runs until they are DAYS old instead")
+    prune.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
+    prune.add_argument("--json", action="store_true", help="print the answer as JSON")
+
+
+def retain_days_of(args: argparse.Namespace) -> Optional[float]:
+    days = getattr(args, "retain_days", None)
+    if days is not None and not (0 <= days <= 36500):
+        raise SystemExit("actae: --retain-days takes a number of days from 0 to 36500")
+    return days
+
+
+def bulk_fork_of_args(args: argparse.Namespace) -> BulkFork:
+    """The command line's flags as the request POST /forks/bulk takes; exits with a message when one is bad."""
+    policies = {}
+    for item in args.policy:
+        tool, _, policy = item.partition("=")
+        if not tool or policy not in TOOL_POLICIES:
+            raise SystemExit(f"actae: --policy takes TOOL=POLICY with POLICY one of {', '.join(TOOL_POLICIES)} "
+                             f"(got {item!r})")
+        policies[tool] = policy
+    try:
+        intervention = decode_json(args.intervention.encode(), Any, "--intervention") if args.intervention else None
+        selection = {"status": args.status or list(FAILURE_STATES), "since": args.since, "until": args.until,
+                     "channel_prefix": args.prefix, "failure_contains": args.contains}
+        return record_from(BulkFork, {"filter": {k: v for k, v in selection.items() if v is not None},
+                                      "at": args.at if args.at is not None else "last_good_step",
+                                      "intervention": intervention, "tool_policies": policies or None,
+                                      "name": args.name, "operation_id": args.operation_id,
+                                      "dry_run": args.dry_run}, "arguments")
+    except BadRequest as exc:
+        raise SystemExit(f"actae: {exc.message}")
+
+
+def fork_failed_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae fork-failed [--status S]... [--since ISO] [--prefix P] [--contains TEXT] [--at K] ...`."""
+    req = bulk_fork_of_args(args)
+    try:
+        answer = read_once(location, preview_bulk_fork, req) if req.dry_run else write_once(location, bulk_fork, req)
+    except ActaeError as exc:
+        raise SystemExit(f"actae: {exc.message}")
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
+        return 0
+    verb = "Would fork" if answer.dry_run else "Forked"
+    print(f"{verb} {len(answer.forks)} run(s):")
+    for item in answer.forks:
+        print(f"  {item.source_channel_id} after step {item.step} -> {item.channel_id}")
+    if answer.skipped:
+        print(f"Skipped {len(answer.skipped)}:")
+        for item in answer.skipped:
+            print(f"  {item.channel_id}: {item.reason}")
+    return 0
+
+
+def prune_with(conn: Conn, req: Prune, now: datetime) -> PruneAnswer:
+    """The command line's prune on its own connection: the server's steps, each batch its own transaction."""
+    plan = plan_prune(conn, req, now)
+    before = database_bytes(conn)
+    if req.dry_run:
+        return prune_answer(req, plan.deletable, plan.kept, planned_rows(conn, plan.deletable), before, before,
+                            "a dry run: nothing was deleted")
+    deleted, kept, rows = [], list(plan.kept), dict.fromkeys(PrunedRows.__struct_fields__, 0)
+    for start in range(0, len(plan.deletable), PRUNE_BATCH):
+        ((outcome, events),) = run_jobs(conn, [Job(prune_runs, (plan.deletable[start:start + PRUNE_BATCH], req,
+                                                                 iso(now)), None)])
+        if events is None:
+            raise outcome
+        deleted, kept, rows = deleted + outcome[0], kept + outcome[1], {k: rows[k] + outcome[2][k] for k in rows}
+    space = POSTGRES_SPACE if conn.dialect is not SQLITE else "nothing was deleted"
+    while conn.dialect is SQLITE and deleted and (step := reclaim_step(conn)) is None:
+        pass
+    if conn.dialect is SQLITE and deleted:
+        space = step
+    return prune_answer(req, deleted, kept, rows, before, database_bytes(conn), space)
+
+
+def prune_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae prune --older-than DAYS [--status completed|failed|any] [--keep-failed-days DAYS] [--dry-run]`."""
+    try:
+        req = record_from(Prune, {"older_than_days": args.older_than, "status": args.status,
+                                  "keep_failed_days": args.keep_failed_days, "dry_run": args.dry_run}, "arguments")
+    except BadRequest as exc:
+        raise SystemExit(f"actae: {exc.message}")
+    conn = connect_sync(location)
+    try:
+        answer = prune_with(conn, req, utc_now())
+    except ActaeError as exc:
+        raise SystemExit(f"actae: {exc.message}")
+    finally:
+        conn.close()
+    if args.json:
+        print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
+        return 0
+    rows = answer.rows
+    print(f"{'Would delete' if answer.dry_run else 'Deleted'} {rows.runs} run(s): {rows.events} events, "
+          f"{rows.states} states, {rows.executions} ledger rows, {rows.approvals} approvals, {rows.wakeups} wake-ups")
+    for channel_id in answer.deleted:
+        print(f"  {channel_id}")
+    if answer.kept:
+        print(f"Kept {len(answer.kept)} old run(s):")
+        for item in answer.kept:
+            print(f"  {item.channel_id}: {item.reason}")
+    print(f"Space: {answer.bytes_before} -> {answer.bytes_after} bytes ({answer.bytes_freed} freed); {answer.space}")
+    return 0
+
+# --- how many runs plug into the core -----------------------------------------------------------
+
+# A bulk fork skips each run the credential may not write (or whose fork it may not); deciding
+# checks write on the approval's run itself; pruning is the admin's.
+MANY_RUNS_ROUTES = [
+    Api("POST", "/api/v1/forks/bulk", api_forks_bulk, body=BulkFork, scopes=writes(SOMEWHERE)),
+    Api("GET", "/api/v1/approvals", api_approvals_list, query=ApprovalsQuery, scopes=reads("query.channel_id")),
+    Api("POST", "/api/v1/approvals/{request_id}/decide", api_approvals_decide, body=DecideApproval,
+        scopes=writes(SOMEWHERE)),
+    Api("POST", "/api/v1/admin/prune", api_admin_prune, body=Prune, scopes=ADMIN),
+]
+MANY_RUNS_PAGES = [
+    ("GET", "/forks/bulk", page_bulk_fork_form),
+    ("POST", "/forks/bulk", page_bulk_fork),
+    ("GET", "/approvals", page_approvals),
+    ("POST", "/approvals/{request_id}/decide", page_approval_decide),
+    ("GET", "/storage", page_storage),
+]
+
+
+def index_approval_event(tx: Tx, event: Event) -> None:
+    """append_event's hook: the approvals index kept in the event's own transaction."""
+    index_approval(tx.conn, event.channel_id, event.cursor, event.type, event.payload, event.actor, tx.ts)
+
+
+def install_retention(services: Services, options: dict) -> tuple:
+    """The daily prune (--retain-days), one per app."""
+    retention = services.regions[Retention] = Retention(services.db, services.settings.retain_days)
+    return [retention.start], [retention.stop]
+
+
+def add_retention_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--retain-days", type=float, metavar="DAYS",
+                        help="prune runs idle longer than DAYS, at start and then daily (the rules of `actae prune`)")
+
+
+def retention_settings_of(args: argparse.Namespace) -> dict:
+    return {"retain_days": retain_days_of(args)}
+
+
+# Schema: step 7 indexes the answers to approvals; step 9 adds the approvals index and the bulk forks'
+# answers (after the core's run facts) and fills the index in for the events already stored.
+schema_step(7, approval_answers_index)
+schema_step(9, many_runs_schema)
+schema_step(9, many_runs_indexes, reindex_approvals)
+ROUTE_LISTS.append(MANY_RUNS_ROUTES)
+PAGE_LISTS.append(MANY_RUNS_PAGES)
+on_events(APPROVAL_INDEXED, index_approval_event)
+APP_INSTALLERS.append(install_retention)
+SERVE_FLAGS.append(add_retention_flag)
+SETTINGS_READERS.append(retention_settings_of)
+COMMAND_ADDERS.append(add_many_runs_commands)
+
 
 
 # =============================================================================
 # Moving runs: export and import (one JSON Lines file per run and its lineage)
 # =============================================================================
+# Region: export and import, over HTTP and from the command line.
 # A file is a header line, then one line per stored row: each channel's row, its events (cursor
 # order), its states (version order) and its ledger rows, parents before their forks. A fork's
 # history lives in its ancestors (copy-on-write), so they always come along: a file is complete
@@ -7344,7 +10250,7 @@ class ChannelLine(ExportLine, kw_only=True, tag="channel"):
     source_state_sha256: Optional[Sha256]
     restorable: bool
     manifest: Optional[JsonText]
-    reproducibility: Optional[Literal["state_exact", "context_exact", "execution_replayable", "best_effort"]]
+    reproducibility: Optional[Literal[REPRODUCIBILITY_GRADES]]
     tool_policies: Optional[JsonText]
     fork_operation_id: Optional[Token]
     fork_request_hash: Optional[Sha256]
@@ -7402,7 +10308,7 @@ class ExecutionLine(ExportLine, kw_only=True, tag="execution"):
     tool_name: Name
     request_hash: Sha256
     params: Optional[JsonText]
-    status: Literal["running", "completed", "failed", "cancelled", "interrupted", "expired"]
+    status: Literal[EXECUTION_STATES]
     lease_seconds: Count
     lease_until: Optional[Stamp]
     attempts: Count
@@ -7825,8 +10731,9 @@ def import_runs(tx: Tx, file: ExportFile) -> Imported:
                                     executions=sum(len(r.executions) for r in new)))
 
 
-# --- over HTTP and from the command line -----------------------------------------------------------
-
+# =============================================================================
+# Moving runs: routes and commands
+# =============================================================================
 
 async def api_channels_export(request: Request, path, query: ExportQuery) -> Response:
     """Export a run with its ancestors (with_forks: and every fork below it) as a JSON Lines file."""
@@ -7872,1943 +10779,35 @@ def import_command(args: argparse.Namespace, location: Location) -> int:
     print(f"Already here, unchanged: {', '.join(answer.unchanged) or '-'}")
     return 0
 
-
-# =============================================================================
-# HTTP API: handlers, named after their routes
-# =============================================================================
-# A handler gets the request and the records its route declares (`path`, `query`, `body`),
-# already decoded and checked, and returns the JSON value to answer with.
-
-
-def db_of(request) -> Database:
-    return request.app.state.db
-
-
-async def read_capped(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The request body, at most `limit` bytes (413 beyond), read as it streams in."""
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size <= limit:
-            chunks.append(chunk)
-        elif size > DRAIN_BYTES_MAX:
-            break    # past this, the client is not worth waiting for: the connection just closes
-    if size > limit:
-        # The oversized body was read (and dropped), so the client can read this answer.
-        raise TooLarge(f"request body is larger than {limit} bytes")
-    return b"".join(chunks)
-
-
-def same_channel(body_channel: Optional[str], path_channel: str) -> None:
-    """The SDK repeats the path's channel in some bodies; a different one is a client bug."""
-    if body_channel not in (None, path_channel):
-        raise BadRequest(f"body channel_id {body_channel!r} differs from the path's {path_channel!r}")
-
-
-async def api_events_record(request: Request, body: RecordEvent) -> EventAnswer:
-    return EventAnswer(event=await db_of(request).write(record_event, body))
-
-
-async def api_events_replay(request: Request, path, query: ReplayQuery) -> Events:
-    events = await db_of(request).read(replay_events, path.channel_id, query.cursor, query.limit, query.event_type)
-    return Events(events=events)
-
-
-async def api_events_query(request: Request, body: EventQuery) -> Events:
-    return Events(events=await db_of(request).read(query_events, body))
-
-
-async def api_events_cursor(request: Request, path) -> LatestCursor:
-    return LatestCursor(latest_cursor=await db_of(request).read(latest_cursor, path.channel_id))
-
-
-async def api_events_transition(request: Request, body: Transition) -> TransitionAnswer:
-    return await db_of(request).write(transition, body)
-
-
-async def api_events_causal_graph(request: Request, path, query: CausalQuery) -> CausalGraph:
-    return await db_of(request).read(causal_graph, path.event_id, query.max_nodes)
-
-
-async def api_state_save(request: Request, path, body: SaveState) -> SavedState:
-    same_channel(body.channel_id, path.channel_id)
-    return SavedState(version=await db_of(request).write(save_state, path.channel_id, body))
-
-
-async def api_state_latest(request: Request, path) -> StateAnswer:
-    return await db_of(request).read(latest_state, path.channel_id)
-
-
-async def api_state_versions(request: Request, path, query: PageQuery) -> StateVersions:
-    return StateVersions(versions=await db_of(request).read(list_states, path.channel_id, query.limit, query.offset))
-
-
-async def api_state_version(request: Request, path) -> StateAnswer:
-    return await db_of(request).read(get_state_version, path.channel_id, path.version)
-
-
-async def api_state_delete(request: Request, path) -> DeletedCount:
-    return await db_of(request).write(delete_state_version, path.channel_id, path.version)
-
-
-async def api_channels_list(request: Request) -> ChannelIds:
-    """List the channels this credential may read."""
-    principal = request.state.principal
-    channels = await db_of(request).read(list_channels)
-    return ChannelIds(channels=channels if principal.can_everywhere("read") else
-                      [c for c in channels if principal.can("read", c)])
-
-
-async def api_channels_metadata(request: Request, path) -> ChannelMetadata:
-    return await db_of(request).read(get_metadata, path.channel_id)
-
-
-async def api_channels_metadata_put(request: Request, path, body: PutMetadata) -> ChannelMetadata:
-    same_channel(body.channel_id, path.channel_id)
-    return await db_of(request).write(put_metadata, path.channel_id, body)
-
-
-async def api_channels_forks(request: Request, path) -> Forks:
-    return Forks(forks=await db_of(request).read(list_forks, path.channel_id))
-
-
-async def api_channels_step(request: Request, path) -> StepLocation:
-    return await db_of(request).read(resolve_step, path.channel_id, path.step_number)
-
-
-async def api_channels_steps(request: Request, path) -> LastStep:
-    return LastStep(channel_id=path.channel_id,
-                    last_step_number=await db_of(request).read(last_step_number, path.channel_id))
-
-
-async def api_channels_fork(request: Request, body: Fork) -> Receipt:
-    return await db_of(request).write(fork_channel, body)
-
-
-async def api_channels_receipt(request: Request, path) -> Receipt:
-    return await db_of(request).read(get_receipt, path.channel_id)
-
-
-async def api_channels_fork_tree(request: Request, path) -> ForkTree:
-    return await db_of(request).read(fork_tree, path.channel_id)
-
-
-async def api_channels_diff(request: Request, query: PairQuery) -> ChannelDiff:
-    return await db_of(request).read(diff_channels, query.left, query.right)
-
-
-async def api_channels_compare(request: Request, query: PairQuery) -> Comparison:
-    return await db_of(request).read(compare_channels, query.left, query.right)
-
-
-async def api_channels_trail(request: Request, path) -> Trail:
-    return await db_of(request).read(decision_trail, path.channel_id)
-
-
-async def api_channels_outcome(request: Request, path, body: SetOutcome) -> OutcomeAnswer:
-    return await db_of(request).write(set_outcome, path.channel_id, body.outcome, body.score)
-
-
-async def api_channels_promote(request: Request, path, body: Empty) -> Promotion:
-    return await db_of(request).write(promote_channel, path.channel_id)
-
-
-async def api_channels_delete(request: Request, path, query: DeleteQuery) -> DeletedChannels:
-    return await db_of(request).write(delete_channel, path.channel_id, query.recursive)
-
-
-async def api_channels_close(request: Request, path, body: Empty) -> Closed:
-    """Close a run: it refuses new events and states (409 channel_closed); reads, forks and diffs go on."""
-    return await db_of(request).write(close_channel, path.channel_id, request.state.principal.actor)
-
-
-async def api_events_verify(request: Request, path) -> ChainCheck:
-    """Recompute a run's hash chain (with the history it inherited) and name the first broken cursor."""
-    return await db_of(request).read(verify_chain, path.channel_id)
-
-
-async def api_experiments_create(request: Request, body: CreateExperiment) -> Experiment:
-    return await db_of(request).write(create_experiment, body.name, body.description, body.baseline_channel_id)
-
-
-async def api_experiments_list(request: Request) -> Experiments:
-    return Experiments(experiments=await db_of(request).read(list_experiments))
-
-
-async def api_experiments_get(request: Request, path) -> Experiment:
-    return await db_of(request).read(get_experiment, path.group_id)
-
-
-async def api_experiments_member(request: Request, path, body: AddExperimentMember) -> Experiment:
-    return await db_of(request).write(add_experiment_member, path.group_id, body.channel_id,
-                                      body.role or "variant", body.declared_delta)
-
-
-async def api_experiments_rank(request: Request, path) -> RankedExperiment:
-    return await db_of(request).read(rank_experiment, path.group_id)
-
-
-async def api_executions_claim(request: Request, body: Claim) -> Claimed:
-    outcome = await db_of(request).write(claim_execution, body)
-    if isinstance(outcome, Refused):
-        raise outcome.error
-    return outcome
-
-
-async def api_executions_complete(request: Request, path, body: Complete) -> ExecutionAnswer:
-    execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "completed",
-                                           body.result)
-    return ExecutionAnswer(execution=execution)
-
-
-async def api_executions_fail(request: Request, path, body: Fail) -> ExecutionAnswer:
-    error = {"message": body.message or "", "error_type": body.error_type, "stack": body.stack}
-    execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "failed",
-                                           None, error)
-    return ExecutionAnswer(execution=execution)
-
-
-async def api_executions_heartbeat(request: Request, path, body: Heartbeat) -> ExecutionAnswer:
-    execution = await db_of(request).write(heartbeat_execution, path.execution_id, body.claim_token,
-                                           body.lease_seconds)
-    return ExecutionAnswer(execution=execution)
-
-
-async def api_executions_cancel(request: Request, path, body: ClaimToken) -> ExecutionAnswer:
-    return ExecutionAnswer(execution=await db_of(request).write(cancel_execution, path.execution_id, body.claim_token))
-
-
-async def api_executions_get(request: Request, path) -> ExecutionAnswer:
-    return ExecutionAnswer(execution=execution_of(await db_of(request).read(require_execution, path.execution_id)))
-
-
-async def api_executions_list(request: Request, query: ExecutionsQuery) -> Executions:
-    return Executions(executions=await db_of(request).read(list_executions, query.channel_id, query.limit))
-
-
-async def api_executions_delete(request: Request, path) -> DeletedId:
-    return await db_of(request).write(delete_execution, path.execution_id)
-
-
-async def api_wakeups_schedule(request: Request, body: ScheduleWakeup) -> Wakeup:
-    wakeup = await db_of(request).write(schedule_wakeup, body.channel_id, iso(body.run_at), body.payload)
-    request.app.state.scheduler.nudge()
-    return wakeup
-
-
-async def api_wakeups_list(request: Request, query: WakeupsQuery) -> Wakeups:
-    return Wakeups(wakeups=await db_of(request).read(list_wakeups, query.channel_id, query.status))
-
-
-async def api_wakeups_get(request: Request, path) -> Wakeup:
-    return wakeup_of(await db_of(request).read(require_wakeup, path.wakeup_id))
-
-
-async def api_wakeups_cancel(request: Request, path) -> WakeupCancelled:
-    return await db_of(request).write(cancel_wakeup, path.wakeup_id)
-
-
-async def api_groups_create(request: Request, body: CreateConsumerGroup) -> ConsumerGroup:
-    return await db_of(request).write(create_consumer_group, body.group_id, body.channel_id, body.metadata)
-
-
-async def api_groups_list(request: Request, query: ChannelFilter) -> ConsumerGroups:
-    return ConsumerGroups(groups=await db_of(request).read(list_consumer_groups, query.channel_id))
-
-
-async def api_groups_delete(request: Request, path) -> DeletedId:
-    return await db_of(request).write(delete_consumer_group, path.group_id)
-
-
-async def api_groups_join(request: Request, path, body: Consumer) -> Offset:
-    return await db_of(request).write(join_group, path.group_id, body.consumer_id, body.lease_seconds)
-
-
-async def api_groups_work(request: Request, path, body: ClaimWork) -> Work:
-    return await db_of(request).write(claim_work, path.group_id, body.consumer_id, body.limit)
-
-
-async def api_groups_ack(request: Request, path, body: AckWork) -> Offset:
-    return await db_of(request).write(ack_work, path.group_id, body.consumer_id, body.cursor)
-
-
-async def api_groups_heartbeat(request: Request, path, body: Consumer) -> Offset:
-    return await db_of(request).write(heartbeat_consumer, path.group_id, body.consumer_id, body.lease_seconds)
-
-
-async def api_groups_offsets(request: Request, path) -> Offsets:
-    return Offsets(offsets=await db_of(request).read(group_offsets, path.group_id))
-
-
-async def api_execution_groups_create(request: Request, body: CreateExecutionGroup) -> ExecutionGroup:
-    return await db_of(request).write(create_execution_group, body.group_id, body.metadata)
-
-
-async def api_execution_groups_list(request: Request) -> ExecutionGroups:
-    return ExecutionGroups(groups=await db_of(request).read(list_execution_groups))
-
-
-async def api_execution_groups_add_member(request: Request, path, body: AddGroupMember) -> Member:
-    return await db_of(request).write(add_group_member, path.group_id, body.member_id, body.channel_id,
-                                      body.role, body.metadata)
-
-
-async def api_execution_groups_members(request: Request, path) -> Members:
-    return Members(members=await db_of(request).read(list_group_members, path.group_id))
-
-
-async def api_execution_groups_claim(request: Request, path, body: LeaseClaim) -> MemberLease:
-    return await db_of(request).write(claim_member, path.group_id, path.member_id, body.owner_id, body.lease_seconds)
-
-
-async def api_execution_groups_heartbeat(request: Request, path, body: LeaseHolder) -> MemberLease:
-    return await db_of(request).write(heartbeat_member, path.group_id, path.member_id, body.owner_id,
-                                      body.generation, body.lease_seconds)
-
-
-async def api_execution_groups_release(request: Request, path, body: LeaseHolder) -> Released:
-    return await db_of(request).write(release_member, path.group_id, path.member_id, body.owner_id,
-                                      body.generation)
-
-
-async def api_execution_groups_send(request: Request, path, body: SendMessage) -> Message:
-    return await db_of(request).write(send_group_message, path.group_id, body)
-
-
-async def api_execution_groups_inbox(request: Request, path, query: InboxQuery) -> Messages:
-    messages = await db_of(request).read(member_inbox, path.group_id, path.member_id, query.after, query.limit)
-    return Messages(messages=messages)
-
-
-async def api_execution_group_messages_ack(request: Request, path, body: LeaseHolder) -> Message:
-    return await db_of(request).write(acknowledge_message, path.message_id, body.owner_id, body.generation)
-
-
-async def api_execution_group_forks_create(request: Request, body: ForkExecutionGroup) -> GroupForkAnswer:
-    return GroupForkAnswer(fork=await db_of(request).write(fork_execution_group, body))
-
-
-async def api_execution_group_forks_get(request: Request, path) -> GroupForkAnswer:
-    return GroupForkAnswer(fork=await db_of(request).read(require_group_fork, path.fork_group_id))
-
-
-async def api_execution_group_forks_promote(request: Request, path, body: Empty) -> GroupForkAnswer:
-    return GroupForkAnswer(fork=await db_of(request).write(promote_group_fork_member, path.fork_group_id, path.member_id))
-
-
-# --- many runs: the bulk fork, the approvals inbox, retention ------------------------------------
-
-
-async def api_forks_bulk(request: Request, body: BulkFork) -> BulkForkAnswer:
-    """Fork every selected run after its own last good step (dry_run: only say what would be forked)."""
-    principal = request.state.principal
-    may_write = everyone if principal.can_everywhere("write") else functools.partial(principal.can, "write")
-    if body.dry_run:
-        return await db_of(request).read(preview_bulk_fork, body, may_write)
-    return await db_of(request).write(bulk_fork, body, may_write)
-
-
-async def api_approvals_list(request: Request, query: ApprovalsQuery) -> Approvals:
-    """The approval requests across runs, oldest first: pending, decided or expired."""
-    return Approvals(approvals=await db_of(request).read(list_approvals, query.status, query.channel_id, query.limit,
-                                                         utc_now()))
-
-
-async def decide_for(request: Request, request_id: str, body: DecideApproval) -> ApprovalDecision:
-    """Decide as the caller: write on the approval's run is checked on the run the id names (one id may
-    be used on several runs, so the route table cannot look it up)."""
-    row = await db_of(request).read(require_approval, request_id, body.channel_id)
-    principal = request.state.principal
-    principal.require("write", row["channel_id"])
-    return await db_of(request).write(decide_approval, request_id, row["channel_id"], body.decision, body.reason,
-                                      principal.actor)
-
-
-async def api_approvals_decide(request: Request, path, body: DecideApproval) -> ApprovalDecision:
-    """Approve or reject a pending request: the approval.decided event the SDK's decide_approval records."""
-    return await decide_for(request, path.request_id, body)
-
-
-async def api_admin_prune(request: Request, body: Prune) -> PruneAnswer:
-    """Delete whole runs idle longer than older_than_days (never one a kept run or live work needs)."""
-    return await request.app.state.retention.prune(body)
-
-
-# --- health, metrics, capabilities ------------------------------------------------
-
-
-async def database_ready(db: Database) -> bool:
-    try:
-        await db.read(lambda conn: conn.execute("SELECT 1").fetchone())
-        return True
-    except Exception:  # noqa: BLE001 - readiness reports, it does not raise
-        return False
-
-
-def health_of(request: Request, started: float, status: str, **parts) -> Health:
-    return Health(status=status, timestamp=iso(utc_now()), instance_id=request.app.state.instance_id,
-                  check_duration_ms=int((time.perf_counter() - started) * 1000), **parts)
-
-
-async def healthz(request: Request) -> Health:
-    started = time.perf_counter()
-    ok = await database_ready(db_of(request))
-    hub = request.app.state.hub
-    return health_of(request, started, "ok" if ok else "degraded", version=__version__, components=Components(
-        database=ComponentStatus(status="ok" if ok else "error"),
-        websocket=ComponentStatus(status="ok", connections=len(hub.connections))))
-
-
-async def readyz(request: Request) -> Health:
-    # 200 with readiness in the body: the SDK raises on 503, and users should be able to read why.
-    started = time.perf_counter()
-    ok = await database_ready(db_of(request))
-    hub, limit = request.app.state.hub, request.app.state.settings.max_connections
-    return health_of(request, started, "ok" if ok else "unavailable", readiness_checks=ReadinessChecks(
-        database_ready=ok, capacity_available=len(hub.connections) < limit,
-        uptime_seconds=int(time.monotonic() - request.app.state.started),
-        connection_utilization=len(hub.connections) / limit, active_connections=len(hub.connections),
-        max_connections=limit))
-
-
-def metric_values(app) -> dict:
-    db, hub = app.state.db, app.state.hub
-    return {
-        "actae_uptime_seconds": int(time.monotonic() - app.state.started),
-        "actae_events_written_total": hub.events_seen,
-        "actae_write_batches_total": db.batches,
-        "actae_write_jobs_total": db.batched_jobs,
-        "actae_websocket_connections": len(hub.connections),
-        "actae_websocket_messages_sent_total": hub.messages_sent,
-        "actae_websocket_messages_received_total": hub.messages_received,
-    }
-
-
-async def metrics_text(request: Request) -> Response:
-    """Prometheus metrics (the list: see "Observability: traces and metrics")."""
-    metrics = request.app.state.metrics
-    await metrics.refresh_stored(db_of(request))
-    return Response(metrics.text(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
-
-
-async def metrics_json(request: Request) -> MetricsJson:
-    hub, values = request.app.state.hub, metric_values(request.app)
-    return MetricsJson(
-        status="ok", timestamp=iso(utc_now()), uptime_seconds=values["actae_uptime_seconds"],
-        websocket=WebSocketFigures(connections=len(hub.connections), topics=len(hub.topics),
-                                   messages_sent=hub.messages_sent, messages_received=hub.messages_received,
-                                   total_messages=hub.messages_sent + hub.messages_received,
-                                   back_pressure=BackPressure(queue_limit=WS_QUEUE_MAX, dropped_connections=hub.dropped)),
-        database=DatabaseFigures(write_batches=values["actae_write_batches_total"],
-                                 write_jobs=values["actae_write_jobs_total"]))
-
-
-async def api_auth_capabilities(request: Request) -> Capabilities:
-    """The caller's true scopes and expiry, in the grammar the SDK's can_read/can_write evaluate."""
-    return request.state.principal.capabilities()
-
-
-INSTANCE_FEATURES = ["events", "state", "forks", "ledger", "scheduler", "consumer_groups", "execution_groups",
-                     "experiments", "websocket", "scoped_keys", "accounts", "event_chain", "close",
-                     "bulk_fork", "approvals", "retention"]
-
-
-async def api_instance(request: Request) -> Instance:
-    """This server: version, instance id, storage backend, start time and features."""
-    state = request.app.state
-    return Instance(version=__version__, api_version="v1", instance_id=state.instance_id,
-                    backend=state.db.location.backend, started_at=state.started_at,
-                    uptime_seconds=int(time.monotonic() - state.started), features=INSTANCE_FEATURES,
-                    open_signup=state.settings.open_signup)
-
-
-# --- accounts, login tokens, preferences, keys ------------------------------------------------
-
-
-async def issue_token(request: Request, *, user_id: Optional[str] = None, key_row: Optional[int] = None,
-                      not_after: Optional[str] = None) -> str:
-    """A signed token for an account (or an exchanged key), live until it expires or is logged out."""
-    now = utc_now()
-    expires = now + timedelta(seconds=TOKEN_TTL_SECONDS)
-    if not_after is not None:
-        expires = min(expires, parse_iso(not_after))
-    jti = secrets.token_urlsafe(18)
-    token = sign_token(request.app.state.token_secret, {
-        "iss": "actae", "sub": f"user:{user_id}" if user_id else f"key:{key_row}", "jti": jti,
-        "iat": int(now.timestamp()), "exp": int(expires.timestamp())})
-    await db_of(request).write(store_token, jti, user_id, key_row, iso(expires))
-    return token
-
-
-async def api_auth_signup(request: Request, body: Signup) -> LoggedIn:
-    """Create an account (an admin key is needed unless the server runs with --open-signup)."""
-    principal = request.state.principal
-    if not request.app.state.settings.open_signup:
-        if principal is None:
-            raise Unauthorized("signup needs an admin key in x-api-key (or a server started with --open-signup)")
-        if not principal.is_admin:
-            raise Forbidden("only an admin key may create accounts on this server")
-    if body.scopes is not None and not (principal is not None and principal.is_admin):
-        raise Forbidden("only an admin key may grant scopes to an account")
-    password_hash = await asyncio.to_thread(hash_password, body.password)
-    user = await db_of(request).write(create_user, body.email, body.name, password_hash, scopes_of(body.scopes))
-    return LoggedIn(user=user_of(user), token=await issue_token(request, user_id=user["id"]))
-
-
-async def verified_user(request: Request, email: str, password: str) -> Optional[Row]:
-    """The account whose email and password these are, else None.
-
-    An unknown email runs the same KDF as a wrong password: same answer, same time.
-    """
-    user = await db_of(request).read(user_by_email, email)
-    stored = user["password_hash"] if user is not None else UNKNOWN_USER_HASH
-    matches = await asyncio.to_thread(password_matches, stored, password)
-    return user if user is not None and matches else None
-
-
-async def api_auth_login(request: Request, body: Login) -> LoggedIn:
-    """Log in with email and password; the token carries the scopes an admin granted the account."""
-    user = await verified_user(request, body.email, body.password)
-    if user is None:
-        raise Unauthorized("wrong email or password")
-    return LoggedIn(user=user_of(user), token=await issue_token(request, user_id=user["id"]))
-
-
-async def api_auth_api_key_login(request: Request, body: ApiKeyLogin) -> LoggedIn:
-    """Exchange a stored API key for a login token with the key's scopes (never beyond its expiry)."""
-    key = body.api_key or request.headers.get("x-api-key") or ""
-    row = await db_of(request).read(active_key, key_hash(key), iso(utc_now())) if key else None
-    if row is None:
-        raise Unauthorized("invalid, expired or revoked API key")
-    token = await issue_token(request, key_row=row["id"], not_after=row["expires_at"])
-    return LoggedIn(user=key_user_of(row), token=token)
-
-
-async def api_auth_config(request: Request) -> AuthConfig:
-    """How this server lets people in."""
-    open_signup = request.app.state.settings.open_signup
-    return AuthConfig(methods=["api_key", "password"], signup="open" if open_signup else "admin",
-                      open_signup=open_signup, token_type="jwt", token_ttl_seconds=TOKEN_TTL_SECONDS,
-                      password_min_length=8, email_verification=False)
-
-
-def bearer_user(request: Request) -> UserInfo:
-    user = getattr(request.state, "user", None)
-    if user is None:
-        raise Unauthorized("send the login token as `authorization: Bearer <token>`")
-    return user
-
-
-async def api_auth_me(request: Request) -> Me:
-    """The account behind the Bearer token."""
-    return Me(user=bearer_user(request))
-
-
-async def api_auth_logout(request: Request) -> Done:
-    """End the Bearer token now."""
-    bearer_user(request)
-    claims = token_claims(request.app.state.token_secret, request.state.bearer, utc_now())
-    if claims is None:                     # it expired since it was checked: nothing left to end
-        raise Unauthorized("invalid, expired or logged-out token: log in again")
-    await db_of(request).write(drop_token, claims["jti"])
-    return Done()
-
-
-async def api_preferences_get(request: Request) -> Preferences:
-    """The caller's preferences document (the Bearer account's, else the key's)."""
-    return await db_of(request).read(get_preferences, request.state.principal.owner)
-
-
-async def api_preferences_put(request: Request, body: PutPreferences) -> Preferences:
-    """Replace the caller's preferences document."""
-    return await db_of(request).write(put_preferences, request.state.principal.owner, body.preferences)
-
-
-async def api_keys_list(request: Request) -> Keys:
-    """Active keys with their scopes, creation, last use and expiry; never the key."""
-    return Keys(keys=await db_of(request).read(list_keys))
-
-
-async def change_keys(request: Request, work: Callable, *args) -> Any:
-    """A write to the keys, then the in-memory key ring reloaded: this server applies it at once."""
-    result = await db_of(request).write(work, *args)
-    await request.app.state.keys.reload()
-    return result
-
-
-async def api_keys_create(request: Request, body: CreateKey) -> NewKey:
-    """Create a scoped key; the answer holds the key, this once."""
-    return await change_keys(request, create_key, body.name, body.scopes, body.expires_in_days)
-
-
-async def api_keys_revoke(request: Request, path) -> KeyInfo:
-    """Revoke a key now, with the sessions and tokens it opened."""
-    return await change_keys(request, revoke_key, path.key_id)
-
-
-async def openapi_json(request: Request) -> dict[str, Any]:
-    return request.app.state.openapi
-
-
-# =============================================================================
-# Fleet gateway: the manifest, dispatch to an instance, multi-instance queries, the handlers
-# =============================================================================
-# A gateway request names an instance: the local one is served in process, through the same
-# route (serve_route: its records, its scopes, its handler) an HTTP request takes; a remote one
-# over HTTP with its stored key, the caller's Idempotency-Key passed on (and, where the route's
-# body has an operation_id and the caller sent none, used as it, so a retried write lands once).
-# Either way the answer is the direct route's own answer record. A multi-instance read never
-# hides a failure: each instance that is down, too slow or refuses is an entry in `errors`.
-
-# The SDK's manifest (actae_client/manifest.py, 1.3.0), the operations the gateway dispatches:
-# "id method path scope", and " -" after the ones that are not fleet commands (refused, 426).
-FLEET_MANIFEST_TEXT = """
-auth.capabilities.get GET /api/v1/auth/capabilities events:read
-auth.signup POST /api/v1/auth/signup public -
-auth.login POST /api/v1/auth/login public -
-auth.api_key_login POST /api/v1/auth/api-key-login public -
-auth.config.get GET /api/v1/auth/config public -
-auth.me.get GET /api/v1/auth/me events:read
-auth.logout POST /api/v1/auth/logout public -
-user.preferences.get GET /api/v1/user/preferences events:read
-user.preferences.put PUT /api/v1/user/preferences events:write
-instance.get GET /api/v1/instance events:read
-events.record POST /api/v1/events/record events:write
-events.transition POST /api/v1/events/transition events:write
-events.replay GET /api/v1/events/replay/{channel_id} events:read
-events.query POST /api/v1/events/query events:read
-events.cursor.get GET /api/v1/events/cursor/{channel_id} events:read
-events.verify_chain GET /api/v1/events/verify/{channel_id} payloads:read
-events.causal_graph.get GET /api/v1/events/{event_id}/causal-graph events:read
-channels.list GET /api/v1/channels channels:read
-state.save POST /api/v1/state/{channel_id} state:write
-state.load GET /api/v1/state/{channel_id} state:read
-state.versions.list GET /api/v1/state/{channel_id}/versions state:read
-state.version.get GET /api/v1/state/{channel_id}/version/{version} state:read
-state.version.delete DELETE /api/v1/state/{channel_id}/version/{version} state:delete
-forks.create POST /api/v1/channels/fork forks:create
-channels.diff GET /api/v1/channels/diff state:read
-channels.compare GET /api/v1/channels/compare channels:read
-channels.outcome.set PATCH /api/v1/channels/{channel_id}/outcome channels:write
-forks.promote POST /api/v1/channels/{channel_id}/promote forks:promote
-channels.delete DELETE /api/v1/channels/{channel_id} channels:delete
-channels.metadata.get GET /api/v1/channels/{channel_id}/metadata channels:read
-channels.metadata.put PUT /api/v1/channels/{channel_id}/metadata channels:write
-channels.steps.latest GET /api/v1/channels/{channel_id}/steps channels:read
-channels.steps.resolve GET /api/v1/channels/{channel_id}/steps/{step_number} channels:read
-channels.forks.list GET /api/v1/channels/{channel_id}/forks channels:read
-channels.fork_tree.get GET /api/v1/channels/{channel_id}/fork-tree channels:read
-channels.trail.get GET /api/v1/channels/{channel_id}/trail channels:read
-channels.receipt.get GET /api/v1/channels/{channel_id}/receipt channels:read
-channels.close POST /api/v1/channels/{channel_id}/close channels:write
-groups.create POST /api/v1/groups groups:manage
-groups.list GET /api/v1/groups groups:manage
-groups.delete DELETE /api/v1/groups/{group_id} groups:manage
-groups.join POST /api/v1/groups/{group_id}/join groups:manage
-groups.claim_work POST /api/v1/groups/{group_id}/work groups:manage
-groups.ack POST /api/v1/groups/{group_id}/ack groups:manage
-groups.heartbeat POST /api/v1/groups/{group_id}/heartbeat groups:manage
-groups.offsets.get GET /api/v1/groups/{group_id}/offsets groups:manage
-execution_groups.create POST /api/v1/execution-groups execution_groups:manage
-execution_groups.list GET /api/v1/execution-groups execution_groups:manage
-execution_groups.members.add POST /api/v1/execution-groups/{group_id}/members execution_groups:manage
-execution_groups.members.list GET /api/v1/execution-groups/{group_id}/members execution_groups:manage
-execution_groups.members.claim POST /api/v1/execution-groups/{group_id}/members/{member_id}/claim execution_groups:manage
-execution_groups.members.heartbeat POST /api/v1/execution-groups/{group_id}/members/{member_id}/heartbeat execution_groups:manage
-execution_groups.members.release POST /api/v1/execution-groups/{group_id}/members/{member_id}/release execution_groups:manage
-execution_groups.messages.send POST /api/v1/execution-groups/{group_id}/messages execution_groups:manage
-execution_groups.messages.list GET /api/v1/execution-groups/{group_id}/members/{member_id}/messages execution_groups:manage
-execution_groups.messages.ack POST /api/v1/execution-group-messages/{message_id}/ack execution_groups:manage
-execution_groups.forks.create POST /api/v1/execution-group-forks forks:create
-execution_groups.forks.get GET /api/v1/execution-group-forks/{fork_group_id} forks:create
-execution_groups.forks.promote POST /api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote forks:promote
-experiments.create POST /api/v1/experiments experiments:manage
-experiments.list GET /api/v1/experiments experiments:manage
-experiments.get GET /api/v1/experiments/{group_id} experiments:manage
-experiments.members.add POST /api/v1/experiments/{group_id}/members experiments:manage
-experiments.rank GET /api/v1/experiments/{group_id}/rank experiments:manage
-scheduler.wakeups.create POST /api/v1/scheduler/wakeups scheduler:manage
-scheduler.wakeups.list GET /api/v1/scheduler/wakeups scheduler:manage
-scheduler.wakeups.get GET /api/v1/scheduler/wakeups/{id} scheduler:manage
-scheduler.wakeups.cancel DELETE /api/v1/scheduler/wakeups/{id} scheduler:manage
-executions.claim POST /api/v1/executions/claim executions:manage
-executions.list GET /api/v1/executions executions:manage
-executions.get GET /api/v1/executions/{id} executions:manage
-executions.delete DELETE /api/v1/executions/{id} executions:manage
-executions.complete POST /api/v1/executions/{id}/complete executions:manage
-executions.fail POST /api/v1/executions/{id}/fail executions:manage
-executions.heartbeat POST /api/v1/executions/{id}/heartbeat executions:manage
-executions.cancel POST /api/v1/executions/{id}/cancel executions:manage
-"""
-
-
-@dataclass(frozen=True)
-class ManifestOperation:
-    id: str
-    method: str
-    path: str
-    scope: str
-    fleet_supported: bool
-
-
-FLEET_MANIFEST = {op.id: op for op in (
-    ManifestOperation("actae.api.v1." + parts[0], parts[1], parts[2], parts[3], len(parts) == 4)
-    for parts in (line.split() for line in FLEET_MANIFEST_TEXT.strip().splitlines()))}
-
-
-def route_shape(path: str) -> str:
-    return re.sub(r"\{[^}]+\}", "{}", path)
-
-
-@functools.cache
-def fleet_operation_routes() -> dict:
-    """Each fleet-supported manifest operation's route in API_ROUTES (matched by method and path shape)."""
-    routes = {(r.method, route_shape(r.path)): r for r in API_ROUTES}
-    return {op.id: routes[(op.method, route_shape(op.path))] for op in FLEET_MANIFEST.values() if op.fleet_supported}
-
-
-@functools.cache
-def route_operations() -> dict:
-    """(method, path shape) of a route -> the manifest operation it serves."""
-    return {(op.method, route_shape(op.path)): op for op in FLEET_MANIFEST.values()}
-
-
-def fleet_route(operation_id: str) -> Any:
-    return fleet_operation_routes()[operation_id]
-
-
-def supported_operation(operation_id: str) -> ManifestOperation:
-    op = FLEET_MANIFEST.get(operation_id)
-    if op is None:
-        raise NotFound(f"unknown API manifest operation: {operation_id}", code="unknown_operation")
-    if not op.fleet_supported:
-        raise UnsupportedOperation(f"unsupported API operation: {operation_id} is not a fleet command"
-                                   " (sign-ins and sessions are made with each instance directly)")
-    return op
-
-
-# --- dispatch: in process for the local instance, HTTP for a remote one ------------------------------
-
-
-@dataclass(frozen=True)
-class Target:
-    instance_id: str
-    remote: Optional[RemoteInstance] = None      # None: this server itself
-
-
-async def fleet_target(app, instance_id: str) -> Target:
-    """The instance named: this server, or a registered remote one (NotFound otherwise)."""
-    if instance_id == app.state.instance_id:
-        return Target(instance_id)
-    remote = (await app.state.fleet.directory.fresh()).instances.get(instance_id)
-    if remote is None:
-        raise NotFound(f"instance {instance_id} is not in organisation {app.state.settings.organization}",
-                       code="unknown_instance")
-    if remote.key is None:
-        raise InstanceFailed(instance_id, "key_unreadable", f"its key cannot be decrypted with this data dir's"
-                             f" {FLEET_KEY_FILE}: run `actae instance add` for it again", retryable=False)
-    return Target(instance_id, remote)
-
-
-def fill_path(template: str, params: dict) -> str:
-    """A route path with its parameters in place, each percent-encoded as one segment."""
-    return re.sub(r"\{(\w+)\}", lambda m: quote_segment(str(params[m.group(1)])), template)
-
-
-def quote_segment(value: str) -> str:
-    from urllib.parse import quote
-    return quote(value, safe="")
-
-
-def query_text(query: dict) -> str:
-    """A query object as a query string: null left out, booleans as true/false, lists repeated."""
-    pairs = []
-    for name, value in query.items():
-        for item in value if isinstance(value, list) else [value]:
-            if item is not None:
-                pairs.append((name, ("true" if item else "false") if isinstance(item, bool)
-                              else item if isinstance(item, str) else json.dumps(item) if isinstance(item, dict)
-                              else str(item)))
-    return urlencode(pairs)
-
-
-def with_operation_id(route: Any, raw: Optional[bytes], idempotency_key: Optional[str]) -> Optional[bytes]:
-    """The Idempotency-Key as the body's operation_id where the route's body has one and none was sent."""
-    if not idempotency_key or raw is None or route.body is None or "operation_id" not in route.body.__struct_fields__:
-        return raw
-    try:
-        value = msgspec.json.decode(raw)
-    except msgspec.DecodeError:
-        return raw                      # the route's own decoding answers 400
-    if isinstance(value, dict) and not value.get("operation_id"):
-        return msgspec.json.encode({**value, "operation_id": idempotency_key})
-    return raw
-
-
-def internal_request(app, route: Any, params: dict, query: str, raw: Optional[bytes]) -> Request:
-    """A Request for `route` made in process: what serve_route reads of an HTTP one."""
-    path = fill_path(route.path, params)
-    scope = {"type": "http", "http_version": "1.1", "method": route.method, "scheme": "http", "path": path,
-             "raw_path": path.encode("ascii"), "root_path": "", "query_string": query.encode("ascii"),
-             "headers": [(b"content-type", b"application/json")], "app": app, "path_params": dict(params),
-             "client": None, "server": None}
-    chunks = [raw or b""]
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": chunks.pop() if chunks else b"", "more_body": False}
-    return Request(scope, receive)
-
-
-async def fleet_dispatch(app, principal: FleetPrincipal, target: Target, route: Any, params: dict, query: str,
-                         raw: Optional[bytes], *, idempotency_key: Optional[str] = None, verbatim: bool = False) -> Any:
-    """`route` on `target` for `principal`: the direct route's answer record, or its error raised. With
-    `verbatim`, a remote's answer (checked against the record) is passed on byte for byte, so nothing
-    it says beyond the record's declared fields is lost on the way."""
-    raw = with_operation_id(route, raw, idempotency_key)
-    request = internal_request(app, route, params, query, raw)
-    if target.remote is None:
-        if route.auth == "bearer":         # GET /auth/me: the organisation token, as a user without an address
-            request.state.user, request.state.bearer = principal.user(), None
-        return await serve_route(request, route, principal)
-    authorize_remote(principal, route, await route_parts(request, route))
-    return await remote_dispatch(app, target.remote, route, request.url.path, query, raw, idempotency_key,
-                                 verbatim)
-
-
-def authorize_remote(principal: Principal, route: Any, parts: dict) -> None:
-    """The fleet token's channel patterns, checked at the gateway before a remote instance is asked (the
-    remote checks its own key's scopes too). A channel the route finds by a lookup (an execution's,
-    a wake-up's) is not known here: that needs the action on every channel."""
-    for action, where in route.scopes:
-        if principal.can_everywhere(action):
-            continue
-        if where == SOMEWHERE:
-            if not principal.can_somewhere(action):
-                raise Forbidden(f"this credential may not {action} any channel")
-            continue
-        kind, _, name = where.partition(".")
-        if where == EVERY or kind not in ("path", "query", "body"):
-            principal.require(action, None)
-            continue
-        value = getattr(parts.get(kind), name, None)
-        for channel in (value if isinstance(value, list) else [value]) if value else [None]:
-            principal.require(action, channel)
-
-
-def remote_timeout(app, remote: RemoteInstance) -> float:
-    return remote.timeout or app.state.settings.fleet_timeout
-
-
-def http_exchange(method: str, url: str, headers: dict, body: Optional[bytes], timeout: float) -> tuple:
-    """One HTTP request with urllib (blocking: run it on the fleet's threads); (status, body bytes).
-    Redirects are not followed: the instance's key goes to its own URL only."""
-    import urllib.error
-    import urllib.request
-
-    class NoRedirect(urllib.request.HTTPRedirectHandler):
-        def redirect_request(self, *args, **kwargs):
-            return None
-
-    opener = urllib.request.build_opener(NoRedirect)
-    request = urllib.request.Request(url, data=body, method=method, headers=headers)
-    try:
-        with opener.open(request, timeout=timeout) as answer:
-            return answer.status, answer.read(MAX_BODY_BYTES + 1)
-    except urllib.error.HTTPError as exc:
-        with exc:
-            return exc.code, exc.read(MAX_BODY_BYTES + 1)
-
-
-async def remote_http(app, remote: RemoteInstance, method: str, url: str, headers: dict, body: Optional[bytes],
-                      timeout: Optional[float] = None) -> tuple:
-    """(status, body) from a remote instance, within its timeout; InstanceFailed when it gives none."""
-    timeout = timeout or remote_timeout(app, remote)
-    loop = asyncio.get_running_loop()
-    try:
-        return await asyncio.wait_for(loop.run_in_executor(
-            app.state.fleet.http, http_exchange, method, url, headers, body, timeout), timeout + 0.5)
-    except (asyncio.TimeoutError, TimeoutError, socket.timeout):
-        raise InstanceFailed(remote.id, "timeout", f"no answer within {timeout:g} s", status=504) from None
-    except OSError as exc:                   # refused, reset, unknown host: urllib's URLError is one
-        reason = getattr(exc, "reason", exc)
-        if isinstance(reason, (TimeoutError, socket.timeout)):
-            raise InstanceFailed(remote.id, "timeout", f"no answer within {timeout:g} s", status=504) from None
-        raise InstanceFailed(remote.id, "unreachable", f"cannot reach {remote.url}: {reason}") from None
-
-
-def remote_error(remote: RemoteInstance, status: int, data: bytes) -> ActaeError:
-    """A remote instance's refusal as the gateway's: its status and code, except that its 401 (the
-    gateway's key) and its 5xx are the gateway's 502 (a 401 would make the SDK drop its fleet token)."""
-    try:
-        body = msgspec.json.decode(data)
-        code, message = str(body.get("status") or "error"), str(body.get("error") or body.get("message") or "")
-    except (msgspec.DecodeError, AttributeError):
-        code, message = "error", data[:200].decode("utf-8", "replace")
-    if status == 401:
-        return InstanceFailed(remote.id, "instance_unauthorized", f"it refused the gateway's key: {message}",
-                              retryable=False)
-    if status >= 500:
-        return InstanceFailed(remote.id, code, message or f"it answered {status}", status=503 if status == 503 else 502)
-    return ActaeError(message, code=code, status=status)
-
-
-async def remote_login(app, remote: RemoteInstance, *, again: bool = False) -> str:
-    """A login token for the remote's key (its Bearer-only routes), kept until shortly before it expires."""
-    held = app.state.fleet.remote_tokens.get(remote.id)
-    if held is not None and not again and held[1] > time.monotonic():
-        return held[0]
-    status, data = await remote_http(app, remote, "POST", remote.url + "/api/v1/auth/api-key-login",
-                                     {"x-api-key": remote.key, "content-type": "application/json"}, b"{}")
-    if status != 200:
-        raise remote_error(remote, status, data)
-    token = msgspec.json.decode(data, type=LoggedIn).token
-    app.state.fleet.remote_tokens[remote.id] = (token, time.monotonic() + TOKEN_TTL_SECONDS / 2)
-    return token
-
-
-async def remote_dispatch(app, remote: RemoteInstance, route: Any, path: str, query: str, raw: Optional[bytes],
-                          idempotency_key: Optional[str], verbatim: bool = False) -> Any:
-    url = remote.url + path + (f"?{query}" if query else "")
-    headers = {"x-api-key": remote.key, "accept": "application/json", "content-type": "application/json"}
-    if idempotency_key:
-        headers["idempotency-key"] = idempotency_key
-    body = (raw or b"") if route.body is not None or route.text_body is not None or route.method != "GET" else None
-    for attempt in (0, 1):
-        if route.auth == "bearer":
-            headers["authorization"] = "Bearer " + await remote_login(app, remote, again=attempt > 0)
-        status, data = await remote_http(app, remote, route.method, url, headers, body)
-        if status == 401 and route.auth == "bearer" and attempt == 0:
-            continue                       # its login token ended (logout, restart): log in once more
-        break
-    if status != 200:
-        raise remote_error(remote, status, data)
-    try:
-        answer = msgspec.json.decode(data, type=route.answer)     # typed: the direct route's answer record
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise InstanceFailed(remote.id, "bad_answer", f"its answer is not a {getattr(route.answer, '__name__', 'JSON')}"
-                             f" answer: {exc}", retryable=False) from None
-    return Response(data, media_type="application/json") if verbatim else answer
-
-
-# --- multi-instance queries: keyset pages over the direct query route ---------------------------------
-
-
-def query_fingerprint(q: EventQuery) -> str:
-    """What a page token is bound to: the query's filters (not its limit, offset or pagination)."""
-    filters = msgspec.to_builtins(q)
-    for name in ("limit", "offset", "pagination"):
-        filters.pop(name, None)
-    return sha256_hex(canonical_json(filters))[:16]
-
-
-def page_token(instance_id: str, fingerprint: str, key: Optional[tuple]) -> str:
-    doc = {"v": 1, "i": instance_id, "f": fingerprint}
-    if key is not None:
-        doc.update(t=key[0], c=key[1], k=key[2])
-    return b64url(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8"))
-
-
-def read_page_token(token: str, instance_id: str, fingerprint: str) -> Optional[tuple]:
-    """The (timestamp, channel, cursor) a page token continues after (None: from the start); 400 otherwise."""
-    try:
-        doc = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
-        assert isinstance(doc, dict) and doc.get("v") == 1
-        if doc.get("i") != instance_id or doc.get("f") != fingerprint:
-            raise BadRequest(f"page_tokens[{instance_id!r}] was made for another instance or query")
-        if "t" not in doc:
-            return None
-        parse_iso(doc["t"])
-        assert isinstance(doc["c"], str) and is_int(doc["k"])
-        return doc["t"], doc["c"], doc["k"]
-    except (ValueError, TypeError, KeyError, AssertionError, UnicodeError, BadRequest) as exc:
-        if isinstance(exc, BadRequest) and "was made for" in exc.message:
-            raise
-        raise BadRequest(f"page_tokens[{instance_id!r}] is not a page token of this gateway") from None
-
-
-def event_key(event: Event) -> tuple:
-    return event.timestamp, event.channel_id, event.cursor
-
-
-def newest_first(events: list, instance_of: Callable = lambda e: "") -> list:
-    """The direct query's order (timestamp descending, then channel, then cursor descending), across instances."""
-    ordered = sorted(events, key=lambda e: (instance_of(e), e.channel_id, -e.cursor))
-    return sorted(ordered, key=lambda e: e.timestamp, reverse=True)      # stable: ties keep the order above
-
-
-async def keyset_page(run: Callable, base: EventQuery, after: Optional[tuple], limit: int) -> tuple:
-    """Up to `limit` events after the key `after`, in the direct query's order; (events, maybe more).
-
-    Built on the direct query's own filters, so it works the same on every instance: the events of
-    the key's millisecond that come after it (a `from`=`to` window), then those older than it."""
-    found: list = []
-    until = base.until
-    if after is not None:
-        moment, channel, cursor = parse_iso(after[0]), after[1], after[2]
-        offset = 0
-        while True:
-            batch = await run(msgspec.structs.replace(base, since=moment, until=moment, limit=REPLAY_LIMIT_MAX,
-                                                      offset=offset))
-            found += [e for e in batch if (e.channel_id, -e.cursor) > (channel, -cursor)]
-            if len(batch) < REPLAY_LIMIT_MAX:
-                break
-            offset += len(batch)
-        if len(found) >= limit:
-            return found[:limit], True
-        until = moment - timedelta(milliseconds=1)
-        if base.until is not None:
-            until = min(until, base.until)
-        if base.since is not None and until < base.since:
-            return found, False
-    need = limit - len(found)
-    batch = await run(msgspec.structs.replace(base, until=until, limit=need, offset=0))
-    return found + batch, len(batch) == need
-
-
-def failure_of(instance_id: str, exc: ActaeError) -> InstanceFailure:
-    retryable = exc.retryable if isinstance(exc, InstanceFailed) else exc.status >= 500
-    return InstanceFailure(instance_id=instance_id, code=exc.code, message=exc.message, retryable=retryable)
-
-
-async def fleet_query(app, principal: FleetPrincipal, body: FleetQuery) -> FleetEvents:
-    """POST .../events/query: each instance's page of the direct query, merged newest first."""
-    q = body.query
-    keyset = q.pagination == "keyset" or bool(body.page_tokens)
-    base = EventQuery(**{name: getattr(q, name) for name in EventQuery.__struct_fields__})
-    if keyset:
-        base = msgspec.structs.replace(base, offset=0)
-    fingerprint = query_fingerprint(base)
-    instance_ids = list(dict.fromkeys(body.instances))
-    given = body.page_tokens or {}
-    starts = {i: read_page_token(given[i], i, fingerprint) if i in given else None for i in instance_ids}
-    route = fleet_route("actae.api.v1.events.query")
-
-    async def one(instance_id: str) -> tuple:
-        try:
-            target = await fleet_target(app, instance_id)
-
-            async def run(query: EventQuery) -> list:
-                answer = await fleet_dispatch(app, principal, target, route, {}, "", msgspec.json.encode(query))
-                return answer.events
-            if keyset:
-                events, more = await keyset_page(run, base, starts[instance_id], q.limit)
-            else:
-                events, more = await run(base), False
-            return events, more, None
-        except ActaeError as exc:
-            return [], False, failure_of(instance_id, exc)
-
-    results = dict(zip(instance_ids, await asyncio.gather(*(one(i) for i in instance_ids))))
-    merged = [FleetEvent(**msgspec.structs.asdict(e), instance_id=i) for i, (events, _, _) in results.items()
-              for e in events]
-    shown = newest_first(merged, lambda e: e.instance_id)[:q.limit]
-    tokens: dict = {}
-    if keyset:
-        for instance_id, (events, more, failure) in results.items():
-            included = [e for e in shown if e.instance_id == instance_id]
-            if failure is not None or (events and not included):     # not advanced: the same page again
-                tokens[instance_id] = given.get(instance_id) or page_token(instance_id, fingerprint, None)
-            elif included and (more or len(included) < len(events)):
-                tokens[instance_id] = page_token(instance_id, fingerprint, event_key(included[-1]))
-    errors = [failure for _, _, failure in results.values() if failure is not None]
-    return FleetEvents(events=shown, errors=errors, page=FleetPage(next_page_tokens=tokens),
-                       next_page_token=tokens.get(instance_ids[0]) if len(instance_ids) == 1 else None)
-
-
-# --- the handlers ---------------------------------------------------------------------------------------
-
-
-def fleet_caller(request: Request, path: Any) -> FleetPrincipal:
-    """The fleet token's principal, when the path names the organisation it and this gateway belong to."""
-    principal, organization = request.state.principal, request.app.state.settings.organization
-    if path.organization_id != organization:
-        raise Forbidden(f"this gateway serves organisation {organization!r}, not {path.organization_id!r}")
-    return principal
-
-
-def local_instance(app) -> FleetInstance:
-    return FleetInstance(instance_id=app.state.instance_id, name="local", local=True, url=None, dashboard_url="/",
-                         added_at=None)
-
-
-async def fleet_token_exchange(request: Request, body: FleetTokenRequest) -> FleetToken:
-    """Exchange an organisation token for a short-lived fleet token with the requested scopes it grants."""
-    row, settings = request.state.org_token, request.app.state.settings
-    if body.organization_id not in (None, settings.organization):
-        raise Forbidden(f"this gateway serves organisation {settings.organization!r}, not {body.organization_id!r}")
-    scopes = granted_scopes(org_grant(row["scopes"]), body.scopes)
-    if not scopes:
-        raise Forbidden(f"the organisation token grants none of the requested scopes ({', '.join(body.scopes or ())})")
-    now = time.time()
-    expires = now + settings.fleet_token_ttl
-    if row["expires_at"] is not None:
-        expires = min(expires, parse_iso(row["expires_at"]).timestamp())
-    token = sign_fleet_token(request.app.state.token_secret, {
-        "iss": "actae", "org": settings.organization, "otk": row["id"], "scp": scopes, "exp": expires,
-        "jti": secrets.token_urlsafe(12)})
-    return FleetToken(token=token, token_type="Bearer", expires_in=max(0, int(expires - now)),
-                      organization_id=settings.organization, scopes=scopes)
-
-
-async def fleet_instances(request: Request, path) -> FleetInstances:
-    """The organisation's instances: this server, then the registered remote ones."""
-    fleet_caller(request, path)
-    app = request.app
-    directory = await app.state.fleet.directory.fresh()
-    remotes = [FleetInstance(instance_id=r.id, name=r.name, local=False, url=r.url, dashboard_url=r.url + "/",
-                             added_at=r.added_at) for r in directory.instances.values()]
-    return FleetInstances(organization_id=app.state.settings.organization,
-                          gateway_protocol_version=FLEET_PROTOCOL_VERSION, instances=[local_instance(app), *remotes])
-
-
-async def fleet_capabilities(request: Request, path) -> FleetCapabilities:
-    """An instance's versions and the manifest operations the gateway dispatches to it."""
-    principal, app = fleet_caller(request, path), request.app
-    target = await fleet_target(app, path.instance_id)
-    info = await fleet_dispatch(app, principal, target, fleet_route("actae.api.v1.instance.get"), {}, "", None)
-    return FleetCapabilities(
-        organization_id=app.state.settings.organization, instance_id=path.instance_id, local=target.remote is None,
-        gateway_protocol_version=FLEET_PROTOCOL_VERSION, api_version=info.api_version, version=info.version,
-        engine_version=info.version, backend=info.backend, features=info.features,
-        supported_fleet_operations=[op.id for op in FLEET_MANIFEST.values() if op.fleet_supported])
-
-
-async def fleet_operation(request: Request, path, body: OperationEnvelope) -> OperationAnswer:
-    """Run one manifest operation on one instance; it answers what the operation's direct route answers."""
-    principal, app = fleet_caller(request, path), request.app
-    op = supported_operation(path.operation_id)
-    principal.require_scope(op.scope)
-    route = fleet_route(op.id)
-    names, ours = re.findall(r"\{([^}]+)\}", op.path), re.findall(r"\{(\w+)\}", route.path)
-    given = {**(body.params or {}), **(body.path_params or {})}
-    missing = [name for name in names if name not in given]
-    if missing:
-        raise BadRequest(f"missing path parameters for {op.id}: {missing}")
-    params = {our: str(given[name]) for name, our in zip(names, ours)}
-    query = {**{k: v for k, v in (body.params or {}).items() if k not in names}, **(body.query or {})}
-    raw = None
-    if route.body is not None:
-        raw = b"" if body.body is None or (body.body == {} and route.body_optional) else msgspec.json.encode(body.body)
-    return await fleet_dispatch(app, principal, await fleet_target(app, path.instance_id), route, params,
-                                query_text(query), raw, idempotency_key=request.headers.get("idempotency-key"),
-                                verbatim=True)
-
-
-async def fleet_resource(request: Request, path, operation_id: str, params: dict, record: Record) -> Any:
-    principal, app = fleet_caller(request, path), request.app
-    principal.require_scope(FLEET_MANIFEST[operation_id].scope)
-    return await fleet_dispatch(app, principal, await fleet_target(app, path.instance_id), fleet_route(operation_id),
-                                params, "", msgspec.json.encode(record),
-                                idempotency_key=request.headers.get("idempotency-key"), verbatim=True)
-
-
-async def fleet_record(request: Request, path, body: RecordEvent) -> EventAnswer:
-    """Record an event on one instance (its POST /api/v1/events/record)."""
-    return await fleet_resource(request, path, "actae.api.v1.events.record", {}, body)
-
-
-async def fleet_fork(request: Request, path, body: Fork) -> Receipt:
-    """Fork a run on one instance (its POST /api/v1/channels/fork); the Idempotency-Key is the operation id."""
-    return await fleet_resource(request, path, "actae.api.v1.forks.create", {}, body)
-
-
-async def fleet_save_state(request: Request, path, body: SaveState) -> SavedState:
-    """Save a state on one instance (its POST /api/v1/state/{channel_id}); the Idempotency-Key is the operation id."""
-    same_channel(body.channel_id, path.channel_id)
-    return await fleet_resource(request, path, "actae.api.v1.state.save", {"channel_id": path.channel_id}, body)
-
-
-async def fleet_query_events(request: Request, path, body: FleetQuery) -> FleetEvents:
-    """Query one or more instances; keyset pages carry a continuation token per instance."""
-    principal = fleet_caller(request, path)
-    principal.require_scope("events:read")
-    return await fleet_query(request.app, principal, body)
-
-
-async def fleet_stream_ticket(request: Request, path, body: StreamTicketRequest) -> StreamTicket:
-    """A one-use ticket that opens the event stream of one instance (and channel) for a short while."""
-    principal, app = fleet_caller(request, path), request.app
-    principal.require_scope("events:read")
-    await fleet_target(app, body.instance_id)
-    if body.channel_id is not None:
-        principal.require("read", body.channel_id)
-    ticket, ttl = FLEET_TICKET_PREFIX + secrets.token_urlsafe(24), app.state.settings.fleet_ticket_ttl
-    await db_of(request).write(mint_ticket, sha256_hex(ticket), principal.org_token_id, list(principal.fleet_scopes),
-                               body.instance_id, body.channel_id, body.resume_cursor, ttl)
-    return StreamTicket(ticket=ticket, expires_in=max(1, round(ttl)), instance_id=body.instance_id,
-                        channel_id=body.channel_id, resume_cursor=body.resume_cursor)
-
-
-# --- a direct route called with a fleet token (the SDK's FleetClient.call) -----------------------------
-
-
-def fleet_error(exc: ActaeError) -> Response:
-    """The gateway's error answer: {"status", "error"} and `message`, the field the SDK's FleetClient reads."""
-    return Response(msgspec.json.encode(FleetErrorBody(status=exc.code, error=exc.message, message=exc.message)),
-                    status_code=exc.status, media_type="application/json")
-
-
-async def fleet_direct_call(request: Request, route: Any, token: str) -> Any:
-    """A direct route's request carrying a fleet token: the manifest operation it is, dispatched to the
-    instance X-Actae-Instance-Id names (this server without one). Only fleet commands: no open proxy."""
-    app = request.app
-    principal = await check_fleet_token(app, token)
-    op = route_operations().get((route.method, route_shape(route.path)))
-    if op is None:
-        raise UnsupportedOperation(f"{route.method} {route.path} is not a manifest operation: call the instance itself")
-    supported_operation(op.id)
-    principal.require_scope(op.scope)
-    target = await fleet_target(app, request.headers.get("x-actae-instance-id") or app.state.instance_id)
-    raw = await read_capped(request) if route.body is not None else None
-    return await fleet_dispatch(app, principal, target, route, dict(request.path_params),
-                                request.url.query, raw, idempotency_key=request.headers.get("idempotency-key"),
-                                verbatim=True)
-
-
-def fleet_endpoint(route: Any, endpoint: Callable) -> Callable:
-    """A route's endpoint as the gateway needs it: its own routes answer errors in the SDK's fleet shape;
-    a direct route sent a fleet token (`authorization: Bearer`) is dispatched as a fleet command."""
-    if is_fleet_path(route.path):
-        async def gateway(request: Request) -> Response:
-            try:
-                return await endpoint(request)
-            except ActaeError as exc:
-                return fleet_error(exc)
-        gateway.__name__ = endpoint.__name__
-        return gateway
-    fleet_call = converting_bugs(lambda request: fleet_direct_call(request, route, bearer_token(request)))
-
-    async def direct(request: Request) -> Response:
-        token = bearer_token(request)
-        if token is None or not looks_like_fleet_token(token):
-            return await endpoint(request)
-        try:
-            return api_response(await fleet_call(request))
-        except ActaeError as exc:
-            return fleet_error(exc)
-    direct.__name__ = endpoint.__name__
-    return direct
-
-
-# =============================================================================
-# HTTP API: the route table, and the OpenAPI document generated from it
-# =============================================================================
-
-
-EVERY = "*"            # a call that is not about one channel needs the action on every channel
-SOMEWHERE = "any"      # ... or only some pattern for it (the answer is filtered to what the scopes match)
-
-
-def reads(*where: str) -> tuple:
-    return tuple(("read", w) for w in where)
-
-
-def writes(*where: str) -> tuple:
-    return tuple(("write", w) for w in where)
-
-
-def deletes(*where: str) -> tuple:
-    return tuple(("delete", w) for w in where)
-
-
-ADMIN = (("admin", EVERY),)
-
-# Where a route's channel is when it is not in the request: one row away.
-CHANNEL_LOOKUPS = {
-    "event": "SELECT channel_id FROM events WHERE id = ?",
-    "execution": "SELECT channel_id FROM executions WHERE id = ?",
-    "wakeup": "SELECT channel_id FROM wakeups WHERE id = ?",
-    "group": "SELECT channel_id FROM consumer_groups WHERE id = ?",
-    "parent": "SELECT parent_id FROM channels WHERE id = ?",
-}
-
-
-def looked_up_channel(conn: Conn, sql: str, value: Any) -> Optional[str]:
-    row = conn.execute(sql, (value,)).fetchone()
-    return row[0] if row else None
-
-
-@dataclass(frozen=True)
-class TextBody:
-    """A request body that is a file, not one JSON value: documented as `name`, parsed by `parse`."""
-
-    name: str                          # its schema in /openapi.json (a string)
-    description: str
-    media_types: tuple                 # documented; the body is read whatever content-type it is sent with
-    max_bytes: int
-    parse: Callable[[bytes], Any]      # bytes -> what the handler gets as `body`; BadRequest when bad
-
-
-@dataclass(frozen=True)
-class Api:
-    """One API route: how to call it, what it takes, who may."""
-
-    method: str
-    path: str
-    handler: Callable
-    body: Optional[type] = None        # the JSON body's record
-    text_body: Optional[TextBody] = None   # or a body in another format
-    query: Optional[type] = None       # the query string's record
-    answers: str = "application/json"  # the media type of a 200 answer
-    body_optional: bool = False        # the SDK may send no body at all
-    # (action, where) pairs the credential's scopes must allow; () = any valid credential. `where`
-    # names the channel: "path.channel_id", "body.source_channel_id", "query.left", a lookup
-    # ("execution.execution_id" finds the execution's channel), EVERY or SOMEWHERE.
-    scopes: tuple = ()
-    # key: x-api-key (a key or a login token); user: the Bearer login token when one is sent, else
-    # the key; bearer: the Bearer login token only (the account it names); optional: a key if one is
-    # valid (signup); public: none (probes, logins, the API description); fleet: a fleet token (the
-    # gateway's routes); org: an organisation token (the fleet token exchange).
-    auth: str = "key"
-
-    @property
-    def public(self) -> bool:
-        return self.auth == "public"
-
-    @property
-    def answer(self) -> Any:
-        """The 2xx answer's record: the handler's return annotation, the one place it is declared.
-        A handler that returns a Response (a file, the Prometheus text) answers `answers` as text."""
-        return answer_type(self.handler)
-
-    @property
-    def path_params(self) -> Optional[type]:
-        return path_record(self.path)
-
-    @property
-    def tag(self) -> str:
-        if is_fleet_path(self.path):
-            return "fleet"
-        parts = self.path.split("/")
-        return parts[3] if len(parts) > 3 and parts[1] == "api" else "server"
-
-    @property
-    def summary(self) -> str:
-        doc = (self.handler.__doc__ or "").strip().splitlines()
-        return doc[0] if doc else self.handler.__name__.replace("_", " ")
-
-
-@functools.cache
-def answer_type(handler: Callable) -> Any:
-    return typing.get_type_hints(handler)["return"]
-
-
-FLEET_ORG_PATH = "/v1/organizations/{organization_id}"
-FLEET_ROUTES = [
-    Api("POST", "/api/v1/fleet/token", fleet_token_exchange, body=FleetTokenRequest, auth="org"),
-    Api("GET", f"{FLEET_ORG_PATH}/instances", fleet_instances, auth="fleet"),
-    Api("GET", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/capabilities", fleet_capabilities, auth="fleet"),
-    Api("POST", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/ops/{{operation_id}}", fleet_operation, body=OperationEnvelope,
-        auth="fleet"),
-    Api("POST", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/events", fleet_record, body=RecordEvent, auth="fleet"),
-    Api("POST", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/forks", fleet_fork, body=Fork, auth="fleet"),
-    Api("PUT", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/state/{{channel_id}}", fleet_save_state, body=SaveState,
-        auth="fleet"),
-    Api("POST", f"{FLEET_ORG_PATH}/events/query", fleet_query_events, body=FleetQuery, auth="fleet"),
-    Api("POST", f"{FLEET_ORG_PATH}/events/stream/tickets", fleet_stream_ticket, body=StreamTicketRequest, auth="fleet"),
-]
-
-P, B = "path.channel_id", "body.channel_id"
-API_ROUTES = [
-    Api("POST", "/api/v1/events/record", api_events_record, body=RecordEvent, scopes=writes(B)),
-    Api("GET", "/api/v1/events/replay/{channel_id}", api_events_replay, query=ReplayQuery, scopes=reads(P)),
-    Api("POST", "/api/v1/events/query", api_events_query, body=EventQuery, scopes=reads("body.channel_ids")),
-    Api("GET", "/api/v1/events/cursor/{channel_id}", api_events_cursor, scopes=reads(P)),
-    Api("POST", "/api/v1/events/transition", api_events_transition, body=Transition, scopes=writes(B)),
-    Api("GET", "/api/v1/events/verify/{channel_id}", api_events_verify, scopes=reads(P)),
-    Api("GET", "/api/v1/events/{event_id}/causal-graph", api_events_causal_graph, query=CausalQuery,
-        scopes=reads("event.event_id")),
-    Api("POST", "/api/v1/state/{channel_id}", api_state_save, body=SaveState, scopes=writes(P)),
-    Api("GET", "/api/v1/state/{channel_id}", api_state_latest, scopes=reads(P)),
-    Api("GET", "/api/v1/state/{channel_id}/versions", api_state_versions, query=PageQuery, scopes=reads(P)),
-    Api("GET", "/api/v1/state/{channel_id}/version/{version}", api_state_version, scopes=reads(P)),
-    Api("DELETE", "/api/v1/state/{channel_id}/version/{version}", api_state_delete, scopes=deletes(P)),
-    Api("GET", "/api/v1/channels", api_channels_list, scopes=reads(SOMEWHERE)),
-    Api("POST", "/api/v1/channels/fork", api_channels_fork, body=Fork,
-        scopes=writes("body.source_channel_id", "body.new_channel_id")),
-    Api("GET", "/api/v1/channels/diff", api_channels_diff, query=PairQuery, scopes=reads("query.left", "query.right")),
-    Api("GET", "/api/v1/channels/compare", api_channels_compare, query=PairQuery,
-        scopes=reads("query.left", "query.right")),
-    Api("GET", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata, scopes=reads(P)),
-    Api("PUT", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata_put, body=PutMetadata,
-        scopes=writes(P)),
-    Api("GET", "/api/v1/channels/{channel_id}/forks", api_channels_forks, scopes=reads(P)),
-    Api("GET", "/api/v1/channels/{channel_id}/steps", api_channels_steps, scopes=reads(P)),
-    Api("GET", "/api/v1/channels/{channel_id}/steps/{step_number}", api_channels_step, scopes=reads(P)),
-    Api("GET", "/api/v1/channels/{channel_id}/receipt", api_channels_receipt, scopes=reads(P)),
-    Api("GET", "/api/v1/channels/{channel_id}/fork-tree", api_channels_fork_tree, scopes=reads(P)),
-    Api("GET", "/api/v1/channels/{channel_id}/trail", api_channels_trail, scopes=reads(P)),
-    Api("PATCH", "/api/v1/channels/{channel_id}/outcome", api_channels_outcome, body=SetOutcome, scopes=writes(P)),
-    Api("POST", "/api/v1/channels/{channel_id}/promote", api_channels_promote, body=Empty, body_optional=True,
-        scopes=writes(P, "parent.channel_id")),
-    Api("POST", "/api/v1/channels/{channel_id}/close", api_channels_close, body=Empty, body_optional=True,
-        scopes=writes(P)),
-    Api("DELETE", "/api/v1/channels/{channel_id}", api_channels_delete, query=DeleteQuery, scopes=deletes(P)),
+def add_moving_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
+    export = commands.add_parser("export", parents=[common],
+                                 help="write a run, with its ancestors, to standard output as JSON Lines")
+    export.set_defaults(run=export_command)
+    export.add_argument("channel_id", metavar="CHANNEL")
+    export.add_argument("--with-forks", action="store_true", help="also every fork below it, forks of forks too")
+    imports = commands.add_parser("import", parents=[common], help="add the runs of an export file to this server")
+    imports.set_defaults(run=import_command)
+    imports.add_argument("file", metavar="FILE", help="the file `actae export` wrote; - reads standard input")
+    imports.add_argument("--json", action="store_true", help="print the answer as JSON")
+
+
+MOVING_ROUTES = [
     # Export also needs read on each ancestor and fork it carries; import, write on every channel in the file.
     Api("GET", "/api/v1/channels/{channel_id}/export", api_channels_export, query=ExportQuery, scopes=reads(P),
         answers=EXPORT_MEDIA_TYPE),
     Api("POST", "/api/v1/import", api_import, scopes=writes("body.channel_ids"), text_body=TextBody(
         "ExportFile", "JSON Lines, as GET /api/v1/channels/{channel_id}/export writes it",
         (EXPORT_MEDIA_TYPE, "text/plain"), IMPORT_BYTES_MAX, parse_export)),
-    Api("POST", "/api/v1/experiments", api_experiments_create, body=CreateExperiment, scopes=writes(EVERY)),
-    Api("GET", "/api/v1/experiments", api_experiments_list, scopes=reads(EVERY)),
-    Api("GET", "/api/v1/experiments/{group_id}", api_experiments_get, scopes=reads(EVERY)),
-    Api("POST", "/api/v1/experiments/{group_id}/members", api_experiments_member, body=AddExperimentMember,
-        scopes=writes(EVERY)),
-    Api("GET", "/api/v1/experiments/{group_id}/rank", api_experiments_rank, scopes=reads(EVERY)),
-    Api("POST", "/api/v1/executions/claim", api_executions_claim, body=Claim, scopes=writes(B)),
-    Api("GET", "/api/v1/executions", api_executions_list, query=ExecutionsQuery, scopes=reads("query.channel_id")),
-    Api("GET", "/api/v1/executions/{execution_id}", api_executions_get, scopes=reads("execution.execution_id")),
-    Api("DELETE", "/api/v1/executions/{execution_id}", api_executions_delete,
-        scopes=deletes("execution.execution_id")),
-    Api("POST", "/api/v1/executions/{execution_id}/complete", api_executions_complete, body=Complete,
-        body_optional=True, scopes=writes("execution.execution_id")),
-    Api("POST", "/api/v1/executions/{execution_id}/fail", api_executions_fail, body=Fail, body_optional=True,
-        scopes=writes("execution.execution_id")),
-    Api("POST", "/api/v1/executions/{execution_id}/heartbeat", api_executions_heartbeat, body=Heartbeat,
-        body_optional=True, scopes=writes("execution.execution_id")),
-    Api("POST", "/api/v1/executions/{execution_id}/cancel", api_executions_cancel, body=ClaimToken,
-        body_optional=True, scopes=writes("execution.execution_id")),
-    Api("POST", "/api/v1/groups", api_groups_create, body=CreateConsumerGroup, scopes=writes(B)),
-    Api("GET", "/api/v1/groups", api_groups_list, query=ChannelFilter, scopes=reads("query.channel_id")),
-    Api("DELETE", "/api/v1/groups/{group_id}", api_groups_delete, scopes=deletes("group.group_id")),
-    Api("POST", "/api/v1/groups/{group_id}/join", api_groups_join, body=Consumer, scopes=writes("group.group_id")),
-    Api("POST", "/api/v1/groups/{group_id}/work", api_groups_work, body=ClaimWork, scopes=writes("group.group_id")),
-    Api("POST", "/api/v1/groups/{group_id}/ack", api_groups_ack, body=AckWork, scopes=writes("group.group_id")),
-    Api("POST", "/api/v1/groups/{group_id}/heartbeat", api_groups_heartbeat, body=Consumer,
-        scopes=writes("group.group_id")),
-    Api("GET", "/api/v1/groups/{group_id}/offsets", api_groups_offsets, scopes=reads("group.group_id")),
-    # Execution groups span their members' channels: they need the action on every channel.
-    Api("POST", "/api/v1/execution-groups", api_execution_groups_create, body=CreateExecutionGroup,
-        scopes=writes(EVERY)),
-    Api("GET", "/api/v1/execution-groups", api_execution_groups_list, scopes=reads(EVERY)),
-    Api("POST", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_add_member, body=AddGroupMember,
-        scopes=writes(EVERY)),
-    Api("GET", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_members, scopes=reads(EVERY)),
-    Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/claim", api_execution_groups_claim,
-        body=LeaseClaim, scopes=writes(EVERY)),
-    Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/heartbeat", api_execution_groups_heartbeat,
-        body=LeaseHolder, scopes=writes(EVERY)),
-    Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/release", api_execution_groups_release,
-        body=LeaseHolder, scopes=writes(EVERY)),
-    Api("POST", "/api/v1/execution-groups/{group_id}/messages", api_execution_groups_send, body=SendMessage,
-        scopes=writes(EVERY)),
-    Api("GET", "/api/v1/execution-groups/{group_id}/members/{member_id}/messages", api_execution_groups_inbox,
-        query=InboxQuery, scopes=reads(EVERY)),
-    Api("POST", "/api/v1/execution-group-messages/{message_id}/ack", api_execution_group_messages_ack,
-        body=LeaseHolder, scopes=writes(EVERY)),
-    Api("POST", "/api/v1/execution-group-forks", api_execution_group_forks_create, body=ForkExecutionGroup,
-        scopes=writes(EVERY)),
-    Api("GET", "/api/v1/execution-group-forks/{fork_group_id}", api_execution_group_forks_get, scopes=reads(EVERY)),
-    Api("POST", "/api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote",
-        api_execution_group_forks_promote, body=Empty, body_optional=True, scopes=writes(EVERY)),
-    # Many runs. A bulk fork skips each run the credential may not write (or whose fork it may not);
-    # deciding checks write on the approval's run itself; pruning is the admin's.
-    Api("POST", "/api/v1/forks/bulk", api_forks_bulk, body=BulkFork, scopes=writes(SOMEWHERE)),
-    Api("GET", "/api/v1/approvals", api_approvals_list, query=ApprovalsQuery, scopes=reads("query.channel_id")),
-    Api("POST", "/api/v1/approvals/{request_id}/decide", api_approvals_decide, body=DecideApproval,
-        scopes=writes(SOMEWHERE)),
-    Api("POST", "/api/v1/admin/prune", api_admin_prune, body=Prune, scopes=ADMIN),
-    Api("POST", "/api/v1/scheduler/wakeups", api_wakeups_schedule, body=ScheduleWakeup, scopes=writes(B)),
-    Api("GET", "/api/v1/scheduler/wakeups", api_wakeups_list, query=WakeupsQuery, scopes=reads("query.channel_id")),
-    Api("GET", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_get, scopes=reads("wakeup.wakeup_id")),
-    Api("DELETE", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_cancel, scopes=deletes("wakeup.wakeup_id")),
-    Api("GET", "/api/v1/auth/capabilities", api_auth_capabilities),
-    Api("POST", "/api/v1/auth/signup", api_auth_signup, body=Signup, auth="optional"),
-    Api("POST", "/api/v1/auth/login", api_auth_login, body=Login, auth="public"),
-    Api("POST", "/api/v1/auth/api-key-login", api_auth_api_key_login, body=ApiKeyLogin, body_optional=True,
-        auth="public"),
-    Api("GET", "/api/v1/auth/config", api_auth_config, auth="public"),
-    Api("GET", "/api/v1/auth/me", api_auth_me, auth="bearer"),
-    Api("POST", "/api/v1/auth/logout", api_auth_logout, auth="bearer"),
-    Api("GET", "/api/v1/user/preferences", api_preferences_get, auth="user"),
-    Api("PUT", "/api/v1/user/preferences", api_preferences_put, body=PutPreferences, auth="user"),
-    Api("GET", "/api/v1/keys", api_keys_list, scopes=ADMIN),
-    Api("POST", "/api/v1/keys", api_keys_create, body=CreateKey, scopes=ADMIN),
-    Api("DELETE", "/api/v1/keys/{key_id}", api_keys_revoke, scopes=ADMIN),
-    # The fleet gateway (the SDK's FleetClient): a fleet token each, whose scopes fleet_dispatch checks
-    # per operation; the exchange takes the organisation token. The streams are outside the table.
-    *FLEET_ROUTES,
-    Api("GET", "/api/v1/instance", api_instance),
-    Api("GET", "/readyz", readyz),
-    Api("GET", "/metrics", metrics_text, answers="text/plain"),
-    Api("GET", "/metrics.json", metrics_json),
-    Api("GET", "/healthz", healthz, auth="public"),
-    Api("GET", "/openapi.json", openapi_json, auth="public"),
 ]
+ROUTE_LISTS.append(MOVING_ROUTES)
+COMMAND_ADDERS.append(add_moving_commands)
 
-ERROR_RESPONSES = {
-    "400": "bad input: malformed JSON, a wrong type, a value out of range, a bad channel id",
-    "401": "missing, invalid, expired or revoked API key (or login token)",
-    "403": "the credential is valid but its scopes do not allow this call on this channel",
-    "404": "the named channel, execution, group or route does not exist",
-    "409": "a conflict the SDK raises as its own exception: idempotency_conflict, version_conflict, "
-           "fork_tool_blocked, execution_not_owned, channel_conflict, ...",
-    "413": "the body is over 4 MiB, or one document over 1 MiB",
-}
-
-
-def ecma_patterns(schema: Any) -> Any:
-    """JSON Schema patterns are ECMA-262: `\\Z` (our exact end) becomes `$`, which ECMA (without the
-    m flag) anchors there too."""
-    if isinstance(schema, dict):
-        return {k: (v.replace("\\Z", "$") if k == "pattern" and isinstance(v, str) else ecma_patterns(v))
-                for k, v in schema.items()}
-    if isinstance(schema, list):
-        return [ecma_patterns(v) for v in schema]
-    return schema
-
-
-def record_parameters(kind: Optional[type], where: str, components: dict) -> list:
-    """OpenAPI parameters (in: path or query) from a record's fields."""
-    if kind is None:
-        return []
-    (ref,), defs = msgspec.json.schema_components([kind], ref_template="#/components/schemas/{name}")
-    schema = defs[ref["$ref"].rsplit("/", 1)[1]]
-    components.update({k: v for k, v in defs.items() if k != kind.__name__})
-    required = set(schema.get("required", ()))
-    return [{"name": name, "in": where, "required": where == "path" or name in required, "schema": prop}
-            for name, prop in schema.get("properties", {}).items()]
-
-
-def answer_schema(route: Api, refs: dict) -> dict:
-    if route.answer is Response:
-        return {"type": "string"}
-    return refs[route.answer]
-
-
-def openapi_document(routes: list) -> dict:
-    """OpenAPI 3.1 for the route table: every path, body, query, answer and error shape."""
-    bodies = sorted({r.body for r in routes if r.body is not None}, key=lambda k: k.__name__)
-    answers = list(dict.fromkeys(r.answer for r in routes if r.answer is not Response))
-    refs, components = msgspec.json.schema_components([*bodies, *answers, ErrorBody],
-                                                      ref_template="#/components/schemas/{name}")
-    shapes = dict(zip([*bodies, *answers], refs))
-    error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
-    paths: dict = {}
-    for route in routes:
-        answer = {"description": answer_doc(route.answer),
-                  "content": {route.answers: {"schema": answer_schema(route, shapes)}}}
-        operation = {
-            "operationId": route.handler.__name__, "summary": route.summary, "tags": [route.tag],
-            "parameters": record_parameters(route.path_params, "path", components)
-                          + record_parameters(route.query, "query", components),
-            "responses": {"200": answer,
-                          **{code: {"description": text, **error} for code, text in ERROR_RESPONSES.items()}},
-        }
-        if route.body is not None:
-            operation["requestBody"] = {"required": not route.body_optional,
-                                        "content": {"application/json": {"schema": shapes[route.body]}}}
-        elif route.text_body is not None:
-            text = route.text_body
-            components[text.name] = {"title": text.name, "type": "string", "description": text.description}
-            operation["requestBody"] = {"required": True, "content": {
-                media: {"schema": {"$ref": f"#/components/schemas/{text.name}"}} for media in text.media_types}}
-        if route.scopes:
-            operation["x-actae-scopes"] = [{"action": action, "channel": where} for action, where in route.scopes]
-        operation["security"] = {"public": [], "optional": [{}, {"apiKey": []}],
-                                 "user": [{"bearer": []}, {"apiKey": []}],
-                                 "bearer": [{"bearer": []}], "fleet": [{"bearer": []}],
-                                 "org": [{"bearer": []}]}.get(route.auth, [{"apiKey": []}])
-        paths.setdefault(route.path, {})[route.method.lower()] = operation
-    return ecma_patterns({
-        "openapi": "3.1.0",
-        "info": {"title": "Actae community server", "version": __version__,
-                 "description": "Record agent runs, fork them at an exact step, never fire a side effect twice."},
-        "paths": paths,
-        "components": {"schemas": components,
-                       "securitySchemes": {"apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"},
-                                           "bearer": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"}}},
-        "security": [{"apiKey": []}],
-    })
-
-
-def answer_doc(kind: Any) -> str:
-    doc = getattr(kind, "__doc__", None) if isinstance(kind, type) and issubclass(kind, Answer) else None
-    return doc.strip().splitlines()[0] if doc and doc.strip() else "the answer"
-
-
-def api_response(value: Any, status: int = 200) -> Response:
-    if isinstance(value, Response):
-        return value
-    return Response(msgspec.json.encode(value), status_code=status, media_type="application/json")
-
-
-async def authenticate(request: Request, route: Api) -> Optional[Principal]:
-    """The route's principal (None where none is needed); Unauthorized when a needed one is missing."""
-    if route.auth == "public":
-        return None
-    if route.auth in ("fleet", "org"):         # the fleet gateway: a fleet token, or (to get one) an org token
-        return await fleet_authenticate(request, route)
-    if route.auth in ("user", "bearer"):
-        bearer = bearer_token(request)
-        if bearer is not None:
-            principal, request.state.user = await check_token(request.app, bearer)
-            request.state.bearer = bearer
-            return principal
-        if route.auth == "bearer":
-            raise Unauthorized("send the login token as `authorization: Bearer <token>`")
-    try:
-        return await check_key(request.app, request.headers.get("x-api-key"))
-    except Unauthorized:
-        if route.auth == "optional":
-            return None
-        raise
-
-
-async def channels_named(request: Request, where: str, parts: dict) -> list:
-    """The channels a route acts on, per its table entry; [None] when it names none (every channel)."""
-    kind, _, name = where.partition(".")
-    if kind in ("path", "query", "body"):
-        value = getattr(parts.get(kind), name, None)
-        if not value:
-            return [None]
-        return list(value) if isinstance(value, list) else [value]
-    found = await db_of(request).read(looked_up_channel, CHANNEL_LOOKUPS[kind], getattr(parts["path"], name))
-    return [] if found is None else [found]      # nothing there: the handler answers 404 (or 400)
-
-
-async def authorize(request: Request, route: Api, parts: dict) -> None:
-    """Forbidden (403) unless the principal's scopes cover every (action, channel) the route declares."""
-    principal = request.state.principal
-    if principal is None:                  # optional auth: the handler decides
-        return
-    for action, where in route.scopes:
-        if principal.can_everywhere(action):
-            continue                       # the usual admin key: no channel to find
-        if where == SOMEWHERE:
-            if not principal.can_somewhere(action):
-                raise Forbidden(f"this credential may not {action} any channel")
-            continue
-        for channel in ([None] if where == EVERY else await channels_named(request, where, parts)):
-            principal.require(action, channel)
-
-
-async def route_parts(request: Request, route: Api) -> dict:
-    """The records a route declares (path, query, body), decoded and checked."""
-    parts = {}
-    if route.path_params is not None:
-        parts["path"] = decode_params(request.path_params, route.path_params, "path")
-    if route.query is not None:
-        parts["query"] = decode_params(request.query_params, route.query, "query string")
-    if route.body is not None:
-        parts["body"] = decode_body(await read_capped(request), route.body, optional=route.body_optional)
-    elif route.text_body is not None:     # a file may be large: parsed off the event loop
-        parts["body"] = await asyncio.to_thread(route.text_body.parse,
-                                                await read_capped(request, route.text_body.max_bytes))
-    return parts
-
-
-async def serve_route(request: Request, route: Api, principal: Optional[Principal]) -> Any:
-    """A route's answer for `principal`: its records decoded, its scopes checked, its handler run.
-    HTTP requests come here after their credential is checked; the fleet gateway calls it in process."""
-    request.state.principal = principal
-    parts = await route_parts(request, route)
-    if route.scopes:
-        await authorize(request, route, parts)
-    return await route.handler(request, **parts)
-
-
-def api_endpoint(route: Api) -> Callable:
-    """The Starlette endpoint of a route: key check, then the declared records decoded, then the handler."""
-
-    async def endpoint(request: Request) -> Response:
-        return api_response(await serve_route(request, route, await authenticate(request, route)))
-
-    endpoint.__name__ = route.handler.__name__
-    return endpoint
 
 
 # =============================================================================
-# WebSocket: /ws (in-band auth, subscribe with catch-up, publish with ack)
+# Observability: metrics (Prometheus at /metrics)
 # =============================================================================
-
-
-def broadcast_frame(topic: str, event: Event) -> dict:
-    return {"type": "broadcast", "topic": topic,
-            "payload": {"event": {**msgspec.structs.asdict(event), "event_type": event.type}}}
-
-
-@dataclass
-class Subscription:
-    """Per connection and topic: events go out in cursor order, each once, none skipped."""
-
-    last_cursor: int = 0
-    catching_up: bool = True
-    pending: list = field(default_factory=list)
-    own: set = field(default_factory=set)    # ids of events this connection published: not echoed
-
-
-class WsConnection:
-    def __init__(self, websocket: WebSocket, hub: "Hub"):
-        self.websocket = websocket
-        self.hub = hub
-        self.id = str(uuid.uuid4())
-        self.subscriptions: dict = {}
-        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=WS_QUEUE_MAX)
-        self.pump_task: Optional[asyncio.Task] = None
-        self.cut = False
-        self.key: Optional[str] = None
-        self.principal: Optional[Principal] = None   # re-read on every frame: revoking a key ends it
-
-    def send(self, frame: dict) -> None:
-        """Queue a frame; a client too slow to drain WS_QUEUE_MAX frames is cut off (it catches up on reconnect)."""
-        if self.cut:
-            return
-        try:
-            self.outbox.put_nowait(frame)
-        except asyncio.QueueFull:
-            self.cut_off()
-
-    def cut_off(self) -> None:
-        self.cut = True
-        self.hub.dropped += 1
-        self.hub.leave(self)
-        if self.pump_task is not None:
-            self.pump_task.cancel()          # ws_endpoint then closes the socket with 1013 (try again later)
-
-    async def send_paced(self, frame: dict) -> None:
-        """Catch-up replay waits for room in the queue instead of dropping a client that asked for history.
-
-        If the client goes away meanwhile, the pump dies and ws_endpoint cancels this wait.
-        """
-        await self.outbox.put(frame)
-
-    def deliver(self, topic: str, event: dict, *, echo: bool = True) -> None:
-        """Send the event if it is the next one; a later one means another server's commit has not
-        been heard yet: the hub reads the missing ones from the table instead."""
-        sub = self.subscriptions.get(topic)
-        if sub is None:
-            return
-        if not echo:
-            sub.own.add(event.id)
-        if sub.catching_up:
-            if len(sub.pending) >= WS_QUEUE_MAX:
-                self.cut_off()
-                return
-            sub.pending.append(event)
-        elif event.cursor == sub.last_cursor + 1:
-            sub.last_cursor = event.cursor
-            if event.id in sub.own:
-                sub.own.discard(event.id)
-            else:
-                self.send(broadcast_frame(topic, event))
-        elif event.cursor > sub.last_cursor:
-            self.hub.fill(topic)
-
-    async def pump(self) -> None:
-        while True:
-            frame = await self.outbox.get()
-            await self.websocket.send_text(msgspec.json.encode(frame).decode("utf-8"))
-            self.hub.messages_sent += 1
-
-
-class Hub:
-    """Who listens to which channel. Fed by this server's commits (in cursor order), and on
-    PostgreSQL by other servers' notifications, which only say "channel X reached cursor N": the
-    events themselves are read from the table, after each subscriber's last cursor."""
-
-    def __init__(self, db: Database):
-        self.db = db
-        self.connections: set = set()
-        self.topics: dict = {}
-        self._filling: dict = {}             # topic -> the task reading its missed events
-        self._refill: set = set()            # topics told of more while their task was reading
-        self.events_seen = self.messages_sent = self.messages_received = self.dropped = 0
-
-    def on_commit(self, events: list, exclude: Optional[WsConnection]) -> None:
-        self.events_seen += len(events)
-        for event in events:
-            for conn in list(self.topics.get(event.channel_id, ())):
-                conn.deliver(event.channel_id, event, echo=conn is not exclude)
-
-    def on_notify(self, channel_id: Optional[str], cursor: Optional[int]) -> None:
-        """Another server committed up to `cursor` on `channel_id` (None, None: maybe missed anything)."""
-        for topic in ([channel_id] if channel_id is not None else list(self.topics)):
-            subs = [c.subscriptions[topic] for c in self.topics.get(topic, ()) if topic in c.subscriptions]
-            if any(not sub.catching_up and (cursor is None or sub.last_cursor < cursor) for sub in subs):
-                self.fill(topic)
-
-    def fill(self, topic: str) -> None:
-        """Read what the topic's subscribers have not had yet; one reader task per topic."""
-        if topic in self._filling:
-            self._refill.add(topic)
-        else:
-            self._filling[topic] = asyncio.get_running_loop().create_task(self._fill(topic))
-
-    async def _fill(self, topic: str) -> None:
-        try:
-            while True:
-                self._refill.discard(topic)
-                subs = [c.subscriptions[topic] for c in self.topics.get(topic, ()) if topic in c.subscriptions]
-                live = [sub.last_cursor for sub in subs if not sub.catching_up]
-                if not live:
-                    return
-                batch = await self.db.read(replay_events, topic, min(live), REPLAY_LIMIT_MAX)
-                for event in batch:
-                    for conn in list(self.topics.get(topic, ())):
-                        conn.deliver(topic, event)
-                if len(batch) < REPLAY_LIMIT_MAX and topic not in self._refill:
-                    return
-        except Exception:  # noqa: BLE001 - the next notification or commit tries again
-            log.exception("reading missed events of %s failed", topic)
-        finally:
-            self._filling.pop(topic, None)
-
-    def watch(self, conn: WsConnection, topic: str, cursor: int) -> Subscription:
-        sub = conn.subscriptions[topic] = Subscription(last_cursor=cursor)
-        self.topics.setdefault(topic, set()).add(conn)
-        return sub
-
-    def unwatch(self, conn: WsConnection, topic: str) -> None:
-        conn.subscriptions.pop(topic, None)
-        listeners = self.topics.get(topic)
-        if listeners is not None:
-            listeners.discard(conn)
-            if not listeners:
-                del self.topics[topic]
-
-    def leave(self, conn: WsConnection) -> None:
-        for topic in list(conn.subscriptions):
-            self.unwatch(conn, topic)
-        self.connections.discard(conn)
-
-
-async def ws_subscribe(conn: WsConnection, db: Database, frame: SubscribeFrame) -> None:
-    """Confirm, replay `cursor > N` from the log, then hand over to live delivery without gaps."""
-    topic, start = frame.topic, frame.cursor
-    conn.principal.require("read", topic)
-    sub = conn.hub.watch(conn, topic, start or 0)
-    latest = await db.read(latest_cursor, topic)
-    if start is None:
-        sub.last_cursor = latest or 0      # live only: what comes after the cursor we confirm
-    conn.send({"type": "subscription", "event": "subscribed", "topic": topic, "cursor": latest,
-               "payload": {"topic": topic, "cursor": latest}})
-    if start is not None:
-        while True:
-            batch = await db.read(replay_events, topic, sub.last_cursor, REPLAY_LIMIT_MAX)
-            for event in batch:
-                sub.last_cursor = event.cursor
-                await conn.send_paced(broadcast_frame(topic, event))
-            if len(batch) < REPLAY_LIMIT_MAX:
-                break
-    sub.catching_up = False
-    for event in sorted(sub.pending, key=lambda e: e.cursor):
-        conn.deliver(topic, event)
-    sub.pending.clear()
-    if db.location.shared:
-        conn.hub.fill(topic)               # another server may have committed since the last read
-
-
-async def ws_publish(conn: WsConnection, db: Database, frame: PublishFrame) -> None:
-    conn.principal.require("write", frame.topic)
-    req = RecordEvent(channel_id=frame.topic, event_type="broadcast", payload=frame.payload,
-                      metadata=EventMeta(actor="websocket"), operation_id=frame.operation_id)
-    event = await db.write(record_event, req, exclude=conn)
-    # The event's own "type" must not overwrite the frame kind: the SDK reads the type from event_type.
-    conn.send({**msgspec.structs.asdict(event), "event_type": event.type, "type": "ack", "request_id": frame.request_id})
-
-
-async def ws_authenticate(websocket: WebSocket, conn: WsConnection, app) -> bool:
-    try:
-        message = await asyncio.wait_for(websocket.receive(), timeout=app.state.settings.header_timeout)
-        if message["type"] == "websocket.disconnect":
-            return False
-        frame = decode_frame(message.get("text") or "null")
-        if not isinstance(frame, AuthFrame):
-            raise BadRequest("expected {\"type\": \"auth\", \"api_key\": ...} first")
-        conn.principal = await check_key(app, frame.api_key)
-        conn.key = frame.api_key
-    except (asyncio.TimeoutError, ActaeError) as exc:
-        reason = exc.message if isinstance(exc, ActaeError) else "expected {\"type\": \"auth\", \"api_key\": ...} first"
-        await websocket.send_text(json.dumps({"type": "error", "message": reason}))
-        await websocket.close(code=1008)
-        return False
-    await websocket.send_text(json.dumps({"type": "connection", "event": "authenticated",
-                                          "payload": {"connection_id": conn.id}}))
-    return True
-
-
-async def ws_endpoint(websocket: WebSocket) -> None:
-    """GET /ws. The SDK's handshake carries no credentials: the first frame authenticates."""
-    app, hub, db = websocket.app, websocket.app.state.hub, websocket.app.state.db
-    await websocket.accept()
-    conn = WsConnection(websocket, hub)
-    await websocket.send_text(json.dumps({"type": "connection", "event": "connected",
-                                          "payload": {"connection_id": conn.id}}))
-    if not await ws_authenticate(websocket, conn, app):
-        return
-    hub.connections.add(conn)
-    conn.pump_task = asyncio.create_task(conn.pump())
-    reader = asyncio.create_task(ws_read_frames(conn, db))
-    try:
-        # Whichever ends first (client gone, send failed, client cut off) ends the other.
-        await asyncio.wait({conn.pump_task, reader}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        hub.leave(conn)
-        for task in (conn.pump_task, reader):
-            task.cancel()
-        await asyncio.gather(conn.pump_task, reader, return_exceptions=True)
-        if conn.cut:
-            with contextlib.suppress(Exception):
-                await websocket.close(code=1013)
-
-
-async def ws_read_frames(conn: WsConnection, db: Database) -> None:
-    """Handle the client's frames one at a time, in order, until it goes away."""
-    while True:
-        message = await conn.websocket.receive()
-        if message["type"] == "websocket.disconnect":
-            return
-        conn.hub.messages_received += 1
-        if message.get("text") is None:
-            conn.send({"type": "error", "message": "binary frames are not supported: send JSON text"})
-            continue
-        try:                            # a key revoked (or expired) stops working here too
-            conn.principal = await check_key(conn.websocket.app, conn.key)
-        except Unauthorized as exc:
-            conn.send({"type": "error", "message": exc.message})
-            return
-        await ws_handle_frame(conn, db, message["text"])
-
-
-def frame_request_id(text: str) -> Any:
-    """The request_id of a frame that failed to decode, so the SDK can match the error to its call."""
-    try:
-        frame = msgspec.json.decode(text)
-    except (msgspec.DecodeError, RecursionError):
-        return None
-    request_id = frame.get("request_id") if isinstance(frame, dict) else None
-    return request_id if isinstance(request_id, str) and len(request_id) <= 256 else None
-
-
-async def ws_handle_frame(conn: WsConnection, db: Database, text: str) -> None:
-    try:
-        frame = decode_frame(text)
-        if isinstance(frame, SubscribeFrame):
-            await ws_subscribe(conn, db, frame)
-        elif isinstance(frame, UnsubscribeFrame):
-            conn.hub.unwatch(conn, frame.topic)
-            conn.send({"type": "subscription", "event": "unsubscribed", "topic": frame.topic,
-                       "payload": {"topic": frame.topic}})
-        elif isinstance(frame, PublishFrame):
-            await ws_publish(conn, db, frame)
-        elif isinstance(frame, PingFrame):
-            conn.send({"type": "connection", "event": "pong", "payload": {"connection_id": conn.id}})
-        else:
-            raise BadRequest("already authenticated")
-    except ActaeError as exc:
-        request_id = frame_request_id(text)
-        conn.send({"type": "error", "message": exc.message, "status": exc.code,
-                   **({"request_id": request_id} if request_id is not None else {})})
-    except Exception:  # noqa: BLE001 - a bug answers this frame with an error; the socket stays up
-        log.exception("WebSocket frame failed")
-        conn.send({"type": "error", "message": "internal error", "status": "internal"})
-
-
-# =============================================================================
-# Observability: traces and metrics (Prometheus at /metrics, every run as an OTLP trace)
-# =============================================================================
+# Region: /metrics and every run as an OpenTelemetry trace.
 # Metrics: prometheus_client, one registry per app. Counters and histograms count what THIS process
 # did (servers sharing a PostgreSQL database each count their own; sum them in Prometheus); the
 # gauges that describe stored data (runs by status, approvals waiting, wake-ups due, database size)
@@ -9834,6 +10833,14 @@ async def ws_handle_frame(conn: WsConnection, db: Database, text: str) -> None:
 # again (resumed after a crash) sends its root again, same ids, newer end and status. A fork is a
 # trace of its own whose root links to the parent's span of the step it forked after.
 
+class MetricsJson(Answer, kw_only=True):
+    status: str
+    timestamp: str
+    uptime_seconds: int
+    websocket: WebSocketFigures
+    database: DatabaseFigures
+
+
 STORE_GAUGES_SECONDS = 5.0             # how stale the stored-data gauges may be
 SPAN_QUEUE_MAX = 8192                  # spans the BatchSpanProcessor holds before it drops
 SPAN_BATCH_MAX = 512                   # spans per OTLP request
@@ -9847,11 +10854,6 @@ OTLP_TRACES_PATH = "/v1/traces"
 HTTP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-# actae_ledger_claims_total{outcome}: what POST /executions/claim answered. reclaimed is a claim that
-# took over an expired or failed attempt; mismatch the 409 for a key reused with other params;
-# blocked a fork's tool policy refusing the claim (409 fork_tool_blocked).
-LEDGER_OUTCOMES = ("claimed", "reclaimed", "replayed", "in_progress", "mismatch", "blocked")
-RUN_ENDING_STATUSES = ("crashed", "failed")   # an SDK status that ends a run without session.completed
 TOOL_SPAN_EVENTS = {"tool.completed": "executed", "tool.failed": "failed", "tool.replayed": "replayed",
                     "tool.blocked": "blocked"}
 # gen_ai.* attributes lifted from a step, each under the names agents use for it (the SDK's own
@@ -9933,7 +10935,7 @@ class Metrics:
                 self.claims.labels(claim_outcome(result)).inc()
             elif job.work is put_metadata and isinstance(result, ChannelMetadata):
                 meta = result.experiment_metadata
-                if isinstance(meta, dict) and meta.get("status") in RUN_ENDING_STATUSES:
+                if isinstance(meta, dict) and meta.get("status") in FAILURE_STATES:
                     ended.append(result.channel_id)
         return ended
 
@@ -9973,15 +10975,15 @@ class LiveFigures:
     """The gauges read at scrape time: this process's connections and write counters, and the
     stored-data figures of the last read (Metrics.stored)."""
 
-    def __init__(self, app):
-        self.app = app
+    def __init__(self, services: Services, metrics: "Metrics"):
+        self.services, self.metrics = services, metrics
 
     def describe(self) -> list:
         return []                         # read only when scraped, never at registration
 
     def collect(self):
-        state = self.app.state
-        db, hub, stored = state.db, state.hub, state.metrics.stored
+        state = self.services
+        db, hub, stored = state.db, state.hub, self.metrics.stored
         now = time.time()
         yield GaugeMetricFamily("actae_uptime_seconds", "Seconds since this server started",
                                 value=int(time.monotonic() - state.started))
@@ -10024,6 +11026,10 @@ def stored_figures(conn: Conn, now: str) -> dict:
     return {"runs": runs, "approvals": approvals[0], "oldest_approval": approvals[1], "wakeups": wakeups[0],
             "oldest_due": wakeups[1], "size": database_bytes(conn)}
 
+
+# =============================================================================
+# Observability: traces (every run as an OTLP trace, live and backfilled)
+# =============================================================================
 
 # --- traces: configuration ---------------------------------------------------------
 
@@ -10207,7 +11213,7 @@ def run_root_span(conn: Conn, channel_id: str, maker: SpanMaker, trigger: str = 
     first = events_after(conn, channel_id, 0, 1)
     meta = experiment_of(row)
     status = row["run_state"]
-    if completed and status not in ("failed", "crashed"):
+    if completed and status not in FAILURE_STATES:
         status = "completed"        # the SDK writes its "completed" just after the event; the event decides
     first_payload = load(first[0]["payload"])
     name = (meta.get("session_name") or (first_payload.get("session_name") if isinstance(first_payload, dict) else None)
@@ -10230,7 +11236,7 @@ def run_root_span(conn: Conn, channel_id: str, maker: SpanMaker, trigger: str = 
         if row["source_state_sha256"]:
             attributes["actae.receipt_sha256"] = row["source_state_sha256"]
         links = (fork_boundary_link(conn, row, maker),)
-    failure = run_failure(conn, row, row["run_state"]) if status in ("failed", "crashed") else None
+    failure = run_failure(conn, row, row["run_state"]) if status in FAILURE_STATES else None
     span_status = None
     if failure is not None:
         attributes["error.type"] = failure.kind
@@ -10325,6 +11331,14 @@ def otlp_exporter(config: OtlpConfig, metrics: Optional[Metrics] = None) -> Coun
                             metrics, config.endpoint)
 
 
+def otel_queue_length(processor: BatchSpanProcessor) -> int:
+    """Spans the BatchSpanProcessor holds (0 where it does not say). It drops its oldest span silently
+    when full and has no public count of it; this reads its private queue so that /metrics counts
+    every drop. The only use of the OpenTelemetry SDK's internals: requirements.txt bounds it."""
+    queue = getattr(getattr(processor, "_batch_processor", None), "_queue", None)
+    return len(queue) if queue is not None else 0
+
+
 class TraceExport:
     """Live export: committed events in, spans out, never in the writer's way.
 
@@ -10341,11 +11355,10 @@ class TraceExport:
                                             max_export_batch_size=SPAN_BATCH_MAX, schedule_delay_millis=500)
         self.pending: collections.deque = collections.deque()
         self.clocks: collections.OrderedDict = collections.OrderedDict()
-        self._wake: Optional[asyncio.Event] = None
+        self._wake = asyncio.Event()         # committed() may run before start(): the app's first write
         self._task: Optional[asyncio.Task] = None
 
     def start(self) -> None:
-        self._wake = asyncio.Event()
         self._task = asyncio.get_running_loop().create_task(self.run())
 
     def committed(self, events: list, ended: list) -> None:
@@ -10384,8 +11397,8 @@ class TraceExport:
             known = clock.tool_starts if clock else {}
             clock = await self.db.read(clock_before, channel_id, event.cursor)
             clock.tool_starts.update(known)
-        if event.type in ("tool.completed", "tool.failed") and event.depends_on \
-                and event.depends_on not in clock.tool_starts:
+        if (event.type in ("tool.completed", "tool.failed") and event.depends_on
+                and event.depends_on not in clock.tool_starts):
             started = await self.db.read(event_by_id, event.depends_on)
             if started is not None:
                 clock.tool_starts[event.depends_on] = iso_ns(started["created_at"])
@@ -10403,8 +11416,7 @@ class TraceExport:
             self.emit(span)
 
     def emit(self, span: ReadableSpan) -> None:
-        queue = getattr(getattr(self.processor, "_batch_processor", None), "_queue", None)
-        if queue is not None and len(queue) >= SPAN_QUEUE_MAX:
+        if otel_queue_length(self.processor) >= SPAN_QUEUE_MAX:
             self.metrics.spans_dropped.inc()      # the processor drops its oldest span to take this one
         self.processor.on_end(span)
 
@@ -10435,6 +11447,42 @@ def observer(metrics: Metrics, traces: Optional[TraceExport]) -> Callable:
     return on_batch
 
 
+# =============================================================================
+# Observability: handlers, routes and commands
+# =============================================================================
+
+def metric_values(app: "ActaeApp") -> dict:
+    db, hub = app.services.db, app.services.hub
+    return {
+        "actae_uptime_seconds": int(time.monotonic() - app.services.started),
+        "actae_events_written_total": hub.events_seen,
+        "actae_write_batches_total": db.batches,
+        "actae_write_jobs_total": db.batched_jobs,
+        "actae_websocket_connections": len(hub.connections),
+        "actae_websocket_messages_sent_total": hub.messages_sent,
+        "actae_websocket_messages_received_total": hub.messages_received,
+    }
+
+
+async def metrics_text(request: Request) -> Response:
+    """Prometheus metrics (the list: see "Observability: traces and metrics")."""
+    metrics = request.app.services.region(Metrics)
+    await metrics.refresh_stored(db_of(request))
+    return Response(metrics.text(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
+
+
+async def metrics_json(request: Request) -> MetricsJson:
+    hub, values = request.app.services.hub, metric_values(request.app)
+    return MetricsJson(
+        status="ok", timestamp=iso(utc_now()), uptime_seconds=values["actae_uptime_seconds"],
+        websocket=WebSocketFigures(connections=len(hub.connections), topics=len(hub.topics),
+                                   messages_sent=hub.messages_sent, messages_received=hub.messages_received,
+                                   total_messages=hub.messages_sent + hub.messages_received,
+                                   back_pressure=BackPressure(queue_limit=WS_QUEUE_MAX, dropped_connections=hub.dropped)),
+        database=DatabaseFigures(write_batches=values["actae_write_batches_total"],
+                                 write_jobs=values["actae_write_jobs_total"]))
+
+
 def otel_export_command(args: argparse.Namespace, location: Location) -> int:
     """`actae otel-export CHANNEL [--with-forks] [--otlp-endpoint URL]`: send a stored run's spans."""
     try:
@@ -10461,16 +11509,1309 @@ def otel_export_command(args: argparse.Namespace, location: Location) -> int:
     print(f"Exported {len(spans)} span(s) of {len(runs)} run(s) to {config.endpoint}")
     return 0
 
+def add_otlp_flag(parser: argparse.ArgumentParser) -> None:
+    # SUPPRESS: `actae --otlp-endpoint URL otel-export CHANNEL` keeps the URL.
+    parser.add_argument("--otlp-endpoint", default=argparse.SUPPRESS, metavar="URL",
+                        help="send every run as an OpenTelemetry trace to this OTLP/HTTP collector, e.g."
+                             " http://127.0.0.1:4318 (/v1/traces is added); default:"
+                             " $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT, else none")
+
+
+def add_observability_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
+    otlp_flag = argparse.ArgumentParser(add_help=False)
+    add_otlp_flag(otlp_flag)
+    otel = commands.add_parser("otel-export", parents=[common, otlp_flag],
+                               help="send a stored run to an OTLP collector as the trace live export sends")
+    otel.set_defaults(run=otel_export_command)
+    otel.add_argument("channel_id", metavar="CHANNEL")
+    otel.add_argument("--with-forks", action="store_true", help="also every fork below it, forks of forks too")
+
+
+def otlp_option_of(args: argparse.Namespace) -> dict:
+    try:
+        return {"otlp": otlp_config(getattr(args, "otlp_endpoint", None))}
+    except BadRequest as exc:
+        raise SystemExit(f"actae: {exc.message}")
+
+
+def traces_banner(settings: Settings, options: dict) -> Optional[str]:
+    otlp = options.get("otlp")
+    return f"Traces:      every run to {otlp.endpoint} (OTLP/HTTP, service.name {otlp.service_name})" if otlp else None
+
+
+def install_observability(services: Services, options: dict) -> tuple:
+    """The app's Prometheus registry, and (with `otlp=`) the live trace export behind the writer."""
+    metrics = services.regions[Metrics] = Metrics()
+    otlp = options.get("otlp")
+    traces = services.regions[TraceExport] = TraceExport(services.db, otlp, metrics) if otlp else None
+    services.db.on_batch = observer(metrics, traces)
+    metrics.registry.register(LiveFigures(services, metrics))
+    return ([traces.start], [traces.stop]) if traces else ([], [])
+
+
+def observe_request(services: Services, route: str, method: str, status: int, seconds: float) -> None:
+    services.region(Metrics).observe_request(route, method, status, seconds)
+
+
+OBSERVABILITY_ROUTES = [
+    Api("GET", "/metrics", metrics_text, answers="text/plain"),
+    Api("GET", "/metrics.json", metrics_json),
+]
+ROUTE_LISTS.append(OBSERVABILITY_ROUTES)
+APP_INSTALLERS.append(install_observability)
+REQUEST_OBSERVERS.append(observe_request)
+SERVE_FLAGS.append(add_otlp_flag)
+OPTION_READERS.append(otlp_option_of)
+BANNER_LINES.append(traces_banner)
+COMMAND_ADDERS.append(add_observability_commands)
+
+
 
 # =============================================================================
-# Fleet gateway: event streams (the ticketed WebSocket, the NDJSON stream)
+# Fleet: records and schema
+# =============================================================================
+# Region: the fleet gateway, the SDK's FleetClient against this server and its registered remotes.
+
+class InstanceFailed(ActaeError):
+    """An instance of the fleet gave the gateway no answer: down, too slow, or refusing the gateway's key.
+    502 (504 when it was too slow); in a multi-instance answer, an entry of `errors` instead."""
+
+    status, code = 502, "instance_unavailable"
+
+    def __init__(self, instance_id: str, code: str, message: str, *, status: int = 502, retryable: bool = True):
+        super().__init__(f"instance {instance_id}: {message}", code=code, status=status)
+        self.instance_id, self.retryable = instance_id, retryable
+
+
+# --- the fleet gateway (/v1/organizations/{organization_id}/..., /api/v1/fleet/...) ----------------
+
+SdkScope = Annotated[str, Meta(max_length=64, description='a scope of the SDK\'s manifest ("events:read", '
+                                                            '"forks:create", ...); "" asks for all the token grants')]
+PageToken = Annotated[str, Meta(max_length=4096, description="opaque: pass it back unchanged")]
+
+
+class FleetTokenRequest(Record, kw_only=True):
+    """The SDK's exchange of an organisation token (the Bearer credential) for a fleet token."""
+
+    purpose: Optional[Literal["fleet_access"]] = None
+    organization_id: Optional[Annotated[str, Meta(max_length=256)]] = None   # another one: 403
+    scopes: Optional[Annotated[list[SdkScope], Meta(max_length=100)]] = None  # none or blank: all it grants
+
+
+class OperationEnvelope(Record, kw_only=True):
+    """POST .../ops/{operation_id}: a manifest operation's path parameters, query and body, kept apart."""
+
+    path_params: Optional[dict[Annotated[str, Meta(max_length=64)], Union[Label, Int64]]] = None
+    query: Optional[JsonObject] = None
+    body: Document = None
+    params: Optional[JsonObject] = None   # the legacy combined form: path parameters, the rest the query
+
+
+class FleetEventFilter(EventQuery, kw_only=True):
+    """The direct query's filters; `pagination: "keyset"` asks for per-instance continuation tokens."""
+
+    pagination: Optional[Literal["keyset", "offset"]] = None
+
+
+class FleetQuery(Record, kw_only=True):
+    instances: Annotated[list[Id], Meta(min_length=1, max_length=100)]
+    query: FleetEventFilter = msgspec.field(default_factory=FleetEventFilter)
+    page_tokens: Optional[dict[Id, PageToken]] = None   # instance id -> the token its last page gave
+
+
+class StreamTicketRequest(Record, kw_only=True):
+    instance_id: Id
+    channel_id: Optional[ChannelId] = None      # else the stream's own channel_id parameter
+    resume_cursor: Optional[Count] = None       # events after this cursor (else only new ones)
+
+
+class FleetStreamQuery(Record, kw_only=True):
+    """The gateway's streams: the WebSocket's ticket, the channel and where to resume."""
+
+    ticket: Optional[Token] = None
+    channel_id: Optional[ChannelId] = None
+    resume_cursor: Optional[Count] = None
+    cursor: Optional[Count] = None              # the NDJSON stream's name for resume_cursor
+    instance_id: Optional[Id] = None            # the NDJSON stream's, else X-Actae-Instance-Id
+
+
+# --- the fleet gateway ------------------------------------------------------------------------------
+
+
+class FleetInstance(Answer, kw_only=True):
+    """One instance of the organisation: the gateway's own server, or a registered remote one."""
+
+    instance_id: str
+    name: str
+    local: bool
+    url: Optional[str]                 # a remote's base URL; null for the gateway's own server
+    dashboard_url: str
+    added_at: Optional[str]
+
+
+class FleetInstances(Answer, kw_only=True):
+    organization_id: str
+    gateway_protocol_version: str
+    instances: list[FleetInstance]
+
+
+class FleetCapabilities(Answer, kw_only=True):
+    """What an instance runs and which manifest operations the gateway dispatches to it."""
+
+    organization_id: str
+    instance_id: str
+    local: bool
+    gateway_protocol_version: str
+    api_version: str
+    version: str
+    engine_version: str
+    backend: str
+    features: list[str]
+    supported_fleet_operations: list[str]
+
+
+class FleetToken(Answer, kw_only=True):
+    """A short-lived fleet token: the SDK sends it as `authorization: Bearer` to the gateway's routes."""
+
+    token: str
+    token_type: str
+    expires_in: int
+    organization_id: str
+    scopes: list[str]
+
+
+class StreamTicket(Answer, kw_only=True):
+    """A one-use ticket for the gateway's event stream (GET .../events/stream?ticket=...)."""
+
+    ticket: str
+    expires_in: int
+    instance_id: str
+    channel_id: Optional[str]
+    resume_cursor: Optional[int]
+
+
+class FleetEvent(Event, kw_only=True):
+    instance_id: str
+
+
+class InstanceFailure(Answer, kw_only=True):
+    """An instance a multi-instance read could not include, and why."""
+
+    instance_id: str
+    code: str
+    message: str
+    retryable: bool
+
+
+class FleetPage(Answer, kw_only=True):
+    next_page_tokens: dict[str, str]
+
+
+class FleetEvents(Answer, kw_only=True):
+    """Events of one or more instances, newest first, beside an entry for each instance that failed."""
+
+    events: list[FleetEvent]
+    errors: list[InstanceFailure]
+    page: FleetPage
+    next_page_token: Optional[str]
+
+
+# POST .../ops/{operation_id} answers what the operation's own direct route answers (documented there).
+OperationAnswer = dict[str, Any]
+
+
+class RemoteInstanceInfo(Answer, kw_only=True):
+    """A registered remote instance as `instance list` shows it: never its key."""
+
+    instance_id: str
+    name: str
+    url: str
+    key_prefix: str
+    timeout_seconds: Optional[float]
+    added_at: str
+
+
+class OrgTokenInfo(Answer, kw_only=True):
+    """An organisation token as `org-token list` shows it: never the token itself."""
+
+    id: int
+    name: str
+    prefix: str
+    scopes: Permissions
+    created_at: str
+    expires_at: Optional[str]
+    revoked_at: Optional[str]
+
+
+class FleetErrorBody(Struct):
+    """The gateway's error answers: the usual two fields, and `message` (what the SDK's FleetClient reads)."""
+
+    status: str
+    error: str
+    message: str
+
+
+# --- the fleet gateway's instances and organisation tokens ---------------------------------------
+
+
+def fleet_instance_by_id(conn: Conn, instance_id: str) -> Optional[Row]:
+    return conn.execute("SELECT * FROM fleet_instances WHERE id = ?", (instance_id,)).fetchone()
+
+
+def fleet_instance_rows(conn: Conn) -> list:
+    return conn.execute("SELECT * FROM fleet_instances ORDER BY added_at, id").fetchall()
+
+
+def org_token_by_id(conn: Conn, token_id: int) -> Optional[Row]:
+    return conn.execute("SELECT * FROM org_tokens WHERE id = ?", (token_id,)).fetchone()
+
+
+def active_org_token_rows(conn: Conn) -> list:
+    """Every organisation token not revoked (expired ones too: `org-token list` shows their expiry)."""
+    return conn.execute("SELECT * FROM org_tokens WHERE revoked_at IS NULL ORDER BY id").fetchall()
+
+
+def fleet_schema(w: SchemaWords) -> str:
+    return f"""
+    -- The fleet gateway. The remote instances this server's organisation reaches: each remote's
+    -- API key is encrypted (Fernet) with the key in the file fleet_key beside the database, never
+    -- in it, so a copy of the database does not reveal it.
+    CREATE TABLE fleet_instances (
+        id               TEXT PRIMARY KEY,         -- the remote server's own instance id
+        name             TEXT NOT NULL,
+        url              TEXT NOT NULL,            -- its base URL
+        key_ciphertext   TEXT NOT NULL,            -- Fernet token of its API key
+        key_prefix       TEXT NOT NULL,            -- first characters, to tell keys apart
+        timeout_seconds  {w.real},                     -- NULL: the server's --fleet-timeout
+        added_at         TEXT NOT NULL
+    );
+    -- Organisation tokens (the SDK's FleetClient exchanges one for a fleet token), by hash only.
+    CREATE TABLE org_tokens (
+        id          {w.serial},
+        name        TEXT NOT NULL,
+        token_hash  TEXT NOT NULL UNIQUE,          -- sha256 of the token
+        prefix      TEXT NOT NULL,
+        scopes      TEXT NOT NULL,                 -- {{"read": [...], "write": [...], "delete": [...], "admin": [...]}}
+        created_at  TEXT NOT NULL,
+        expires_at  TEXT,                          -- NULL: never expires
+        revoked_at  TEXT
+    );
+    -- One-use, short-lived tickets for the gateway's event stream, by hash.
+    CREATE TABLE fleet_tickets (
+        ticket_hash    TEXT PRIMARY KEY,
+        org_token_id   {w.integer} NOT NULL,
+        scopes         TEXT NOT NULL,              -- the SDK scopes of the fleet token that minted it
+        instance_id    TEXT NOT NULL,
+        channel_id     TEXT,
+        resume_cursor  {w.integer},
+        created_at     TEXT NOT NULL,
+        expires_at     TEXT NOT NULL,
+        used_at        TEXT
+    );
+    """
+
+
+schema_step(8, fleet_schema)
+
+
+# =============================================================================
+# Fleet: remote instances, organisation tokens, fleet tokens, stream tickets
+# =============================================================================
+# Every server is also the gateway of one organisation (--organization, default "local"). Its
+# instances are the server itself, under its own instance id, and the remote Actae servers
+# registered with `actae instance add`. A remote's API key is stored encrypted (Fernet) with a key
+# kept in FLEET_KEY_FILE beside the database, never inside it. Organisation tokens are stored as
+# hashes, like API keys; the SDK's FleetClient exchanges one for a short-lived fleet token, signed
+# (like login tokens, under a key of its own) and carrying the SDK's scope names, and a stream
+# ticket is a one-use row that expires. The organisation's instances and tokens are held in memory
+# and read again when more than FLEET_REFRESH_SECONDS old, as the key ring is.
+
+FLEET_KEY_FILE = "fleet_key"           # encrypts the remote instances' keys; beside the database, never inside it
+FLEET_PROTOCOL_VERSION = "1"           # the gateway protocol this server speaks (capabilities report it)
+FLEET_REFRESH_SECONDS = KEY_REFRESH_SECONDS
+ORG_TOKEN_PREFIX = "ot-"
+FLEET_TICKET_PREFIX = "tk-"
+ORGANIZATION_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+FLEET_PATHS = ("/v1/organizations/", "/api/v1/fleet/")   # the gateway's own routes
+
+# The SDK's scope names (its manifest) onto this server's actions. A fleet token holds SDK scopes;
+# each is granted when the organisation token has patterns for its action. An operation then needs
+# its scope in the fleet token and, as its direct route does, the action on its channels from the
+# organisation token's patterns. "manage" scopes are granted with write and carry the token's read,
+# write and delete patterns (listing, creating, cancelling: the direct routes need each).
+FLEET_SCOPES = {
+    "events:read": "read", "state:read": "read", "channels:read": "read", "payloads:read": "read",
+    "events:write": "write", "state:write": "write", "channels:write": "write",
+    "forks:create": "write", "forks:promote": "write",
+    "state:delete": "delete", "channels:delete": "delete",
+    "groups:manage": "write", "execution_groups:manage": "write", "experiments:manage": "write",
+    "scheduler:manage": "write", "executions:manage": "write",
+}
+
+
+def is_fleet_path(path: str) -> bool:
+    return path.startswith(FLEET_PATHS)
+
+
+def org_grant(stored: Any) -> dict:
+    """An organisation token's channel patterns for read, write and delete (admin: all three on '*')."""
+    scopes = scopes_of(stored)
+    if "*" in scopes["admin"]:
+        return {action: ["*"] for action in ACTIONS[:3]}
+    return {action: list(dict.fromkeys(scopes[action] + scopes["admin"])) for action in ACTIONS[:3]}
+
+
+def granted_scopes(grant: dict, requested: Optional[list]) -> list:
+    """The SDK scopes a fleet token gets: those requested that the grant allows; none or only blank
+    names (what the SDK sends with ACTAE_FLEET_SCOPES unset: [""]) mean all that it allows."""
+    allowed = [name for name, action in FLEET_SCOPES.items() if grant[action]]
+    wanted = {name.strip() for name in requested or () if name.strip()}
+    return allowed if not wanted else [name for name in allowed if name in wanted]
+
+
+def fleet_patterns(grant: dict, fleet_scopes: Any) -> dict:
+    """The channel patterns a fleet token acts with: the grant's, for the actions its scopes name."""
+    actions = set()
+    for name in fleet_scopes:
+        actions.update(ACTIONS[:3] if name.endswith(":manage") else [FLEET_SCOPES.get(name)])
+    return {**{action: grant[action] if action in actions else [] for action in ACTIONS[:3]}, "admin": []}
+
+
+@dataclass(frozen=True)
+class FleetPrincipal(Principal):
+    """A fleet token's caller: the organisation token behind it, with the SDK scopes it was granted."""
+
+    organization_id: str = ""
+    org_token_id: int = 0
+    fleet_scopes: tuple = ()
+    name: str = ""
+    created_at: str = ""
+
+    @property
+    def actor(self) -> str:
+        return f"org-token:{self.org_token_id}"
+
+    @property
+    def owner(self) -> str:
+        return f"org-token:{self.org_token_id}"
+
+    def user(self) -> UserInfo:
+        """Who GET /auth/me names through the gateway: the organisation token (it is no account)."""
+        return UserInfo(id=self.owner, email=None, name=self.name, created_at=self.created_at)
+
+    def require_scope(self, scope: str) -> None:
+        if scope not in self.fleet_scopes:
+            raise Forbidden(f"this fleet token lacks the {scope} scope (it has {', '.join(self.fleet_scopes) or 'none'})")
+
+
+def fleet_principal(row: Row, organization_id: str, fleet_scopes: Any) -> FleetPrincipal:
+    scopes = tuple(fleet_scopes)
+    return FleetPrincipal(f"fleet:{row['id']}", fleet_patterns(org_grant(row["scopes"]), scopes), "fleet",
+                          "fleet_token", expires_at=row["expires_at"], organization_id=organization_id,
+                          org_token_id=row["id"], fleet_scopes=scopes, name=row["name"], created_at=row["created_at"])
+
+
+# --- remote instances: their keys encrypted beside the database ------------------------------------
+
+
+def fleet_cipher(data_dir: Path) -> Any:
+    """The Fernet key that encrypts remote instances' keys: a file beside the database (0600), made on
+    first use. A copy of the database alone cannot decrypt them."""
+    from cryptography.fernet import Fernet        # imported here: only the fleet needs it
+
+    path = Path(data_dir) / FLEET_KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return Fernet(path.read_bytes().strip())
+    with os.fdopen(fd, "wb") as out:
+        out.write(Fernet.generate_key())
+    return Fernet(path.read_bytes().strip())
+
+
+@dataclass(frozen=True)
+class RemoteInstance:
+    """A registered remote instance, its key decrypted (None when this data dir's fleet_key cannot)."""
+
+    id: str
+    name: str
+    url: str
+    key: Optional[str]
+    key_prefix: str
+    timeout: Optional[float]
+    added_at: str
+
+
+def remote_of(row: Row, cipher: Any) -> RemoteInstance:
+    try:
+        key = cipher.decrypt(row["key_ciphertext"].encode("ascii")).decode("utf-8")
+    except Exception:  # noqa: BLE001 - a fleet_key that is not the one it was encrypted with
+        key = None
+    return RemoteInstance(row["id"], row["name"], row["url"], key, row["key_prefix"], row["timeout_seconds"],
+                          row["added_at"])
+
+
+def remote_info(row: Row) -> RemoteInstanceInfo:
+    return RemoteInstanceInfo(instance_id=row["id"], name=row["name"], url=row["url"], key_prefix=row["key_prefix"],
+                              timeout_seconds=row["timeout_seconds"], added_at=row["added_at"])
+
+
+def add_instance(tx: Tx, instance_id: str, name: str, url: str, ciphertext: str, prefix: str,
+                 timeout: Optional[float]) -> RemoteInstanceInfo:
+    """`instance add`: register a remote instance (again: its URL, key, name and timeout are replaced)."""
+    tx.conn.execute(
+        "INSERT INTO fleet_instances (id, name, url, key_ciphertext, key_prefix, timeout_seconds, added_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO UPDATE SET name = excluded.name, url = excluded.url,"
+        " key_ciphertext = excluded.key_ciphertext, key_prefix = excluded.key_prefix,"
+        " timeout_seconds = excluded.timeout_seconds", (instance_id, name, url, ciphertext, prefix, timeout, tx.ts))
+    return remote_info(fleet_instance_by_id(tx.conn, instance_id))
+
+
+def remove_instance(tx: Tx, instance_id: str) -> RemoteInstanceInfo:
+    row = present(fleet_instance_by_id(tx.conn, instance_id), lambda: NotFound(f"no instance {instance_id}"))
+    tx.conn.execute("DELETE FROM fleet_instances WHERE id = ?", (instance_id,))
+    return remote_info(row)
+
+
+def list_instances(conn: Conn) -> list[RemoteInstanceInfo]:
+    return [remote_info(row) for row in fleet_instance_rows(conn)]
+
+
+# --- organisation tokens --------------------------------------------------------------------------
+
+
+def org_token_info(row: Row) -> OrgTokenInfo:
+    return OrgTokenInfo(id=row["id"], name=row["name"], prefix=row["prefix"],
+                        scopes=permissions_of(scopes_of(row["scopes"])), created_at=row["created_at"],
+                        expires_at=row["expires_at"], revoked_at=row["revoked_at"])
+
+
+def create_org_token(tx: Tx, name: str, scopes: dict, expires_in_days: Optional[float]) -> tuple:
+    """`org-token create`: store only the token's hash; returns (its listing, the token)."""
+    token = ORG_TOKEN_PREFIX + secrets.token_urlsafe(32)
+    expires_at = iso(tx.now + timedelta(days=expires_in_days)) if expires_in_days else None
+    token_id = tx.conn.execute(
+        "INSERT INTO org_tokens (name, token_hash, prefix, scopes, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)"
+        " RETURNING id", (name, key_hash(token), token[:7], dump(scopes_of(scopes)), tx.ts, expires_at)).fetchone()[0]
+    return org_token_info(org_token_by_id(tx.conn, token_id)), token
+
+
+def revoke_org_token(tx: Tx, token_id: int) -> OrgTokenInfo:
+    """End an organisation token now (and the fleet tokens and tickets made from it); twice is fine."""
+    present(org_token_by_id(tx.conn, token_id), lambda: NotFound(f"organisation token {token_id} not found"))
+    tx.conn.execute("UPDATE org_tokens SET revoked_at = ? WHERE id = ? AND revoked_at IS NULL", (tx.ts, token_id))
+    return org_token_info(org_token_by_id(tx.conn, token_id))
+
+
+def list_org_tokens(conn: Conn) -> list[OrgTokenInfo]:
+    return [org_token_info(row) for row in active_org_token_rows(conn)]
+
+
+def fleet_directory_rows(conn: Conn) -> tuple:
+    return fleet_instance_rows(conn), active_org_token_rows(conn)
+
+
+# --- fleet tokens (signed, short-lived) and stream tickets (stored, one use) --------------------------
+
+FLEET_TOKEN_HEADER = b64url(b'{"alg":"HS256","typ":"actae-fleet"}')
+
+
+def fleet_signing_key(secret: bytes) -> bytes:
+    """Fleet tokens are signed with a key derived from the token secret: never valid as login tokens."""
+    return hmac.new(secret, b"actae fleet tokens", hashlib.sha256).digest()
+
+
+def sign_fleet_token(secret: bytes, claims: dict) -> str:
+    body = b64url(json.dumps(claims, separators=(",", ":"), sort_keys=True).encode("utf-8"))
+    signature = hmac.new(fleet_signing_key(secret), f"{FLEET_TOKEN_HEADER}.{body}".encode("ascii"),
+                         hashlib.sha256).digest()
+    return f"{FLEET_TOKEN_HEADER}.{body}.{b64url(signature)}"
+
+
+def fleet_token_claims(secret: bytes, token: str, now: float) -> Optional[dict]:
+    """The claims of a fleet token we signed that has not expired, else None."""
+    try:
+        header, body, signature = token.split(".")
+        if header != FLEET_TOKEN_HEADER:
+            return None
+        expected = hmac.new(fleet_signing_key(secret), f"{header}.{body}".encode("ascii"), hashlib.sha256).digest()
+        if not same_secret(signature, b64url(expected)):
+            return None
+        claims = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    except (ValueError, UnicodeError, TypeError):
+        return None
+    if not isinstance(claims, dict) or not is_number(claims.get("exp")) or claims["exp"] <= now:
+        return None
+    if not (is_int(claims.get("otk")) and isinstance(claims.get("org"), str) and isinstance(claims.get("scp"), list)):
+        return None
+    return claims
+
+
+def looks_like_fleet_token(credential: str) -> bool:
+    return credential.startswith(FLEET_TOKEN_HEADER + ".")
+
+
+def mint_ticket(tx: Tx, ticket_hash: str, org_token_id: int, scopes: list, instance_id: str,
+                channel_id: Optional[str], resume_cursor: Optional[int], ttl: float) -> str:
+    """Store a stream ticket's hash with what it opens; returns when it expires."""
+    tx.conn.execute("DELETE FROM fleet_tickets WHERE expires_at <= ? OR used_at IS NOT NULL", (tx.ts,))
+    expires_at = iso(tx.now + timedelta(seconds=ttl))
+    tx.conn.execute(
+        "INSERT INTO fleet_tickets (ticket_hash, org_token_id, scopes, instance_id, channel_id, resume_cursor,"
+        " created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (ticket_hash, org_token_id, dump(scopes), instance_id, channel_id, resume_cursor, tx.ts, expires_at))
+    return expires_at
+
+
+def use_ticket(tx: Tx, ticket_hash: str) -> Optional[dict]:
+    """The ticket's row, now marked used; None when it is unknown, used or expired (one use only)."""
+    row = tx.conn.execute("UPDATE fleet_tickets SET used_at = ? WHERE ticket_hash = ? AND used_at IS NULL"
+                          " AND expires_at > ? RETURNING *", (tx.ts, ticket_hash, tx.ts)).fetchone()
+    return dict(row) if row is not None else None
+
+
+# --- the organisation in memory ---------------------------------------------------------------------
+
+
+class FleetDirectory:
+    """The remote instances (keys decrypted) and live organisation tokens, in memory.
+
+    `instance add|remove` and `org-token create|revoke` may run in another process: the directory is
+    read again when more than FLEET_REFRESH_SECONDS old (an unknown token: when more than
+    KEY_MISS_RELOAD_SECONDS old), each read shared by every request waiting on it, as KeyRing does.
+    """
+
+    def __init__(self, db: Database, data_dir: Path):
+        self.db, self.data_dir = db, Path(data_dir)
+        self.cipher: Any = None
+        self.instances: dict = {}          # id -> RemoteInstance
+        self.tokens_by_hash: dict = {}     # token hash -> row (dict)
+        self.tokens_by_id: dict = {}
+        self.loaded_at = -math.inf
+        self.loading: Optional[asyncio.Future] = None
+
+    async def reload(self) -> None:
+        instances, tokens = await self.db.read(fleet_directory_rows)
+        if instances and self.cipher is None:
+            self.cipher = await asyncio.to_thread(fleet_cipher, self.data_dir)
+        self.instances = {row["id"]: remote_of(row, self.cipher) for row in instances}
+        rows = [dict(row) for row in tokens]
+        self.tokens_by_hash = {row["token_hash"]: row for row in rows}
+        self.tokens_by_id = {row["id"]: row for row in rows}
+        self.loaded_at = time.monotonic()
+
+    async def fresh(self, max_age: float = FLEET_REFRESH_SECONDS) -> "FleetDirectory":
+        if time.monotonic() - self.loaded_at > max_age:
+            if self.loading is None or self.loading.done():
+                self.loading = asyncio.ensure_future(self.reload())
+            await asyncio.shield(self.loading)
+        return self
+
+
+def live_org_token(row: Optional[dict]) -> Optional[dict]:
+    if row is None or (row["expires_at"] is not None and row["expires_at"] <= iso(utc_now())):
+        return None
+    return row
+
+
+async def check_org_token(app: "ActaeApp", token: str) -> dict:
+    """The organisation token's row; Unauthorized when it is unknown, expired or revoked."""
+    directory = await app.services.region(FleetState).directory.fresh()
+    hashed = key_hash(token)
+    row = directory.tokens_by_hash.get(hashed)
+    if row is None:
+        row = (await directory.fresh(KEY_MISS_RELOAD_SECONDS)).tokens_by_hash.get(hashed)
+    if live_org_token(row) is None:
+        raise Unauthorized("invalid, expired or revoked organisation token")
+    return row
+
+
+async def org_token_principal(app: "ActaeApp", token_id: int, organization_id: str, fleet_scopes: Any) -> FleetPrincipal:
+    """The principal of a fleet token (or ticket) made from organisation token `token_id`, while that lives."""
+    row = live_org_token((await app.services.region(FleetState).directory.fresh()).tokens_by_id.get(token_id))
+    if row is None:
+        raise Unauthorized("the organisation token behind this fleet token was revoked or expired")
+    if organization_id != app.services.settings.organization:
+        raise Forbidden(f"this token is for organisation {organization_id!r}; this gateway serves "
+                        f"{app.services.settings.organization!r}")
+    return fleet_principal(row, organization_id, fleet_scopes)
+
+
+async def check_fleet_token(app: "ActaeApp", token: str) -> FleetPrincipal:
+    claims = fleet_token_claims(app.services.token_secret, token, time.time())
+    if claims is None:
+        raise Unauthorized("invalid or expired fleet token: exchange the organisation token again"
+                           " (POST /api/v1/fleet/token)")
+    return await org_token_principal(app, claims["otk"], claims["org"], claims["scp"])
+
+
+async def fleet_authenticate(request: Request, route: Api) -> FleetPrincipal:
+    """The gateway's credentials: a fleet token (auth "fleet"), or for the exchange an organisation token."""
+    token = bearer_token(request)
+    if token is None:
+        kind = "organisation token" if route.auth == "org" else "fleet token (POST /api/v1/fleet/token)"
+        raise Unauthorized(f"send the {kind} as `authorization: Bearer <token>`")
+    app = request.app
+    if route.auth == "org":
+        row = request.state.org_token = await check_org_token(app, token)
+        return fleet_principal(row, app.services.settings.organization, granted_scopes(org_grant(row["scopes"]), None))
+    return await check_fleet_token(app, token)
+
+
+class FleetState:
+    """The gateway's per-server state: the directory, remote login tokens, the HTTP threads."""
+
+    def __init__(self, db: Database, data_dir: Path):
+        self.directory = FleetDirectory(db, data_dir)
+        self.remote_tokens: dict = {}      # instance id -> (login token, monotonic expiry) for Bearer-only routes
+        # Remote instances are called with urllib (no HTTP client dependency) on these threads, each
+        # call bounded by its instance's timeout.
+        self.http = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="actae-fleet")
+
+
+# =============================================================================
+# Fleet: the gateway's manifest, dispatch to an instance, multi-instance queries, the handlers
+# =============================================================================
+# A gateway request names an instance: the local one is served in process, through the same
+# route (serve_route: its records, its scopes, its handler) an HTTP request takes; a remote one
+# over HTTP with its stored key, the caller's Idempotency-Key passed on (and, where the route's
+# body has an operation_id and the caller sent none, used as it, so a retried write lands once).
+# Either way the answer is the direct route's own answer record. A multi-instance read never
+# hides a failure: each instance that is down, too slow or refuses is an entry in `errors`.
+
+# The SDK's manifest (actae_client/manifest.py, 1.3.0), the operations the gateway dispatches:
+# "id method path scope", and " -" after the ones that are not fleet commands (refused, 426).
+FLEET_MANIFEST_TEXT = """
+auth.capabilities.get GET /api/v1/auth/capabilities events:read
+auth.signup POST /api/v1/auth/signup public -
+auth.login POST /api/v1/auth/login public -
+auth.api_key_login POST /api/v1/auth/api-key-login public -
+auth.config.get GET /api/v1/auth/config public -
+auth.me.get GET /api/v1/auth/me events:read
+auth.logout POST /api/v1/auth/logout public -
+user.preferences.get GET /api/v1/user/preferences events:read
+user.preferences.put PUT /api/v1/user/preferences events:write
+instance.get GET /api/v1/instance events:read
+events.record POST /api/v1/events/record events:write
+events.transition POST /api/v1/events/transition events:write
+events.replay GET /api/v1/events/replay/{channel_id} events:read
+events.query POST /api/v1/events/query events:read
+events.cursor.get GET /api/v1/events/cursor/{channel_id} events:read
+events.verify_chain GET /api/v1/events/verify/{channel_id} payloads:read
+events.causal_graph.get GET /api/v1/events/{event_id}/causal-graph events:read
+channels.list GET /api/v1/channels channels:read
+state.save POST /api/v1/state/{channel_id} state:write
+state.load GET /api/v1/state/{channel_id} state:read
+state.versions.list GET /api/v1/state/{channel_id}/versions state:read
+state.version.get GET /api/v1/state/{channel_id}/version/{version} state:read
+state.version.delete DELETE /api/v1/state/{channel_id}/version/{version} state:delete
+forks.create POST /api/v1/channels/fork forks:create
+channels.diff GET /api/v1/channels/diff state:read
+channels.compare GET /api/v1/channels/compare channels:read
+channels.outcome.set PATCH /api/v1/channels/{channel_id}/outcome channels:write
+forks.promote POST /api/v1/channels/{channel_id}/promote forks:promote
+channels.delete DELETE /api/v1/channels/{channel_id} channels:delete
+channels.metadata.get GET /api/v1/channels/{channel_id}/metadata channels:read
+channels.metadata.put PUT /api/v1/channels/{channel_id}/metadata channels:write
+channels.steps.latest GET /api/v1/channels/{channel_id}/steps channels:read
+channels.steps.resolve GET /api/v1/channels/{channel_id}/steps/{step_number} channels:read
+channels.forks.list GET /api/v1/channels/{channel_id}/forks channels:read
+channels.fork_tree.get GET /api/v1/channels/{channel_id}/fork-tree channels:read
+channels.trail.get GET /api/v1/channels/{channel_id}/trail channels:read
+channels.receipt.get GET /api/v1/channels/{channel_id}/receipt channels:read
+channels.close POST /api/v1/channels/{channel_id}/close channels:write
+groups.create POST /api/v1/groups groups:manage
+groups.list GET /api/v1/groups groups:manage
+groups.delete DELETE /api/v1/groups/{group_id} groups:manage
+groups.join POST /api/v1/groups/{group_id}/join groups:manage
+groups.claim_work POST /api/v1/groups/{group_id}/work groups:manage
+groups.ack POST /api/v1/groups/{group_id}/ack groups:manage
+groups.heartbeat POST /api/v1/groups/{group_id}/heartbeat groups:manage
+groups.offsets.get GET /api/v1/groups/{group_id}/offsets groups:manage
+execution_groups.create POST /api/v1/execution-groups execution_groups:manage
+execution_groups.list GET /api/v1/execution-groups execution_groups:manage
+execution_groups.members.add POST /api/v1/execution-groups/{group_id}/members execution_groups:manage
+execution_groups.members.list GET /api/v1/execution-groups/{group_id}/members execution_groups:manage
+execution_groups.members.claim POST /api/v1/execution-groups/{group_id}/members/{member_id}/claim execution_groups:manage
+execution_groups.members.heartbeat POST /api/v1/execution-groups/{group_id}/members/{member_id}/heartbeat execution_groups:manage
+execution_groups.members.release POST /api/v1/execution-groups/{group_id}/members/{member_id}/release execution_groups:manage
+execution_groups.messages.send POST /api/v1/execution-groups/{group_id}/messages execution_groups:manage
+execution_groups.messages.list GET /api/v1/execution-groups/{group_id}/members/{member_id}/messages execution_groups:manage
+execution_groups.messages.ack POST /api/v1/execution-group-messages/{message_id}/ack execution_groups:manage
+execution_groups.forks.create POST /api/v1/execution-group-forks forks:create
+execution_groups.forks.get GET /api/v1/execution-group-forks/{fork_group_id} forks:create
+execution_groups.forks.promote POST /api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote forks:promote
+experiments.create POST /api/v1/experiments experiments:manage
+experiments.list GET /api/v1/experiments experiments:manage
+experiments.get GET /api/v1/experiments/{group_id} experiments:manage
+experiments.members.add POST /api/v1/experiments/{group_id}/members experiments:manage
+experiments.rank GET /api/v1/experiments/{group_id}/rank experiments:manage
+scheduler.wakeups.create POST /api/v1/scheduler/wakeups scheduler:manage
+scheduler.wakeups.list GET /api/v1/scheduler/wakeups scheduler:manage
+scheduler.wakeups.get GET /api/v1/scheduler/wakeups/{id} scheduler:manage
+scheduler.wakeups.cancel DELETE /api/v1/scheduler/wakeups/{id} scheduler:manage
+executions.claim POST /api/v1/executions/claim executions:manage
+executions.list GET /api/v1/executions executions:manage
+executions.get GET /api/v1/executions/{id} executions:manage
+executions.delete DELETE /api/v1/executions/{id} executions:manage
+executions.complete POST /api/v1/executions/{id}/complete executions:manage
+executions.fail POST /api/v1/executions/{id}/fail executions:manage
+executions.heartbeat POST /api/v1/executions/{id}/heartbeat executions:manage
+executions.cancel POST /api/v1/executions/{id}/cancel executions:manage
+"""
+
+
+@dataclass(frozen=True)
+class ManifestOperation:
+    id: str
+    method: str
+    path: str
+    scope: str
+    fleet_supported: bool
+
+
+FLEET_MANIFEST = {op.id: op for op in (
+    ManifestOperation("actae.api.v1." + parts[0], parts[1], parts[2], parts[3], len(parts) == 4)
+    for parts in (line.split() for line in FLEET_MANIFEST_TEXT.strip().splitlines()))}
+
+
+def route_shape(path: str) -> str:
+    return re.sub(r"\{[^}]+\}", "{}", path)
+
+
+@functools.cache
+def fleet_operation_routes() -> dict:
+    """Each fleet-supported manifest operation's route in API_ROUTES (matched by method and path shape)."""
+    routes = {(r.method, route_shape(r.path)): r for r in api_routes()}
+    return {op.id: routes[(op.method, route_shape(op.path))] for op in FLEET_MANIFEST.values() if op.fleet_supported}
+
+
+@functools.cache
+def route_operations() -> dict:
+    """(method, path shape) of a route -> the manifest operation it serves."""
+    return {(op.method, route_shape(op.path)): op for op in FLEET_MANIFEST.values()}
+
+
+def fleet_route(operation_id: str) -> Any:
+    return fleet_operation_routes()[operation_id]
+
+
+def supported_operation(operation_id: str) -> ManifestOperation:
+    op = FLEET_MANIFEST.get(operation_id)
+    if op is None:
+        raise NotFound(f"unknown API manifest operation: {operation_id}", code="unknown_operation")
+    if not op.fleet_supported:
+        raise UnsupportedOperation(f"unsupported API operation: {operation_id} is not a fleet command"
+                                   " (sign-ins and sessions are made with each instance directly)")
+    return op
+
+
+# --- dispatch: in process for the local instance, HTTP for a remote one ------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    instance_id: str
+    remote: Optional[RemoteInstance] = None      # None: this server itself
+
+
+async def fleet_target(app: "ActaeApp", instance_id: str) -> Target:
+    """The instance named: this server, or a registered remote one (NotFound otherwise)."""
+    if instance_id == app.services.instance_id:
+        return Target(instance_id)
+    remote = (await app.services.region(FleetState).directory.fresh()).instances.get(instance_id)
+    if remote is None:
+        raise NotFound(f"instance {instance_id} is not in organisation {app.services.settings.organization}",
+                       code="unknown_instance")
+    if remote.key is None:
+        raise InstanceFailed(instance_id, "key_unreadable", f"its key cannot be decrypted with this data dir's"
+                             f" {FLEET_KEY_FILE}: run `actae instance add` for it again", retryable=False)
+    return Target(instance_id, remote)
+
+
+def fill_path(template: str, params: dict) -> str:
+    """A route path with its parameters in place, each percent-encoded as one segment."""
+    return re.sub(r"\{(\w+)\}", lambda m: quote_segment(str(params[m.group(1)])), template)
+
+
+def quote_segment(value: str) -> str:
+    from urllib.parse import quote
+    return quote(value, safe="")
+
+
+def query_text(query: dict) -> str:
+    """A query object as a query string: null left out, booleans as true/false, lists repeated."""
+    pairs = []
+    for name, value in query.items():
+        for item in value if isinstance(value, list) else [value]:
+            if item is not None:
+                pairs.append((name, ("true" if item else "false") if isinstance(item, bool)
+                              else item if isinstance(item, str) else json.dumps(item) if isinstance(item, dict)
+                              else str(item)))
+    return urlencode(pairs)
+
+
+def with_operation_id(route: Api, raw: Optional[bytes], idempotency_key: Optional[str]) -> Optional[bytes]:
+    """The Idempotency-Key as the body's operation_id where the route's body has one and none was sent."""
+    if not idempotency_key or raw is None or route.body is None or "operation_id" not in route.body.__struct_fields__:
+        return raw
+    try:
+        value = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        return raw                      # the route's own decoding answers 400
+    if isinstance(value, dict) and not value.get("operation_id"):
+        return msgspec.json.encode({**value, "operation_id": idempotency_key})
+    return raw
+
+
+def internal_request(app: "ActaeApp", route: Api, params: dict, query: str, raw: Optional[bytes]) -> Request:
+    """A Request for `route` made in process: what serve_route reads of an HTTP one."""
+    path = fill_path(route.path, params)
+    scope = {"type": "http", "http_version": "1.1", "method": route.method, "scheme": "http", "path": path,
+             "raw_path": path.encode("ascii"), "root_path": "", "query_string": query.encode("ascii"),
+             "headers": [(b"content-type", b"application/json")], "app": app, "path_params": dict(params),
+             "client": None, "server": None}
+    chunks = [raw or b""]
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": chunks.pop() if chunks else b"", "more_body": False}
+    return Request(scope, receive)
+
+
+async def fleet_dispatch(app: "ActaeApp", principal: FleetPrincipal, target: Target, route: Api, params: dict, query: str,
+                         raw: Optional[bytes], *, idempotency_key: Optional[str] = None, verbatim: bool = False) -> Any:
+    """`route` on `target` for `principal`: the direct route's answer record, or its error raised. With
+    `verbatim`, a remote's answer (checked against the record) is passed on byte for byte, so nothing
+    it says beyond the record's declared fields is lost on the way."""
+    raw = with_operation_id(route, raw, idempotency_key)
+    request = internal_request(app, route, params, query, raw)
+    if target.remote is None:
+        if route.auth == "bearer":         # GET /auth/me: the organisation token, as a user without an address
+            request.state.user, request.state.bearer = principal.user(), None
+        return await serve_route(request, route, principal)
+    authorize_remote(principal, route, await route_parts(request, route))
+    return await remote_dispatch(app, target.remote, route, request.url.path, query, raw, idempotency_key,
+                                 verbatim)
+
+
+def authorize_remote(principal: Principal, route: Api, parts: dict) -> None:
+    """The fleet token's channel patterns, checked at the gateway before a remote instance is asked (the
+    remote checks its own key's scopes too). A channel the route finds by a lookup (an execution's,
+    a wake-up's) is not known here: that needs the action on every channel."""
+    for action, where in route.scopes:
+        if principal.can_everywhere(action):
+            continue
+        if where == SOMEWHERE:
+            if not principal.can_somewhere(action):
+                raise Forbidden(f"this credential may not {action} any channel")
+            continue
+        kind, _, name = where.partition(".")
+        if where == EVERY or kind not in ("path", "query", "body"):
+            principal.require(action, None)
+            continue
+        value = getattr(parts.get(kind), name, None)
+        for channel in (value if isinstance(value, list) else [value]) if value else [None]:
+            principal.require(action, channel)
+
+
+def remote_timeout(app: "ActaeApp", remote: RemoteInstance) -> float:
+    return remote.timeout or app.services.settings.fleet_timeout
+
+
+def http_exchange(method: str, url: str, headers: dict, body: Optional[bytes], timeout: float) -> tuple:
+    """One HTTP request with urllib (blocking: run it on the fleet's threads); (status, body bytes).
+    Redirects are not followed: the instance's key goes to its own URL only."""
+    import urllib.error
+    import urllib.request
+
+    class NoRedirect(urllib.request.HTTPRedirectHandler):
+        def redirect_request(self, *args, **kwargs):
+            return None
+
+    opener = urllib.request.build_opener(NoRedirect)
+    request = urllib.request.Request(url, data=body, method=method, headers=headers)
+    try:
+        with opener.open(request, timeout=timeout) as answer:
+            return answer.status, answer.read(MAX_BODY_BYTES + 1)
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read(MAX_BODY_BYTES + 1)
+
+
+async def remote_http(app: "ActaeApp", remote: RemoteInstance, method: str, url: str, headers: dict, body: Optional[bytes],
+                      timeout: Optional[float] = None) -> tuple:
+    """(status, body) from a remote instance, within its timeout; InstanceFailed when it gives none."""
+    timeout = timeout or remote_timeout(app, remote)
+    loop = asyncio.get_running_loop()
+    try:
+        return await asyncio.wait_for(loop.run_in_executor(
+            app.services.region(FleetState).http, http_exchange, method, url, headers, body, timeout), timeout + 0.5)
+    except (asyncio.TimeoutError, TimeoutError, socket.timeout):
+        raise InstanceFailed(remote.id, "timeout", f"no answer within {timeout:g} s", status=504) from None
+    except OSError as exc:                   # refused, reset, unknown host: urllib's URLError is one
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, (TimeoutError, socket.timeout)):
+            raise InstanceFailed(remote.id, "timeout", f"no answer within {timeout:g} s", status=504) from None
+        raise InstanceFailed(remote.id, "unreachable", f"cannot reach {remote.url}: {reason}") from None
+
+
+def remote_error(remote: RemoteInstance, status: int, data: bytes) -> ActaeError:
+    """A remote instance's refusal as the gateway's: its status and code, except that its 401 (the
+    gateway's key) and its 5xx are the gateway's 502 (a 401 would make the SDK drop its fleet token)."""
+    try:
+        body = msgspec.json.decode(data)
+        code, message = str(body.get("status") or "error"), str(body.get("error") or body.get("message") or "")
+    except (msgspec.DecodeError, AttributeError):
+        code, message = "error", data[:200].decode("utf-8", "replace")
+    if status == 401:
+        return InstanceFailed(remote.id, "instance_unauthorized", f"it refused the gateway's key: {message}",
+                              retryable=False)
+    if status >= 500:
+        return InstanceFailed(remote.id, code, message or f"it answered {status}", status=503 if status == 503 else 502)
+    return ActaeError(message, code=code, status=status)
+
+
+async def remote_login(app: "ActaeApp", remote: RemoteInstance, *, again: bool = False) -> str:
+    """A login token for the remote's key (its Bearer-only routes), kept until shortly before it expires."""
+    held = app.services.region(FleetState).remote_tokens.get(remote.id)
+    if held is not None and not again and held[1] > time.monotonic():
+        return held[0]
+    status, data = await remote_http(app, remote, "POST", remote.url + "/api/v1/auth/api-key-login",
+                                     {"x-api-key": remote.key, "content-type": "application/json"}, b"{}")
+    if status != 200:
+        raise remote_error(remote, status, data)
+    token = msgspec.json.decode(data, type=LoggedIn).token
+    app.services.region(FleetState).remote_tokens[remote.id] = (token, time.monotonic() + TOKEN_TTL_SECONDS / 2)
+    return token
+
+
+async def remote_dispatch(app: "ActaeApp", remote: RemoteInstance, route: Api, path: str, query: str, raw: Optional[bytes],
+                          idempotency_key: Optional[str], verbatim: bool = False) -> Any:
+    url = remote.url + path + (f"?{query}" if query else "")
+    headers = {"x-api-key": remote.key, "accept": "application/json", "content-type": "application/json"}
+    if idempotency_key:
+        headers["idempotency-key"] = idempotency_key
+    body = (raw or b"") if route.body is not None or route.text_body is not None or route.method != "GET" else None
+    for attempt in (0, 1):
+        if route.auth == "bearer":
+            headers["authorization"] = "Bearer " + await remote_login(app, remote, again=attempt > 0)
+        status, data = await remote_http(app, remote, route.method, url, headers, body)
+        if status == 401 and route.auth == "bearer" and attempt == 0:
+            continue                       # its login token ended (logout, restart): log in once more
+        break
+    if status != 200:
+        raise remote_error(remote, status, data)
+    try:
+        answer = msgspec.json.decode(data, type=route.answer)     # typed: the direct route's answer record
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise InstanceFailed(remote.id, "bad_answer", f"its answer is not a {getattr(route.answer, '__name__', 'JSON')}"
+                             f" answer: {exc}", retryable=False) from None
+    return Response(data, media_type="application/json") if verbatim else answer
+
+
+# --- multi-instance queries: keyset pages over the direct query route ---------------------------------
+
+
+def query_fingerprint(q: EventQuery) -> str:
+    """What a page token is bound to: the query's filters (not its limit, offset or pagination)."""
+    filters = msgspec.to_builtins(q)
+    for name in ("limit", "offset", "pagination"):
+        filters.pop(name, None)
+    return sha256_hex(canonical_json(filters))[:16]
+
+
+def page_token(instance_id: str, fingerprint: str, key: Optional[tuple]) -> str:
+    doc = {"v": 1, "i": instance_id, "f": fingerprint}
+    if key is not None:
+        doc.update(t=key[0], c=key[1], k=key[2])
+    return b64url(json.dumps(doc, separators=(",", ":"), sort_keys=True).encode("utf-8"))
+
+
+def read_page_token(token: str, instance_id: str, fingerprint: str) -> Optional[tuple]:
+    """The (timestamp, channel, cursor) a page token continues after (None: from the start); 400 otherwise."""
+    try:
+        doc = json.loads(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)))
+        assert isinstance(doc, dict) and doc.get("v") == 1
+        if doc.get("i") != instance_id or doc.get("f") != fingerprint:
+            raise BadRequest(f"page_tokens[{instance_id!r}] was made for another instance or query")
+        if "t" not in doc:
+            return None
+        parse_iso(doc["t"])
+        assert isinstance(doc["c"], str) and is_int(doc["k"])
+        return doc["t"], doc["c"], doc["k"]
+    except (ValueError, TypeError, KeyError, AssertionError, UnicodeError, BadRequest) as exc:
+        if isinstance(exc, BadRequest) and "was made for" in exc.message:
+            raise
+        raise BadRequest(f"page_tokens[{instance_id!r}] is not a page token of this gateway") from None
+
+
+def event_key(event: Event) -> tuple:
+    return event.timestamp, event.channel_id, event.cursor
+
+
+def newest_first(events: list, instance_of: Callable = lambda e: "") -> list:
+    """The direct query's order (timestamp descending, then channel, then cursor descending), across instances."""
+    ordered = sorted(events, key=lambda e: (instance_of(e), e.channel_id, -e.cursor))
+    return sorted(ordered, key=lambda e: e.timestamp, reverse=True)      # stable: ties keep the order above
+
+
+async def keyset_page(run: Callable, base: EventQuery, after: Optional[tuple], limit: int) -> tuple:
+    """Up to `limit` events after the key `after`, in the direct query's order; (events, maybe more).
+
+    Built on the direct query's own filters, so it works the same on every instance: the events of
+    the key's millisecond that come after it (a `from`=`to` window), then those older than it."""
+    found: list = []
+    until = base.until
+    if after is not None:
+        moment, channel, cursor = parse_iso(after[0]), after[1], after[2]
+        offset = 0
+        while True:
+            batch = await run(msgspec.structs.replace(base, since=moment, until=moment, limit=REPLAY_LIMIT_MAX,
+                                                      offset=offset))
+            found += [e for e in batch if (e.channel_id, -e.cursor) > (channel, -cursor)]
+            if len(batch) < REPLAY_LIMIT_MAX:
+                break
+            offset += len(batch)
+        if len(found) >= limit:
+            return found[:limit], True
+        until = moment - timedelta(milliseconds=1)
+        if base.until is not None:
+            until = min(until, base.until)
+        if base.since is not None and until < base.since:
+            return found, False
+    need = limit - len(found)
+    batch = await run(msgspec.structs.replace(base, until=until, limit=need, offset=0))
+    return found + batch, len(batch) == need
+
+
+def failure_of(instance_id: str, exc: ActaeError) -> InstanceFailure:
+    retryable = exc.retryable if isinstance(exc, InstanceFailed) else exc.status >= 500
+    return InstanceFailure(instance_id=instance_id, code=exc.code, message=exc.message, retryable=retryable)
+
+
+async def fleet_query(app: "ActaeApp", principal: FleetPrincipal, body: FleetQuery) -> FleetEvents:
+    """POST .../events/query: each instance's page of the direct query, merged newest first."""
+    q = body.query
+    keyset = q.pagination == "keyset" or bool(body.page_tokens)
+    base = EventQuery(**{name: getattr(q, name) for name in EventQuery.__struct_fields__})
+    if keyset:
+        base = msgspec.structs.replace(base, offset=0)
+    fingerprint = query_fingerprint(base)
+    instance_ids = list(dict.fromkeys(body.instances))
+    given = body.page_tokens or {}
+    starts = {i: read_page_token(given[i], i, fingerprint) if i in given else None for i in instance_ids}
+    route = fleet_route("actae.api.v1.events.query")
+
+    async def one(instance_id: str) -> tuple:
+        try:
+            target = await fleet_target(app, instance_id)
+
+            async def run(query: EventQuery) -> list:
+                answer = await fleet_dispatch(app, principal, target, route, {}, "", msgspec.json.encode(query))
+                return answer.events
+            if keyset:
+                events, more = await keyset_page(run, base, starts[instance_id], q.limit)
+            else:
+                events, more = await run(base), False
+            return events, more, None
+        except ActaeError as exc:
+            return [], False, failure_of(instance_id, exc)
+
+    results = dict(zip(instance_ids, await asyncio.gather(*(one(i) for i in instance_ids))))
+    merged = [FleetEvent(**msgspec.structs.asdict(e), instance_id=i) for i, (events, _, _) in results.items()
+              for e in events]
+    shown = newest_first(merged, lambda e: e.instance_id)[:q.limit]
+    tokens: dict = {}
+    if keyset:
+        for instance_id, (events, more, failure) in results.items():
+            included = [e for e in shown if e.instance_id == instance_id]
+            if failure is not None or (events and not included):     # not advanced: the same page again
+                tokens[instance_id] = given.get(instance_id) or page_token(instance_id, fingerprint, None)
+            elif included and (more or len(included) < len(events)):
+                tokens[instance_id] = page_token(instance_id, fingerprint, event_key(included[-1]))
+    errors = [failure for _, _, failure in results.values() if failure is not None]
+    return FleetEvents(events=shown, errors=errors, page=FleetPage(next_page_tokens=tokens),
+                       next_page_token=tokens.get(instance_ids[0]) if len(instance_ids) == 1 else None)
+
+
+# --- the handlers ---------------------------------------------------------------------------------------
+
+
+def fleet_caller(request: Request, path: Any) -> FleetPrincipal:
+    """The fleet token's principal, when the path names the organisation it and this gateway belong to."""
+    principal, organization = request.state.principal, request.app.services.settings.organization
+    if path.organization_id != organization:
+        raise Forbidden(f"this gateway serves organisation {organization!r}, not {path.organization_id!r}")
+    return principal
+
+
+def local_instance(app: "ActaeApp") -> FleetInstance:
+    return FleetInstance(instance_id=app.services.instance_id, name="local", local=True, url=None, dashboard_url="/",
+                         added_at=None)
+
+
+async def fleet_token_exchange(request: Request, body: FleetTokenRequest) -> FleetToken:
+    """Exchange an organisation token for a short-lived fleet token with the requested scopes it grants."""
+    row, settings = request.state.org_token, request.app.services.settings
+    if body.organization_id not in (None, settings.organization):
+        raise Forbidden(f"this gateway serves organisation {settings.organization!r}, not {body.organization_id!r}")
+    scopes = granted_scopes(org_grant(row["scopes"]), body.scopes)
+    if not scopes:
+        raise Forbidden(f"the organisation token grants none of the requested scopes ({', '.join(body.scopes or ())})")
+    now = time.time()
+    expires = now + settings.fleet_token_ttl
+    if row["expires_at"] is not None:
+        expires = min(expires, parse_iso(row["expires_at"]).timestamp())
+    token = sign_fleet_token(request.app.services.token_secret, {
+        "iss": "actae", "org": settings.organization, "otk": row["id"], "scp": scopes, "exp": expires,
+        "jti": secrets.token_urlsafe(12)})
+    return FleetToken(token=token, token_type="Bearer", expires_in=max(0, int(expires - now)),
+                      organization_id=settings.organization, scopes=scopes)
+
+
+async def fleet_instances(request: Request, path) -> FleetInstances:
+    """The organisation's instances: this server, then the registered remote ones."""
+    fleet_caller(request, path)
+    app = request.app
+    directory = await app.services.region(FleetState).directory.fresh()
+    remotes = [FleetInstance(instance_id=r.id, name=r.name, local=False, url=r.url, dashboard_url=r.url + "/",
+                             added_at=r.added_at) for r in directory.instances.values()]
+    return FleetInstances(organization_id=app.services.settings.organization,
+                          gateway_protocol_version=FLEET_PROTOCOL_VERSION, instances=[local_instance(app), *remotes])
+
+
+async def fleet_capabilities(request: Request, path) -> FleetCapabilities:
+    """An instance's versions and the manifest operations the gateway dispatches to it."""
+    principal, app = fleet_caller(request, path), request.app
+    target = await fleet_target(app, path.instance_id)
+    info = await fleet_dispatch(app, principal, target, fleet_route("actae.api.v1.instance.get"), {}, "", None)
+    return FleetCapabilities(
+        organization_id=app.services.settings.organization, instance_id=path.instance_id, local=target.remote is None,
+        gateway_protocol_version=FLEET_PROTOCOL_VERSION, api_version=info.api_version, version=info.version,
+        engine_version=info.version, backend=info.backend, features=info.features,
+        supported_fleet_operations=[op.id for op in FLEET_MANIFEST.values() if op.fleet_supported])
+
+
+async def fleet_operation(request: Request, path, body: OperationEnvelope) -> OperationAnswer:
+    """Run one manifest operation on one instance; it answers what the operation's direct route answers."""
+    principal, app = fleet_caller(request, path), request.app
+    op = supported_operation(path.operation_id)
+    principal.require_scope(op.scope)
+    route = fleet_route(op.id)
+    names, ours = re.findall(r"\{([^}]+)\}", op.path), re.findall(r"\{(\w+)\}", route.path)
+    given = {**(body.params or {}), **(body.path_params or {})}
+    missing = [name for name in names if name not in given]
+    if missing:
+        raise BadRequest(f"missing path parameters for {op.id}: {missing}")
+    params = {our: str(given[name]) for name, our in zip(names, ours)}
+    query = {**{k: v for k, v in (body.params or {}).items() if k not in names}, **(body.query or {})}
+    raw = None
+    if route.body is not None:
+        raw = b"" if body.body is None or (body.body == {} and route.body_optional) else msgspec.json.encode(body.body)
+    return await fleet_dispatch(app, principal, await fleet_target(app, path.instance_id), route, params,
+                                query_text(query), raw, idempotency_key=request.headers.get("idempotency-key"),
+                                verbatim=True)
+
+
+async def fleet_resource(request: Request, path, operation_id: str, params: dict, record: Record) -> Any:
+    principal, app = fleet_caller(request, path), request.app
+    principal.require_scope(FLEET_MANIFEST[operation_id].scope)
+    return await fleet_dispatch(app, principal, await fleet_target(app, path.instance_id), fleet_route(operation_id),
+                                params, "", msgspec.json.encode(record),
+                                idempotency_key=request.headers.get("idempotency-key"), verbatim=True)
+
+
+async def fleet_record(request: Request, path, body: RecordEvent) -> EventAnswer:
+    """Record an event on one instance (its POST /api/v1/events/record)."""
+    return await fleet_resource(request, path, "actae.api.v1.events.record", {}, body)
+
+
+async def fleet_fork(request: Request, path, body: Fork) -> Receipt:
+    """Fork a run on one instance (its POST /api/v1/channels/fork); the Idempotency-Key is the operation id."""
+    return await fleet_resource(request, path, "actae.api.v1.forks.create", {}, body)
+
+
+async def fleet_save_state(request: Request, path, body: SaveState) -> SavedState:
+    """Save a state on one instance (its POST /api/v1/state/{channel_id}); the Idempotency-Key is the operation id."""
+    same_channel(body.channel_id, path.channel_id)
+    return await fleet_resource(request, path, "actae.api.v1.state.save", {"channel_id": path.channel_id}, body)
+
+
+async def fleet_query_events(request: Request, path, body: FleetQuery) -> FleetEvents:
+    """Query one or more instances; keyset pages carry a continuation token per instance."""
+    principal = fleet_caller(request, path)
+    principal.require_scope("events:read")
+    return await fleet_query(request.app, principal, body)
+
+
+async def fleet_stream_ticket(request: Request, path, body: StreamTicketRequest) -> StreamTicket:
+    """A one-use ticket that opens the event stream of one instance (and channel) for a short while."""
+    principal, app = fleet_caller(request, path), request.app
+    principal.require_scope("events:read")
+    await fleet_target(app, body.instance_id)
+    if body.channel_id is not None:
+        principal.require("read", body.channel_id)
+    ticket, ttl = FLEET_TICKET_PREFIX + secrets.token_urlsafe(24), app.services.settings.fleet_ticket_ttl
+    await db_of(request).write(mint_ticket, sha256_hex(ticket), principal.org_token_id, list(principal.fleet_scopes),
+                               body.instance_id, body.channel_id, body.resume_cursor, ttl)
+    return StreamTicket(ticket=ticket, expires_in=max(1, round(ttl)), instance_id=body.instance_id,
+                        channel_id=body.channel_id, resume_cursor=body.resume_cursor)
+
+
+# --- a direct route called with a fleet token (the SDK's FleetClient.call) -----------------------------
+
+
+def fleet_error(exc: ActaeError) -> Response:
+    """The gateway's error answer: {"status", "error"} and `message`, the field the SDK's FleetClient reads."""
+    return Response(msgspec.json.encode(FleetErrorBody(status=exc.code, error=exc.message, message=exc.message)),
+                    status_code=exc.status, media_type="application/json")
+
+
+async def fleet_direct_call(request: Request, route: Api, token: str) -> Any:
+    """A direct route's request carrying a fleet token: the manifest operation it is, dispatched to the
+    instance X-Actae-Instance-Id names (this server without one). Only fleet commands: no open proxy."""
+    app = request.app
+    principal = await check_fleet_token(app, token)
+    op = route_operations().get((route.method, route_shape(route.path)))
+    if op is None:
+        raise UnsupportedOperation(f"{route.method} {route.path} is not a manifest operation: call the instance itself")
+    supported_operation(op.id)
+    principal.require_scope(op.scope)
+    target = await fleet_target(app, request.headers.get("x-actae-instance-id") or app.services.instance_id)
+    raw = await read_capped(request) if route.body is not None else None
+    return await fleet_dispatch(app, principal, target, route, dict(request.path_params),
+                                request.url.query, raw, idempotency_key=request.headers.get("idempotency-key"),
+                                verbatim=True)
+
+
+def fleet_endpoint(route: Api, endpoint: Callable) -> Callable:
+    """A route's endpoint as the gateway needs it: its own routes answer errors in the SDK's fleet shape;
+    a direct route sent a fleet token (`authorization: Bearer`) is dispatched as a fleet command."""
+    if is_fleet_path(route.path):
+        async def gateway(request: Request) -> Response:
+            request.state.error_shape = fleet_error
+            return await endpoint(request)
+        gateway.__name__ = endpoint.__name__
+        return gateway
+
+    async def direct(request: Request) -> Response:
+        token = bearer_token(request)
+        if token is None or not looks_like_fleet_token(token):
+            return await endpoint(request)
+        request.state.error_shape = fleet_error
+        return api_response(await fleet_direct_call(request, route, token))
+    direct.__name__ = endpoint.__name__
+    return direct
+
+
+# =============================================================================
+# Fleet: event streams (the ticketed WebSocket, the NDJSON stream)
 # =============================================================================
 # One channel of one instance, from a cursor: the local instance's events come from this server's
 # hub (the same gapless, in-order delivery as /ws), a remote one's from that server's /ws, which
 # the gateway subscribes to with its key. The subscription is in place before the client's
 # stream opens, so nothing recorded after the client connected is missed; a resume cursor
 # replays exactly the events after it.
-
 
 def fleet_stream_event(frame: dict, instance_id: str) -> Optional[dict]:
     """A /ws broadcast frame as the fleet's event, naming its instance (None for any other frame)."""
@@ -10507,7 +12848,7 @@ async def recv_frame(ws: Any, timeout: float) -> dict:
     return frame if isinstance(frame, dict) else {}
 
 
-async def remote_events(app, remote: RemoteInstance, channel_id: str, cursor: Optional[int],
+async def remote_events(app: "ActaeApp", remote: RemoteInstance, channel_id: str, cursor: Optional[int],
                         emit: Callable, ready: asyncio.Future) -> None:
     """Relay a remote instance's events of `channel_id` (after `cursor`) to `emit`, from its /ws;
     `ready` is resolved once it has confirmed the subscription (or failed with the reason)."""
@@ -10549,18 +12890,18 @@ async def remote_events(app, remote: RemoteInstance, channel_id: str, cursor: Op
         raise
 
 
-async def open_fleet_stream(app, principal: Principal, target: Target, channel_id: str,
+async def open_fleet_stream(app: "ActaeApp", principal: Principal, target: Target, channel_id: str,
                             cursor: Optional[int], sink: Any) -> tuple:
     """Subscribe to `channel_id` of the target from `cursor`; (the queue its fleet events arrive on as
     dicts, the tasks feeding it). Raises (403, 502, ...) before anything is open when it cannot be."""
     principal.require("read", channel_id)
     queue: asyncio.Queue = asyncio.Queue(maxsize=WS_QUEUE_MAX)
     if target.remote is None:
-        conn = FleetStreamConnection(sink, app.state.hub, target.instance_id, principal)
+        conn = FleetStreamConnection(sink, app.services.hub, target.instance_id, principal)
         conn.outbox = queue                # its frames wait here for the stream's own pump
 
         async def subscribed() -> None:
-            await ws_subscribe(conn, app.state.db, SubscribeFrame(topic=channel_id, cursor=cursor))
+            await ws_subscribe(conn, app.services.db, SubscribeFrame(topic=channel_id, cursor=cursor))
             await asyncio.Event().wait()   # then live delivery goes on until the stream ends
         subscribing = asyncio.create_task(subscribed())
         await asyncio.sleep(0)         # ws_subscribe watches the topic before its first wait: nothing is missed
@@ -10581,9 +12922,9 @@ async def open_fleet_stream(app, principal: Principal, target: Target, channel_i
     return queue, [upstream], None
 
 
-async def close_fleet_stream(app, tasks: list, conn: Optional[FleetStreamConnection]) -> None:
+async def close_fleet_stream(app: "ActaeApp", tasks: list, conn: Optional[FleetStreamConnection]) -> None:
     if conn is not None:
-        app.state.hub.leave(conn)
+        app.services.hub.leave(conn)
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -10604,13 +12945,13 @@ async def fleet_stream_endpoint(websocket: WebSocket) -> None:
     {"type": "event", "instance_id", "channel_id", "event"}, each once, in cursor order."""
     app = websocket.app
     try:
-        organization = app.state.settings.organization
+        organization = app.services.settings.organization
         if websocket.path_params.get("organization_id") != organization:
             raise Forbidden(f"this gateway serves organisation {organization!r}")
         query = decode_params(websocket.query_params, FleetStreamQuery, "query string")
         if not query.ticket:
             raise Unauthorized("a stream ticket is required: POST /v1/organizations/{organization_id}/events/stream/tickets")
-        ticket = await app.state.db.write(use_ticket, sha256_hex(query.ticket))
+        ticket = await app.services.db.write(use_ticket, sha256_hex(query.ticket))
         if ticket is None:
             raise Unauthorized("unknown, used or expired stream ticket: mint a new one")
         principal = await org_token_principal(app, ticket["org_token_id"], organization, load(ticket["scopes"]))
@@ -10661,7 +13002,7 @@ async def fleet_ndjson_stream(request: Request) -> Response:
         if query.channel_id is None:
             raise BadRequest("name the channel: ?channel_id=...")
         cursor = query.cursor if query.cursor is not None else query.resume_cursor
-        instance_id = request.headers.get("x-actae-instance-id") or query.instance_id or app.state.instance_id
+        instance_id = request.headers.get("x-actae-instance-id") or query.instance_id or app.services.instance_id
         target = await fleet_target(app, instance_id)
         queue, tasks, conn = await open_fleet_stream(app, principal, target, query.channel_id, cursor, None)
     except ActaeError as exc:
@@ -10683,1281 +13024,34 @@ async def fleet_ndjson_stream(request: Request) -> Response:
                              headers={"content-encoding": "identity", "cache-control": "no-store"})
 
 
-def fleet_stream_routes() -> list:
-    return [WebSocketRoute("/v1/organizations/{organization_id}/events/stream", fleet_stream_endpoint),
-            Route("/api/v1/fleet/stream", converting_bugs(fleet_ndjson_stream), methods=["GET"])]
+FLEET_STREAMS = [Endpoint("WS", "/v1/organizations/{organization_id}/events/stream", fleet_stream_endpoint),
+                 Endpoint("GET", "/api/v1/fleet/stream", fleet_ndjson_stream)]
 
 
 # =============================================================================
-# Dashboard: data for the pages (reads that build what a page shows)
+# Fleet: routes, the Fleet page and commands
 # =============================================================================
 
-RUNS_PAGE_SIZE = 50
-TIMELINE_PAGE_SIZE = 200
-GROUP_FORKS_MAX = 100                  # forks listed under one root run; the fork tree has them all
-FAILED_STATE_STATUSES = ("failed", "error")
-# Event types that say the run itself failed. Exact names, so the (type, created_at) index finds them.
-ERROR_EVENT_TYPES = ("error", "run.error", "run.failed", "session.error", "session.failed",
-                     "step.error", "step.failed", "agent.error", "agent.failed")
-# A run that has not completed and whose last event is one of these is stuck on a refusal or a human.
-ERROR_EVENT_SET = frozenset(ERROR_EVENT_TYPES)   # append_event notes a run's first one (error_cursor)
-BLOCKING_EVENT_TYPES = ("tool.blocked", "approval.requested", "approval.expired")
-LEDGER_SINCE = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
-STEP_CHANGES_SHOWN = 20                # changed keys listed per step (the count says how many in all)
-JSON_TREE_NODES = 3000                 # larger documents are shown as plain JSON text
-JSON_TREE_DEPTH = 24
-PICTURE_BARS_MAX = 240                 # steps are bucketed beyond this, so a 10,000-step run stays small
-FLASH_MAX = 64                         # fork-form errors kept for the redirect that shows them
-FLASH_TTL_SECONDS = 900
-FLASH_VALUE_MAX = 256 * 1024
+FLEET_ORG_PATH = "/v1/organizations/{organization_id}"
+FLEET_ROUTES = [
+    Api("POST", "/api/v1/fleet/token", fleet_token_exchange, body=FleetTokenRequest, auth="org", group="fleet"),
+    Api("GET", f"{FLEET_ORG_PATH}/instances", fleet_instances, auth="fleet", group="fleet"),
+    Api("GET", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/capabilities", fleet_capabilities, auth="fleet", group="fleet"),
+    Api("POST", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/ops/{{operation_id}}", fleet_operation, body=OperationEnvelope,
+        auth="fleet", group="fleet"),
+    Api("POST", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/events", fleet_record, body=RecordEvent, auth="fleet", group="fleet"),
+    Api("POST", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/forks", fleet_fork, body=Fork, auth="fleet", group="fleet"),
+    Api("PUT", f"{FLEET_ORG_PATH}/instances/{{instance_id}}/state/{{channel_id}}", fleet_save_state, body=SaveState,
+        auth="fleet", group="fleet"),
+    Api("POST", f"{FLEET_ORG_PATH}/events/query", fleet_query_events, body=FleetQuery, auth="fleet", group="fleet"),
+    Api("POST", f"{FLEET_ORG_PATH}/events/stream/tickets", fleet_stream_ticket, body=StreamTicketRequest, auth="fleet", group="fleet"),
+]
 
-
-def _sql_names(names: tuple) -> str:
-    """A SQL list of constant names (never user input)."""
-    return ", ".join(f"'{name}'" for name in names)
-
-
-# A run's status in one SQL expression over its own channels row: the generated column run_state (see
-# migrate_many_runs), so the runs list, its filter, the fork tree and the run page always agree, and
-# an index answers a status filter. Its inputs are columns the write path keeps: the SDK's status (a
-# field of a JSON column, per dialect), the outcome, the latest snapshot's status, the first error
-# event and the last event's type.
-def run_state_sql(dialect: Dialect) -> str:
-    sdk_status = dialect.json_text("experiment_metadata", "status")
-    return f"""CASE
-    WHEN {sdk_status} = 'crashed' OR outcome = 'crashed' THEN 'crashed'
-    WHEN {sdk_status} IN ({_sql_names(FAILED_STATE_STATUSES)})
-      OR last_state_status IN ({_sql_names(FAILED_STATE_STATUSES)})
-      OR error_cursor IS NOT NULL
-      THEN 'failed'
-    WHEN COALESCE({sdk_status}, '') <> 'completed' AND last_event_type IN ({_sql_names(BLOCKING_EVENT_TYPES)})
-      THEN 'blocked'
-    ELSE COALESCE({sdk_status}, 'recorded') END"""
-
-
-# What a listed run's row carries: the channel (with run_state) and a few lookups by its own key.
-RUN_COLUMNS = ("c.*,"                   # run_state among them
-               " (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id) AS last_step,"
-               " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks,"
-               " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = 1) AS first_event_at,"
-               " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = c.last_cursor)"
-               " AS last_event_at")
-
-
-def shown_status(run_state: Any) -> str:
-    """The status a page shows: every failure reads "failed" (the failure's kind says crashed or not)."""
-    return "failed" if run_state in ("crashed", "failed") else str(run_state)
-
-
-def listed_states(status: str) -> tuple:
-    """The run_state values a list's status filter takes ("failed": crashes too); (None,) for no filter."""
-    if not status:
-        return (None,)
-    return ("crashed", "failed") if status == "failed" else (status,)
-
-
-def millis_between(earlier: Optional[str], later: Optional[str]) -> Optional[int]:
-    if not earlier or not later:
-        return None
-    return max(0, round((parse_iso(later) - parse_iso(earlier)).total_seconds() * 1000))
-
-
-# --- failures: why a run went wrong, and the step a fork should keep -------------------
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a run shows as failed or blocked; `cursor` is the event that shows it (None: after the last one)."""
-
-    kind: str                        # crashed | failed | blocked
-    message: str
-    last_good_step: Optional[int]    # the fork form's preset; None when not even step 1 completed
-    cursor: Optional[int] = None
-
-    def as_json(self) -> dict:
-        return {"kind": self.kind, "message": self.message, "last_good_step": self.last_good_step,
-                "cursor": self.cursor}
-
-
-def failure_message(document: Any) -> Optional[str]:
-    """The human message a failed document carries, under the names agents use for it."""
-    if not isinstance(document, dict):
-        return None
-    for name in ("error", "crash_reason", "message", "reason", "exception"):
-        value = document.get(name)
-        if isinstance(value, dict):
-            value = value.get("message") or value.get("error")
-        if isinstance(value, str) and value.strip():
-            return value.strip()[:2000]
-    return None
-
-
-def step_at(conn: Conn, row: Row, cursor: int) -> Optional[int]:
-    """The last step completed at or before `cursor` (a fork's inherited steps count)."""
-    hit = last_step_at(conn, row["id"], cursor)
-    if hit is not None:
-        return hit
-    return (row["forked_at_step"] or None) if row["parent_id"] else None
-
-
-def crash_failure(conn: Conn, row: Row) -> Failure:
-    # AgentSession records a crash only in its metadata (status, crash_reason) and the outcome:
-    # no event, so the steps it completed are all the steps there are.
-    reason = experiment_of(row).get("crash_reason")
-    message = str(reason)[:2000] if reason else "the run's process raised; the session recorded a crash"
-    return Failure("crashed", message, last_step_number(conn, row["id"]) or None)
-
-
-def error_event_failure(conn: Conn, row: Row) -> Optional[Failure]:
-    if row["error_cursor"] is None:           # the write path notes the run's first error event
-        return None
-    event = event_at(conn, row["id"], row["error_cursor"])
-    if event is None:
-        return None
-    message = failure_message(load(event["payload"])) or f"the run recorded {event['type']}"
-    return Failure("failed", message, step_at(conn, row, event["cursor"] - 1), event["cursor"])
-
-
-def failed_state_failure(conn: Conn, row: Row) -> Optional[Failure]:
-    """The first snapshot after the last one whose status is not failed/error."""
-    good = conn.execute(
-        "SELECT version, cursor FROM states WHERE channel_id = ? AND COALESCE(status, '')"
-        f" NOT IN ({_sql_names(FAILED_STATE_STATUSES)}) ORDER BY version DESC LIMIT 1", (row["id"],)).fetchone()
-    bad = conn.execute("SELECT * FROM states WHERE channel_id = ? AND version > ? ORDER BY version LIMIT 1",
-                       (row["id"], good["version"] if good else 0)).fetchone()
-    if bad is None:
-        return None
-    state = state_value(conn, bad)
-    status = state.get("status") if isinstance(state, dict) else None
-    at_step = step_at(conn, row, bad["cursor"])
-    message = failure_message(state) or f'the state saved at step {at_step} has status "{status}"'
-    last_good = step_at(conn, row, good["cursor"]) if good else None
-    return Failure("failed", message, last_good, bad["cursor"])
-
-
-def blocked_failure(conn: Conn, row: Row) -> Failure:
-    event = event_at(conn, row["id"], row["last_cursor"])
-    payload = load(event["payload"])
-    payload = payload if isinstance(payload, dict) else {}
-    if event["type"] == "tool.blocked":
-        message = (f"fork tool policy '{payload.get('policy')}' refused {payload.get('tool_name')} "
-                   f"(key {payload.get('key_name')}): {payload.get('reason')}")
-    else:
-        summary = payload.get("summary") or failure_message(payload) or ""
-        message = f"{event['type'].replace('.', ' ')}{': ' + str(summary) if summary else ''}"
-    return Failure("blocked", message, step_at(conn, row, event["cursor"] - 1), event["cursor"])
-
-
-def run_failure(conn: Conn, row: Row, run_state: str) -> Optional[Failure]:
-    """What went wrong with a run whose status (run_state_sql) is crashed, failed or blocked; else None."""
-    if run_state == "crashed":
-        return crash_failure(conn, row)
-    if run_state == "blocked":
-        return blocked_failure(conn, row)
-    if run_state != "failed":
-        return None
-    found = error_event_failure(conn, row) or failed_state_failure(conn, row)
-    if found is not None:
-        return found
-    meta = experiment_of(row)
-    return Failure("failed", failure_message(meta) or f"the session's status is {meta.get('status')}",
-                   last_step_number(conn, row["id"]) or None)
-
-
-# --- the runs list ----------------------------------------------------------------------
-
-
-def after_page_token(token: str, time_column: str, id_column: str) -> tuple:
-    """Keyset pagination, newest first: (SQL condition, *args) for the rows after a `<time>|<id>` token."""
-    stamp, _, last_id = token.partition("|")
-    return f"({time_column} < ? OR ({time_column} = ? AND {id_column} < ?))", stamp, stamp, last_id
-
-
-def next_page_token(rows: list, time_column: str) -> Optional[str]:
-    """The token of the last row shown, when a row beyond the page (fetched as a probe) exists."""
-    if len(rows) <= RUNS_PAGE_SIZE:
-        return None
-    last = rows[RUNS_PAGE_SIZE - 1]
-    return f"{last[time_column]}|{last['id']}"
-
-
-def run_summary(row: Row, last_own_step: Optional[int], fork_count: int) -> dict:
-    """One run as the dashboard lists it; steps count like /steps does (inherited ones included)."""
-    meta = experiment_of(row)
-    return {
-        "channel_id": row["id"], "display_name": row["display_name"] or row["id"],
-        "status": meta.get("status") or "recorded",
-        "step_count": max(last_own_step or 0, (row["forked_at_step"] or 0) if row["parent_id"] else 0),
-        "event_count": row["last_cursor"], "last_activity": row["updated_at"], "outcome": row["outcome"],
-        "fork_count": fork_count, "parent_channel_id": row["parent_id"], "origin_run_id": row["origin_id"],
-        "forked_at_step": row["forked_at_step"] if row["parent_id"] else None,
-        "closed_at": row["closed_at"],
-    }
-
-
-def listed_run(conn: Conn, row: Row, depth: int = 0) -> dict:
-    """A RUN_COLUMNS row as the list shows it: status as the run page says it, failure, duration."""
-    failure = run_failure(conn, row, row["run_state"])
-    return {**run_summary(row, row["last_step"], row["forks"]), "status": shown_status(row["run_state"]),
-            "sdk_status": experiment_of(row).get("status"),
-            "failure": failure.as_json() if failure else None, "depth": depth,
-            "duration_ms": millis_between(row["first_event_at"], row["last_event_at"])}
-
-
-def fork_group(conn: Conn, root_id: str) -> tuple:
-    """A root's descendants in tree order (each with its depth), at most GROUP_FORKS_MAX; and how many in all."""
-    rows = conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.origin_id = ? AND c.id <> ?"
-                        " ORDER BY c.created_at, c.id LIMIT ?", (root_id, root_id, GROUP_FORKS_MAX)).fetchall()
-    total = conn.execute("SELECT COUNT(*) FROM channels WHERE origin_id = ? AND id <> ?",
-                         (root_id, root_id)).fetchone()[0]
-    children: dict = {}
-    for r in rows:
-        children.setdefault(r["parent_id"], []).append(r)
-    ordered, stack = [], [(r, 1) for r in reversed(children.get(root_id, []))]
-    while stack:
-        r, depth = stack.pop()
-        ordered.append(listed_run(conn, r, depth))
-        stack += [(c, depth + 1) for c in reversed(children.get(r["id"], []))]
-    return ordered, total
-
-
-def mark_shared_names(runs: list) -> None:
-    """A display name two listed runs share (resumed forks keep the parent's) is not enough to tell them apart."""
-    counts: dict = {}
-    for run in runs:
-        counts[run["display_name"]] = counts.get(run["display_name"], 0) + 1
-    for run in runs:
-        run["name_shared"] = counts[run["display_name"]] > 1 and run["display_name"] != run["channel_id"]
-
-
-def runs_page(conn: Conn, q: str, status: str, after: Optional[str]) -> tuple:
-    """One page of runs, most recent activity first (keyset pagination on (updated_at, id)).
-
-    Unfiltered, the page lists root runs, each with its forks grouped under it; a search or a status
-    filter lists every matching run on its own.
-    """
-    grouped = not q and not status
-    pages = []                            # one index range per run_state; "failed" merges two of them
-    for state in listed_states(status):
-        where = Where()
-        if grouped:
-            where.add("c.parent_id IS NULL")
-        if q:
-            like = conn.dialect.like
-            where.add(f"(c.id {like} ? OR c.display_name {like} ?)", f"%{q}%", f"%{q}%")
-        where.add_if(state, "c.run_state = ?")
-        if after:
-            where.add(*after_page_token(after, "c.updated_at", "c.id"))
-        pages.append((f"SELECT {RUN_COLUMNS} FROM channels c{where}"
-                      " ORDER BY c.updated_at DESC, c.id DESC LIMIT ?", [*where.args, RUNS_PAGE_SIZE + 1]))
-    rows = union_of_pages(conn, pages, "updated_at DESC, id DESC", RUNS_PAGE_SIZE + 1)
-    runs = [listed_run(conn, r) for r in rows[:RUNS_PAGE_SIZE]]
-    everyone = list(runs)
-    for run in runs:
-        run["group"], run["group_total"] = fork_group(conn, run["channel_id"]) if grouped and run["fork_count"] \
-            else ([], 0)
-        everyone += run["group"]
-    mark_shared_names(everyone)
-    return runs, next_page_token(rows, "updated_at")
-
-
-def deletion_plan(conn: Conn, channel_id: str) -> dict:
-    """The run and every fork below it: what deleting it removes."""
-    row = require_channel(conn, channel_id)
-    doomed = conn.execute(
-        "WITH RECURSIVE tree(id) AS (SELECT CAST(? AS TEXT) UNION ALL SELECT k.id FROM channels k JOIN tree t ON k.parent_id = t.id)"
-        " SELECT c.id, c.display_name, c.last_cursor FROM channels c JOIN tree t ON c.id = t.id ORDER BY c.created_at",
-        (channel_id,)).fetchall()
-    executions = conn.execute(
-        "WITH RECURSIVE tree(id) AS (SELECT CAST(? AS TEXT) UNION ALL SELECT k.id FROM channels k JOIN tree t ON k.parent_id = t.id)"
-        " SELECT COUNT(*) FROM executions x JOIN tree t ON x.channel_id = t.id", (channel_id,)).fetchone()[0]
-    return {"channel_id": channel_id, "display_name": row["display_name"] or channel_id,
-            "runs": [{"channel_id": r["id"], "display_name": r["display_name"] or r["id"],
-                      "event_count": r["last_cursor"]} for r in doomed],
-            "event_count": sum(r["last_cursor"] for r in doomed), "execution_count": executions}
-
-
-# --- the run page -------------------------------------------------------------------------
-
-
-def execution_marks(execution: dict) -> list:
-    marks = []
-    if execution["inherited_from"]:
-        marks.append("replayed from parent")
-    elif execution["replay_emitted"]:
-        marks.append("replayed")
-    if execution["attempts"] > 1:
-        marks.append(f"reclaimed ×{execution['attempts'] - 1}")
-    return marks
-
-
-def with_marks(execution: Execution) -> dict:
-    fields = msgspec.structs.asdict(execution)
-    return {**fields, "marks": execution_marks(fields)}
-
-
-def blocked_attempts(conn: Conn, channel_id: Optional[str], limit: int = 100) -> list:
-    where = Where().add("type = 'tool.blocked'").add_if(channel_id, "channel_id = ?")
-    rows = conn.execute(f"SELECT * FROM events{where} ORDER BY created_at DESC LIMIT ?", (*where.args, limit))
-    return [event_of(r) for r in rows.fetchall()]
-
-
-def timeline_events(conn: Conn, channel_id: str, start: int, event_type: str) -> tuple:
-    """One page of events from cursor `start` (only steps, or one type, when asked); and the next page's start."""
-    where = Where().add("channel_id = ?", channel_id).add("cursor >= ?", start)
-    if event_type == "steps":
-        where.add("step_number IS NOT NULL")
-    elif event_type:
-        where.add("type = ?", event_type)
-    rows = conn.execute(f"SELECT * FROM events{where} ORDER BY cursor LIMIT ?",
-                        (*where.args, TIMELINE_PAGE_SIZE + 1)).fetchall()
-    more = rows[TIMELINE_PAGE_SIZE]["cursor"] if len(rows) > TIMELINE_PAGE_SIZE else None
-    return rows[:TIMELINE_PAGE_SIZE], more
-
-
-def step_durations(conn: Conn, channel_id: str, first: int, last: int) -> dict:
-    """cursor -> milliseconds since the previous step (the first step: since the run's first event)."""
-    before = conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
-                          " AND cursor < ? ORDER BY cursor DESC LIMIT 1", (channel_id, first)).fetchone()
-    previous = before["created_at"] if before else first_event_at(conn, channel_id)
-    durations = {}
-    for r in conn.execute("SELECT cursor, created_at FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
-                          " AND cursor BETWEEN ? AND ? ORDER BY cursor", (channel_id, first, last)):
-        durations[r["cursor"]] = millis_between(previous, r["created_at"]) if r["cursor"] != 1 else None
-        previous = r["created_at"]
-    return durations
-
-
-def state_changes(before: Any, after: Any) -> dict:
-    """The top-level keys a snapshot changed against the one before it, each with the paths inside it
-    that changed: {keys: [{key, kind, paths}], total}."""
-    changed: dict = {}
-    for entry in diff_values(before if before is not None else {}, after):
-        path = entry.path
-        key = path[0] if path else "(whole state)"
-        hit = changed.setdefault(key, {"key": key, "kind": entry.kind if len(path) <= 1 else "changed",
-                                       "paths": []})
-        if len(path) > 1 and len(hit["paths"]) < 5:
-            hit["paths"].append(".".join(path[1:]))
-    return {"keys": list(changed.values())[:STEP_CHANGES_SHOWN], "total": len(changed)}
-
-
-def snapshots(conn: Conn, channel_id: str, first: int, last: int) -> dict:
-    """cursor -> {state, version, cursor, changes} for the snapshots saved between two cursors.
-
-    Each is compared with the snapshot before it (for the first on the page, the one saved before
-    `first`; a fork's first own step compares with the state it inherited).
-    """
-    previous_row = state_row_at(conn, channel_id, first - 1) if first > 1 else None
-    previous = state_value(conn, previous_row) if previous_row else None
-    latest: dict = {}
-    for r in conn.execute("SELECT * FROM states WHERE channel_id = ? AND cursor BETWEEN ? AND ? ORDER BY cursor, version",
-                          (channel_id, first, last)):
-        latest[r["cursor"]] = r             # a step saved twice: its last snapshot is the step's
-    shown = {}
-    for cursor in sorted(latest):
-        answer = state_of(conn, latest[cursor])
-        shown[cursor] = {**msgspec.structs.asdict(answer), "changes": state_changes(previous, answer.state)}
-        state = answer.state
-        previous = state
-    return shown
-
-
-def replayed_rows(conn: Conn, channel_id: str) -> list:
-    """Effects a fork replayed from an ancestor without a tool.replayed event (the SDK asks for one only
-    with emit_replay_event), as timeline rows derived from the ledger."""
-    rows = conn.execute("SELECT * FROM executions WHERE channel_id = ? AND inherited_from IS NOT NULL"
-                        " AND replay_emitted = 0 ORDER BY created_at", (channel_id,)).fetchall()
-    return [{"kind": "replayed", "id": r["id"], "type": "tool.replayed", "timestamp": r["created_at"],
-             "tool_name": r["tool_name"], "key_name": r["key_name"], "inherited_from": r["inherited_from"],
-             "result": load(r["result"])} for r in rows]
-
-
-def place_derived(items: list, derived: list, start: int, more: Optional[int]) -> list:
-    """Merge derived rows into the page's event rows by time; rows that belong to another page are left out."""
-    out, pending = [], list(derived)
-    for item in items:
-        while pending and pending[0]["timestamp"] < item["event"]["timestamp"]:
-            row = pending.pop(0)
-            if out or start == 1:
-                out.append(row)
-        out.append(item)
-    return out + (pending if more is None else [])
-
-
-def timeline(conn: Conn, row: Row, start: int, event_type: str,
-             failure: Optional[Failure]) -> tuple:
-    """The timeline rows of one page: events with their step's duration, snapshot and changed keys,
-    plus rows derived from the ledger (replays) and from the metadata (a crash after the last event)."""
-    channel_id = row["id"]
-    events, more = timeline_events(conn, channel_id, start, event_type)
-    if not events:
-        return [], more
-    first, last = events[0]["cursor"], events[-1]["cursor"]
-    durations = step_durations(conn, channel_id, first, last)
-    states = snapshots(conn, channel_id, first, last)
-    items = [{"kind": "event", "event": msgspec.structs.asdict(event_of(e)), "step_number": e["step_number"],
-              "state": states.get(e["cursor"]), "duration_ms": durations.get(e["cursor"]),
-              "failure": failure is not None and failure.cursor == e["cursor"]} for e in events]
-    if event_type in ("", "tool.replayed"):
-        items = place_derived(items, replayed_rows(conn, channel_id), start, more)
-    if failure is not None and failure.cursor is None and more is None and not event_type:
-        items.append({"kind": "failure", "failure": failure.as_json(), "timestamp": row["updated_at"]})
-    return items, more
-
-
-def event_types(conn: Conn, channel_id: str) -> list:
-    return [{"type": r[0], "count": r[1]} for r in conn.execute(
-        "SELECT type, COUNT(*) FROM events WHERE channel_id = ? GROUP BY type ORDER BY type LIMIT 200", (channel_id,))]
-
-
-def step_picture(conn: Conn, row: Row, failure: Optional[Failure], forks: list) -> Optional[dict]:
-    """The run's own steps over time as bars (height: time the step took), for a small inline SVG.
-
-    Beyond PICTURE_BARS_MAX steps, neighbouring steps share a bar. Forks of this run and the failure are
-    marked at their step.
-    """
-    steps = conn.execute("SELECT step_number, created_at FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
-                         " ORDER BY cursor", (row["id"],)).fetchall()
-    if not steps:
-        return None
-    origin = first_event_at(conn, row["id"])
-    previous, spans = origin, []
-    for s in steps:
-        spans.append((s["step_number"], millis_between(previous, s["created_at"]) or 0))
-        previous = s["created_at"]
-    per = -(-len(spans) // PICTURE_BARS_MAX)
-    buckets = [spans[i:i + per] for i in range(0, len(spans), per)]
-    longest = max(sum(ms for _, ms in b) for b in buckets) or 1
-    width, height, slot = 1000, 60, 1000 / len(buckets)
-    first_step, last_step = spans[0][0], spans[-1][0]
-    bad_after = failure.last_good_step if failure is not None else None
-
-    def x_after(step: int) -> float:
-        """Where "after step k" is: the right edge of the bar holding step k."""
-        return round(min(len(buckets), (max(0, step - first_step) // per) + 1) * slot, 1)
-
-    bars = []
-    for b in buckets:
-        ms = sum(ms for _, ms in b)
-        h = round(2 + (height - 4) * ms / longest, 1)
-        bars.append({"first": b[0][0], "last": b[-1][0], "ms": ms, "x": round(len(bars) * slot, 1),
-                     "y": round(height - h, 1), "width": round(max(slot * 0.8, 0.8), 1), "height": h,
-                     "bad": bad_after is not None and b[-1][0] > bad_after})
-    marks = [{"x": x_after(f["forked_at_step"]), "label": f"fork {f['channel_id']} after step {f['forked_at_step']}"}
-             for f in forks if f.get("forked_at_step")]
-    return {"width": width, "height": height, "bars": bars, "marks": marks, "first_step": first_step,
-            "last_step": last_step, "total_ms": millis_between(origin, steps[-1]["created_at"]),
-            "per_bar": per, "any_bad": any(b["bad"] for b in bars)}
-
-
-def default_fork_name(conn: Conn, channel_id: str, fork_count: int) -> str:
-    """`<run>-fork-<n>`, the first n not taken (the name field starts with it)."""
-    stem = channel_id[:240]
-    for n in range(fork_count + 1, fork_count + 50):
-        name = f"{stem}-fork-{n}"
-        if channel_by_id(conn, name) is None:
-            return name
-    return f"{stem}-fork-{uuid.uuid4().hex[:8]}"
-
-
-def run_page(conn: Conn, channel_id: str, start: int, event_type: str = "") -> dict:
-    """Everything the run page shows; the timeline is one page of TIMELINE_PAGE_SIZE events."""
-    row = fetch_or_raise(conn, lambda: NotFound(f"channel {channel_id} not found"),
-                         f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.id = ?", channel_id)
-    meta = experiment_of(row)
-    run_state = row["run_state"]
-    failure = run_failure(conn, row, run_state)
-    items, more = timeline(conn, row, start, event_type, failure)
-    forks = [msgspec.structs.asdict(f) for f in list_forks(conn, channel_id)]
-    for f in forks:
-        em = f["experiment_metadata"] if isinstance(f["experiment_metadata"], dict) else {}
-        f["forked_at_step"] = em.get("forked_at_step")
-    return {
-        "run": {**run_summary(row, row["last_step"], len(forks)), "latest_cursor": row["last_cursor"] or None,
-                "status": shown_status(run_state), "sdk_status": meta.get("status"),
-                "metadata": metadata_of(row), "params": meta.get("params"),
-                "intervention": meta.get("intervention"),
-                "duration_ms": millis_between(row["first_event_at"], row["updated_at"])},
-        "failure": failure.as_json() if failure else None,
-        "receipt": receipt_of(row) if row["parent_id"] else None,
-        "timeline": items, "more": more, "event_types": event_types(conn, channel_id),
-        "total": row["last_cursor"], "start": start,
-        "end": max((i["event"]["cursor"] for i in items if i["kind"] == "event"), default=start),
-        "executions": [with_marks(e) for e in channel_executions(conn, channel_id)],
-        "blocked": blocked_attempts(conn, channel_id), "forks": forks,
-        "steps": step_list(conn, channel_id), "picture": step_picture(conn, row, failure, forks),
-        "default_fork_name": default_fork_name(conn, channel_id, len(forks)),
-    }
-
-
-def tree_page(conn: Conn, channel_id: str) -> dict:
-    """The fork tree with each run's status as the runs list shows it, and the picture of its branches."""
-    root = msgspec.to_builtins(lineage_tree(conn, channel_id))     # nodes gain what the page shows
-    nodes, stack = [], [root]
-    while stack:
-        node = stack.pop()
-        nodes.append(node)
-        stack += node["children"]
-    ids = [n["channel_id"] for n in nodes]
-    marks = ", ".join("?" for _ in ids)
-    found = {r["id"]: r for r in conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.id IN ({marks})", ids)}
-    for node in nodes:
-        r = found[node["channel_id"]]
-        failure = run_failure(conn, r, r["run_state"])
-        node.update(status=shown_status(r["run_state"]), failure=failure.as_json() if failure else None,
-                    end_step=max(r["last_step"] or 0, node["forked_at_step"] or 0))
-    return {"root": root, "picture": tree_picture(root)}
-
-
-def tree_picture(root: dict) -> dict:
-    """One horizontal line per run, from the step it forked after to its last step; a branch leaves its
-    parent's line at that step. Rows in tree order."""
-    rows: list = []
-
-    def walk(node: dict, parent_row: Optional[int]) -> None:
-        rows.append({"node": node, "parent_row": parent_row})
-        here = len(rows) - 1
-        for child in node["children"]:
-            walk(child, here)
-    walk(root, None)
-    longest = max(r["node"]["end_step"] for r in rows) or 1
-    left, right, row_height = 12, 408, 40
-
-    def x_of(step: int) -> float:
-        return round(left + (right - left) * step / longest, 1)
-    lines = []
-    for i, r in enumerate(rows):
-        node = r["node"]
-        begin = (node["forked_at_step"] or 0) if r["parent_row"] is not None else 0
-        y = 26 + i * row_height
-        lines.append({"channel_id": node["channel_id"], "label": node["channel_id"],
-                      "status": node["status"], "x1": x_of(begin), "x2": x_of(max(begin, node["end_step"])),
-                      "y": y, "text_y": y - 8, "begin": begin, "end": node["end_step"],
-                      "parent_y": 26 + r["parent_row"] * row_height if r["parent_row"] is not None else None})
-    # 420 units wide: scaled to a phone's width the labels stay readable, and at most 560px on a desktop.
-    return {"width": 420, "height": 16 + len(rows) * row_height, "lines": lines, "longest": longest}
-
-
-def ledger_page(conn: Conn, filters: dict, before: Optional[str]) -> tuple:
-    """One page of ledger rows, newest first, filtered by run, tool, status and age."""
-    where = Where().add_if(filters.get("channel_id"), "channel_id = ?").add_if(filters.get("tool"), "tool_name = ?")
-    where.add_if(filters.get("status"), "status = ?").add_if(filters.get("since_at"), "created_at >= ?")
-    if before:
-        where.add(*after_page_token(before, "created_at", "id"))
-    rows = conn.execute(f"SELECT * FROM executions{where} ORDER BY created_at DESC, id DESC LIMIT ?",
-                        (*where.args, RUNS_PAGE_SIZE + 1)).fetchall()
-    executions = [with_marks(execution_of(r)) for r in rows[:RUNS_PAGE_SIZE]]
-    tools = [r[0] for r in conn.execute("SELECT DISTINCT tool_name FROM executions ORDER BY tool_name LIMIT 200")]
-    return executions, blocked_attempts(conn, filters.get("channel_id")), next_page_token(rows, "created_at"), tools
-
-
-# --- many runs: the bulk fork form, the approvals inbox, the storage page --------------------------
-
-
-def matching_run_ids(conn: Conn, q: str, status: str) -> list:
-    """The ids of every run the runs list's search and status filter match (at most BULK_FORK_MAX + 1),
-    most recently active first: what "fork all that match this filter" forks."""
-    pages = []
-    for state in listed_states(status):
-        where = Where()
-        if q:
-            like = conn.dialect.like
-            where.add(f"(c.id {like} ? OR c.display_name {like} ?)", f"%{q}%", f"%{q}%")
-        where.add_if(state, "c.run_state = ?")
-        pages.append((f"SELECT c.id, c.updated_at FROM channels c{where} ORDER BY c.updated_at DESC, c.id DESC LIMIT ?",
-                      [*where.args, BULK_FORK_MAX + 1]))
-    return [r["id"] for r in union_of_pages(conn, pages, "updated_at DESC, id DESC", BULK_FORK_MAX + 1)]
-
-
-def stored_size_sql(dialect: Dialect, column: str) -> str:
-    """SQL for the bytes a text or blob column holds."""
-    return f"length(CAST({column} AS BLOB))" if dialect is SQLITE else f"octet_length({column})"
-
-
-STORAGE_LISTED = 20
-
-
-def storage_page(conn: Conn) -> dict:
-    """The database's size, and the runs that hold the most and that were idle the longest."""
-    sqlite = conn.dialect is SQLITE
-    free = sqlite_pragma(conn, "freelist_count") * sqlite_pragma(conn, "page_size") if sqlite else None
-    counted = conn.execute("SELECT COUNT(*), COALESCE(SUM(last_cursor), 0) FROM channels").fetchone()
-    pending = conn.execute("SELECT COUNT(*) FROM approvals WHERE status = 'pending'").fetchone()[0]
-
-    def listed(sql: str) -> list:
-        runs = []
-        for row in conn.execute(sql, (STORAGE_LISTED,)).fetchall():
-            held = conn.execute(
-                f"SELECT (SELECT COALESCE(SUM({stored_size_sql(conn.dialect, 'payload')}), 0) FROM events"
-                f" WHERE channel_id = ?), (SELECT COALESCE(SUM({stored_size_sql(conn.dialect, 'state')}), 0)"
-                " FROM states WHERE channel_id = ?), (SELECT COUNT(*) FROM states WHERE channel_id = ?)",
-                (row["id"],) * 3).fetchone()
-            runs.append({"channel_id": row["id"], "events": row["last_cursor"], "states": held[2],
-                         "bytes": int(held[0]) + int(held[1]), "last_activity": row["updated_at"]})
-        return runs
-    return {"backend": "sqlite" if sqlite else "postgresql", "bytes": database_bytes(conn), "free_bytes": free,
-            "runs": counted[0], "events": int(counted[1]), "pending_approvals": pending,
-            "largest": listed("SELECT id, last_cursor, updated_at FROM channels"
-                              " ORDER BY last_cursor + state_version DESC, id LIMIT ?"),
-            "oldest": listed("SELECT id, last_cursor, updated_at FROM channels ORDER BY updated_at, id LIMIT ?"),
-            "space": "" if sqlite else POSTGRES_SPACE}
-
-
-# =============================================================================
-# Dashboard: page handlers (rendering, sign-in, forms; one per page)
-# =============================================================================
-
-def pretty_json(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
-
-
-def _json_leaf(value: Any) -> str:
-    kind = "jz" if value is None else "jb" if isinstance(value, bool) else \
-        "jn" if isinstance(value, (int, float)) else "js" if isinstance(value, str) else "jx"
-    return f'<span class="{kind}">{markupsafe.escape(json.dumps(value, ensure_ascii=False, default=str))}</span>'
-
-
-def _json_node(value: Any, key_html: str, comma: str, depth: int, budget: list) -> str:
-    budget[0] -= 1
-    if budget[0] < 0:
-        return ""
-    if isinstance(value, dict) and value and depth < JSON_TREE_DEPTH:
-        opener, closer, unit = "{", "}", "key"
-        items = [(f'<span class="jk">{markupsafe.escape(json.dumps(str(k), ensure_ascii=False))}</span>: ', v)
-                 for k, v in value.items()]
-    elif isinstance(value, list) and value and depth < JSON_TREE_DEPTH:
-        opener, closer, unit = "[", "]", "item"
-        items = [("", v) for v in value]
-    else:
-        return f'<div class="jl">{key_html}{_json_leaf(value)}{comma}</div>'
-    last = len(items) - 1
-    inner = "".join(_json_node(v, k, "," if i < last else "", depth + 1, budget) for i, (k, v) in enumerate(items))
-    count = f"{len(items)} {unit}{'' if len(items) == 1 else 's'}"
-    opened = " open" if depth == 0 or len(items) <= 12 else ""
-    return (f'<details class="jo"{opened}><summary data-n="{count}" data-close="{closer}">{key_html}{opener}</summary>'
-            f'{inner}<div class="jc">{closer}{comma}</div></details>')
-
-
-def json_tree(value: Any) -> markupsafe.Markup:
-    """A JSON value as coloured HTML whose objects and arrays fold (<details>, no JavaScript).
-
-    The element's text is the JSON itself (counts and fold marks come from CSS), so copying it copies
-    valid JSON. Documents over JSON_TREE_NODES values are shown as plain pretty-printed text instead.
-    """
-    budget = [JSON_TREE_NODES]
-    html = _json_node(value, "", "", 0, budget)
-    if budget[0] < 0:
-        return markupsafe.Markup('<pre class="json-box jtext">{}</pre>').format(pretty_json(value))
-    return markupsafe.Markup(f'<div class="jtree">{html}</div>')
-
-
-def duration_text(ms: Any) -> str:
-    """850 ms, 2.4 s, 3 min 12 s, 2 h 5 min."""
-    if ms is None:
-        return "—"
-    if ms < 1000:
-        return f"{ms} ms"
-    seconds = ms / 1000
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, seconds = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min"
-
-
-def template_env() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(UI_DIR)), autoescape=True)
-    env.filters["pretty"] = pretty_json
-    env.filters["jsontree"] = json_tree
-    env.filters["duration"] = duration_text
-    return env
-
-
-def is_page(request) -> bool:
-    """Dashboard requests get HTML errors; the API, probes and JSON twins get the JSON error body."""
-    path = request.url.path
-    return not (path.startswith(("/api/", "/ws", "/v1/")) or path in ("/healthz", "/readyz", "/metrics", "/metrics.json",
-                                                               "/openapi.json")
-                or request.query_params.get("format") == "json")
-
-
-def render(request: Request, template: str, context: dict, status: int = 200) -> Response:
-    """A page, or its JSON twin with `?format=json` (the same context the template gets)."""
-    if request.query_params.get("format") == "json":
-        return Response(msgspec.json.encode(context), status_code=status, media_type="application/json")
-    # Every POST form carries the session's form token; the request state holds it once issued.
-    principal = getattr(request.state, "principal", None)
-    page = request.app.state.templates.get_template(template).render(
-        **context, version=__version__, logged_in=getattr(request.state, "logged_in", False),
-        csrf_token=getattr(request.state, "csrf_token", ""), is_admin=bool(principal and principal.is_admin))
-    return HTMLResponse(page, status_code=status)
-
-
-def dashboard(handler: Callable) -> Callable:
-    """Pages need a session; without one a browser goes to /login, a JSON twin gets 401.
-
-    A POST must also come from our own origin and carry the session's form token.
-    """
-    async def endpoint(request: Request) -> Response:
-        session_id = await current_session(request)
-        if session_id is None:
-            if request.query_params.get("format") == "json":
-                raise Unauthorized("log in at /login first")
-            return RedirectResponse("/login", status_code=303)
-        request.state.logged_in, request.state.session_id = True, session_id
-        request.state.csrf_token = form_token(session_id)
-        if request.method == "POST":
-            require_same_origin(request)
-            require_form_token(request, await read_form(request))
-        return await handler(request)
-    endpoint.__name__ = handler.__name__
-    return endpoint
-
-
-async def read_form(request: Request) -> dict:
-    """URL-encoded form fields (python-multipart is not needed for this one content type), read once."""
-    if not hasattr(request.state, "form"):
-        raw = await read_capped(request)
-        request.state.form = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace"),
-                                                           keep_blank_values=True).items()}
-    return request.state.form
-
-
-def path_channel(request: Request, name: str = "channel_id") -> str:
-    return valid_channel(request.path_params[name], name)
-
-
-class FlashStore:
-    """What a POST wants the page after its redirect to show (a form's error and typed values).
-
-    In memory and short-lived: at most FLASH_MAX entries for FLASH_TTL_SECONDS each, looked up by a
-    random id in the redirect's query string, so a refresh shows the error again but never re-posts.
-    """
-
-    def __init__(self):
-        self.entries: dict = {}
-
-    def put(self, value: dict) -> str:
-        now = time.monotonic()
-        self.entries = {k: v for k, v in self.entries.items() if now - v[0] < FLASH_TTL_SECONDS}
-        while len(self.entries) >= FLASH_MAX:
-            self.entries.pop(next(iter(self.entries)))
-        flash_id = secrets.token_urlsafe(12)
-        self.entries[flash_id] = (now, value)
-        return flash_id
-
-    def get(self, flash_id: Optional[str]) -> Optional[dict]:
-        hit = self.entries.get(flash_id or "")
-        if hit is None or time.monotonic() - hit[0] >= FLASH_TTL_SECONDS:
-            return None
-        return hit[1]
-
-
-def flash_store(app) -> FlashStore:
-    return app.state.dashboard_flash
-
-
-async def page_login(request: Request) -> Response:
-    return render(request, "login.html", {"title": "Log in", "error": None})
-
-
-async def login_principal(request: Request, form: dict) -> tuple:
-    """(principal, session key_ref) for the login form's key, or its email and password."""
-    email = form.get("email", "").strip()
-    if email:
-        user = await verified_user(request, email, form.get("password", ""))
-        if user is None:
-            raise Unauthorized("That email and password do not match an account.")
-        return user_principal(user, auth_method="password"), f"user:{user['id']}"
-    key = form.get("api_key", "").strip()
-    if looks_like_token(key):
-        raise Unauthorized("Log in with an API key, or with your email and password.")
-    try:
-        return await check_key(request.app, key), key_ref(request.app, key)
-    except Unauthorized:
-        raise Unauthorized("That key is not valid.") from None
-
-
-async def page_login_submit(request: Request) -> Response:
-    require_same_origin(request)
-    try:
-        principal, ref = await login_principal(request, await read_form(request))
-    except Unauthorized as exc:
-        return render(request, "login.html", {"title": "Log in", "error": exc.message}, status=401)
-    if not principal.can_everywhere("read"):
-        # Every page lists runs across the server; a narrower credential would see beyond its scopes.
-        return render(request, "login.html", {"title": "Log in", "error": "The dashboard needs read access to "
-                                              "every run ('*'); this credential has less."}, status=403)
-    session_id = await db_of(request).write(open_session, ref)
-    response = RedirectResponse("/", status_code=303)
-    response.set_cookie(SESSION_COOKIE, session_id, max_age=SESSION_MAX_AGE,
-                        httponly=True, samesite="strict", secure=request.url.scheme == "https")
-    return response
-
-
-async def page_logout(request: Request) -> Response:
-    await db_of(request).write(close_session, request.state.session_id)
-    response = RedirectResponse("/login", status_code=303)
-    response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="strict")
-    return response
-
-
-def page_query(request: Request, kind: type) -> Struct:
-    """The page's query parameters as a record; a form's blank field counts as absent."""
-    return decode_params({k: v for k, v in request.query_params.items() if v != ""}, kind, "query string")
-
-
-async def page_runs(request: Request) -> Response:
-    query = page_query(request, RunsPageQuery)
-    q, status = query.q.strip(), query.status
-    if status and status not in RUN_STATES:
-        raise BadRequest(f"status must be one of {', '.join(RUN_STATES)}")
-    runs, after = await db_of(request).read(runs_page, q, status, query.after)
-    next_url = f"/?{urlencode({'q': q, 'status': status, 'after': after})}" if after else None
-    return render(request, "runs.html", {"title": "Runs", "runs": runs, "q": q, "status": status,
-                                         "statuses": list(RUN_STATES), "next_url": next_url,
-                                         "grouped": not q and not status, "deleted": query.deleted[:256],
-                                         "deleted_count": query.count, "selectable": status in BULK_FORK_STATUSES})
-
-
-def timeline_links(channel_id: str, start: int, total: int, event_type: str, more: Optional[int]) -> dict:
-    """Pager links. All events: by cursor ranges (first, previous, next, last). One type: first and next."""
-    def at(cursor: int) -> str:
-        query = {"start": cursor, **({"type": event_type} if event_type else {})}
-        return f"/runs/{channel_id}?{urlencode(query)}#timeline"
-    if event_type:
-        return {"first_url": at(1) if start > 1 else None, "prev_url": None,
-                "next_url": at(more) if more else None, "last_url": None}
-    last_start = max(1, ((max(total, 1) - 1) // TIMELINE_PAGE_SIZE) * TIMELINE_PAGE_SIZE + 1)
-    return {"first_url": at(1) if start > 1 else None,
-            "prev_url": at(max(1, start - TIMELINE_PAGE_SIZE)) if start > 1 else None,
-            "next_url": at(start + TIMELINE_PAGE_SIZE) if start + TIMELINE_PAGE_SIZE <= total else None,
-            "last_url": at(last_start) if start < last_start else None}
-
-
-def continue_snippet(base_url: str, channel_id: str, next_step: int) -> str:
-    """The SDK code that continues a fork: AgentSession.resume picks up after the fork's last step."""
-    return f'''import asyncio
-import os
-
-from actae_client import ActaeClient, AgentSession
-
-
-async def main():
-    client = ActaeClient(endpoint={json.dumps(base_url)}, api_key=os.environ["ACTAE_API_KEY"])
-    try:
-        session = await AgentSession.resume(client, {json.dumps(channel_id)}, state_fn=lambda: state)
-        state = dict(session.inherited_state or {{}})   # the state the fork starts from
-        # session.intervention holds the fork's intervention: apply it to your agent.
-        async with session:
-            # Your agent's next step goes here; it is recorded as step {next_step}.
-            state["resumed_at_step"] = {next_step}
-            await session.step("step-{next_step}", input=None, output={{"resumed": True}})
-    finally:
-        await client.disconnect()
-
-
-asyncio.run(main())
-'''
-
-
-def fork_form_values(request: Request, data: dict, flash: Optional[dict]) -> dict:
-    """The fork form's fields: what was typed (after an error), else the step asked for (the failure
-    banner's button), else the last good step of a failed run, else its last step; a free name."""
-    typed = dict(flash["form"]) if flash else {}
-    asked = page_query(request, RunPageQuery).fork_step
-    steps = [s["step_number"] for s in data["steps"]]
-    failure = data["failure"]
-    default = failure["last_good_step"] if failure and failure["last_good_step"] else (steps[-1] if steps else None)
-    step = asked if asked is not None else (typed.get("step") or default)
-    return {"step": str(step) if step is not None else "", "name": typed.get("name") or data["default_fork_name"],
-            "intervention": typed.get("intervention", ""), "tool_policies": typed.get("tool_policies", "")}
-
-
-async def run_context(request: Request, channel_id: str, jump_error: Optional[str] = None) -> dict:
-    query = page_query(request, RunPageQuery)
-    start, event_type = query.start, query.type
-    data = await db_of(request).read(run_page, channel_id, start, event_type)
-    total, more = data.pop("total"), data.pop("more")
-    page = {**timeline_links(channel_id, start, total, event_type, more), "start": data.pop("start"),
-            "end": data.pop("end"), "total": data["run"]["event_count"], "filtered": bool(event_type)}
-    flash = flash_store(request.app).get(query.fork_error)
-    run = data["run"]
-    snippet = continue_snippet(str(request.base_url).rstrip("/"), channel_id, run["step_count"] + 1) \
-        if run["parent_channel_id"] else None
-    return {"title": run["display_name"], **data, "page": page, "event_type": event_type,
-            "form": fork_form_values(request, data, flash), "fork_error": flash["error"] if flash else None,
-            "fork_field": flash["field"] if flash else None, "jump_error": jump_error,
-            "created": query.created == "1", "snippet": snippet}
-
-
-async def jump_to_step(request: Request, channel_id: str) -> Response:
-    """`?step=n`: to the timeline page holding step n, on the run that recorded it (a fork's inherited
-    steps are on an ancestor's page)."""
-    step = page_query(request, RunPageQuery).step
-    try:
-        hit = await db_of(request).read(resolve_step, channel_id, step)
-    except NotFound as exc:
-        if "not indexed" not in exc.message:
-            raise
-        return render(request, "run.html", await run_context(request, channel_id, f"This run has no step {step}."),
-                      status=404)
-    start = (hit.cursor - 1) // TIMELINE_PAGE_SIZE * TIMELINE_PAGE_SIZE + 1
-    return RedirectResponse(f"/runs/{hit.channel_id}?start={start}#cursor-{hit.cursor}", status_code=303)
-
-
-async def page_run(request: Request) -> Response:
-    channel_id = path_channel(request)
-    if page_query(request, RunPageQuery).step is not None:
-        return await jump_to_step(request, channel_id)
-    return render(request, "run.html", await run_context(request, channel_id))
-
-
-async def page_tree(request: Request) -> Response:
-    channel_id = path_channel(request)
-    data = await db_of(request).read(tree_page, channel_id)
-    return render(request, "tree.html", {"title": f"Fork tree of {channel_id}", **data, "current": channel_id})
-
-
-async def page_diff(request: Request) -> Response:
-    query = page_query(request, DiffPageQuery)
-    left, right = query.left, query.right
-    diff, error = None, None
-    if left and right:
-        try:
-            diff = await db_of(request).read(diff_channels, valid_channel(left, "left"), valid_channel(right, "right"))
-        except ActaeError as exc:
-            error = exc.message
-    channels = await db_of(request).read(list_channels)
-    return render(request, "diff.html", {"title": "Diff", "left": left, "right": right, "channels": channels[:1000],
-                                         "diff": diff, "error": error}, status=400 if error else 200)
-
-
-def ledger_filters(query: LedgerPageQuery) -> dict:
-    filters = {"channel_id": query.channel_id, "tool": query.tool, "status": query.status, "since": query.since}
-    if filters["channel_id"]:
-        valid_channel(filters["channel_id"])
-    if filters["status"] and filters["status"] not in EXECUTION_STATES:
-        raise BadRequest(f"status must be one of {', '.join(EXECUTION_STATES)}")
-    if filters["since"] and filters["since"] not in LEDGER_SINCE:
-        raise BadRequest(f"since must be one of {', '.join(LEDGER_SINCE)}")
-    filters["since_at"] = iso(utc_now() - LEDGER_SINCE[filters["since"]]) if filters["since"] else None
-    return filters
-
-
-async def page_ledger(request: Request) -> Response:
-    query = page_query(request, LedgerPageQuery)
-    filters = ledger_filters(query)
-    executions, blocked, before, tools = await db_of(request).read(ledger_page, filters, query.before)
-    shown = {k: v for k, v in filters.items() if v and k != "since_at"}
-    next_url = f"/ledger?{urlencode({**shown, 'before': before})}" if before else None
-    return render(request, "ledger.html", {
-        "title": "Ledger", "executions": executions, "blocked": blocked, "channel_id": filters["channel_id"] or "",
-        "tool": filters["tool"] or "", "status": filters["status"] or "", "since": filters["since"] or "",
-        "tools": tools, "statuses": list(EXECUTION_STATES), "since_choices": list(LEDGER_SINCE),
-        "filtered": bool(shown), "next_url": next_url})
-
-
-class FormError(BadRequest):
-    """A fork-form problem, naming the field it is about (None: the form as a whole)."""
-
-    def __init__(self, field_name: Optional[str], message: str, status: int = 400):
-        super().__init__(message, status=status)
-        self.field = field_name
-
-
-def form_json_object(form: dict, field_name: str, label: str) -> Optional[dict]:
-    text = form.get(field_name, "").strip()
-    if not text:
-        return None
-    try:
-        value = decode_json(text.encode("utf-8", "surrogatepass"), Any, label)
-    except ActaeError as exc:
-        raise FormError(field_name, exc.message)
-    if not isinstance(value, dict):
-        raise FormError(field_name, f"{label} must be a JSON object, like {{\"model\": \"slow\"}}")
-    return value
-
-
-def form_tool_policies(form: dict) -> Optional[dict]:
-    policies = form_json_object(form, "tool_policies", "Tool policies")
-    for tool, policy in (policies or {}).items():
-        if policy not in TOOL_POLICIES:
-            raise FormError("tool_policies", f"Tool policies: {tool!r} must map to one of {', '.join(TOOL_POLICIES)}")
-    return policies
-
-
-def api_groups(document: dict) -> list:
-    """The OpenAPI document's operations as rows for the API page, grouped by tag in route order."""
-    groups: dict = {}
-    for path, methods in document["paths"].items():
-        for method, op in methods.items():
-            body = op.get("requestBody")
-            ref = next(iter(body["content"].values()))["schema"]["$ref"].rsplit("/", 1)[1] if body else None
-            groups.setdefault(op["tags"][0], []).append({
-                "method": method.upper(), "path": path, "public": op.get("security") == [],
-                "parameters": op["parameters"], "body": ref, "body_required": bool(body and body["required"])})
-    return list(groups.items())
-
-
-async def page_api(request: Request) -> Response:
-    document = request.app.state.openapi
-    return render(request, "api.html", {"title": "API", "groups": api_groups(document),
-                                        "schemas": document["components"]["schemas"]})
-
-
-def dashboard_fork_request(conn: Conn, channel_id: str, form: dict) -> Fork:
-    """Turn the run page's fork form into the same request the SDK sends; each problem names its field."""
-    step_text = form.get("step", "").strip()
-    if not (step_text.isascii() and step_text.isdigit()) or int(step_text) < 1:
-        raise FormError("step", "Choose the step to fork after.")
-    step = int(step_text)
-    try:
-        name = valid_channel(form.get("name", "").strip(), "name")
-    except ActaeError:
-        raise FormError("name", "Name: use 1 to 256 letters, digits, '.', '_', ':' or '-'.")
-    if name == channel_id:
-        raise FormError("name", "Name: the fork needs a name of its own.")
-    try:
-        boundary = resolve_step(conn, channel_id, step)
-    except NotFound:
-        require_channel(conn, channel_id)
-        raise FormError("step", f"This run has no step {step} to fork after.")
-    intervention = form_json_object(form, "intervention", "Intervention")
-    policies = form_tool_policies(form)
-    source_meta = experiment_of(require_channel(conn, channel_id))
-    experiment = {"session_name": name, "params": source_meta.get("params"),
-                  "forked_from": boundary.channel_id, "forked_from_channel": channel_id, "forked_at_step": step,
-                  "forked_at_cursor": boundary.cursor, "status": "created"}
-    if intervention is not None:
-        experiment["intervention"] = intervention
-    return record_from(Fork, {
-        "source_channel_id": boundary.channel_id, "new_channel_id": name, "at_cursor": boundary.cursor,
-        "operation_id": str(uuid.uuid4()), "display_name": name,
-        "reason": f"Forked from {channel_id} after step {step} (dashboard)", "experiment_metadata": experiment,
-        "manifest": {"source": "dashboard"}, "tool_policies": policies,
-    }, "fork form")
-
-
-def form_field_of(exc: ActaeError) -> Optional[str]:
-    """Which fork-form field a server refusal is about."""
-    if isinstance(exc, FormError):
-        return exc.field
-    if isinstance(exc, Conflict) and "already exists" in exc.message:
-        return "name"
-    if isinstance(exc, Conflict) and exc.code == "snapshot_boundary_required":
-        return "step"
-    for field_name in ("tool_policies", "intervention", "name"):
-        if field_name in exc.message:
-            return field_name
-    return None
-
-
-async def page_fork(request: Request) -> Response:
-    """POST the fork form, then redirect (so a refresh never posts again): to the new fork, or back to
-    the form with what was typed and the error, kept server-side under a random id."""
-    channel_id = path_channel(request)
-    form = await read_form(request)
-    try:
-        req = await db_of(request).read(dashboard_fork_request, channel_id, form)
-        for target in (req.source_channel_id, req.new_channel_id):
-            request.state.principal.require("write", target)
-        await db_of(request).write(fork_channel, req)
-    except ActaeError as exc:
-        if isinstance(exc, NotFound) and not isinstance(exc, FormError):
-            raise
-        field_name = form_field_of(exc)
-        message = exc.message if isinstance(exc, FormError) else \
-            f"{field_name.replace('_', ' ').capitalize() + ': ' if field_name else ''}{exc.message}"
-        typed = {k: form.get(k, "")[:FLASH_VALUE_MAX] for k in ("step", "name", "intervention", "tool_policies")}
-        flash_id = flash_store(request.app).put({"form": typed, "error": message, "field": field_name})
-        return RedirectResponse(f"/runs/{channel_id}?{urlencode({'fork_error': flash_id})}#fork", status_code=303)
-    return RedirectResponse(f"/runs/{req.new_channel_id}?created=1#continue", status_code=303)
-
-
-async def page_delete_confirm(request: Request) -> Response:
-    channel_id = path_channel(request)
-    plan = await db_of(request).read(deletion_plan, channel_id)
-    flash = flash_store(request.app).get(page_query(request, FlashQuery).error)
-    return render(request, "delete.html", {"title": f"Delete {channel_id}", "plan": plan,
-                                           "error": flash["error"] if flash else None})
-
-
-async def page_delete(request: Request) -> Response:
-    """Delete a run and its forks; only with the confirmation the confirm page's form sends."""
-    channel_id = path_channel(request)
-    form = await read_form(request)
-    if form.get("confirm") != channel_id:
-        return RedirectResponse(f"/runs/{channel_id}/delete", status_code=303)
-    try:
-        result = await db_of(request).write(delete_channel, channel_id, True)
-    except Conflict as exc:
-        flash_id = flash_store(request.app).put({"error": exc.message})
-        return RedirectResponse(f"/runs/{channel_id}/delete?{urlencode({'error': flash_id})}", status_code=303)
-    query = urlencode({"deleted": channel_id, "count": len(result.deleted)})
-    return RedirectResponse(f"/?{query}", status_code=303)
-
-
-def require_admin_page(request: Request) -> None:
-    if not request.state.principal.is_admin:
-        raise Forbidden("only an admin may manage keys")
-
-
-def scopes_from_form(form: dict) -> dict:
-    """Comma- or space-separated patterns per action, checked like the API's scopes."""
-    fields = {action: [p for p in re.split(r"[\s,]+", form.get(action, "")) if p] for action in ACTIONS[:3]}
-    fields["admin"] = ["*"] if form.get("admin") else []
-    return msgspec.structs.asdict(record_from(Scopes, fields, "scopes"))
-
-
-async def keys_context(request: Request, created: Optional[dict] = None, error: Optional[str] = None) -> dict:
-    return {"title": "Keys", "active": "keys", "keys": await db_of(request).read(list_keys), "created": created,
-            "error": error}
-
-
-async def page_keys(request: Request) -> Response:
-    require_admin_page(request)
-    return render(request, "keys.html", await keys_context(request))
-
-
-async def page_keys_create(request: Request) -> Response:
-    require_admin_page(request)
-    form = await read_form(request)
-    try:
-        name = form.get("name", "").strip()
-        if not name:
-            raise BadRequest("give the key a name")
-        days_text = form.get("expires_in_days", "").strip()
-        days = record_from(CreateKey, {"name": name, "scopes": {}, "expires_in_days": float(days_text)},
-                           "key").expires_in_days if days_text else None
-        created = await change_keys(request, create_key, name, scopes_from_form(form), days)
-    except (ActaeError, ValueError) as exc:
-        message = exc.message if isinstance(exc, ActaeError) else "expiry must be a number of days"
-        return render(request, "keys.html", await keys_context(request, error=message), status=400)
-    return render(request, "keys.html", await keys_context(request, created=created))
-
-
-async def page_keys_revoke(request: Request) -> Response:
-    require_admin_page(request)
-    key_id = decode_params(request.path_params, path_record("/{key_id}"), "path").key_id
-    await change_keys(request, revoke_key, key_id)
-    return RedirectResponse("/keys", status_code=303)
-
-
-# --- many runs: the bulk fork form, the approvals inbox, the storage page --------------------------
-
-
-def may_write_of(principal: Principal) -> Callable[[str], bool]:
-    return everyone if principal.can_everywhere("write") else functools.partial(principal.can, "write")
-
-
-def bulk_fork_of_form(fields: dict, runs: list, dry_run: bool, operation_id: Optional[str] = None) -> BulkFork:
-    """The bulk fork form as the request POST /api/v1/forks/bulk takes: exactly these runs, whatever their status."""
-    return record_from(BulkFork, {
-        "filter": {"status": list(RUN_STATES), "channel_ids": runs},
-        "intervention": form_json_object(fields, "intervention", "Intervention"),
-        "tool_policies": form_tool_policies(fields), "name": fields.get("name") or "{channel_id}-retry",
-        "operation_id": operation_id, "dry_run": dry_run}, "bulk fork form")
-
-
-def picked_runs(values: list) -> list:
-    runs = list(dict.fromkeys(v for value in values for v in value.split() if v))
-    if len(runs) > BULK_FORK_MAX:
-        raise BadRequest(f"at most {BULK_FORK_MAX} runs at once: filter the runs list further")
-    return [valid_channel(run, "run") for run in runs]
-
-
-async def page_bulk_fork_form(request: Request) -> Response:
-    """GET /forks/bulk: what a bulk fork of the ticked runs (or of every run the list's filter matches)
-    would make, and the form that makes it; `?done=<operation id>`: what one made."""
-    query = page_query(request, BulkForkPageQuery)
-    db = db_of(request)
-    fields = {"intervention": query.intervention, "tool_policies": query.tool_policies, "name": query.name}
-    context = {"title": "Bulk fork", "form": fields, "error": None, "done": bool(query.done), "runs": [],
-               "operation_id": str(uuid.uuid4()), "answer": BulkForkAnswer(forks=[], skipped=[], dry_run=True)}
-    if query.done:
-        stored = await db.read(bulk_fork_by_operation, query.done)
-        if stored is None:
-            raise NotFound(f"no bulk fork with operation id {query.done}")
-        context["answer"] = msgspec.json.decode(stored["answer"], type=BulkForkAnswer)
-        return render(request, "bulk_fork.html", context)
-    if query.all:
-        if query.status and query.status not in RUN_STATES:
-            raise BadRequest(f"status must be one of {', '.join(RUN_STATES)}")
-        runs = await db.read(matching_run_ids, query.q.strip(), query.status)
-    else:
-        runs = request.query_params.getlist("run")
-    try:
-        context["runs"] = picked_runs(runs)
-        req = bulk_fork_of_form(fields, context["runs"], True)
-        context["answer"] = await db.read(preview_bulk_fork, req, may_write_of(request.state.principal))
-    except BadRequest as exc:
-        context["error"] = exc.message
-        return render(request, "bulk_fork.html", context, status=400)
-    return render(request, "bulk_fork.html", context)
-
-
-async def page_bulk_fork(request: Request) -> Response:
-    """POST /forks/bulk: make the forks the form previewed (its operation id makes a second post a replay)."""
-    form = await read_form(request)
-    try:
-        req = bulk_fork_of_form(form, picked_runs([form.get("runs", "")]), False, form.get("operation_id") or None)
-    except BadRequest as exc:
-        return render(request, "bulk_fork.html", {
-            "title": "Bulk fork", "form": {k: form.get(k, "") for k in ("intervention", "tool_policies", "name")},
-            "error": exc.message, "done": False, "runs": [], "operation_id": str(uuid.uuid4()),
-            "answer": BulkForkAnswer(forks=[], skipped=[], dry_run=True)}, status=400)
-    if req.operation_id is None:
-        raise BadRequest("the form has no operation id: open the bulk fork page again")
-    await db_of(request).write(bulk_fork, req, may_write_of(request.state.principal))
-    return RedirectResponse(f"/forks/bulk?{urlencode({'done': req.operation_id})}", status_code=303)
-
-
-async def page_approvals(request: Request) -> Response:
-    query = page_query(request, ApprovalsPageQuery)
-    if query.status not in (*APPROVAL_STATUSES, "all"):
-        raise BadRequest(f"status must be one of {', '.join(APPROVAL_STATUSES)} or all")
-    approvals = await db_of(request).read(list_approvals, None if query.status == "all" else query.status, None,
-                                          APPROVALS_LIMIT_MAX, utc_now())
-    flash = flash_store(request.app).get(query.error)
-    return render(request, "approvals.html", {
-        "title": "Approvals", "approvals": approvals, "status": query.status, "statuses": [*APPROVAL_STATUSES, "all"],
-        "error": flash["error"] if flash else None, "decided": request.query_params.get("decided", "")[:256]})
-
-
-async def page_approval_decide(request: Request) -> Response:
-    """POST /approvals/{request_id}/decide: the signed-in key or account decides; back to the inbox."""
-    form = await read_form(request)
-    request_id = decode_params(request.path_params, path_record("/{request_id}"), "path").request_id
-    try:
-        body = record_from(DecideApproval, {"decision": form.get("decision", ""), "reason": form.get("reason") or None,
-                                            "channel_id": form.get("channel_id") or None}, "decision")
-        await decide_for(request, request_id, body)
-    except (BadRequest, Conflict) as exc:
-        flash_id = flash_store(request.app).put({"error": exc.message})
-        return RedirectResponse(f"/approvals?{urlencode({'error': flash_id})}", status_code=303)
-    return RedirectResponse(f"/approvals?{urlencode({'decided': request_id})}", status_code=303)
-
-
-async def page_storage(request: Request) -> Response:
-    if not request.state.principal.is_admin:
-        raise Forbidden("only an admin may see the storage page")
-    storage = await db_of(request).read(storage_page)
-    storage["retain_days"] = request.app.state.retention.retain_days
-    return render(request, "storage.html", {"title": "Storage", "storage": storage})
-
-
-# =============================================================================
-# Dashboard: the Fleet page (the organisation's instances, each asked as it is shown)
-# =============================================================================
 
 FLEET_PAGE_TIMEOUT = 3.0               # a slow instance shows as unreachable rather than holding the page
 
 
-async def fleet_instance_row(app, principal: FleetPrincipal, instance: FleetInstance) -> dict:
+async def fleet_instance_row(app: "ActaeApp", principal: FleetPrincipal, instance: FleetInstance) -> dict:
     """One instance as the Fleet page shows it: reachable or why not, version, backend, run count."""
     row = {**msgspec.structs.asdict(instance), "reachable": False, "error": None, "version": None,
            "backend": None, "runs": None}
@@ -11985,1013 +13079,17 @@ async def page_fleet(request: Request) -> Response:
     if not principal.is_admin:
         raise Forbidden("only an admin may see the fleet")
     app = request.app
-    directory = await app.state.fleet.directory.fresh()
+    directory = await app.services.region(FleetState).directory.fresh()
     instances = [local_instance(app)] + [
         FleetInstance(instance_id=r.id, name=r.name, local=False, url=r.url, dashboard_url=r.url + "/",
                       added_at=r.added_at) for r in directory.instances.values()]
     # The page asks each instance what any API caller with every scope would get.
     viewer = FleetPrincipal("dashboard", {**ADMIN_SCOPES, "admin": []}, "fleet", "session",
-                            organization_id=app.state.settings.organization, fleet_scopes=tuple(FLEET_SCOPES),
+                            organization_id=app.services.settings.organization, fleet_scopes=tuple(FLEET_SCOPES),
                             name="dashboard")
     rows = await asyncio.gather(*(fleet_instance_row(app, viewer, i) for i in instances))
     return render(request, "fleet.html", {"title": "Fleet", "active": "fleet",
-                                          "organization_id": app.state.settings.organization, "instances": rows})
-
-
-# =============================================================================
-# Connections: uvicorn's HTTP protocol with bounds an unauthenticated client cannot pass
-# =============================================================================
-# uvicorn has a keep-alive timeout and a concurrency limit, but no bound on header size, no
-# deadline for headers or body, and it waits for a silent connection for ever. These live here,
-# and so does the API's short road: an API request is answered from the connection (ApiExchange).
-
-
-REFUSALS = {
-    408: ("Request Timeout", "request_timeout", "the request did not arrive in time"),
-    431: ("Request Header Fields Too Large", "headers_too_large", "the request's headers are too large or too many"),
-}
-
-
-def refusal(status: int) -> bytes:
-    """A complete response with the JSON error body, written by the protocol itself."""
-    reason, code, message = REFUSALS[status]
-    body = error_body(code, message)
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n")
-    return head.encode("ascii") + body
-
-
-class GuardedHttpProtocol(HttpToolsProtocol):
-    """HttpToolsProtocol plus: header bytes and count capped (431), a deadline for a request's
-    headers (from the connection, or from the next request's first byte) and one for its whole
-    body (408), so dripping a byte at a time holds nothing for long. A request answered before
-    its body arrived keeps the connection: the rest of the body is read and dropped, within the
-    same deadline. API requests are answered as ApiExchanges, straight from `actae_app`.
-    `settings` and `actae_app` are set on the subclass that `guarded_protocol` makes."""
-
-    settings: Settings
-    actae_app: Optional["ActaeApp"] = None
-    proxy_reader: Optional[ProxyHeadersMiddleware] = None
-
-    def connection_made(self, transport) -> None:
-        super().connection_made(transport)
-        if self.actae_app is not None:
-            self.actae_app.requests = self.tasks  # the server's one task set: what is in flight everywhere
-        self.reading_headers, self.header_bytes, self.header_count, self.forwarded = True, 0, 0, False
-        self.deadline: Optional[asyncio.TimerHandle] = None
-        self.arm(self.settings.header_timeout, self.headers_timed_out)
-
-    def arm(self, seconds: float, callback: Callable) -> None:
-        self.disarm()
-        self.deadline = self.loop.call_later(seconds, callback)
-
-    def disarm(self) -> None:
-        if self.deadline is not None:
-            self.deadline.cancel()
-            self.deadline = None
-
-    def refuse(self, status: int) -> None:
-        """Answer (when no response has started) and close: the client broke a bound."""
-        self.disarm()
-        if not self.transport.is_closing():
-            if self.cycle is None or not self.cycle.response_started:
-                self.transport.write(refusal(status))
-            self.transport.close()
-
-    def connection_lost(self, exc) -> None:
-        self.disarm()
-        super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if not self.reading_headers or self.transport.is_closing():
-            super().data_received(data)
-            return
-        if self.deadline is None:                 # the first byte of the next request on this connection
-            self.arm(self.settings.header_timeout, self.headers_timed_out)
-        room = self.settings.max_header_bytes - self.header_bytes
-        head, rest = data[:room], data[room:]
-        self.header_bytes += len(head)
-        if head:
-            super().data_received(head)           # may finish the headers (on_headers_complete)
-        if rest and not self.transport.is_closing():
-            if self.reading_headers:
-                self.refuse(431)
-            else:
-                super().data_received(rest)
-
-    def send_400_response(self, msg: str) -> None:
-        if not self.transport.is_closing():      # refuse() may have answered already
-            super().send_400_response(msg)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.header_count += 1
-        if self.header_count > self.settings.max_headers:
-            self.refuse(431)
-            raise ValueError("too many headers")  # stops the parser; httptools reports it as a parse error
-        name = name.lower()                       # what uvicorn's on_header does, in one call instead of two
-        if name == b"expect" and value.lower() == b"100-continue":
-            self.expect_100_continue = True
-        elif name.startswith(b"x-forwarded-"):
-            self.forwarded = True
-        self.headers.append((name, value))
-
-    def on_headers_complete(self) -> None:
-        self.reading_headers = False
-        self.disarm()
-        if not self.start_api_exchange():
-            super().on_headers_complete()
-        if not self.parser.should_upgrade() and self.expects_body():
-            self.arm(self.settings.body_timeout, self.body_timed_out)
-
-    def start_api_exchange(self) -> bool:
-        """Start answering an API request as an ApiExchange; False (uvicorn's ASGI cycle answers) for
-        anything else: pages, the WebSocket, static files, no route, a full server."""
-        if self.parser.should_upgrade() or self.actae_app is None:
-            return False
-        if self.limit_concurrency is not None and (len(self.connections) >= self.limit_concurrency
-                                                   or len(self.tasks) >= self.limit_concurrency):
-            return False                           # uvicorn answers 503
-        method, url = self.parser.get_method().decode("ascii"), httptools.parse_url(self.url)
-        path = decoded_path(url.path)
-        found = self.actae_app.api.find(method, path)
-        if found is None:
-            return False
-        http_version = self.parser.get_http_version()
-        self.scope.update(method=method, path=self.root_path + path, query_string=url.query or b"",
-                          raw_path=self.root_path.encode("ascii") + url.path)
-        if http_version != "1.1":
-            self.scope["http_version"] = http_version
-        existing, self.cycle = self.cycle, ApiExchange(
-            *found, scope=self.scope, transport=self.transport, flow=self.flow, logger=self.logger,
-            access_logger=self.access_logger, access_log=self.access_log,
-            default_headers=self.server_state.default_headers, message_event=asyncio.Event(),
-            expect_100_continue=self.expect_100_continue,
-            keep_alive=http_version != "1.0" and self.parser.should_keep_alive(),
-            on_response=self.on_response_complete, forwarded=self.forwarded_by_proxy())
-        if existing is None or existing.response_complete:
-            task = self.loop.create_task(self.cycle.run_asgi(self.actae_app))   # as uvicorn starts a cycle
-            task.add_done_callback(self.tasks.discard)
-            self.tasks.add(task)
-        else:                                      # pipelined: after the one before it, as uvicorn does
-            self.flow.pause_reading()
-            self.pipeline.appendleft((self.cycle, self.actae_app))
-        return True
-
-    def forwarded_by_proxy(self) -> Optional[ProxyHeadersMiddleware]:
-        """uvicorn's proxy-header reading, when it is on and this request has the headers it reads."""
-        if not (self.forwarded and self.config.proxy_headers):
-            return None
-        cls = type(self)                           # one per server: it parses the trusted addresses once
-        if cls.proxy_reader is None:
-            cls.proxy_reader = ProxyHeadersMiddleware(scope_only, trusted_hosts=self.config.forwarded_allow_ips)
-        return cls.proxy_reader
-
-    def expects_body(self) -> bool:
-        for name, value in self.headers:
-            if name == b"transfer-encoding" or (name == b"content-length" and value.strip() not in (b"", b"0")):
-                return True
-        return False
-
-    def on_message_complete(self) -> None:
-        self.disarm()
-        super().on_message_complete()
-        self.reading_headers, self.header_bytes, self.header_count, self.forwarded = True, 0, 0, False
-
-    def headers_timed_out(self) -> None:
-        self.deadline = None
-        if self.reading_headers:
-            if self.header_bytes:
-                self.refuse(408)
-            elif not self.transport.is_closing():
-                self.transport.close()            # a silent connection gets no answer, just closed
-
-    def body_timed_out(self) -> None:
-        self.deadline = None
-        if self.flow.read_paused:                 # we stopped reading (the app is slow), not the client
-            self.arm(self.settings.body_timeout, self.body_timed_out)
-        else:
-            self.refuse(408)
-
-
-def guarded_protocol(settings: Settings, api: Optional["ActaeApp"] = None) -> type:
-    return type("ActaeHttpProtocol", (GuardedHttpProtocol,), {"settings": settings, "actae_app": api})
-
-
-def decoded_path(raw: bytes) -> str:
-    path = raw.decode("ascii")
-    return urllib_unquote(path) if "%" in path else path
-
-
-async def scope_only(scope, receive, send) -> None:
-    """The app behind ProxyHeadersMiddleware when only its change to the scope is wanted."""
-
-
-class ApiExchange(RequestResponseCycle):
-    """An API request answered without the ASGI round: ActaeApp.answer_api gives the whole answer,
-    written in one transport write. uvicorn's cycle writes the head and the body apart, checks
-    every header against two patterns, and runs the app under its proxy-header middleware: under
-    32 writers its send alone was a sixth of the server's CPU. The rest of the request's life
-    (its body read through `receive`, 100-continue, keep-alive, pipelining, a lost connection) is
-    uvicorn's cycle, inherited."""
-
-    def __init__(self, endpoint: Callable, params: dict, *, forwarded: Optional[ProxyHeadersMiddleware], **kwargs):
-        super().__init__(**kwargs)
-        self.endpoint, self.params, self.forwarded = endpoint, params, forwarded
-
-    async def run_asgi(self, app: "ActaeApp") -> None:      # the name the protocol starts a cycle by
-        try:
-            if self.forwarded is not None:
-                await self.forwarded(self.scope, None, None)
-            await self.write_reply(await app.answer_api(self.scope, self.receive, self.endpoint, self.params))
-        except BaseException as exc:
-            self.logger.error("Exception answering an API request", exc_info=exc)
-            if not self.response_started:
-                await self.send_500_response()
-            else:
-                self.transport.close()
-        finally:
-            self.on_response = lambda: None
-
-    async def write_reply(self, reply: ApiReply) -> None:
-        if self.flow.write_paused and not self.disconnected:
-            await self.flow.drain()
-        if self.disconnected:
-            return
-        out = [STATUS_LINE[reply.status]]
-        for name, value in self.default_headers:
-            out += (name, b": ", value, b"\r\n")
-        for name, value in reply.headers:
-            if HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):   # run_asgi answers 500 instead
-                raise RuntimeError(f"invalid HTTP header {name[:100]!r}")
-            out += (name, b": ", value, b"\r\n")
-        out.append(SECURITY_HEADER_LINES)
-        self.response_started, self.waiting_for_100_continue = True, False
-        if not self.keep_alive:
-            out.append(b"connection: close\r\n")
-        out += (b"\r\n", reply.body)
-        self.transport.write(b"".join(out))
-        self.response_complete = True
-        self.message_event.set()
-        if not self.keep_alive:
-            self.transport.close()
-        self.on_response()
-
-
-def raise_open_file_limit() -> None:
-    """Each connection is a file descriptor: the default soft limit (often 1024) starves new clients."""
-    try:
-        import resource
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard == resource.RLIM_INFINITY or hard > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
-    except (ImportError, ValueError, OSError):
-        pass                                      # not on this platform, or not allowed: keep the default
-
-
-# --- the outermost ASGI layer: Host allow-list and security headers ---------------------------
-
-SECURITY_HEADERS = [
-    (b"content-security-policy", b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                                 b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'"),
-    (b"x-frame-options", b"DENY"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"same-origin"),
-]
-
-
-SECURITY_HEADER_LINES = b"".join(name + b": " + value + b"\r\n" for name, value in SECURITY_HEADERS)
-
-
-def host_name(host: str) -> str:
-    """The name part of a Host header, lower-case: `[::1]:8002` -> `[::1]`, `Localhost:80` -> `localhost`."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host.partition("]")[0] + "]"
-    return host.partition(":")[0]
-
-
-def host_header(scope) -> str:
-    return next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
-
-
-def served_hosts(settings: Settings) -> frozenset:
-    bound = f"[{settings.host}]" if ":" in settings.host else settings.host
-    return frozenset({"localhost", "127.0.0.1", "[::1]", bound.lower(), *(h.lower() for h in settings.allow_hosts)})
-
-
-class Guard:
-    """Refuses Host names we do not serve (a DNS-rebinding page names its own), adds the security headers."""
-
-    def __init__(self, app, hosts: frozenset):
-        self.app = app
-        self.hosts = hosts
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] not in ("http", "websocket"):
-            await self.app(scope, receive, send)
-            return
-        if not await self.admits(self.hosts, scope, send):
-            return
-
-        async def send_with_headers(message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
-            await send(message)
-
-        await self.app(scope, receive, send_with_headers if scope["type"] == "http" else send)
-
-    @staticmethod
-    async def admits(hosts: frozenset, scope, send) -> bool:
-        """True for a Host we serve; otherwise the request is refused here (400, or a closed WebSocket)."""
-        refusal = host_refusal(hosts, scope)
-        if refusal is None:
-            return True
-        if scope["type"] == "websocket":
-            await send({"type": "websocket.close", "code": 1008})
-        else:
-            await send_reply(send, refusal)
-        return False
-
-
-def host_refusal(hosts: frozenset, scope) -> Optional["ApiReply"]:
-    """None for a Host we serve, else the 400 that refuses it."""
-    host = host_header(scope)
-    if host_name(host) in hosts:
-        return None
-    return json_reply(400, error_body("bad_request", f"host {host[:100]!r} is not served here; "
-                                                     "start the server with --allow-host NAME to serve it"))
-
-
-async def send_reply(send: Callable, reply: "ApiReply") -> None:
-    """An ApiReply as ASGI messages, the security headers after its own."""
-    await send({"type": "http.response.start", "status": reply.status, "headers": [*reply.headers, *SECURITY_HEADERS]})
-    await send({"type": "http.response.body", "body": reply.body})
-
-
-# =============================================================================
-# App factory: one route table, one error mapping
-# =============================================================================
-
-
-def error_response(request, status: int, code: str, message: str) -> Response:
-    if is_page(request) and status != 401:
-        try:
-            return render(request, "error.html", {"title": f"Error {status}", "status": status, "message": message},
-                          status=status)
-        except jinja2.TemplateError:
-            log.exception("error page failed to render")
-    return Response(error_body(code, message), status_code=status, media_type="application/json")
-
-
-async def on_actae_error(request, exc: ActaeError) -> Response:
-    return error_response(request, exc.status, exc.code, exc.message)
-
-
-async def on_http_error(request, exc: HTTPException) -> Response:
-    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    message = {404: f"no route for {request.method} {request.url.path}",
-               405: f"{request.method} is not allowed on {request.url.path}"}.get(exc.status_code, str(exc.detail))
-    return error_response(request, exc.status_code, code, message)
-
-
-def converting_bugs(endpoint: Callable) -> Callable:
-    """An unexpected exception is logged once and answered as an Internal error.
-
-    Starlette's last-resort handler re-raises after answering, and uvicorn then drops the
-    keep-alive connection without `Connection: close`; answering here keeps the connection sound.
-    """
-    async def guarded(request: Request) -> Response:
-        try:
-            return await endpoint(request)
-        except (ActaeError, HTTPException):
-            raise
-        except ClientDisconnect:
-            return Response(status_code=499)    # nobody is left to read it: not a bug, nothing to log
-        except Exception as exc:  # noqa: BLE001 - a bug; the client still gets the JSON error body
-            log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-            raise Internal(f"internal error ({type(exc).__name__}); the server log has the details") from None
-    guarded.__name__ = endpoint.__name__
-    return guarded
-
-
-PAGE_ROUTES = [
-    ("GET", "/", page_runs),
-    ("GET", "/runs/{channel_id}", page_run),
-    ("GET", "/runs/{channel_id}/tree", page_tree),
-    ("POST", "/runs/{channel_id}/fork", page_fork),
-    ("GET", "/runs/{channel_id}/delete", page_delete_confirm),
-    ("POST", "/runs/{channel_id}/delete", page_delete),
-    ("GET", "/diff", page_diff),
-    ("GET", "/ledger", page_ledger),
-    ("GET", "/api", page_api),
-    ("GET", "/keys", page_keys),
-    ("POST", "/keys", page_keys_create),
-    ("POST", "/keys/{key_id}/revoke", page_keys_revoke),
-    ("POST", "/logout", page_logout),
-    ("GET", "/fleet", page_fleet),
-    ("GET", "/forks/bulk", page_bulk_fork_form),
-    ("POST", "/forks/bulk", page_bulk_fork),
-    ("GET", "/approvals", page_approvals),
-    ("POST", "/approvals/{request_id}/decide", page_approval_decide),
-    ("GET", "/storage", page_storage),
-]
-
-
-def app_routes(api_endpoints: dict) -> list:
-    """Every route for Starlette; the API's endpoints are the same ones ActaeApp calls directly."""
-    routes = [Route(r.path, endpoint, methods=[r.method]) for r, endpoint in api_endpoints.items()]
-    routes += [Route(path, converting_bugs(dashboard(handler)), methods=[method]) for method, path, handler in PAGE_ROUTES]
-    return routes + [Route("/login", converting_bugs(page_login), methods=["GET"]),
-                     Route("/login", converting_bugs(page_login_submit), methods=["POST"]),
-                     WebSocketRoute("/ws", ws_endpoint),
-                     *fleet_stream_routes(),
-                     Mount("/static", StaticFiles(directory=str(UI_DIR / "static")), name="static")]
-
-
-def token_secret(data_dir: Path) -> bytes:
-    """The login tokens' signing secret: a file beside the database (mode 0600), made on first start.
-
-    Kept out of the database so that a copy of it (or a backup) cannot mint tokens.
-    """
-    path = data_dir / TOKEN_SECRET_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return bytes.fromhex(path.read_text().strip())
-    with os.fdopen(fd, "w") as out:
-        out.write(secrets.token_hex(32))
-    return bytes.fromhex(path.read_text().strip())
-
-
-def instance_identity(tx: Tx) -> str:
-    """This data dir's instance id, made once and kept across restarts."""
-    tx.conn.execute("INSERT INTO settings (name, value) VALUES ('instance_id', ?) ON CONFLICT (name) DO NOTHING",
-                    (str(uuid.uuid4()),))
-    return tx.conn.execute("SELECT value FROM settings WHERE name = 'instance_id'").fetchone()[0]
-
-
-GZIP_MIN_BYTES = 1024                  # replays and pages shrink several times over; small answers do not pay
-
-
-REFUSED_CODING = re.compile(rb"\s*q\s*=\s*0(\.0*)?\s*")     # an Accept-Encoding entry's ";q=0"
-
-
-def accepts_gzip(scope) -> bool:
-    """Whether Accept-Encoding accepts gzip: named (or, when it is not named, `*`) with a q-value
-    above 0; coding names are case-insensitive."""
-    accepted: dict = {}
-    for name, value in scope["headers"]:
-        if name == b"accept-encoding":
-            for coding in value.lower().split(b","):
-                token, _, params = coding.partition(b";")
-                accepted[token.strip()] = not REFUSED_CODING.fullmatch(params)
-    return accepted.get(b"gzip", accepted.get(b"*", False))
-
-
-class ApiIndex:
-    """(method, path) -> the route's endpoint and path parameters, matched in route-table order."""
-
-    def __init__(self, endpoints: dict):
-        self.static: dict = {}
-        self.dynamic: dict = {}
-        for route, endpoint in endpoints.items():
-            if "{" in route.path:
-                self.dynamic.setdefault(route.method, []).append((compile_path(route.path)[0], endpoint))
-            else:
-                earlier = [regex for regex, _ in self.dynamic.get(route.method, ()) if regex.match(route.path)]
-                assert not earlier, f"{route.path} is shadowed by an earlier route"   # static-first is then exact
-                self.static[(route.method, route.path)] = endpoint
-
-    def find(self, method: str, path: str) -> Optional[tuple]:
-        endpoint = self.static.get((method, path))
-        if endpoint is not None:
-            return endpoint, {}
-        for regex, endpoint in self.dynamic.get(method, ()):
-            match = regex.match(path)
-            if match:
-                return endpoint, match.groupdict()
-        return None
-
-
-@dataclass(frozen=True)
-class ApiReply:
-    """An API request's whole answer, as the connection writes it (see ApiExchange); the security
-    headers go out after `headers`."""
-
-    status: int
-    headers: list            # (name, value) byte pairs, content-length included
-    body: bytes
-
-
-class ActaeApp(Starlette):
-    """Starlette for the pages, the WebSocket and static files; API requests take a shorter road.
-
-    Profiled under 32 writers, a quarter of a write request's CPU went to the middleware stack
-    and router the pages need (error pages, gzip, linear route matching). An API request is
-    matched in a dict (or its few parameterised patterns), checked for its Host and answered
-    with the security headers here (`answer_api`); anything else, or no match (404/405), goes to
-    Starlette. Under our own server the connection calls `answer_api` itself (ApiExchange); the
-    ASGI entry below serves any other ASGI server the same answers.
-    """
-
-    def __init__(self, *args, api_endpoints: dict, hosts: frozenset, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.api = ApiIndex(api_endpoints)
-        self.hosts = hosts
-        self.route_of = {endpoint: route.path for route, endpoint in api_endpoints.items()}   # the histogram's label
-        # the server's requests in flight, every connection's (uvicorn's task set, which our protocol
-        # hands over); None under another ASGI server, which keeps every write on the writer's thread
-        self.requests: Optional[set] = None
-
-    async def __call__(self, scope, receive, send) -> None:
-        found = self.api.find(scope["method"], scope["path"]) if scope["type"] == "http" else None
-        if found is None:
-            await self.call_starlette(scope, receive, send)
-            return
-        await send_reply(send, await self.answer_api(scope, receive, *found))
-
-    async def call_starlette(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            await super().__call__(scope, receive, send)
-            return
-        started, sent = time.perf_counter(), []
-        await super().__call__(scope, receive, status_noting_send(send, sent))
-        self.state.metrics.observe_request("other", scope["method"], sent[0] if sent else 500,
-                                           time.perf_counter() - started)
-
-    async def answer_api(self, scope, receive, endpoint: Callable, params: dict) -> ApiReply:
-        """The answer of the API route `endpoint` (found for this scope with its path `params`)."""
-        started = time.perf_counter()
-        refusal = host_refusal(self.hosts, scope)
-        if refusal is not None:
-            return refusal
-        scope["app"], scope["path_params"] = self, params
-        try:
-            response = await endpoint(Request(scope, receive))
-        except ActaeError as exc:
-            response = Response(error_body(exc.code, exc.message), exc.status, media_type="application/json")
-        headers, body = response.raw_headers, response.body
-        if len(body) >= GZIP_MIN_BYTES and accepts_gzip(scope):
-            # Level 1: a 300 KB state compresses in 3 ms at it, 13 ms at level 5 (on the event loop,
-            # for 15% fewer bytes): an API answer is read by a program, often over loopback.
-            body = gzip.compress(body, compresslevel=1, mtime=0)
-            headers = [(k, v) for k, v in headers if k != b"content-length"]
-            headers += [(b"content-length", str(len(body)).encode()), (b"content-encoding", b"gzip"),
-                        (b"vary", b"accept-encoding")]
-        self.state.metrics.observe_request(self.route_of[endpoint], scope["method"], response.status_code,
-                                           time.perf_counter() - started)
-        return ApiReply(response.status_code, headers, body)
-
-
-def json_reply(status: int, body: bytes) -> ApiReply:
-    return ApiReply(status, [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-                    body)
-
-
-def status_noting_send(send: Callable, sent: list) -> Callable:
-    """`send`, noting the response's status in `sent` (for the requests Starlette answers)."""
-    async def noting(message) -> None:
-        if message["type"] == "http.response.start":
-            sent.append(message["status"])
-        await send(message)
-    return noting
-
-
-# The writes of an SDK step, a fork and a ledger call: small, quick, and on the path of a run that
-# waits for each. Alone on the server, one of these commits on the event loop's thread.
-LONE_WRITES = frozenset({record_event, save_state, transition, put_metadata, fork_channel, claim_execution,
-                         finish_execution, heartbeat_execution})
-
-
-def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: Optional[str] = None,
-               settings: Settings = Settings(), otlp: Optional[OtlpConfig] = None) -> Starlette:
-    """The whole server: on the SQLite file in `data_dir`, or on PostgreSQL at `database_url`
-    (several servers may share that database). `env_key` is accepted besides stored keys. With
-    `otlp`, every run is exported as it is written (TraceExport)."""
-    data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    db = Database(Location(data_dir, database_url))
-    hub = Hub(db)
-    db.on_commit, db.on_notify = hub.on_commit, hub.on_notify
-    metrics = Metrics()
-    traces = TraceExport(db, otlp, metrics) if otlp else None
-    db.on_batch = observer(metrics, traces)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        if traces:
-            traces.start()
-        await db.open()
-        app.state.instance_id = await db.write(instance_identity)
-        app.state.scheduler.start()
-        app.state.retention.start()
-        try:
-            yield
-        finally:
-            await app.state.retention.stop()
-            await app.state.scheduler.stop()
-            await db.close()
-            if traces:
-                await traces.stop()
-
-    api_endpoints = {route: fleet_endpoint(route, converting_bugs(api_endpoint(route))) for route in API_ROUTES}
-    hosts = served_hosts(settings)
-    app = ActaeApp(routes=app_routes(api_endpoints), lifespan=lifespan, middleware=[Middleware(Guard, hosts=hosts)],
-                   exception_handlers={ActaeError: on_actae_error, HTTPException: on_http_error},
-                   api_endpoints=api_endpoints, hosts=hosts)
-    app.state.db, app.state.hub, app.state.env_key = db, hub, env_key or None
-    db.lone_write_here = lambda job: job.work in LONE_WRITES and app.requests is not None and len(app.requests) <= 1
-    app.state.keys = KeyRing(db)
-    app.state.settings = settings
-    app.state.scheduler = Scheduler(db)
-    app.state.retention = Retention(db, settings.retain_days)
-    app.state.instance_id, app.state.started = str(uuid.uuid4()), time.monotonic()
-    app.state.started_at = iso(utc_now())
-    app.state.token_secret = token_secret(data_dir)
-    app.state.key_touched, app.state.background = {}, set()
-    app.state.templates = template_env()
-    app.state.dashboard_flash = FlashStore()
-    app.state.openapi = openapi_document(API_ROUTES)
-    app.state.metrics, app.state.traces = metrics, traces
-    metrics.registry.register(LiveFigures(app))
-    app.state.fleet = FleetState(db, data_dir)
-    # Pages and JSON answers shrink several times over; small bodies are not worth it.
-    app.add_middleware(GZipMiddleware, minimum_size=GZIP_MIN_BYTES)
-    return app
-
-
-# =============================================================================
-# Command line
-# =============================================================================
-
-
-def build_parser() -> argparse.ArgumentParser:
-    # SUPPRESS: `--data-dir` may come before or after `key rotate` without one erasing the other.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR",
-                        help="folder holding the SQLite database and the token secret"
-                             " (default: $ACTAE_DATA_DIR or ~/.actae)")
-    common.add_argument("--database", default=argparse.SUPPRESS, metavar="URL",
-                        help="a postgresql://user:password@host:port/name URL: keep the data in PostgreSQL,"
-                             " which several servers may share (default: $ACTAE_DATABASE_URL, else SQLite)")
-    # SUPPRESS here too: `actae --otlp-endpoint URL otel-export CHANNEL` keeps the URL.
-    otlp_flag = argparse.ArgumentParser(add_help=False)
-    otlp_flag.add_argument("--otlp-endpoint", default=argparse.SUPPRESS, metavar="URL",
-                           help="send every run as an OpenTelemetry trace to this OTLP/HTTP collector, e.g."
-                                " http://127.0.0.1:4318 (/v1/traces is added); default:"
-                                " $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT, else none")
-    parser = argparse.ArgumentParser(
-        prog="actae", parents=[common, otlp_flag],
-        description="Actae community server: record agent runs, fork them at a step, never repeat a side effect.")
-    parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface to listen on (default: {DEFAULT_HOST})")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
-                        help=f"port to listen on; 0 picks a free one (default: {DEFAULT_PORT})")
-    parser.add_argument("--version", action="version", version=f"actae {__version__}",
-                        help="print the version and exit")
-    limits, default = parser.add_argument_group("who may connect, and for how long"), Settings()
-    limits.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                        help="also answer requests for this Host name (repeatable); loopback names and the "
-                             "bound address are always served, any other name gets 400 (DNS rebinding)")
-    limits.add_argument("--max-connections", type=int, default=default.max_connections, metavar="N",
-                        help=f"open connections before new requests get 503 (default: {default.max_connections})")
-    limits.add_argument("--header-timeout", type=float, default=default.header_timeout, metavar="SECONDS",
-                        help=f"time for a request's headers (default: {default.header_timeout:g})")
-    limits.add_argument("--keepalive-timeout", type=float, default=default.keepalive_timeout, metavar="SECONDS",
-                        help=f"how long an idle connection stays open (default: {default.keepalive_timeout:g})")
-    limits.add_argument("--body-timeout", type=float, default=default.body_timeout, metavar="SECONDS",
-                        help=f"time for a request's whole body (default: {default.body_timeout:g})")
-    limits.add_argument("--max-header-bytes", type=int, default=default.max_header_bytes, metavar="BYTES",
-                        help=f"request line and headers together (default: {default.max_header_bytes})")
-    parser.add_argument("--open-signup", action="store_true",
-                        help="let anyone create an account (by default only an admin key may)")
-    add_fleet_flags(parser)
-    parser.add_argument("--retain-days", type=float, metavar="DAYS",
-                        help="prune runs idle longer than DAYS, at start and then daily (the rules of `actae prune`)")
-    # The same scope flags for a key and for an account.
-    scoped = argparse.ArgumentParser(add_help=False)
-    for action in ACTIONS[:3]:
-        scoped.add_argument(f"--{action}", action="append", default=[], metavar="PATTERN",
-                            help=f"channels it may {action}: '*', a prefix ending in '*', or an id (repeatable)")
-    scoped.add_argument("--admin", action="store_true", help="every action on every channel, plus keys and users")
-    commands = parser.add_subparsers(dest="command",
-                                     metavar="{key,user,export,import,otel-export,instance,org-token,fork-failed,prune}")
-    key = commands.add_parser("key", parents=[common], help="manage API keys: create, list, revoke, rotate")
-    key_commands = key.add_subparsers(dest="key_command", required=True, metavar="{create,list,revoke,rotate}")
-    create = key_commands.add_parser("create", parents=[common, scoped], help="issue a scoped key and print it once")
-    create.add_argument("--name", required=True, help="what the key is for (shown by `key list`)")
-    create.add_argument("--expires-in", type=float, metavar="DAYS", help="the key stops working after DAYS days")
-    listing = key_commands.add_parser("list", parents=[common], help="the active keys (never the keys themselves)")
-    listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
-    revoke = key_commands.add_parser("revoke", parents=[common], help="end a key now")
-    revoke.add_argument("key_id", type=int, metavar="ID", help="the id `key list` shows")
-    key_commands.add_parser("rotate", parents=[common],
-                            help="issue and print a new admin key; the old admin key stops working")
-    user = commands.add_parser("user", parents=[common], help="manage accounts: grant")
-    user_commands = user.add_subparsers(dest="user_command", required=True, metavar="{grant}")
-    grant = user_commands.add_parser("grant", parents=[common, scoped],
-                                     help="set the scopes an account's login tokens carry")
-    grant.add_argument("email")
-    export = commands.add_parser("export", parents=[common],
-                                 help="write a run, with its ancestors, to standard output as JSON Lines")
-    export.add_argument("channel_id", metavar="CHANNEL")
-    export.add_argument("--with-forks", action="store_true", help="also every fork below it, forks of forks too")
-    imports = commands.add_parser("import", parents=[common], help="add the runs of an export file to this server")
-    imports.add_argument("file", metavar="FILE", help="the file `actae export` wrote; - reads standard input")
-    imports.add_argument("--json", action="store_true", help="print the answer as JSON")
-    otel = commands.add_parser("otel-export", parents=[common, otlp_flag],
-                               help="send a stored run to an OTLP collector as the trace live export sends")
-    otel.add_argument("channel_id", metavar="CHANNEL")
-    otel.add_argument("--with-forks", action="store_true", help="also every fork below it, forks of forks too")
-    add_fleet_commands(commands, common, scoped)
-    add_many_runs_commands(commands, common)
-    return parser
-
-
-def scopes_of_args(args: argparse.Namespace) -> dict:
-    """The scope flags as checked scopes; exits with a message on a bad pattern."""
-    fields = {action: getattr(args, action) for action in ACTIONS[:3]}
-    fields["admin"] = ["*"] if args.admin else []
-    try:
-        return msgspec.structs.asdict(record_from(Scopes, fields, "scopes"))
-    except BadRequest as exc:
-        raise SystemExit(f"actae: {exc.message}")
-
-
-def scopes_text(scopes: Permissions) -> str:
-    granted = [(action, getattr(scopes, action)) for action in ACTIONS]
-    return "; ".join(f"{action}={','.join(patterns)}" for action, patterns in granted if patterns) or "(none)"
-
-
-def key_command(args: argparse.Namespace, location: Location) -> int:
-    """`actae key create|list|revoke|rotate`."""
-    if args.key_command == "rotate":
-        print_key_line(write_once(location, rotate_key))
-    elif args.key_command == "create":
-        if args.expires_in is not None and args.expires_in <= 0:
-            raise SystemExit("actae: --expires-in must be a positive number of days")
-        created = write_once(location, create_key, args.name, scopes_of_args(args), args.expires_in)
-        print(f"Key {created.id} ({created.name}): {scopes_text(created.scopes)}"
-              + (f", expires {created.expires_at}" if created.expires_at else ""))
-        print_key_line(created.key)
-    elif args.key_command == "list":
-        keys = read_once(location, list_keys)
-        if args.json:
-            print(msgspec.json.format(msgspec.json.encode(Keys(keys=keys)), indent=2).decode())
-            return 0
-        print(f"{'ID':>4}  {'NAME':<20} {'SCOPES':<40} {'CREATED':<25} {'LAST USED':<25} EXPIRES")
-        for k in keys:
-            print(f"{k.id:>4}  {k.name or '':<20} {scopes_text(k.scopes):<40} {k.created_at:<25} "
-                  f"{k.last_used_at or 'never':<25} {k.expires_at or 'never'}")
-    else:
-        try:
-            revoked = write_once(location, revoke_key, args.key_id)
-        except NotFound as exc:
-            raise SystemExit(f"actae: {exc.message}")
-        print(f"Key {revoked.id} ({revoked.name}) revoked at {revoked.revoked_at}")
-    return 0
-
-
-def user_command(args: argparse.Namespace, location: Location) -> int:
-    """`actae user grant EMAIL [scope flags]`."""
-    try:
-        granted = write_once(location, grant_user, args.email, scopes_of_args(args))
-    except NotFound as exc:
-        raise SystemExit(f"actae: {exc.message}")
-    print(f"{granted.email}: {scopes_text(granted.scopes)}")
-    return 0
-
-
-def add_many_runs_commands(commands: Any, common: argparse.ArgumentParser) -> None:
-    """`actae fork-failed` and `actae prune`: the bulk fork and retention, beside a running server too."""
-    fork = commands.add_parser("fork-failed", parents=[common],
-                               help="fork every run that went wrong after its own last good step")
-    fork.add_argument("--status", action="append", choices=RUN_STATES, metavar="STATUS",
-                      help=f"runs of this status (repeatable; default: {' and '.join(BULK_FORK_STATUSES)})")
-    fork.add_argument("--since", metavar="ISO", help="last active at or after this RFC 3339 time")
-    fork.add_argument("--until", metavar="ISO", help="last active at or before this RFC 3339 time")
-    fork.add_argument("--prefix", metavar="P", help="runs whose id starts with P")
-    fork.add_argument("--contains", metavar="TEXT", help="runs whose failure message contains TEXT (any case)")
-    fork.add_argument("--at", type=int, metavar="K", help="fork after step K instead of each run's last good step")
-    fork.add_argument("--intervention", metavar="JSON", help="the forks' intervention, a JSON object")
-    fork.add_argument("--policy", action="append", default=[], metavar="TOOL=POLICY",
-                      help=f"a tool policy of the forks ({'|'.join(TOOL_POLICIES)}; TOOL may be *; repeatable)")
-    fork.add_argument("--name", default="{channel_id}-retry", metavar="PATTERN",
-                      help="the forks' ids: {channel_id} is the run's id, {step} the step (default: %(default)s)")
-    fork.add_argument("--operation-id", metavar="ID", help="an idempotency key: the same one again forks nothing new")
-    fork.add_argument("--dry-run", action="store_true", help="list what would be forked; record nothing")
-    fork.add_argument("--json", action="store_true", help="print the answer as JSON")
-    prune = commands.add_parser("prune", parents=[common],
-                                help="delete whole runs idle longer than --older-than days (and return the space)")
-    prune.add_argument("--older-than", type=float, required=True, metavar="DAYS",
-                       help="runs last active more than DAYS ago (0: every run last active before now)")
-    prune.add_argument("--status", choices=PRUNE_STATUSES, default="any", help="only runs of this status (default: any)")
-    prune.add_argument("--keep-failed-days", type=float, metavar="DAYS",
-                       help="keep failed and crashed runs until they are DAYS old instead")
-    prune.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
-    prune.add_argument("--json", action="store_true", help="print the answer as JSON")
-
-
-def retain_days_of(args: argparse.Namespace) -> Optional[float]:
-    days = getattr(args, "retain_days", None)
-    if days is not None and not (0 <= days <= 36500):
-        raise SystemExit("actae: --retain-days takes a number of days from 0 to 36500")
-    return days
-
-
-def bulk_fork_of_args(args: argparse.Namespace) -> BulkFork:
-    """The command line's flags as the request POST /forks/bulk takes; exits with a message when one is bad."""
-    policies = {}
-    for item in args.policy:
-        tool, _, policy = item.partition("=")
-        if not tool or policy not in TOOL_POLICIES:
-            raise SystemExit(f"actae: --policy takes TOOL=POLICY with POLICY one of {', '.join(TOOL_POLICIES)} "
-                             f"(got {item!r})")
-        policies[tool] = policy
-    try:
-        intervention = decode_json(args.intervention.encode(), Any, "--intervention") if args.intervention else None
-        selection = {"status": args.status or list(BULK_FORK_STATUSES), "since": args.since, "until": args.until,
-                     "channel_prefix": args.prefix, "failure_contains": args.contains}
-        return record_from(BulkFork, {"filter": {k: v for k, v in selection.items() if v is not None},
-                                      "at": args.at if args.at is not None else "last_good_step",
-                                      "intervention": intervention, "tool_policies": policies or None,
-                                      "name": args.name, "operation_id": args.operation_id,
-                                      "dry_run": args.dry_run}, "arguments")
-    except BadRequest as exc:
-        raise SystemExit(f"actae: {exc.message}")
-
-
-def fork_failed_command(args: argparse.Namespace, location: Location) -> int:
-    """`actae fork-failed [--status S]... [--since ISO] [--prefix P] [--contains TEXT] [--at K] ...`."""
-    req = bulk_fork_of_args(args)
-    try:
-        answer = read_once(location, preview_bulk_fork, req) if req.dry_run else write_once(location, bulk_fork, req)
-    except ActaeError as exc:
-        raise SystemExit(f"actae: {exc.message}")
-    if args.json:
-        print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
-        return 0
-    verb = "Would fork" if answer.dry_run else "Forked"
-    print(f"{verb} {len(answer.forks)} run(s):")
-    for item in answer.forks:
-        print(f"  {item.source_channel_id} after step {item.step} -> {item.channel_id}")
-    if answer.skipped:
-        print(f"Skipped {len(answer.skipped)}:")
-        for item in answer.skipped:
-            print(f"  {item.channel_id}: {item.reason}")
-    return 0
-
-
-def prune_with(conn: Conn, req: Prune, now: datetime) -> PruneAnswer:
-    """The command line's prune on its own connection: the server's steps, each batch its own transaction."""
-    plan = plan_prune(conn, req, now)
-    before = database_bytes(conn)
-    if req.dry_run:
-        return prune_answer(req, plan.deletable, plan.kept, planned_rows(conn, plan.deletable), before, before,
-                            "a dry run: nothing was deleted")
-    deleted, kept, rows = [], list(plan.kept), dict.fromkeys(PrunedRows.__struct_fields__, 0)
-    for start in range(0, len(plan.deletable), PRUNE_BATCH):
-        ((outcome, events),) = run_jobs(conn, [Job(prune_runs, (plan.deletable[start:start + PRUNE_BATCH], req,
-                                                                 iso(now)), None)])
-        if events is None:
-            raise outcome
-        deleted, kept, rows = deleted + outcome[0], kept + outcome[1], {k: rows[k] + outcome[2][k] for k in rows}
-    space = POSTGRES_SPACE if conn.dialect is not SQLITE else "nothing was deleted"
-    while conn.dialect is SQLITE and deleted and (step := reclaim_step(conn)) is None:
-        pass
-    if conn.dialect is SQLITE and deleted:
-        space = step
-    return prune_answer(req, deleted, kept, rows, before, database_bytes(conn), space)
-
-
-def prune_command(args: argparse.Namespace, location: Location) -> int:
-    """`actae prune --older-than DAYS [--status completed|failed|any] [--keep-failed-days DAYS] [--dry-run]`."""
-    try:
-        req = record_from(Prune, {"older_than_days": args.older_than, "status": args.status,
-                                  "keep_failed_days": args.keep_failed_days, "dry_run": args.dry_run}, "arguments")
-    except BadRequest as exc:
-        raise SystemExit(f"actae: {exc.message}")
-    conn = connect_sync(location)
-    try:
-        answer = prune_with(conn, req, utc_now())
-    except ActaeError as exc:
-        raise SystemExit(f"actae: {exc.message}")
-    finally:
-        conn.close()
-    if args.json:
-        print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
-        return 0
-    rows = answer.rows
-    print(f"{'Would delete' if answer.dry_run else 'Deleted'} {rows.runs} run(s): {rows.events} events, "
-          f"{rows.states} states, {rows.executions} ledger rows, {rows.approvals} approvals, {rows.wakeups} wake-ups")
-    for channel_id in answer.deleted:
-        print(f"  {channel_id}")
-    if answer.kept:
-        print(f"Kept {len(answer.kept)} old run(s):")
-        for item in answer.kept:
-            print(f"  {item.channel_id}: {item.reason}")
-    print(f"Space: {answer.bytes_before} -> {answer.bytes_after} bytes ({answer.bytes_freed} freed); {answer.space}")
-    return 0
-
-
-def location_of(args: argparse.Namespace) -> Location:
-    """--database (or $ACTAE_DATABASE_URL) picks PostgreSQL; otherwise the SQLite file in the data dir."""
-    url = getattr(args, "database", None) or os.environ.get("ACTAE_DATABASE_URL") or None
-    if url is not None:
-        if urlsplit(url).scheme not in ("postgresql", "postgres"):
-            raise SystemExit(f"actae: --database takes a postgresql://user:password@host:port/name URL (got {url!r});"
-                             " without it the server uses SQLite in the data dir")
-        if psycopg is None:
-            raise SystemExit("actae: PostgreSQL needs psycopg: pip install 'psycopg[binary]' psycopg_pool")
-    return Location(data_dir_of(args), url)
-
-
-def data_dir_of(args: argparse.Namespace) -> Path:
-    chosen = getattr(args, "data_dir", None) or os.environ.get("ACTAE_DATA_DIR") or "~/.actae"
-    path = Path(chosen).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
-def write_once(location: Location, work: Callable, *args):
-    """One write transaction from the command line, on the same job runner the server uses."""
-    conn = connect_sync(location)
-    try:
-        ((result, events),) = run_jobs(conn, [Job(work, args, None)])
-    finally:
-        conn.close()
-    if events is None:
-        raise result
-    return result
-
-
-def read_once(location: Location, work: Callable, *args):
-    conn = connect_sync(location)
-    try:
-        return work(conn, *args)
-    finally:
-        conn.close()
-
-
-def print_key_line(key: Optional[str]) -> None:
-    if key:
-        print(f"API key:     {key}   (shown once — store it now)")
-    else:
-        print("API key:     already issued at first start (run `actae key rotate` for a new one)")
-
-
-def bind_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    return sock
-
-
-def settings_of(args: argparse.Namespace) -> Settings:
-    return Settings(host=args.host, allow_hosts=tuple(args.allow_host), max_connections=args.max_connections,
-                    header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout,
-                    body_timeout=args.body_timeout, max_header_bytes=args.max_header_bytes,
-                    open_signup=args.open_signup, retain_days=retain_days_of(args), **fleet_settings_of(args))
-
-
-def uvicorn_config(app: Starlette, settings: Settings) -> uvicorn.Config:
-    """uvicorn under the guarded protocol; what it cannot bound itself is bounded there."""
-    return uvicorn.Config(app, http=guarded_protocol(settings, app), log_level="warning", access_log=False,
-                          lifespan="on", ws_max_size=MAX_BODY_BYTES, timeout_graceful_shutdown=10,
-                          limit_concurrency=settings.max_connections,
-                          timeout_keep_alive=settings.keepalive_timeout)
-
-
-def serve(port: int, location: Location, settings: Settings, otlp: Optional[OtlpConfig] = None) -> int:
-    """Bind first (so --port 0 prints the real port), print the two lines, then serve until Ctrl-C."""
-    host = settings.host
-    try:
-        sock = bind_socket(host, port)
-    except OSError as exc:
-        print(f"actae: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
-        return 1
-    raise_open_file_limit()
-    try:
-        key = write_once(location, first_key)
-    except (ActaeError, OSError, sqlite3.Error, *((psycopg.Error,) if psycopg else ())) as exc:
-        print(f"actae: cannot open the database at {location.describe()}: {exc}", file=sys.stderr)
-        return 1
-    shown_host = f"[{host}]" if ":" in host else host
-    print(f"Actae {__version__} — data in {location.describe()}")
-    print(f"Dashboard:   http://{shown_host}:{sock.getsockname()[1]}")
-    print(f"Organization: {settings.organization} (fleet gateway: /v1/organizations/{settings.organization}/)")
-    print_key_line(key)
-    if otlp:
-        print(f"Traces:      every run to {otlp.endpoint} (OTLP/HTTP, service.name {otlp.service_name})")
-    sys.stdout.flush()
-    app = create_app(location.data_dir, database_url=location.url, env_key=os.environ.get("ACTAE_API_KEY"),
-                     settings=settings, otlp=otlp)
-    try:
-        uvicorn.Server(uvicorn_config(app, settings)).run(sockets=[sock])
-    except KeyboardInterrupt:   # uvicorn re-raises Ctrl-C after its graceful shutdown has finished
-        pass
-    return 0
+                                          "organization_id": app.services.settings.organization, "instances": rows})
 
 
 # --- the fleet: --organization, `instance`, `org-token` ------------------------------------------------
@@ -13025,6 +13123,7 @@ def fleet_settings_of(args: argparse.Namespace) -> dict:
 def add_fleet_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
     instance = commands.add_parser("instance", parents=[common],
                                    help="the fleet's remote instances: add, list, remove")
+    instance.set_defaults(run=instance_command)
     instance_commands = instance.add_subparsers(dest="instance_command", required=True, metavar="{add,list,remove}")
     add = instance_commands.add_parser("add", parents=[common],
                                        help="register a remote Actae server (it must answer /api/v1/instance with the key)")
@@ -13040,6 +13139,7 @@ def add_fleet_commands(commands: Any, common: argparse.ArgumentParser, scoped: a
     remove.add_argument("instance_id", metavar="ID", help="the id `instance list` shows")
     org = commands.add_parser("org-token", parents=[common],
                               help="organisation tokens for the SDK's FleetClient: create, list, revoke")
+    org.set_defaults(run=org_token_command)
     org_commands = org.add_subparsers(dest="org_token_command", required=True, metavar="{create,list,revoke}")
     create = org_commands.add_parser("create", parents=[common, scoped],
                                      help="issue an organisation token and print it once")
@@ -13132,32 +13232,34 @@ def org_token_command(args: argparse.Namespace, location: Location) -> int:
     return 0
 
 
-def fleet_command(args: argparse.Namespace, location: Location) -> int:
-    return (instance_command if args.command == "instance" else org_token_command)(args, location)
+
+# --- how the fleet plugs into the core ----------------------------------------------------------
 
 
-def main(argv: Optional[list] = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
-    location = location_of(args)
-    if args.command == "key":
-        return key_command(args, location)
-    if args.command == "user":
-        return user_command(args, location)
-    if args.command in ("instance", "org-token"):
-        return fleet_command(args, location)
-    if args.command in ("export", "import"):
-        return (export_command if args.command == "export" else import_command)(args, location)
-    if args.command in ("fork-failed", "prune"):
-        return (fork_failed_command if args.command == "fork-failed" else prune_command)(args, location)
-    if args.command == "otel-export":
-        return otel_export_command(args, location)
-    try:
-        otlp = otlp_config(getattr(args, "otlp_endpoint", None))
-    except BadRequest as exc:
-        raise SystemExit(f"actae: {exc.message}")
-    return serve(args.port, location, settings_of(args), otlp)
+def install_fleet(services: Services, options: dict) -> tuple:
+    services.regions[FleetState] = FleetState(services.db, services.data_dir)
+    return [], []
 
 
+def organization_banner(settings: Settings, options: dict) -> str:
+    return f"Organization: {settings.organization} (fleet gateway: /v1/organizations/{settings.organization}/)"
+
+
+# The gateway (the SDK's FleetClient): a fleet token each, whose scopes fleet_dispatch checks per
+# operation; the exchange takes the organisation token. The streams are outside the API table.
+ROUTE_LISTS.append(FLEET_ROUTES)
+PAGE_LISTS.append([("GET", "/fleet", page_fleet)])
+ENDPOINT_LISTS.append(FLEET_STREAMS)
+ENDPOINT_WRAPPERS.append(fleet_endpoint)
+AUTHENTICATORS.update(fleet=fleet_authenticate, org=fleet_authenticate)
+APP_INSTALLERS.append(install_fleet)
+SERVE_FLAGS.append(add_fleet_flags)
+SETTINGS_READERS.append(fleet_settings_of)
+BANNER_LINES.insert(0, organization_banner)
+COMMAND_ADDERS.append(add_fleet_commands)
+
+
+
+# Every region has registered itself by here: the command line sees them all.
 if __name__ == "__main__":
     sys.exit(main())

@@ -57,6 +57,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 ACTAE_PY = [sys.executable, str(ROOT / "actae.py")]     # the server, as `python actae.py`
+# What ServerProcess starts: the server, or with ACTAE_TEST_WRAPPED=1 its app inside an ordinary ASGI
+# middleware under plain uvicorn (tests/wrapped_server.py; see test_module.py).
+SERVE_PY = ([sys.executable, str(ROOT / "tests" / "wrapped_server.py")] if os.environ.get("ACTAE_TEST_WRAPPED")
+            else ACTAE_PY)
 URL_LINE = re.compile(r"^Dashboard:\s+(http://\S+)")
 KEY_LINE = re.compile(r"^API key:\s+(.*)$")
 
@@ -255,7 +259,7 @@ class ServerProcess:
     def __init__(self, data_dir, *, command=None, args=(), env=None, port=0, database: str | None = None):
         self.data_dir = Path(data_dir)
         self.database = database if database is not None else database_url_for(self.data_dir)
-        self.command = [*(command or ACTAE_PY), *args]
+        self.command = [*(command or SERVE_PY), *args]
         inherited = {k: v for k, v in os.environ.items()
                      if k not in ("ACTAE_API_KEY", "ACTAE_DATA_DIR", "ACTAE_DATABASE_URL")}
         backend = {"ACTAE_DATABASE_URL": self.database} if self.database else {}

@@ -233,7 +233,7 @@ DOWNGRADE = {
     "sqlite": ["DROP INDEX channels_by_state", "DROP INDEX channels_roots_by_activity", "DROP INDEX channels_by_origin",
                "DROP TABLE approvals", "DROP TABLE bulk_forks", "ALTER TABLE channels DROP COLUMN run_state",
                "ALTER TABLE channels DROP COLUMN last_state_status", "ALTER TABLE channels DROP COLUMN error_cursor",
-               "ALTER TABLE channels DROP COLUMN last_event_type", f"PRAGMA user_version = {len(actae.SQLITE_MIGRATIONS) - 1}"],
+               "ALTER TABLE channels DROP COLUMN last_event_type", f"PRAGMA user_version = {len(actae.MIGRATIONS) - 1}"],
     "postgresql": ["DROP INDEX channels_by_state", "DROP INDEX channels_roots_by_activity",
                    "DROP INDEX channels_by_origin", "DROP TABLE approvals", "DROP TABLE bulk_forks",
                    "ALTER TABLE channels DROP COLUMN run_state, DROP COLUMN last_state_status,"

@@ -96,3 +96,219 @@ def test_related_sections_sit_together():
     # the dashboard's query records are request records like the others
     request_section = SOURCE.split("# Request records", 1)[1].split("# Response records", 1)[0]
     assert "class RunPageQuery(" in request_section and "class RunsPageQuery(" in request_section
+
+
+# --- the core in layers, each capability in a region of its own -----------------------------------
+
+REGIONS = ("Many runs", "Moving runs", "Observability", "Fleet")
+# The names that say which capability a definition belongs to.
+CAPABILITY_NAMES = {
+    "Fleet": re.compile(r"fleet|Fleet|FLEET|org_token|OrgToken|ORG_TOKEN|RemoteInstance|FleetInstance"),
+    "Many runs": re.compile(r"approval|Approval|APPROVAL|bulk|Bulk|BULK|prune|Prune|PRUNE|retention|Retention"
+                            r"|RETENTION"),
+    "Observability": re.compile(r"span|Span|SPAN|otel|Otel|OTEL|otlp|Otlp|OTLP|metric|Metric|METRIC"),
+}
+HOOK_LISTS = {"SCHEMA_PARTS", "EVENT_HOOKS", "ROUTE_LISTS", "PAGE_LISTS", "ENDPOINT_LISTS", "ENDPOINT_WRAPPERS",
+              "AUTHENTICATORS", "REQUEST_OBSERVERS", "APP_INSTALLERS", "COMMAND_ADDERS", "SERVE_FLAGS",
+              "SETTINGS_READERS", "OPTION_READERS", "BANNER_LINES"}
+
+
+def defined_names(node: ast.AST) -> list:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return [node.name]
+    if isinstance(node, (ast.Assign, ast.AnnAssign)):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    if isinstance(node, ast.If):
+        return [name for child in node.body for name in defined_names(child)]
+    return []
+
+
+def sections_of(source: str) -> list:
+    """[(banner title, [top-level nodes under it])] in file order."""
+    starts = [(source.count("\n", 0, m.start()) + 1, m.group(1)) for m in BANNER.finditer(source)]
+    found = [(title, []) for _, title in starts]
+    for node in ast.parse(source).body:
+        at = [i for i, (line, _) in enumerate(starts) if line <= node.lineno]
+        if at:
+            found[at[-1]][1].append(node)
+    return found
+
+
+def region_of(title: str):
+    return next((region for region in REGIONS if title.startswith(region)), None)
+
+
+def test_the_map_lists_the_core_then_the_regions():
+    titles = [region_of(title) for title in banners(SOURCE)]
+    first = titles.index(next(t for t in titles if t is not None))
+    assert all(t is None for t in titles[:first]) and all(t is not None for t in titles[first:]), titles
+    assert [t for t in dict.fromkeys(titles[first:])] == list(REGIONS)
+    doc = ast.get_docstring(ast.parse(SOURCE))
+    assert doc.index("Command line —") < doc.index("Many runs:") < doc.index("Fleet: records")
+
+
+def test_every_definition_of_a_capability_lies_in_its_region():
+    misplaced = []
+    for title, nodes in sections_of(SOURCE):
+        for node in nodes:
+            for name in defined_names(node):
+                for capability, pattern in CAPABILITY_NAMES.items():
+                    if pattern.search(name) and region_of(title) != capability:
+                        misplaced.append(f"{name} ({capability}) is under {title!r}")
+    assert not misplaced, "\n".join(misplaced)
+
+
+def test_the_core_names_no_region_except_through_the_hook_lists():
+    sections = sections_of(SOURCE)
+    regional = {name for title, nodes in sections if region_of(title) for node in nodes
+                for name in defined_names(node)}
+    assert len(regional) > 300 and not (regional & HOOK_LISTS)
+    leaks = []
+    for title, nodes in sections:
+        if region_of(title):
+            continue
+        for node in nodes:
+            used = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & regional
+            if used:
+                leaks.append(f"{defined_names(node)} under {title!r} uses {sorted(used)}")
+    assert not leaks, "\n".join(leaks)
+    hooks = dict(sections)["Hooks: where the regions plug into the core"]
+    assert HOOK_LISTS <= {name for node in hooks for name in defined_names(node)}
+
+
+# --- one request path --------------------------------------------------------------------------------
+
+def functions_named(name: str) -> list:
+    return [n for n in ast.walk(ast.parse(SOURCE)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and n.name == name]
+
+
+def calls_in(function: ast.AST) -> set:
+    return {n.func.id if isinstance(n.func, ast.Name) else n.func.attr for n in ast.walk(function)
+            if isinstance(n, ast.Call) and isinstance(n.func, (ast.Name, ast.Attribute))}
+
+
+def test_each_concern_of_a_request_is_defined_once_and_on_every_route():
+    for concern in ("host_refusal", "accepts_gzip", "gzipped", "error_response", "note_request"):
+        assert len(functions_named(concern)) == 1, concern
+    # the Host header is read in one place, gzip is written in one place, the histogram observed in one
+    assert SOURCE.count('k == b"host"') == 1 and SOURCE.count("gzip.compress(") == 1
+    assert SOURCE.count(".observe_request(") == 1
+    (respond,), (answer_http,), (answer_ws,), (reply,) = (functions_named(n) for n in (
+        "respond", "answer_http", "answer_websocket", "reply"))
+    assert {"host_refusal", "error_response", "find", "reply"} <= calls_in(respond)
+    assert {"host_refusal", "note_request", "find"} <= calls_in(answer_ws)
+    assert "note_request" in calls_in(answer_http) and "gzipped" in calls_in(reply)
+    # nothing answers HTTP beside it: no Starlette app, router or middleware, no protocol of our own that answers
+    for gone in ("Starlette(", "GZipMiddleware", "Middleware(", "RequestResponseCycle", "HEADER_RE"):
+        assert gone not in SOURCE, gone
+
+
+# --- dependencies through their public interfaces ---------------------------------------------------
+
+# One function per dependency may use its private names; requirements.txt bounds each such dependency.
+PRIVATE_USERS = {"aiosqlite_internals": "aiosqlite", "bundle_dir": None, "otel_queue_length": "opentelemetry-sdk",
+                 "uvicorn_http_protocol": "uvicorn"}
+
+
+def test_private_names_of_dependencies_are_used_in_one_named_function_each():
+    tree = ast.parse(SOURCE)
+    owner = {}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            for child in ast.walk(node):
+                owner.setdefault(id(child), node.name)
+    found = []
+    for node in ast.walk(tree):
+        private = None
+        if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+            if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                private = node.attr
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+              and len(node.args) > 1 and isinstance(node.args[1], ast.Constant)
+              and str(node.args[1].value).startswith("_") and not str(node.args[1].value).startswith("__")):
+            private = node.args[1].value
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            names = [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            if any(part.startswith("_") and part != "__future__" for m in modules for part in m.split(".")) or any(
+                    n.startswith("_") for n in names):
+                private = ast.unparse(node)
+            if any("protocols" in m or "httptools_impl" in m for m in modules):
+                private = ast.unparse(node)
+        if private is not None:
+            found.append((owner.get(id(node)), private))
+    assert found, "the collector finds the module's own uses"
+    outside = [f"{name!r} in {function}" for function, name in found if function not in PRIVATE_USERS]
+    assert not outside, outside
+    requirements = (ROOT / "requirements.txt").read_text()
+    for dependency in filter(None, PRIVATE_USERS.values()):
+        line = next(l for l in requirements.splitlines() if re.match(rf"{re.escape(dependency)}\b", l))
+        assert ">=" in line and "<" in line.replace("<=", "<"), f"{dependency} is not bounded both ways: {line}"
+
+
+# --- readable lines, a public surface ----------------------------------------------------------------
+
+def test_no_backslash_continuations_and_a_public_surface():
+    assert not [n for n, line in enumerate(SOURCE.splitlines(), 1) if line.endswith("\\")]
+    tree = ast.parse(SOURCE)
+    declared = next(node for node in tree.body if isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets))
+    public = ast.literal_eval(declared.value)
+    tests_and_examples = "\n".join(p.read_text() for p in [*ROOT.glob("tests/*.py"), *ROOT.glob("examples/*.py")])
+    used = set(re.findall(r"\bactae\.([A-Za-z_]\w*)\s*[(\[.,)\s]", tests_and_examples))
+    defined = {name for node in tree.body for name in defined_names(node)}
+    assert not [name for name in used if name.startswith("_") and name != "__version__"]
+    assert {name for name in used if name in defined} <= set(public)
+
+
+# --- the app is plain ASGI ---------------------------------------------------------------------------
+
+def test_the_app_inside_an_asgi_middleware_passes_the_sdk_tests():
+    """tests/wrapped_server.py wraps create_app() in a request logger under plain uvicorn (h11); the
+    SDK's ledger, group and fork tests run against it unchanged."""
+    import os
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_ledger.py",
+                           "tests/test_groups.py", "tests/test_fork.py"], cwd=ROOT, capture_output=True, text=True,
+                          env={**os.environ, "ACTAE_TEST_WRAPPED": "1"}, timeout=900)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert re.search(r"\b1[0-9]{2} passed", done.stdout), done.stdout[-2000:]
+
+
+def test_the_wrapped_server_is_the_middleware_s(tmp_path):
+    from conftest import ServerProcess, api, ok
+    import sys
+    with ServerProcess(tmp_path, command=[sys.executable, str(ROOT / "tests" / "wrapped_server.py")]).start() as srv:
+        ok(api(srv, "POST", "/api/v1/events/record", body={"channel_id": "wrapped-1", "event_type": "agent.step",
+                                                           "payload": {"n": 1}}))
+        assert "agent.step" in str(ok(api(srv, "GET", "/api/v1/events/replay/wrapped-1")))
+        assert api(srv, "GET", "/healthz", key=None)[0] == 200
+    assert any(line.startswith("wrapped: POST /api/v1/events/record 200") for line in srv.lines), srv.lines[-20:]
+
+
+# --- the vocabulary once -------------------------------------------------------------------------------
+
+def test_the_schema_s_check_lists_are_the_vocabulary_constants(tmp_path):
+    import actae
+    conn = actae.connect_sync(actae.Location(tmp_path))
+    tables = {name: sql for name, sql in conn.execute("SELECT name, sql FROM sqlite_master WHERE type = 'table'")}
+    checks = {}
+    for table, sql in tables.items():
+        for column, values in re.findall(r"\b(\w+)\s+TEXT\b[^,]*?CHECK \(\1 IN \(([^)]*)\)\)", sql):
+            checks[(table, column)] = tuple(re.findall(r"'([^']*)'", values))
+    assert checks == {
+        ("channels", "reproducibility"): actae.REPRODUCIBILITY_GRADES, ("channels", "outcome"): actae.OUTCOMES,
+        ("executions", "status"): actae.EXECUTION_STATES, ("wakeups", "status"): actae.WAKEUP_STATUSES,
+        ("execution_groups", "status"): actae.EXECUTION_GROUP_STATUSES,
+        ("group_messages", "status"): actae.GROUP_MESSAGE_STATUSES,
+        ("approvals", "status"): actae.APPROVAL_STATUSES, ("approvals", "decision"): actae.APPROVAL_DECISIONS,
+    }, checks
+    # each vocabulary is spelled once in the module: its constant
+    for vocabulary in (actae.EXECUTION_STATES, actae.REPRODUCIBILITY_GRADES, actae.LEDGER_OUTCOMES[4:],
+                       actae.APPROVAL_STATUSES, actae.OUTCOMES):
+        spelled = ", ".join(f'"{value}"' for value in vocabulary)
+        assert SOURCE.count(spelled) == 1, spelled
+    assert actae.LEDGER_OUTCOMES[:4] == actae.CLAIM_OUTCOMES and actae.FAILURE_STATES == ("failed", "crashed")

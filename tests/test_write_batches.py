@@ -181,11 +181,11 @@ def test_requests_in_flight_together_are_committed_together(server, unique):
 
 def test_the_app_lets_only_a_listed_write_alone_on_the_server_commit_on_its_loop(tmp_path):
     app = actae.create_app(tmp_path, database_url=database_url_for(tmp_path))
-    lone = app.state.db.lone_write_here
+    lone = app.services.db.lone_write_here
     step = record("c", "op", 1)
     prune = actae.Job(actae.prune_runs, (), None)
-    assert not lone(step)                                  # no server has said what is in flight
-    app.requests = {"the request that writes"}             # as our protocol hands over uvicorn's task set
-    assert lone(step) and not lone(prune)                  # an SDK step may; a prune batch never
-    app.requests.add("another request, being answered or waiting to be")
+    assert lone(step) and not lone(prune)                  # nothing else in flight: an SDK step may, a prune never
+    app.in_flight = 1                                      # the request that writes (ActaeApp counts its own)
+    assert lone(step) and not lone(prune)
+    app.in_flight = 2                                      # another request, being answered or waiting to be
     assert not lone(step)
