@@ -239,7 +239,7 @@ def test_package_writes_the_archive_and_its_checksum_line(packaged):
 
 @pytest.mark.slow
 def test_sha256sum_checks_the_archive(packaged):
-    """The README's check, `grep <platform> SHA256SUMS | sha256sum -c`, with the platform's own tool."""
+    """docs/install.md's check, `grep <platform> SHA256SUMS | sha256sum -c`, with the platform's own tool."""
     dist, archive = packaged
     tool = (["sha256sum"] if shutil.which("sha256sum") else ["shasum", "-a", "256"] if shutil.which("shasum")
             else None)
@@ -253,7 +253,7 @@ def test_sha256sum_checks_the_archive(packaged):
 
 @pytest.mark.slow
 def test_unpacked_executable_prints_its_version_and_serves(packaged, tmp_path):
-    """As the README's first run: unpack into a fresh folder, `./actae --version`, `./actae --port 0`."""
+    """As docs/install.md's first run: unpack into a fresh folder, `./actae --version`, `./actae --port 0`."""
     _, archive = packaged
     into = tmp_path / "fresh"
     into.mkdir()
