@@ -68,6 +68,7 @@ import base64
 import collections
 import concurrent.futures
 import contextlib
+import difflib
 import functools
 import gzip
 import hashlib
@@ -76,6 +77,7 @@ import json
 import logging
 import math
 import os
+import platform
 import queue
 import re
 import secrets
@@ -129,12 +131,12 @@ __all__ = ["ActaeApp", "api_routes", "append_event", "APPROVAL_DECISIONS", "APPR
            "backfill_chain", "BLOCKING_EVENT_TYPES", "bulk_fork_candidates", "BulkForkFilter",
            "canonical_json", "channel_by_id", "CIRCUIT_FAILURES", "CIRCUIT_OPEN_SECONDS", "CLAIM_OUTCOMES",
            "configure_sqlite", "Conflict", "connect_sync", "CountingExporter", "create_app", "Database",
-           "DOCUMENT_DEPTH_MAX", "ERROR_EVENT_TYPES", "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES",
-           "FAILURE_STATES", "FLEET_MANIFEST", "fleet_operation_routes", "GROUP_MESSAGE_STATUSES", "Job",
-           "LEDGER_OUTCOMES", "list_approvals", "Location", "main", "MAX_BODY_BYTES", "MIGRATIONS", "OUTCOMES",
-           "prune_runs", "put_metadata", "PutMetadata", "record_event", "RecordEvent",
-           "REPRODUCIBILITY_GRADES", "Retention", "run_jobs", "runs_page", "serve", "Services", "Settings",
-           "SQLITE", "Tx", "uvicorn_config", "WAKEUP_STATUSES", "__version__"]
+           "DOCUMENT_DEPTH_MAX", "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "failure_event_sql",
+           "FAILURE_STATES", "FLEET_MANIFEST", "fleet_operation_routes", "GROUP_MESSAGE_STATUSES",
+           "is_failure_event", "Job", "LEDGER_OUTCOMES", "list_approvals", "Location", "main",
+           "MAX_BODY_BYTES", "MIGRATIONS", "OUTCOMES", "POSTGRES", "prune_runs", "put_metadata", "PutMetadata",
+           "record_event", "RecordEvent", "REPRODUCIBILITY_GRADES", "Retention", "run_jobs", "runs_page",
+           "serve", "Services", "Settings", "SQLITE", "Tx", "uvicorn_config", "WAKEUP_STATUSES", "__version__"]
 
 
 def bundle_dir() -> Optional[Path]:
@@ -246,6 +248,14 @@ class Settings:
 
 # The run states that went wrong: a status filter's "failed" takes both, and so does a bulk fork.
 FAILURE_STATES = ("failed", "crashed")
+# What makes a run failed (the runs page, its trace's status, bulk fork's selection and /metrics all
+# read the one run_state column this decides): an event whose type is `error` or ends in `.error` or
+# `.failed` (`llm.error`, `step.failed`, any framework adapter's), except the ledger's own
+# `tool.failed` (a failed attempt that the next claim takes over, not the run's end); a latest state
+# snapshot whose `status` is failed or error; the SDK marking the session failed (its metadata's
+# `status`, as when the code it runs raised). `crashed` is the SDK's status or the run's outcome.
+FAILURE_EVENT_SUFFIXES = (".error", ".failed")
+FAILURE_EVENT_EXCEPTIONS = ("tool.failed",)
 
 
 # =============================================================================
@@ -338,6 +348,19 @@ def channel_closed(channel_id: str) -> Conflict:
 # =============================================================================
 # Small helpers: time, ids, canonical JSON
 # =============================================================================
+
+def is_failure_event(event_type: str) -> bool:
+    """Whether an event says its run went wrong (see FAILURE_EVENT_SUFFIXES): append_event notes a
+    run's first one on the channel row (error_cursor)."""
+    return event_type == "error" or (event_type.endswith(FAILURE_EVENT_SUFFIXES)
+                                     and event_type not in FAILURE_EVENT_EXCEPTIONS)
+
+
+def failure_event_sql(dialect: "Dialect", column: str) -> str:
+    """is_failure_event as SQL over an event type `column` (case-sensitive, as in Python)."""
+    ends = " OR ".join(dialect.ends_with(column, suffix) for suffix in FAILURE_EVENT_SUFFIXES)
+    return f"({column} = 'error' OR (({ends}) AND {column} NOT IN ({sql_list(FAILURE_EVENT_EXCEPTIONS)})))"
+
 
 def utc_now() -> datetime:
     return datetime.now(timezone.utc)
@@ -1938,7 +1961,7 @@ def run_script(conn: "Conn", script: str) -> None:
 # counter UPDATEs of append_event and insert_state), so listing, filtering and selecting runs costs
 # one page of an index, not a pass over every run.
 def run_facts(w: SchemaWords) -> str:
-    # The type of the event at last_cursor; the first event of ERROR_EVENT_TYPES; the latest snapshot's
+    # The type of the event at last_cursor; the first failure event (is_failure_event); the latest snapshot's
     # "status". One ALTER a column: SQLite's takes no more. (No comment after a column: SQLite keeps
     # the text, and the table's definition with it.)
     return f"""
@@ -2304,6 +2327,12 @@ def state_storage_schema(w: SchemaWords) -> str:
     """
 
 
+def migrate_failure_rule(conn: "Conn") -> None:
+    """The runs stored before the failure rule took every `*.error` and `*.failed` event (see
+    is_failure_event): their first failure event noted again, so they show as they would now."""
+    refresh_run_facts(conn)
+
+
 # Every event's place in the instance's commit order, for a stream of every channel (follow_instance).
 # SQLite's rowid is that already (one writer appends in commit order); PostgreSQL numbers its rows
 # (the write lock every server takes makes the numbers commit order), indexed by BRIN: the numbers
@@ -2332,6 +2361,7 @@ MIGRATIONS = [
     Migration(4),                                         # the fleet's tables (Fleet)
     Migration(5, run=migrate_run_facts),                  # and the approvals and bulk forks (Many runs)
     Migration(6, only={"postgresql": EVENT_POSITIONS}),
+    Migration(7, run=migrate_failure_rule),
 ]
 
 
@@ -2410,7 +2440,11 @@ class SqliteDialect(Dialect):
     begin_write = ("BEGIN IMMEDIATE",)
     begin_snapshot = BEGIN               # WAL: the first read fixes what the transaction sees
     like = "LIKE"
-    event_position = "rowid"             # an event's place in the instance's commit order (EVENT_POSITIONS)
+    event_position = "rowid"
+
+    @staticmethod
+    def ends_with(column: str, suffix: str) -> str:
+        return f"{column} GLOB '*{suffix}'"          # GLOB is case-sensitive, as str.endswith is             # an event's place in the instance's commit order (EVENT_POSITIONS)
 
     def json_text(self, column: str, key: str) -> str:
         return f"json_extract({column}, '$.{key}')"
@@ -2435,6 +2469,10 @@ class PostgresDialect(Dialect):
     pipelined = True
     like = "ILIKE"
     event_position = "seq"
+
+    @staticmethod
+    def ends_with(column: str, suffix: str) -> str:
+        return f"{column} LIKE '%{suffix}'"          # the suffixes hold no _ or %
 
     def json_text(self, column: str, key: str) -> str:
         # CASE: ->> on a JSON array or scalar is NULL, as json_extract's '$.key' is.
@@ -3330,7 +3368,7 @@ def refresh_run_facts(conn: Conn, channel_id: Optional[str] = None) -> None:
         " last_event_type = (SELECT e.type FROM events e WHERE e.channel_id = channels.id"
         " AND e.cursor = channels.last_cursor),"
         " error_cursor = (SELECT MIN(e.cursor) FROM events e WHERE e.channel_id = channels.id"
-        f" AND e.type IN ({sql_list(ERROR_EVENT_TYPES)})),"
+        f" AND {failure_event_sql(conn.dialect, 'e.type')}),"
         " last_state_status = (SELECT s.status FROM states s WHERE s.channel_id = channels.id"
         f" ORDER BY s.version DESC LIMIT 1){where}", args)
 
@@ -3473,7 +3511,7 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                              payload_text=payload_text, actor=actor, agent_id=agent_id, user_id=user_id,
                              metadata_text=metadata_text, step_number=step_number, depends_on=depends_on,
                              timestamp=tx.ts)
-    sql, args, used = EVENT_COUNTER, (head, tail, tx.ts, event_type, int(event_type in ERROR_EVENT_SET), channel_id), None
+    sql, args, used = EVENT_COUNTER, (head, tail, tx.ts, event_type, int(is_failure_event(event_type)), channel_id), None
     if new_operation and operation_id is not None:
         sql, args = EVENT_COUNTER_NEW, args + (channel_id, operation_id)
         used = lambda: event_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
@@ -7110,11 +7148,7 @@ RUNS_PAGE_SIZE = 50
 TIMELINE_PAGE_SIZE = 200
 GROUP_FORKS_MAX = 100                  # forks listed under one root run; the fork tree has them all
 FAILED_STATE_STATUSES = ("failed", "error")
-# Event types that say the run itself failed. Exact names, so the (type, created_at) index finds them.
-ERROR_EVENT_TYPES = ("error", "run.error", "run.failed", "session.error", "session.failed",
-                     "step.error", "step.failed", "agent.error", "agent.failed")
 # A run that has not completed and whose last event is one of these is stuck on a refusal or a human.
-ERROR_EVENT_SET = frozenset(ERROR_EVENT_TYPES)   # append_event notes a run's first one (error_cursor)
 BLOCKING_EVENT_TYPES = ("tool.blocked", "approval.requested", "approval.expired")
 LEDGER_SINCE = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 STEP_CHANGES_SHOWN = 20                # changed keys listed per step (the count says how many in all)
@@ -7856,6 +7890,11 @@ async def page_login_submit(request: Request) -> Response:
     return response
 
 
+async def favicon(request: Request) -> Response:
+    """Browsers ask for /favicon.ico whatever a page links: the dashboard's icon."""
+    return RedirectResponse("/static/favicon.svg", status_code=301)
+
+
 async def page_logout(request: Request) -> Response:
     await db_of(request).write(close_session, request.state.session_id)
     response = RedirectResponse("/login", status_code=303)
@@ -8573,8 +8612,19 @@ def error_response(request: Request, exc: Exception) -> Response:
     return Response(error_body(exc.code, exc.message), status_code=exc.status, media_type="application/json")
 
 
-def note_request(services: "Services", route: str, method: str, status: int, seconds: float) -> None:
-    """A finished request, for whoever listens (metrics): `route` is its template, "other" off the table."""
+ACCESS_LOG = logging.getLogger("actae.access")
+
+
+def note_request(services: "Services", route: str, method: str, status: int, seconds: float,
+                 scope: Optional[dict] = None) -> None:
+    """A finished request: one access line (the route's template, never its values: no key or ticket
+    in a query string reaches the log; who asked, by name), then whoever listens (metrics)."""
+    if ACCESS_LOG.isEnabledFor(logging.INFO):
+        principal = (scope or {}).get("state", {}).get("principal")
+        who = principal.actor if principal is not None else "-"
+        ACCESS_LOG.info("%s %s %d %.1fms %s", method, route, status, seconds * 1000, who,
+                        extra={"fields": {"method": method, "route": route, "status": status,
+                                          "duration_ms": round(seconds * 1000, 2), "principal": who}})
     for hear in REQUEST_OBSERVERS:
         hear(services, route, method, status, seconds)
 
@@ -8655,7 +8705,8 @@ class ActaeApp:
             route = await self.respond(scope, receive, self.noting_send(send, noted))
         finally:
             self.in_flight -= 1
-        note_request(self.services, route, scope["method"], noted[0] if noted else 500, time.perf_counter() - started)
+        note_request(self.services, route, scope["method"], noted[0] if noted else 500, time.perf_counter() - started,
+                     scope)
 
     async def respond(self, scope: dict, receive: Callable, send: Callable) -> str:
         """Answer one HTTP request; returns the route template it took ("other" off the table)."""
@@ -8819,6 +8870,7 @@ def app_endpoints() -> list:
     endpoints = [Endpoint(route.method, route.path, wrapped_endpoint(route)) for route in api_routes()]
     endpoints += [page_endpoint(method, path, handler) for method, path, handler in page_routes()]
     return endpoints + [Endpoint("GET", "/login", page_login), Endpoint("POST", "/login", page_login_submit),
+                        Endpoint("GET", "/favicon.ico", favicon),
                         Endpoint("WS", "/ws", ws_endpoint), *(e for extra in ENDPOINT_LISTS for e in extra)]
 
 
@@ -8877,6 +8929,72 @@ def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: O
 # Command line
 # =============================================================================
 
+def program_name() -> str:
+    """The command as the user runs it, for hints: `python actae.py` from source, else the executable."""
+    if bundle_dir() is None:
+        return "python actae.py"
+    invoked = sys.argv[0] if sys.argv and sys.argv[0] else "actae"
+    return invoked if os.sep in invoked else "actae"
+
+
+class CommandLine(argparse.ArgumentParser):
+    """argparse that refuses bad input in one line (`actae: ...`, exit 2, never a traceback); a flag
+    it does not know gets the nearest one it does and the usage of the (sub)command it was given to."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if wrong:
+            near = difflib.get_close_matches(wrong.group(1), re.findall(r"'([^']*)'", wrong.group(2)), n=1)
+            message += f" (did you mean {near[0]}?)" if near else ""
+        self.exit(2, f"{self.prog}: {message}\n")
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple:
+        """As argparse's, noting which (sub)command parsed them: the deepest one, which parses first."""
+        parsed, extra = super().parse_known_args(args, namespace)
+        if getattr(parsed, "parsed_by", None) is None:
+            parsed.parsed_by = self
+        return parsed, extra
+
+    def unknown(self, extra: list) -> typing.NoReturn:
+        known = re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", self.format_help())
+        flag = extra[0].split("=", 1)[0]
+        near = difflib.get_close_matches(flag, known, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        self.exit(2, f"{self.format_usage()}{self.prog}: unrecognized argument {extra[0]!r}{hint}\n")
+
+
+def whole(low: int, high: int) -> Callable[[str], int]:
+    """A flag's type: a whole number from `low` to `high`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"takes a whole number from {low} to {high}, got {value}")
+        return value
+    return parse
+
+
+def bounded_number(text: str, low: float, high: float, unit: str, positive: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of {unit}, got {text!r}") from None
+    if not (math.isfinite(value) and (value > low if positive else value >= low) and value <= high):
+        raise argparse.ArgumentTypeError(f"takes a number of {unit} {'above' if positive else 'from'} {low:g}"
+                                         f" {'and at most' if positive else 'to'} {high:g}, got {text}")
+    return value
+
+
+def seconds(high: float) -> Callable[[str], float]:
+    return lambda text: bounded_number(text, 0, high, "seconds", positive=True)
+
+
+def days(positive: bool = False) -> Callable[[str], float]:
+    return lambda text: bounded_number(text, 0, 36500, "days", positive=positive)
+
+
 def build_parser() -> argparse.ArgumentParser:
     # SUPPRESS: `--data-dir` may come before or after `key rotate` without one erasing the other.
     common = argparse.ArgumentParser(add_help=False)
@@ -8886,11 +9004,11 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--database", default=argparse.SUPPRESS, metavar="URL",
                         help="a postgresql://user:password@host:port/name URL: keep the data in PostgreSQL,"
                              " which several servers may share (default: $ACTAE_DATABASE_URL, else SQLite)")
-    parser = argparse.ArgumentParser(
+    parser = CommandLine(
         prog="actae", parents=[common],
         description="Actae community server: record agent runs, fork them at a step, never repeat a side effect.")
     parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface to listen on (default: {DEFAULT_HOST})")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+    parser.add_argument("--port", type=whole(0, 65535), default=DEFAULT_PORT,
                         help=f"port to listen on; 0 picks a free one (default: {DEFAULT_PORT})")
     parser.add_argument("--version", action="version", version=f"actae {__version__}",
                         help="print the version and exit")
@@ -8898,18 +9016,25 @@ def build_parser() -> argparse.ArgumentParser:
     limits.add_argument("--allow-host", action="append", default=[], metavar="NAME",
                         help="also answer requests for this Host name (repeatable); loopback names and the "
                              "bound address are always served, any other name gets 400 (DNS rebinding)")
-    limits.add_argument("--max-connections", type=int, default=default.max_connections, metavar="N",
+    limits.add_argument("--max-connections", type=whole(1, 1_000_000), default=default.max_connections, metavar="N",
                         help=f"open connections before new requests get 503 (default: {default.max_connections})")
-    limits.add_argument("--header-timeout", type=float, default=default.header_timeout, metavar="SECONDS",
+    limits.add_argument("--header-timeout", type=seconds(3600), default=default.header_timeout, metavar="SECONDS",
                         help=f"time for a request's headers (default: {default.header_timeout:g})")
-    limits.add_argument("--keepalive-timeout", type=float, default=default.keepalive_timeout, metavar="SECONDS",
+    limits.add_argument("--keepalive-timeout", type=seconds(3600), default=default.keepalive_timeout, metavar="SECONDS",
                         help=f"how long an idle connection stays open (default: {default.keepalive_timeout:g})")
-    limits.add_argument("--body-timeout", type=float, default=default.body_timeout, metavar="SECONDS",
+    limits.add_argument("--body-timeout", type=seconds(86400), default=default.body_timeout, metavar="SECONDS",
                         help=f"time for a request's whole body (default: {default.body_timeout:g})")
-    limits.add_argument("--max-header-bytes", type=int, default=default.max_header_bytes, metavar="BYTES",
+    limits.add_argument("--max-header-bytes", type=whole(1024, 16 * 1024 * 1024), default=default.max_header_bytes, metavar="BYTES",
                         help=f"request line and headers together (default: {default.max_header_bytes})")
     parser.add_argument("--open-signup", action="store_true",
                         help="let anyone create an account (by default only an admin key may)")
+    logs = parser.add_argument_group("what the server logs (to standard error)")
+    logs.add_argument("--log-level", choices=LOG_LEVELS, default="info",
+                      help="the least severe lines written: debug, info (one access line per request), warning or"
+                           " error (default: info)")
+    logs.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                      help="text, or json: one JSON object a line (time, level, logger, message and fields) for a"
+                           " log shipper (default: text)")
     for add_flags in SERVE_FLAGS:
         add_flags(parser)
     # The same scope flags for a key and for an account.
@@ -8918,12 +9043,20 @@ def build_parser() -> argparse.ArgumentParser:
         scoped.add_argument(f"--{action}", action="append", default=[], metavar="PATTERN",
                             help=f"channels it may {action}: '*', a prefix ending in '*', or an id (repeatable)")
     scoped.add_argument("--admin", action="store_true", help="every action on every channel, plus keys and users")
-    commands = parser.add_subparsers(dest="command")
+    commands = parser.add_subparsers(dest="command", parser_class=CommandLine)
     add_core_commands(commands, common, scoped)
     for add_commands in COMMAND_ADDERS:
         add_commands(commands, common, scoped)
     commands.metavar = "{" + ",".join(commands.choices) + "}"
     return parser
+
+
+def parse_command_line(argv: Optional[list]) -> argparse.Namespace:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        args.parsed_by.unknown(extra)
+    return args
 
 
 def add_core_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
@@ -8933,11 +9066,11 @@ def add_core_commands(commands: Any, common: argparse.ArgumentParser, scoped: ar
     key_commands = key.add_subparsers(dest="key_command", required=True, metavar="{create,list,revoke,rotate}")
     create = key_commands.add_parser("create", parents=[common, scoped], help="issue a scoped key and print it once")
     create.add_argument("--name", required=True, help="what the key is for (shown by `key list`)")
-    create.add_argument("--expires-in", type=float, metavar="DAYS", help="the key stops working after DAYS days")
+    create.add_argument("--expires-in", type=days(positive=True), metavar="DAYS", help="the key stops working after DAYS days")
     listing = key_commands.add_parser("list", parents=[common], help="the active keys (never the keys themselves)")
     listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     revoke = key_commands.add_parser("revoke", parents=[common], help="end a key now")
-    revoke.add_argument("key_id", type=int, metavar="ID", help="the id `key list` shows")
+    revoke.add_argument("key_id", type=whole(1, INT64_MAX), metavar="ID", help="the id `key list` shows")
     key_commands.add_parser("rotate", parents=[common],
                             help="issue and print a new admin key; the old admin key stops working")
     user = commands.add_parser("user", parents=[common], help="manage accounts: grant")
@@ -8946,6 +9079,32 @@ def add_core_commands(commands: Any, common: argparse.ArgumentParser, scoped: ar
     grant = user_commands.add_parser("grant", parents=[common, scoped],
                                      help="set the scopes an account's login tokens carry")
     grant.add_argument("email")
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object a line: time, level, logger, message, and a record's `fields` beside them."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = {"time": iso(datetime.fromtimestamp(record.created, timezone.utc)), "level": record.levelname.lower(),
+                "logger": record.name, "message": record.getMessage(), **getattr(record, "fields", {})}
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        return json.dumps(line, ensure_ascii=False, default=str)
+
+
+def configure_logging(level: str, form: str) -> None:
+    """The process's log: to standard error, text or JSON lines, uvicorn's own lines included."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonLines() if form == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    logging.getLogger("uvicorn").setLevel(max(logging.WARNING, root.level))
 
 
 def settings_of(args: argparse.Namespace) -> Settings:
@@ -8968,7 +9127,7 @@ def options_of(args: argparse.Namespace) -> dict:
 
 def uvicorn_config(app: ActaeApp, settings: Settings) -> uvicorn.Config:
     """uvicorn behind the connection's bounds (BoundedHttp); what it cannot bound itself is bounded there."""
-    return uvicorn.Config(app, http=bounded_http(settings), log_level="warning", access_log=False,
+    return uvicorn.Config(app, http=bounded_http(settings), log_config=None, access_log=False,
                           lifespan="on", ws_max_size=MAX_BODY_BYTES, timeout_graceful_shutdown=10,
                           limit_concurrency=settings.max_connections,
                           timeout_keep_alive=settings.keepalive_timeout)
@@ -9000,16 +9159,19 @@ def serve(port: int, location: Location, settings: Settings, options: Optional[d
     sys.stdout.flush()
     app = create_app(location.data_dir, database_url=location.url, env_key=os.environ.get("ACTAE_API_KEY"),
                      settings=settings, **options)
+    log.info("listening on http://%s:%d (Press Ctrl-C to quit)", shown_host, sock.getsockname()[1],
+             extra={"fields": {"host": host, "port": sock.getsockname()[1], "backend": location.backend}})
     try:
         uvicorn.Server(uvicorn_config(app, settings)).run(sockets=[sock])
     except KeyboardInterrupt:   # uvicorn re-raises Ctrl-C after its graceful shutdown has finished
         pass
+    log.info("stopped: every answered write is on disk", extra={"fields": {"event": "shutdown"}})
     return 0
 
 
 def main(argv: Optional[list] = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    args = parse_command_line(argv)
+    configure_logging(args.log_level, args.log_format)
     location = location_of(args)
     run = getattr(args, "run", None)
     if run is not None:
@@ -9084,10 +9246,23 @@ def location_of(args: argparse.Namespace) -> Location:
 
 
 def data_dir_of(args: argparse.Namespace) -> Path:
+    """The data folder, made when missing; exits (2) with one line when it cannot be used."""
     chosen = getattr(args, "data_dir", None) or os.environ.get("ACTAE_DATA_DIR") or "~/.actae"
     path = Path(chosen).expanduser()
-    path.mkdir(parents=True, exist_ok=True)
+    if path.exists() and not path.is_dir():
+        refuse_flag(f"--data-dir {chosen} is a file, not a folder: name a folder (it is made when missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        refuse_flag(f"--data-dir {chosen}: cannot make that folder: {exc.strerror or exc}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        refuse_flag(f"--data-dir {chosen}: this user may not write in that folder")
     return path
+
+
+def refuse_flag(message: str) -> typing.NoReturn:
+    print(f"actae: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def write_once(location: Location, work: Callable, *args):
@@ -9114,7 +9289,7 @@ def print_key_line(key: Optional[str]) -> None:
     if key:
         print(f"API key:     {key}   (shown once — store it now)")
     else:
-        print("API key:     already issued at first start (run `actae key rotate` for a new one)")
+        print(f"API key:     already issued at first start (run `{program_name()} key rotate` for a new one)")
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -9257,6 +9432,7 @@ class BulkForkAnswer(Answer, kw_only=True):
     forks: list[BulkForked]
     skipped: list[BulkSkipped]
     dry_run: bool
+    replayed: bool = False             # the answer kept under this operation id: nothing new was forked
 
 
 class Approval(Answer, kw_only=True):
@@ -9670,7 +9846,7 @@ def bulk_fork(tx: Tx, req: BulkFork, reach: Reach = EVERYWHERE) -> BulkForkAnswe
         stored = bulk_fork_by_operation(conn, req.operation_id)
         if stored is not None:
             require_same_request(stored["request_hash"], hashed, req.operation_id, "bulk fork")
-            return msgspec.json.decode(stored["answer"], type=BulkForkAnswer)
+            return msgspec.structs.replace(msgspec.json.decode(stored["answer"], type=BulkForkAnswer), replayed=True)
     planned, skipped = plan_bulk_fork(conn, req, reach)
     forks = []
     for item in planned:
@@ -10156,7 +10332,7 @@ def add_many_runs_commands(commands: Any, common: argparse.ArgumentParser, scope
     fork.add_argument("--until", metavar="ISO", help="last active at or before this RFC 3339 time")
     fork.add_argument("--prefix", metavar="P", help="runs whose id starts with P")
     fork.add_argument("--contains", metavar="TEXT", help="runs whose failure message contains TEXT (any case)")
-    fork.add_argument("--at", type=int, metavar="K", help="fork after step K instead of each run's last good step")
+    fork.add_argument("--at", type=whole(1, INT64_MAX), metavar="K", help="fork after step K instead of each run's last good step")
     fork.add_argument("--intervention", metavar="JSON", help="the forks' intervention, a JSON object")
     fork.add_argument("--policy", action="append", default=[], metavar="TOOL=POLICY",
                       help=f"a tool policy of the forks ({'|'.join(TOOL_POLICIES)}; TOOL may be *; repeatable)")
@@ -10168,20 +10344,17 @@ def add_many_runs_commands(commands: Any, common: argparse.ArgumentParser, scope
     prune = commands.add_parser("prune", parents=[common],
                                 help="delete whole runs idle longer than --older-than days (and return the space)")
     prune.set_defaults(run=prune_command)
-    prune.add_argument("--older-than", type=float, required=True, metavar="DAYS",
+    prune.add_argument("--older-than", type=days(), required=True, metavar="DAYS",
                        help="runs last active more than DAYS ago (0: every run last active before now)")
     prune.add_argument("--status", choices=PRUNE_STATUSES, default="any", help="only runs of this status (default: any)")
-    prune.add_argument("--keep-failed-days", type=float, metavar="DAYS",
+    prune.add_argument("--keep-failed-days", type=days(), metavar="DAYS",
                        help="keep failed and crashed runs until they are DAYS old instead")
     prune.add_argument("--dry-run", action="store_true", help="list what would be deleted; delete nothing")
     prune.add_argument("--json", action="store_true", help="print the answer as JSON")
 
 
 def retain_days_of(args: argparse.Namespace) -> Optional[float]:
-    days = getattr(args, "retain_days", None)
-    if days is not None and not (0 <= days <= 36500):
-        raise SystemExit("actae: --retain-days takes a number of days from 0 to 36500")
-    return days
+    return getattr(args, "retain_days", None)
 
 
 def bulk_fork_of_args(args: argparse.Namespace) -> BulkFork:
@@ -10216,8 +10389,7 @@ def fork_failed_command(args: argparse.Namespace, location: Location) -> int:
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
         return 0
-    verb = "Would fork" if answer.dry_run else "Forked"
-    print(f"{verb} {len(answer.forks)} run(s):")
+    print(f"{bulk_fork_summary(answer, req.operation_id)}:")
     for item in answer.forks:
         print(f"  {item.source_channel_id} after step {item.step} -> {item.channel_id}")
     if answer.skipped:
@@ -10225,6 +10397,19 @@ def fork_failed_command(args: argparse.Namespace, location: Location) -> int:
         for item in answer.skipped:
             print(f"  {item.channel_id}: {item.reason}")
     return 0
+
+
+def bulk_fork_summary(answer: BulkForkAnswer, operation_id: Optional[str]) -> str:
+    """How many forks a bulk fork made now, and how many were there already (its operation id's
+    answer again, or the same fork asked for again)."""
+    if answer.dry_run:
+        return f"Would fork {len(answer.forks)} run(s)"
+    made = 0 if answer.replayed else sum(1 for item in answer.forks if not (item.receipt and item.receipt.replayed))
+    again = len(answer.forks) - made
+    if not again:
+        return f"Forked {made} new run(s)"
+    by = f"by operation id {operation_id}" if answer.replayed else "by an earlier request for the same forks"
+    return f"Forked {made} new run(s); {again} already made {by}"
 
 
 def prune_with(conn: Conn, req: Prune, now: datetime) -> PruneAnswer:
@@ -10310,7 +10495,7 @@ def install_retention(services: Services, options: dict) -> tuple:
 
 
 def add_retention_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--retain-days", type=float, metavar="DAYS",
+    parser.add_argument("--retain-days", type=days(), metavar="DAYS",
                         help="prune runs idle longer than DAYS, at start and then daily (the rules of `actae prune`)")
 
 
@@ -11146,8 +11331,10 @@ class LiveFigures:
         state = self.services
         db, hub, stored = state.db, state.hub, self.metrics.stored
         now = time.time()
-        yield GaugeMetricFamily("actae_uptime_seconds", "Seconds since this server started",
-                                value=int(time.monotonic() - state.started))
+        build = GaugeMetricFamily("actae_build_info", "This server's version, storage backend and Python (always 1)",
+                                  labels=("version", "backend", "python"))
+        build.add_metric((__version__, db.location.backend, platform.python_version()), 1)
+        yield build
         yield CounterMetricFamily("actae_write_batches", "Write batches (transactions) committed", value=db.batches)
         yield CounterMetricFamily("actae_write_jobs", "Write jobs in the committed batches", value=db.batched_jobs)
         yield GaugeMetricFamily("actae_websocket_connections", "Open WebSocket connections",
@@ -11201,9 +11388,10 @@ class OtlpConfig:
 
     endpoint: str
     service_name: str = "actae"
+    project: str = "actae"             # openinference.project.name: the project Arize Phoenix files runs under
 
 
-def otlp_config(flag: Optional[str], environ: Optional[dict] = None) -> Optional[OtlpConfig]:
+def otlp_config(flag: Optional[str], environ: Optional[dict] = None, project: Optional[str] = None) -> Optional[OtlpConfig]:
     """--otlp-endpoint, else OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (the traces URL as it is), else
     OTEL_EXPORTER_OTLP_ENDPOINT (a base: /v1/traces is added); None when none is set, or when
     OTEL_SDK_DISABLED=true. --otlp-endpoint is a base like the latter, unless it already ends in
@@ -11229,7 +11417,8 @@ def otlp_config(flag: Optional[str], environ: Optional[dict] = None) -> Optional
         raise BadRequest(f"{source} takes an OTLP/HTTP URL such as http://127.0.0.1:4318 (got {url!r})")
     if base:
         url = url.rstrip("/") + OTLP_TRACES_PATH
-    return OtlpConfig(url, (env.get("OTEL_SERVICE_NAME") or "").strip() or "actae")
+    service = (env.get("OTEL_SERVICE_NAME") or "").strip() or "actae"
+    return OtlpConfig(url, service, (project or "").strip() or service)
 
 
 # --- traces: ids and spans, the same for live export and backfill -------------------
@@ -11298,8 +11487,9 @@ class SpanMaker:
     """ReadableSpans built directly: the ids are the record's (otel_trace_id, otel_span_id) and the
     times are the events', which the SDK's Tracer (random ids, times of the call) cannot give."""
 
-    def __init__(self, service_name: str = "actae"):
-        self.resource = Resource.create({"service.name": service_name, "service.version": __version__})
+    def __init__(self, service_name: str = "actae", project: Optional[str] = None):
+        self.resource = Resource.create({"service.name": service_name, "service.version": __version__,
+                                         "openinference.project.name": project or service_name})
         self.scope = InstrumentationScope("actae", __version__)
         self.sampled = TraceFlags(TraceFlags.SAMPLED)
 
@@ -11327,8 +11517,9 @@ class SpanMaker:
         if event.step_number is not None:
             start = clock.last_step_ns if clock.last_step_ns is not None else clock.start_ns
             clock.last_step_ns = at
-            attributes = {**record, "actae.step_number": event.step_number,
-                          **lifted_gen_ai(event.payload, event.metadata)}
+            lifted = lifted_gen_ai(event.payload, event.metadata)
+            attributes = {**record, "actae.step_number": event.step_number, **lifted,
+                          "openinference.span.kind": "LLM" if model_call(lifted) else "CHAIN"}
             return [self.span(event.type, event.channel_id, event.cursor, start, at, attributes)]
         if event.type == "tool.started":
             clock.tool_starts[event.id] = at
@@ -11341,7 +11532,7 @@ class SpanMaker:
             return []
         start = clock.tool_starts.pop(event.depends_on, at) if outcome in ("executed", "failed") else at
         attributes = {**record, "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool,
-                      "actae.ledger.outcome": outcome}
+                      "actae.ledger.outcome": outcome, "openinference.span.kind": "TOOL"}
         for attribute, key in (("gen_ai.tool.call.id", "execution_id"), ("actae.ledger.key", "key_name"),
                                ("actae.ledger.policy", "policy"), ("actae.ledger.reason", "reason")):
             if isinstance(payload.get(key), str):
@@ -11352,6 +11543,12 @@ class SpanMaker:
             attributes["error.type"] = str(error.get("error_type") or "_OTHER")
             status = Status(StatusCode.ERROR, str(error.get("message") or "the tool failed"))
         return [self.span(f"execute_tool {tool}", event.channel_id, event.cursor, start, at, attributes, status)]
+
+
+def model_call(lifted: dict) -> bool:
+    """Whether a step recorded a model call (a model named, or tokens counted): an LLM span, else a CHAIN."""
+    return any(name in lifted for name in ("gen_ai.request.model", "gen_ai.response.model", "gen_ai.usage.input_tokens",
+                                           "gen_ai.usage.output_tokens"))
 
 
 def run_root_span(conn: Conn, channel_id: str, maker: SpanMaker, trigger: str = "backfill") -> Optional[ReadableSpan]:
@@ -11380,6 +11577,7 @@ def run_root_span(conn: Conn, channel_id: str, maker: SpanMaker, trigger: str = 
     name = (meta.get("session_name") or (first_payload.get("session_name") if isinstance(first_payload, dict) else None)
             or row["display_name"] or channel_id)
     attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": str(name),
+                  "openinference.span.kind": "AGENT",
                   "gen_ai.conversation.id": channel_id, "actae.channel_id": channel_id,
                   "actae.run.status": status, "actae.origin_run_id": row["origin_id"],
                   "actae.step_count": last_step_number(conn, channel_id)}
@@ -11561,7 +11759,7 @@ class TraceExport:
 
     def __init__(self, db: "Database", config: OtlpConfig, metrics: Metrics):
         self.db, self.config, self.metrics = db, config, metrics
-        self.maker = SpanMaker(config.service_name)
+        self.maker = SpanMaker(config.service_name, config.project)
         self.exporter = otlp_exporter(config, metrics)
         self.processor = BatchSpanProcessor(self.exporter, max_queue_size=SPAN_QUEUE_MAX,
                                             max_export_batch_size=SPAN_BATCH_MAX, schedule_delay_millis=500)
@@ -11701,7 +11899,7 @@ async def metrics_json(request: Request) -> MetricsJson:
 def otel_export_command(args: argparse.Namespace, location: Location) -> int:
     """`actae otel-export CHANNEL [--with-forks] [--otlp-endpoint URL]`: send a stored run's spans."""
     try:
-        config = otlp_config(getattr(args, "otlp_endpoint", None))
+        config = otlp_config(getattr(args, "otlp_endpoint", None), project=getattr(args, "otel_project", None))
     except BadRequest as exc:
         raise SystemExit(f"actae: {exc.message}")
     if config is None:
@@ -11709,7 +11907,7 @@ def otel_export_command(args: argparse.Namespace, location: Location) -> int:
                          " (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
     try:
         spans, runs = read_once(location, backfill_spans, valid_channel(args.channel_id, "CHANNEL"),
-                                args.with_forks, SpanMaker(config.service_name))
+                                args.with_forks, SpanMaker(config.service_name, config.project))
     except ActaeError as exc:
         raise SystemExit(f"actae: {exc.message}")
     exporter = otlp_exporter(config)
@@ -11730,6 +11928,9 @@ def add_otlp_flag(parser: argparse.ArgumentParser) -> None:
                         help="send every run as an OpenTelemetry trace to this OTLP/HTTP collector, e.g."
                              " http://127.0.0.1:4318 (/v1/traces is added); default:"
                              " $OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT, else none")
+    parser.add_argument("--otel-project", default=argparse.SUPPRESS, metavar="NAME",
+                        help="the project the traces are filed under (openinference.project.name, as Arize Phoenix"
+                             " reads it); default: $OTEL_SERVICE_NAME, else actae")
 
 
 def add_observability_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
@@ -11744,7 +11945,7 @@ def add_observability_commands(commands: Any, common: argparse.ArgumentParser, s
 
 def otlp_option_of(args: argparse.Namespace) -> dict:
     try:
-        return {"otlp": otlp_config(getattr(args, "otlp_endpoint", None))}
+        return {"otlp": otlp_config(getattr(args, "otlp_endpoint", None), project=getattr(args, "otel_project", None))}
     except BadRequest as exc:
         raise SystemExit(f"actae: {exc.message}")
 
@@ -13379,12 +13580,12 @@ def add_fleet_flags(parser: argparse.ArgumentParser) -> None:
     fleet.add_argument("--organization", default=default.organization, metavar="ID",
                        help=f"the organisation this server's gateway serves, /v1/organizations/ID/ "
                             f"(default: {default.organization})")
-    fleet.add_argument("--fleet-token-ttl", type=float, default=default.fleet_token_ttl, metavar="SECONDS",
+    fleet.add_argument("--fleet-token-ttl", type=seconds(86400), default=default.fleet_token_ttl, metavar="SECONDS",
                        help=f"how long a fleet token from POST /api/v1/fleet/token lives (default: "
                             f"{default.fleet_token_ttl:g})")
-    fleet.add_argument("--fleet-ticket-ttl", type=float, default=default.fleet_ticket_ttl, metavar="SECONDS",
+    fleet.add_argument("--fleet-ticket-ttl", type=seconds(86400), default=default.fleet_ticket_ttl, metavar="SECONDS",
                        help=f"how long a stream ticket waits for its one use (default: {default.fleet_ticket_ttl:g})")
-    fleet.add_argument("--fleet-timeout", type=float, default=default.fleet_timeout, metavar="SECONDS",
+    fleet.add_argument("--fleet-timeout", type=seconds(3600), default=default.fleet_timeout, metavar="SECONDS",
                        help=f"time a remote instance has to answer one gateway request, unless `instance add "
                             f"--timeout` set its own (default: {default.fleet_timeout:g})")
 
@@ -13414,7 +13615,7 @@ def add_fleet_commands(commands: Any, common: argparse.ArgumentParser, scoped: a
     given.add_argument("--key", metavar="KEY",
                        help="the key itself, for scripts (it shows in `ps` and shell history: prefer --key-file)")
     add.add_argument("--name", help="what to call it (default: its host and port)")
-    add.add_argument("--timeout", type=float, metavar="SECONDS",
+    add.add_argument("--timeout", type=seconds(3600), metavar="SECONDS",
                      help="time it has to answer one gateway request (default: the server's --fleet-timeout)")
     listing = instance_commands.add_parser("list", parents=[common], help="this server and the registered instances")
     listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
@@ -13427,11 +13628,11 @@ def add_fleet_commands(commands: Any, common: argparse.ArgumentParser, scoped: a
     create = org_commands.add_parser("create", parents=[common, scoped],
                                      help="issue an organisation token and print it once")
     create.add_argument("--name", required=True, help="what the token is for (shown by `org-token list`)")
-    create.add_argument("--expires-in", type=float, metavar="DAYS", help="the token stops working after DAYS days")
+    create.add_argument("--expires-in", type=days(positive=True), metavar="DAYS", help="the token stops working after DAYS days")
     tokens = org_commands.add_parser("list", parents=[common], help="the active organisation tokens (never the tokens)")
     tokens.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     revoke = org_commands.add_parser("revoke", parents=[common], help="end an organisation token now")
-    revoke.add_argument("token_id", type=int, metavar="ID", help="the id `org-token list` shows")
+    revoke.add_argument("token_id", type=whole(1, INT64_MAX), metavar="ID", help="the id `org-token list` shows")
 
 
 def fetch_instance_info(url: str, key: str, timeout: float = 10.0) -> Instance:

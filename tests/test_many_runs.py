@@ -26,8 +26,8 @@ sys.path.insert(0, str(ROOT))
 import actae  # noqa: E402  (its query functions and the EXPLAIN of what they send)
 
 FAILED = "('failed', 'error')"
-ERRORS = ", ".join(f"'{t}'" for t in actae.ERROR_EVENT_TYPES)
 BLOCKING = ", ".join(f"'{t}'" for t in actae.BLOCKING_EVENT_TYPES)
+FAILURE_EVENT = actae.failure_event_sql(actae.POSTGRES if BACKEND == "postgresql" else actae.SQLITE, "e.type")
 
 
 def reference_state_sql(sdk: str) -> str:
@@ -36,7 +36,7 @@ def reference_state_sql(sdk: str) -> str:
     WHEN {sdk} = 'crashed' OR c.outcome = 'crashed' THEN 'crashed'
     WHEN {sdk} IN {FAILED}
       OR (SELECT s.status FROM states s WHERE s.channel_id = c.id ORDER BY s.version DESC LIMIT 1) IN {FAILED}
-      OR EXISTS (SELECT 1 FROM events e WHERE e.type IN ({ERRORS}) AND e.channel_id = c.id) THEN 'failed'
+      OR EXISTS (SELECT 1 FROM events e WHERE {FAILURE_EVENT} AND e.channel_id = c.id) THEN 'failed'
     WHEN COALESCE({sdk}, '') <> 'completed'
       AND (SELECT e.type FROM events e WHERE e.channel_id = c.id AND e.cursor = c.last_cursor) IN ({BLOCKING})
       THEN 'blocked'

@@ -79,7 +79,8 @@ class Collector:
                                 "status": (s.status.code, s.status.message),
                                 "links": [(link.trace_id.hex(), link.span_id.hex(),
                                            {a.key: any_value(a.value) for a in link.attributes}) for link in s.links],
-                                "service": resource.get("service.name"), "scope": scope_spans.scope.name})
+                                "service": resource.get("service.name"), "resource": resource,
+                                "scope": scope_spans.scope.name})
                 with collector.lock:
                     collector.spans += got
                 self.send_response(200)
