@@ -255,6 +255,17 @@ FAILURE_STATES = ("failed", "crashed")
 # snapshot whose `status` is failed or error; the SDK marking the session failed (its metadata's
 # `status`, as when the code it runs raised). `crashed` is the SDK's status or the run's outcome.
 FAILURE_EVENT_SUFFIXES = (".error", ".failed")
+# What a step spent, by one rule (usage_of): each figure under the names agents, the SDK's own OTel
+# bridge and the OpenTelemetry GenAI conventions give it, looked up in the step event's payload, its
+# `output`, `input` and `usage`, then the event's metadata; the first place that has it wins. A step
+# that names none of them spent an unknown amount, never zero.
+USAGE_NAMES = (
+    ("input_tokens", ("input_tokens", "prompt_tokens", "tokens", "gen_ai.usage.input_tokens"), int),
+    ("output_tokens", ("output_tokens", "completion_tokens", "gen_ai.usage.output_tokens"), int),
+    ("cost", ("cost", "cost_usd", "gen_ai.usage.cost"), float),
+    ("model", ("model", "request_model", "gen_ai.request.model", "gen_ai.response.model"), str),
+    ("duration_ms", ("duration_ms", "latency_ms"), float),
+)
 FAILURE_EVENT_EXCEPTIONS = ("tool.failed",)
 
 
@@ -360,6 +371,45 @@ def failure_event_sql(dialect: "Dialect", column: str) -> str:
     """is_failure_event as SQL over an event type `column` (case-sensitive, as in Python)."""
     ends = " OR ".join(dialect.ends_with(column, suffix) for suffix in FAILURE_EVENT_SUFFIXES)
     return f"({column} = 'error' OR (({ends}) AND {column} NOT IN ({sql_list(FAILURE_EVENT_EXCEPTIONS)})))"
+
+
+def usage_places(payload: Any, metadata: Any) -> list:
+    """Where a step's usage and gen_ai figures are looked for, in order (see USAGE_NAMES)."""
+    places = []
+    if isinstance(payload, dict):
+        places.append(payload)
+        for key in ("output", "input"):
+            if isinstance(payload.get(key), dict):
+                places.append(payload[key])
+        places += [p["usage"] for p in list(places) if isinstance(p.get("usage"), dict)]
+    if isinstance(metadata, dict):
+        places.append(metadata)
+    return places
+
+
+def usage_of(payload: Any, metadata: Any) -> Optional[dict]:
+    """A step's usage by the one rule (USAGE_NAMES): {figure: value} of those it names, None when it
+    names no token count and no cost (its spend is unknown)."""
+    places = usage_places(payload, metadata)
+    if not places:
+        return None
+    found = {}
+    for figure, names, kind in USAGE_NAMES:
+        for place in places:
+            value = next((place[n] for n in names if n in place), None)
+            if isinstance(value, bool) or value is None or value == "":
+                continue
+            if kind is float and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
+                found[figure] = float(value)
+                break
+            if kind is int and isinstance(value, int) and 0 <= value <= INT64_MAX:
+                found[figure] = value
+                break
+            if kind is str and isinstance(value, str):
+                found[figure] = value[:200]
+                break
+    spent = {"input_tokens", "output_tokens", "cost"} & found.keys()
+    return found if spent else None
 
 
 def utc_now() -> datetime:
@@ -1355,6 +1405,37 @@ class ForkTree(Answer, kw_only=True):
     children: list[ForkTree]
 
 
+class Spend(Answer, kw_only=True):
+    """What a stretch of a run's steps spent: sums over the steps that recorded it. A step that
+    recorded no usage is counted in steps_without_usage, never as zero."""
+
+    steps: int
+    steps_without_usage: int
+    input_tokens: int
+    output_tokens: int
+    cost: Optional[float]              # None: no step in it recorded a cost
+    wall_seconds: float                # from its first event to its last
+
+
+class ForkSaving(Answer, kw_only=True):
+    """A fork's inherited prefix (steps it did not run, or pay for, again) and its own tail."""
+
+    channel_id: str
+    parent_channel_id: str
+    forked_at_step: Optional[int]
+    saved: Spend
+    tail: Spend
+
+
+class Savings(Answer, kw_only=True):
+    """What forking saved: this run's own (when it is a fork), and its forks' with their totals."""
+
+    channel_id: str
+    fork: Optional[ForkSaving]
+    forks: list[ForkSaving]
+    forks_saved: Spend
+
+
 class StateAt(Answer, kw_only=True):
     channel_id: str
     cursor: Optional[int]
@@ -2327,6 +2408,29 @@ def state_storage_schema(w: SchemaWords) -> str:
     """
 
 
+def step_usage_schema(w: SchemaWords) -> str:
+    return f"""
+    -- What a step spent (usage_of), one row per step event that names any of it: a step with none
+    -- has no row, so its spend is unknown, never zero.
+    CREATE TABLE step_usage (
+        channel_id     TEXT NOT NULL,
+        cursor         {w.integer} NOT NULL,
+        step_number    {w.integer} NOT NULL,
+        input_tokens   {w.integer},
+        output_tokens  {w.integer},
+        cost           {w.real},
+        model          TEXT,
+        duration_ms    {w.real},
+        PRIMARY KEY (channel_id, cursor)
+    )
+    """
+
+
+def migrate_step_usage(conn: "Conn") -> None:
+    """What the steps stored before usage was kept spent, read once from their events."""
+    index_usage(conn)
+
+
 def migrate_failure_rule(conn: "Conn") -> None:
     """The runs stored before the failure rule took every `*.error` and `*.failed` event (see
     is_failure_event): their first failure event noted again, so they show as they would now."""
@@ -2362,6 +2466,7 @@ MIGRATIONS = [
     Migration(5, run=migrate_run_facts),                  # and the approvals and bulk forks (Many runs)
     Migration(6, only={"postgresql": EVENT_POSITIONS}),
     Migration(7, run=migrate_failure_rule),
+    Migration(8, step_usage_schema, run=migrate_step_usage),
 ]
 
 
@@ -3525,11 +3630,35 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                   channel_cursor=cursor, timestamp=tx.ts, agent_id=agent_id, user_id=user_id, metadata=metadata,
                   depends_on=depends_on, step_number=step_number, chain_hash=chain_hash)
     tx.events.append(event)
+    if step_number is not None:
+        keep_usage(tx.conn, channel_id, cursor, step_number, payload, metadata)
     hooks = EVENT_HOOKS.get(event_type)
     if hooks is not None:
         for hook in hooks:
             hook(tx, event)
     return event
+
+
+def keep_usage(conn: Conn, channel_id: str, cursor: int, step_number: int, payload: Any, metadata: Any) -> None:
+    """A step's usage, kept beside its event (nothing for a step that records none), so what a run or
+    a fork spent is a sum of stored numbers, not a read of every payload."""
+    usage = usage_of(payload, metadata)
+    if usage is not None:
+        conn.execute("INSERT INTO step_usage (channel_id, cursor, step_number, input_tokens, output_tokens, cost, model,"
+                     " duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                     (channel_id, cursor, step_number, usage.get("input_tokens"), usage.get("output_tokens"),
+                      usage.get("cost"), usage.get("model"), usage.get("duration_ms")))
+
+
+def index_usage(conn: Conn, channel_id: Optional[str] = None) -> None:
+    """Keep the usage of the steps already stored (a run imported, a database from before usage was kept)."""
+    where = Where().add("step_number IS NOT NULL").add_if(channel_id, "channel_id = ?")
+    conn.execute(f"DELETE FROM step_usage{' WHERE channel_id = ?' if channel_id else ''}",
+                 (channel_id,) if channel_id else ())
+    for row in conn.execute(f"SELECT channel_id, cursor, step_number, payload, metadata FROM events{where}",
+                            where.args).fetchall():
+        keep_usage(conn, row["channel_id"], row["cursor"], row["step_number"], load(row["payload"]),
+                   load(row["metadata"]))
 
 
 def event_of(row: Row) -> Event:
@@ -4316,6 +4445,55 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
     return receipt_of(channel_by_id(conn, child_id))
 
 
+def spend_of(conn: Conn, stretches: list) -> Spend:
+    """What these stretches of steps spent: [(channel, highest cursor or None)], each a channel's own
+    events up to that cursor."""
+    steps = without = input_tokens = output_tokens = 0
+    cost, wall = None, 0.0
+    for channel_id, upto in stretches:
+        limit, args = ("", (channel_id,)) if upto is None else (" AND e.cursor <= ?", (channel_id, upto))
+        row = conn.execute(
+            "SELECT COUNT(e.step_number) AS steps, COUNT(u.cursor) AS kept, COALESCE(SUM(u.input_tokens), 0) AS tin,"
+            " COALESCE(SUM(u.output_tokens), 0) AS tout, SUM(u.cost) AS cost, MIN(e.created_at) AS first,"
+            " MAX(e.created_at) AS last FROM events e LEFT JOIN step_usage u ON u.channel_id = e.channel_id"
+            f" AND u.cursor = e.cursor WHERE e.channel_id = ?{limit}", args).fetchone()
+        steps, without = steps + row["steps"], without + row["steps"] - row["kept"]
+        input_tokens, output_tokens = input_tokens + int(row["tin"]), output_tokens + int(row["tout"])
+        if row["cost"] is not None:
+            cost = (cost or 0.0) + float(row["cost"])
+        if row["first"] and row["last"]:
+            wall += (parse_iso(row["last"]) - parse_iso(row["first"])).total_seconds()
+    return Spend(steps=steps, steps_without_usage=without, input_tokens=input_tokens, output_tokens=output_tokens,
+                 cost=None if cost is None else round(cost, 9), wall_seconds=round(wall, 6))
+
+
+def fork_saving(conn: Conn, channel_id: str) -> Optional[ForkSaving]:
+    """What a fork did not spend again (the history it inherited, across every ancestor it reaches)
+    and what its own tail spent; None for a run that is no fork."""
+    chain = lineage(conn, channel_id)
+    row = chain[0][0]
+    if row["parent_id"] is None:
+        return None
+    return ForkSaving(channel_id=channel_id, parent_channel_id=row["parent_id"], forked_at_step=row["forked_at_step"],
+                      saved=spend_of(conn, [(ancestor["id"], upto) for ancestor, upto in chain[1:]]),
+                      tail=spend_of(conn, [(channel_id, None)]))
+
+
+def savings_of(conn: Conn, channel_id: str) -> Savings:
+    """GET /channels/{id}/savings: the run's own saving as a fork, and its forks' with their totals."""
+    require_channel(conn, channel_id)
+    forks = [fork_saving(conn, child) for child in child_ids(conn, channel_id)]
+    totals = {"steps": 0, "steps_without_usage": 0, "input_tokens": 0, "output_tokens": 0, "wall_seconds": 0.0}
+    cost = None
+    for fork in forks:
+        for name in totals:
+            totals[name] += getattr(fork.saved, name)
+        if fork.saved.cost is not None:
+            cost = (cost or 0.0) + fork.saved.cost
+    return Savings(channel_id=channel_id, fork=fork_saving(conn, channel_id), forks=forks,
+                   forks_saved=Spend(**totals, cost=cost))
+
+
 def lineage_tree(conn: Conn, channel_id: str) -> ForkTree:
     """The whole fork tree a channel belongs to, from its root."""
     return fork_tree(conn, require_channel(conn, channel_id)["origin_id"])
@@ -4557,7 +4735,7 @@ def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> DeletedChannels:
     deleted = []
     for child in children:
         deleted += delete_channel(tx, child, True).deleted
-    for table in ("events", "states", "executions", "approvals"):
+    for table in ("events", "states", "executions", "approvals", "step_usage"):
         tx.conn.execute(f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,))
     tx.conn.execute("DELETE FROM experiment_members WHERE channel_id = ?", (channel_id,))
     tx.conn.execute("UPDATE wakeups SET status = 'cancelled', error = 'channel deleted'"
@@ -5995,6 +6173,14 @@ async def api_channels_receipt(request: Request, path) -> Receipt:
     return await db_of(request).read(get_receipt, path.channel_id)
 
 
+async def api_channels_savings(request: Request, path) -> Savings:
+    """What forking saved: the fork's inherited steps, tokens, cost and time, its tail's, and its forks'."""
+    savings = await db_of(request).read(savings_of, path.channel_id)
+    reach = request.state.principal.reach
+    forks = [fork for fork in savings.forks if reach.sees(fork.channel_id)]
+    return savings if len(forks) == len(savings.forks) else msgspec.structs.replace(savings, forks=forks)
+
+
 async def api_channels_fork_tree(request: Request, path) -> ForkTree:
     return await db_of(request).read(fork_tree, path.channel_id)
 
@@ -6521,6 +6707,7 @@ API_ROUTES = [
     Api("GET", "/api/v1/channels/{channel_id}/steps/{step_number}", api_channels_step, scopes=reads(P)),
     Api("GET", "/api/v1/channels/{channel_id}/receipt", api_channels_receipt, scopes=reads(P)),
     Api("GET", "/api/v1/channels/{channel_id}/fork-tree", api_channels_fork_tree, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/savings", api_channels_savings, scopes=reads(P)),
     Api("GET", "/api/v1/channels/{channel_id}/trail", api_channels_trail, scopes=reads(P)),
     Api("PATCH", "/api/v1/channels/{channel_id}/outcome", api_channels_outcome, body=SetOutcome, scopes=writes(P)),
     Api("POST", "/api/v1/channels/{channel_id}/promote", api_channels_promote, body=Empty, body_optional=True,
@@ -7625,6 +7812,7 @@ def run_page(conn: Conn, channel_id: str, start: int, event_type: str = "") -> d
                 "duration_ms": millis_between(row["first_event_at"], row["updated_at"])},
         "failure": failure.as_json() if failure else None,
         "receipt": receipt_of(row) if row["parent_id"] else None,
+        "saving": fork_saving(conn, channel_id) if row["parent_id"] else None,
         "timeline": items, "more": more, "event_types": event_types(conn, channel_id),
         "total": row["last_cursor"], "start": start,
         "end": max((i["event"]["cursor"] for i in items if i["kind"] == "event"), default=start),
@@ -8022,15 +8210,19 @@ async def page_tree(request: Request) -> Response:
 async def page_diff(request: Request) -> Response:
     query = page_query(request, DiffPageQuery)
     left, right = query.left, query.right
-    diff, error = None, None
+    diff, error, savings = None, None, None
     if left and right:
         try:
             diff = await db_of(request).read(diff_channels, valid_channel(left, "left"), valid_channel(right, "right"))
+            savings = [("Left", await db_of(request).read(fork_saving, left)),
+                       ("Right", await db_of(request).read(fork_saving, right))]
         except ActaeError as exc:
             error = exc.message
     channels = await db_of(request).read(list_channels)
     return render(request, "diff.html", {"title": "Diff", "left": left, "right": right, "channels": channels[:1000],
-                                         "diff": diff, "error": error}, status=400 if error else 200)
+                                         "diff": diff, "error": error,
+                                         "savings": savings if savings and any(f for _, f in savings) else None},
+                    status=400 if error else 200)
 
 
 def ledger_filters(query: LedgerPageQuery) -> dict:
@@ -11065,6 +11257,7 @@ def import_runs(tx: Tx, file: ExportFile) -> Imported:
     for run in new:
         insert_run(tx, run)
         refresh_run_facts(tx.conn, run.channel.id)      # what the write path would have kept on the row
+        index_usage(tx.conn, run.channel.id)
         reindex_approvals(tx.conn, run.channel.id)
     for run in new:
         check_imported_chain(tx.conn, run, file)
@@ -11238,6 +11431,14 @@ class Metrics:
         self.claims = prometheus_client.Counter("actae_ledger_claims", "Execution ledger claims by outcome",
                                                 ("outcome",), registry=r)
         self.forks = prometheus_client.Counter("actae_forks_created", "Forks created by this process", registry=r)
+        self.saved_tokens = prometheus_client.Counter(
+            "actae_fork_saved_tokens", "Tokens (in and out) of the steps the forks this process made inherited"
+            " instead of running again (steps with no recorded usage add nothing)", ("direction",), registry=r)
+        self.saved_cost = prometheus_client.Counter(
+            "actae_fork_saved_cost", "Cost of the steps the forks this process made inherited (as the steps"
+            " recorded it: cost or cost_usd)", registry=r)
+        for direction in ("input", "output"):
+            self.saved_tokens.labels(direction)
         self.spans_exported = prometheus_client.Counter(
             "actae_spans_exported", "Spans the OTLP collector accepted", registry=r)
         self.spans_dropped = prometheus_client.Counter(
@@ -11442,16 +11643,9 @@ def iso_ns(stamp: str) -> int:
 
 
 def lifted_gen_ai(payload: Any, metadata: Any) -> dict:
-    """gen_ai.* attributes found in a step's payload (top level, output, input, usage) or metadata."""
-    places = []
-    if isinstance(payload, dict):
-        places.append(payload)
-        for key in ("output", "input"):
-            if isinstance(payload.get(key), dict):
-                places.append(payload[key])
-        places += [p["usage"] for p in list(places) if isinstance(p.get("usage"), dict)]
-    if isinstance(metadata, dict):
-        places.append(metadata)
+    """gen_ai.* attributes found in a step's payload (top level, output, input, usage) or metadata:
+    the places usage_of looks in, in its order."""
+    places = usage_places(payload, metadata)
     found = {}
     for attribute, names, kind in GEN_AI_LIFTS:
         for place in places:
@@ -11595,6 +11789,14 @@ def run_root_span(conn: Conn, channel_id: str, maker: SpanMaker, trigger: str = 
         if row["source_state_sha256"]:
             attributes["actae.receipt_sha256"] = row["source_state_sha256"]
         links = (fork_boundary_link(conn, row, maker),)
+        saving = fork_saving(conn, channel_id)
+        attributes.update({"actae.fork.saved.steps": saving.saved.steps,
+                           "actae.fork.saved.steps_without_usage": saving.saved.steps_without_usage,
+                           "actae.fork.saved.input_tokens": saving.saved.input_tokens,
+                           "actae.fork.saved.output_tokens": saving.saved.output_tokens,
+                           "actae.fork.saved.wall_seconds": saving.saved.wall_seconds})
+        if saving.saved.cost is not None:
+            attributes["actae.fork.saved.cost"] = saving.saved.cost
     failure = run_failure(conn, row, row["run_state"]) if status in FAILURE_STATES else None
     span_status = None
     if failure is not None:
@@ -11849,9 +12051,35 @@ class TraceExport:
         self.processor.shutdown()
 
 
-def observer(metrics: Metrics, traces: Optional[TraceExport]) -> Callable:
+def count_savings(db: "Database", metrics: Metrics, forks: list, pending: set) -> None:
+    """What the forks just made inherited, read after their commit and added to the counters."""
+    async def read() -> None:
+        for channel_id in forks:
+            try:
+                saving = await db.read(fork_saving, channel_id)
+            except ActaeError:
+                continue                               # deleted meanwhile
+            if saving is not None:
+                metrics.saved_tokens.labels("input").inc(saving.saved.input_tokens)
+                metrics.saved_tokens.labels("output").inc(saving.saved.output_tokens)
+                metrics.saved_cost.inc(saving.saved.cost or 0.0)
+    task = asyncio.get_running_loop().create_task(read())
+    pending.add(task)
+    task.add_done_callback(pending.discard)
+
+
+def forks_made(events: list) -> list:
+    return [event.channel_id for event in events if event.type == "fork.started"]
+
+
+def observer(metrics: Metrics, traces: Optional[TraceExport], db: Optional["Database"] = None) -> Callable:
     """Database.on_batch: count the batch, and hand its events to the live export."""
+    pending: set = set()
+
     def on_batch(jobs: list, outcomes: list, seconds: float) -> None:
+        made = forks_made([event for _, events in outcomes if events for event in events])
+        if made and db is not None:
+            count_savings(db, metrics, made, pending)
         ended = metrics.observe_batch(jobs, outcomes, seconds)
         if traces is not None:
             events = [event for _, events in outcomes if events for event in events]
@@ -11960,7 +12188,7 @@ def install_observability(services: Services, options: dict) -> tuple:
     metrics = services.regions[Metrics] = Metrics()
     otlp = options.get("otlp")
     traces = services.regions[TraceExport] = TraceExport(services.db, otlp, metrics) if otlp else None
-    services.db.on_batch = observer(metrics, traces)
+    services.db.on_batch = observer(metrics, traces, services.db)
     metrics.registry.register(LiveFigures(services, metrics))
     return ([traces.start], [traces.stop]) if traces else ([], [])
 
