@@ -3252,6 +3252,10 @@ class Database:
         if self._closed:
             raise ShuttingDown()
         job.future = self._loop.create_future()
+        if self._here is not None and not job.bare and self.lone_write_here(job):
+            # Requests that arrived together with this one may not have run yet: one turn of the
+            # loop lets them show themselves (lone_write_here counts them), so they commit together.
+            await asyncio.sleep(0)
         if not self._committed_here(job):
             self._jobs.put(job)
         return await job.future
