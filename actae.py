@@ -25,7 +25,7 @@ Storage — the connection interface, one Dialect per backend, SQLite's and Post
 Database — the one writer path (group commit), the engines, the Backend chosen in backend_for
 Store — the queries more than one place needs, one named function each
 Domain: channels, events, state — append_event (cursor, chain, EVENT_HOOKS), snapshots, metadata, steps
-Domain: forks — copy-on-write forks, receipts, the fork tree
+Domain: forks — copy-on-write forks, receipts, the fork tree, what a fork saved (usage kept per step)
 Domain: diff, compare, trail, outcome, promote, delete, experiments
 Domain: the execution ledger and fork tool policies — claims, leases, replay, block
 Domain: scheduled wake-ups — stored wake-ups and the write that fires them
@@ -136,7 +136,8 @@ __all__ = ["ActaeApp", "api_routes", "append_event", "APPROVAL_DECISIONS", "APPR
            "is_failure_event", "Job", "LEDGER_OUTCOMES", "list_approvals", "Location", "main",
            "MAX_BODY_BYTES", "MIGRATIONS", "OUTCOMES", "POSTGRES", "prune_runs", "put_metadata", "PutMetadata",
            "record_event", "RecordEvent", "REPRODUCIBILITY_GRADES", "Retention", "run_jobs", "runs_page",
-           "serve", "Services", "Settings", "SQLITE", "Tx", "uvicorn_config", "WAKEUP_STATUSES", "__version__"]
+           "serve", "Services", "Settings", "SQLITE", "Tx", "usage_of", "uvicorn_config", "WAKEUP_STATUSES",
+           "__version__"]
 
 
 def bundle_dir() -> Optional[Path]:

@@ -16,6 +16,11 @@ With `--resume` the fork is made by `AgentSession.resume(client, "<name>-base",
 fork_at_step=3, ...)`, as a separate process would do it. Channel names get a random suffix
 (or `--name`), so the demo can run again and again against one server.
 
+The stand-in model reports a usage per call (tokens in and out, a cost: what a real model's
+answer carries), so the demo ends with what the fork measurably saved, as the server counts it
+(GET /api/v1/channels/{fork}/savings): the steps 1..3 it inherited instead of running and paying
+for them again.
+
 Prints every check as PASS/FAIL and exits 0 only when all of them hold.
 """
 from __future__ import annotations
@@ -27,7 +32,9 @@ import hashlib
 import json
 import os
 import sys
+import urllib.request
 import uuid
+from typing import Callable, Optional
 
 from actae_client import ActaeClient, AgentSession, ForkToolBlockedError
 
@@ -42,6 +49,19 @@ def canonical_sha256(state) -> str:
     """Return the lowercase hex SHA-256 of `state` as canonical JSON, the receipt's recipe."""
     text = json.dumps(state, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+# The stand-in model's prices, per token, in dollars (of the order of today's hosted models).
+PRICES = {"fast": (0.5e-6, 1.5e-6), "slow": (3e-6, 15e-6)}
+
+
+def usage_of_call(model: str, step_number: int, state: dict) -> dict:
+    """What the stand-in model call of step `step_number` spent: its prompt grows with the notes."""
+    prompt = 1800 + 650 * step_number + 120 * len(state["notes"])
+    completion = 240 + 35 * step_number
+    price_in, price_out = PRICES[model]
+    return {"input_tokens": prompt, "output_tokens": completion,
+            "cost_usd": round(prompt * price_in + completion * price_out, 6), "model": model}
 
 
 def think(model: str, step: str, state: dict) -> str:
@@ -60,6 +80,7 @@ class Pipeline:
                       "decision": None, "report": None}
         self.charges = 0
         self.snapshots: dict[int, dict] = {}
+        self.spent: dict[int, dict] = {}
 
     def restore(self, state: dict) -> None:
         """Continue from an inherited state, keeping this pipeline's model."""
@@ -99,7 +120,8 @@ class Pipeline:
             self.state["status"] = "failed" if bad else "completed"
         else:
             self.state["notes"][name] = think(model, name, self.state)
-        await session.step(name, input={"model": model}, output={"status": self.state["status"]},
+        usage = self.spent[number] = usage_of_call(model, number, self.state)
+        await session.step(name, input={"model": model}, output={"status": self.state["status"], "usage": usage},
                            metadata={"model": model})
         self.snapshots[number] = self.snapshot()
 
@@ -119,11 +141,13 @@ def tail_path(path: list[str]) -> bool:
 
 
 async def walkthrough(client: ActaeClient, base_name: str, fork_name: str,
-                      from_new_process: bool = False) -> list[tuple[str, bool, str]]:
+                      from_new_process: bool = False, savings: Optional[Callable[[str], dict]] = None
+                      ) -> list[tuple[str, bool, str]]:
     """Run the parent, fork it, run the tail; return (check, ok, detail) for every check.
 
     The fork comes from `base.fork(...)`, or with `from_new_process` from
-    `AgentSession.resume(..., fork_at_step=3)`, as a separate process would do it.
+    `AgentSession.resume(..., fork_at_step=3)`, as a separate process would do it. `savings(channel)`
+    answers GET /api/v1/channels/{channel}/savings; with it, the measured saving is printed and checked.
     """
     agent = Pipeline(client, model="fast")
     async with AgentSession(client, base_name, state_fn=agent.snapshot, snapshot_interval=1) as base:
@@ -159,8 +183,19 @@ async def walkthrough(client: ActaeClient, base_name: str, fork_name: str,
     paths = [e["path"] for e in diff.get("entries", [])]
     common_state = (diff.get("common") or {}).get("state") or {}
     fork_steps = await step_numbers(client, fork_name)
+    inherited_usage = [agent.spent[n] for n in range(1, FORK_AFTER + 1)]
+    checks = []
+    if savings is not None:
+        saving = savings(fork_name)["fork"]
+        print(saved_line(saving))
+        checks.append(("saving == the usage steps 1..3 reported",
+                       (saving["saved"]["steps"], saving["saved"]["input_tokens"], saving["saved"]["output_tokens"])
+                       == (FORK_AFTER, sum(u["input_tokens"] for u in inherited_usage),
+                           sum(u["output_tokens"] for u in inherited_usage))
+                       and abs(saving["saved"]["cost"] - sum(u["cost_usd"] for u in inherited_usage)) < 1e-9,
+                       f"{saving['saved']['input_tokens']} + {saving['saved']['output_tokens']} tokens"))
 
-    return [
+    return checks + [
         ("parent run ended failed", parent_state["status"] == "failed", parent_state["status"]),
         ("parent charged through the ledger", agent.state["charge"]["status"] == "claimed",
          str(agent.state["charge"]["status"])),
@@ -193,6 +228,26 @@ async def walkthrough(client: ActaeClient, base_name: str, fork_name: str,
     ]
 
 
+def savings_reader(url: str, key: str) -> Callable[[str], dict]:
+    """GET /api/v1/channels/{channel}/savings on this server (the SDK has no call for it yet)."""
+    def read(channel: str) -> dict:
+        request = urllib.request.Request(f"{url.rstrip('/')}/api/v1/channels/{channel}/savings",
+                                         headers={"x-api-key": key})
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return json.loads(answer.read())
+    return read
+
+
+def saved_line(saving: dict) -> str:
+    saved, tail = saving["saved"], saving["tail"]
+    total_in = saved["input_tokens"] + tail["input_tokens"]
+    share = 100 * saved["input_tokens"] / total_in if total_in else 0
+    return (f"Measured saving: the fork did not re-run steps 1..{saving['forked_at_step']}:"
+            f" {saved['input_tokens']:,} tokens in, {saved['output_tokens']:,} out, ${saved['cost']:.4f},"
+            f" {saved['wall_seconds']:.2f} s ({share:.0f}% of the tokens in a full re-run);"
+            f" its own tail spent {tail['input_tokens']:,} in, {tail['output_tokens']:,} out, ${tail['cost']:.4f}")
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--url", default=os.environ.get("ACTAE_URL"), help="server URL (env ACTAE_URL)")
@@ -211,7 +266,8 @@ async def run(args) -> int:
     client = ActaeClient(endpoint=args.url, api_key=args.key)
     await client.connect()
     try:
-        checks = await walkthrough(client, f"{args.name}-base", f"{args.name}-fork", args.resume)
+        checks = await walkthrough(client, f"{args.name}-base", f"{args.name}-fork", args.resume,
+                                   savings_reader(args.url, args.key))
     finally:
         await client.disconnect()
     for name, ok, detail in checks:
