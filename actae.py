@@ -4622,14 +4622,8 @@ def decision_trail(conn: Conn, channel_id: str) -> Trail:
 def run_figures(conn: Conn, channel_id: str) -> RunFigures:
     row = conn.execute("SELECT COUNT(*) AS n, COUNT(step_number) AS steps, MIN(created_at) AS first,"
                        " MAX(created_at) AS last FROM events WHERE channel_id = ?", (channel_id,)).fetchone()
-    tokens = cost = 0
-    for (text,) in conn.execute("SELECT payload FROM events WHERE channel_id = ? AND step_number IS NOT NULL",
-                                (channel_id,)):
-        payload = load(text)
-        output = payload.get("output") if isinstance(payload, dict) else None
-        if isinstance(output, dict):
-            tokens += output["tokens"] if is_number(output.get("tokens")) else 0
-            cost += output["cost"] if is_number(output.get("cost")) else 0
+    spent = spend_of(conn, [(channel_id, None)])           # the one rule of a step's usage (usage_of)
+    tokens, cost = spent.input_tokens + spent.output_tokens, spent.cost or 0
     duration = (parse_iso(row["last"]) - parse_iso(row["first"])).total_seconds() if row["first"] else 0.0
     tools = conn.execute("SELECT COUNT(*) FROM executions WHERE channel_id = ?", (channel_id,)).fetchone()[0]
     return RunFigures(event_count=row["n"], step_count=row["steps"], tool_calls=tools, duration_seconds=duration,
