@@ -93,7 +93,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, quote as urllib_quote, urlencode, urlsplit
 
 import aiosqlite
 import jinja2
@@ -566,6 +566,11 @@ def row_chain_hash(previous: Optional[str], row: Any) -> str:
     return chain_step(previous, head, row["cursor"], tail)
 
 
+def quote_segment(value: str) -> str:
+    """One path segment, percent-encoded (an id in a URL this server writes)."""
+    return urllib_quote(value, safe="")
+
+
 def is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -613,6 +618,8 @@ SETTINGS_READERS: list = []
 OPTION_READERS: list = []
 # Before `serve` prints its banner: `line(settings, options) -> str | None`, one line each.
 BANNER_LINES: list = []
+# A line every dashboard page shows at its top: `notice(services) -> str | None` (a release notice).
+PAGE_NOTICES: list = []
 
 
 def schema_step(number: int, schema: Optional[Callable] = None, run: Optional[Callable] = None) -> None:
@@ -1068,6 +1075,10 @@ class LedgerPageQuery(Record, kw_only=True):
 
 class FlashQuery(Record, kw_only=True):
     error: Optional[PageText] = None        # the flash id of a refused form
+
+
+class ExperimentPageQuery(Record, kw_only=True):
+    promoted: PageText = ""                 # the fork just promoted from this page
 
 
 class ErrorBody(Struct):
@@ -2468,6 +2479,7 @@ MIGRATIONS = [
     Migration(6, only={"postgresql": EVENT_POSITIONS}),
     Migration(7, run=migrate_failure_rule),
     Migration(8, step_usage_schema, run=migrate_step_usage),
+    Migration(9),                                         # enrollments (Fleet)
 ]
 
 
@@ -7812,6 +7824,7 @@ def run_page(conn: Conn, channel_id: str, start: int, event_type: str = "") -> d
         "failure": failure.as_json() if failure else None,
         "receipt": receipt_of(row) if row["parent_id"] else None,
         "saving": fork_saving(conn, channel_id) if row["parent_id"] else None,
+        "experiments": experiments_of_run(conn, channel_id),
         "timeline": items, "more": more, "event_types": event_types(conn, channel_id),
         "total": row["last_cursor"], "start": start,
         "end": max((i["event"]["cursor"] for i in items if i["kind"] == "event"), default=start),
@@ -7820,6 +7833,63 @@ def run_page(conn: Conn, channel_id: str, start: int, event_type: str = "") -> d
         "steps": step_list(conn, channel_id), "picture": step_picture(conn, row, failure, forks),
         "default_fork_name": default_fork_name(conn, channel_id, len(forks)),
     }
+
+
+EXPERIMENT_PATHS_SHOWN = 20                # state paths listed per variant where it left the baseline
+
+
+def experiments_page(conn: Conn) -> dict:
+    """Every experiment group, newest first, with its size."""
+    groups = list_experiments(conn)
+    return {"experiments": [{"id": g.id, "name": g.name, "description": g.description, "created_at": g.created_at,
+                             "baseline_channel_id": g.baseline_channel_id, "members": len(g.members)} for g in groups]}
+
+
+def experiment_column(conn: Conn, channel_id: str, baseline: Optional[Any], rank: Optional[int]) -> dict:
+    """One run of an experiment as its column: what it was asked to do differently, how it ended,
+    what it spent, and where its state left the baseline's."""
+    row = channel_by_id(conn, channel_id)
+    if row is None:
+        return {"channel_id": channel_id, "missing": True}
+    meta = experiment_of(row)
+    spent = spend_of(conn, [(channel_id, None)])
+    state = latest_state(conn, channel_id).state
+    paths = ["/".join(map(str, entry.path)) for entry in diff_values(baseline, state)] if baseline is not None else []
+    return {"channel_id": channel_id, "missing": False, "is_fork": row["parent_id"] is not None,
+            "parent_channel_id": row["parent_id"], "intervention": meta.get("intervention"),
+            "tool_policies": load(row["tool_policies"]) or {}, "outcome": row["outcome"],
+            "score": row["result_score"], "status": shown_status(row["run_state"]), "spent": spent,
+            "diverged": paths[:EXPERIMENT_PATHS_SHOWN], "diverged_total": len(paths), "rank": rank,
+            "last_output": last_output(conn, channel_id), "promoted": row["promoted_event_id"] is not None}
+
+
+def experiment_page(conn: Conn, experiment_id: str) -> dict:
+    """One experiment side by side: its baseline first, then each variant, with the ranking
+    rank_experiment answers (best score first) and the winner, the fork a promote would merge."""
+    ranked = rank_experiment(conn, experiment_id)
+    ranks = {member.channel_id: member.rank for member in ranked.members}
+    order = [m.channel_id for m in ranked.members if m.channel_id == ranked.baseline_channel_id]
+    order += [m.channel_id for m in ranked.members if m.channel_id != ranked.baseline_channel_id]
+    if ranked.baseline_channel_id and ranked.baseline_channel_id not in order:
+        order.insert(0, ranked.baseline_channel_id)
+    baseline = (latest_state(conn, ranked.baseline_channel_id).state
+                if ranked.baseline_channel_id and channel_by_id(conn, ranked.baseline_channel_id) else None)
+    columns = [experiment_column(conn, channel_id, baseline if channel_id != ranked.baseline_channel_id else None,
+                                 ranks.get(channel_id)) for channel_id in order]
+    scored = [c for c in columns if not c["missing"] and c["score"] is not None]
+    winner = max(scored, key=lambda c: c["score"])["channel_id"] if scored else None
+    return {"experiment": {"id": ranked.id, "name": ranked.name, "description": ranked.description,
+                           "baseline_channel_id": ranked.baseline_channel_id, "created_at": ranked.created_at},
+            "columns": columns, "ranking": [{"channel_id": r.channel_id, "rank": r.rank, "score": r.result_score}
+                                            for r in ranked.ranking], "winner": winner}
+
+
+def experiments_of_run(conn: Conn, channel_id: str) -> list:
+    """The experiment groups a run belongs to (as baseline or member), for links from its page."""
+    return [{"id": r["id"], "name": r["name"]} for r in conn.execute(
+        "SELECT DISTINCT e.id, e.name, e.created_at FROM experiments e LEFT JOIN experiment_members m"
+        " ON m.experiment_id = e.id WHERE m.channel_id = ? OR e.baseline_channel_id = ?"
+        " ORDER BY e.created_at DESC", (channel_id, channel_id))]
 
 
 def tree_page(conn: Conn, channel_id: str) -> dict:
@@ -7969,8 +8039,10 @@ def render(request: Request, template: str, context: dict, status: int = 200) ->
         return Response(msgspec.json.encode(context), status_code=status, media_type="application/json")
     # Every POST form carries the session's form token; the request state holds it once issued.
     principal = getattr(request.state, "principal", None)
-    page = request.app.services.templates.get_template(template).render(
-        **context, version=__version__, logged_in=getattr(request.state, "logged_in", False),
+    services = request.app.services
+    notices = [text for text in (notice(services) for notice in PAGE_NOTICES) if text]
+    page = services.templates.get_template(template).render(
+        **context, version=__version__, notices=notices, logged_in=getattr(request.state, "logged_in", False),
         csrf_token=getattr(request.state, "csrf_token", ""), is_admin=bool(principal and principal.is_admin))
     return HTMLResponse(page, status_code=status)
 
@@ -8198,6 +8270,34 @@ async def page_run(request: Request) -> Response:
     if page_query(request, RunPageQuery).step is not None:
         return await jump_to_step(request, channel_id)
     return render(request, "run.html", await run_context(request, channel_id))
+
+
+async def page_experiments(request: Request) -> Response:
+    data = await db_of(request).read(experiments_page)
+    return render(request, "experiments.html", {"title": "Experiments", **data, "experiment": None})
+
+
+async def page_experiment(request: Request) -> Response:
+    query = page_query(request, ExperimentPageQuery)
+    data = await db_of(request).read(experiment_page, request.path_params["group_id"])
+    return render(request, "experiments.html", {"title": f"Experiment {data['experiment']['name']}", **data,
+                                                "promoted": query.promoted[:256]})
+
+
+async def page_experiment_promote(request: Request) -> Response:
+    """Promote one fork of the experiment into its parent (the API's promote), then show the experiment."""
+    group_id = request.path_params["group_id"]
+    channel_id = valid_channel((await read_form(request)).get("channel_id", ""), "channel_id")
+    experiment = await db_of(request).read(get_experiment, group_id)
+    if channel_id not in {m.channel_id for m in experiment.members}:
+        raise BadRequest(f"run {channel_id} is not in experiment {experiment.name}")
+    request.state.principal.require("write", channel_id)
+    row = await db_of(request).read(channel_by_id, channel_id)
+    if row is not None and row["parent_id"]:
+        request.state.principal.require("write", row["parent_id"])
+    await db_of(request).write(promote_channel, channel_id)
+    return RedirectResponse(f"/experiments/{quote_segment(group_id)}?{urlencode({'promoted': channel_id})}",
+                            status_code=303)
 
 
 async def page_tree(request: Request) -> Response:
@@ -9040,6 +9140,9 @@ PAGE_ROUTES = [
     ("GET", "/diff", page_diff),
     ("GET", "/ledger", page_ledger),
     ("GET", "/api", page_api),
+    ("GET", "/experiments", page_experiments),
+    ("GET", "/experiments/{group_id}", page_experiment),
+    ("POST", "/experiments/{group_id}/promote", page_experiment_promote),
     ("GET", "/keys", page_keys),
     ("POST", "/keys", page_keys_create),
     ("POST", "/keys/{key_id}/revoke", page_keys_revoke),
@@ -12977,11 +13080,6 @@ def fill_path(template: str, params: dict) -> str:
     return re.sub(r"\{(\w+)\}", lambda m: quote_segment(str(params[m.group(1)])), template)
 
 
-def quote_segment(value: str) -> str:
-    from urllib.parse import quote
-    return quote(value, safe="")
-
-
 def query_text(query: dict) -> str:
     """A query object as a query string: null left out, booleans as true/false, lists repeated."""
     pairs = []
@@ -13733,6 +13831,354 @@ async def fleet_ndjson_stream(request: Request) -> Response:
 
 FLEET_STREAMS = [Endpoint("WS", "/v1/organizations/{organization_id}/events/stream", fleet_stream_endpoint),
                  Endpoint("GET", "/api/v1/fleet/stream", fleet_ndjson_stream)]
+
+# =============================================================================
+# Fleet: enrollment (an instance links itself to an organisation's gateway, opt-in)
+# =============================================================================
+# The gateway's admin makes an enrollment token (`actae enrollment create`: one use, expiring, with
+# the scopes the gateway will have on the instance). The instance's `actae enroll TOKEN --gateway
+# URL` asks the gateway what the token allows, mints itself a key with those scopes, and sends the
+# gateway its URL and that key; the gateway checks the instance answers with it and registers it
+# as `instance add` would (the key encrypted at rest), and gives back a link secret that lets the
+# instance ask for the gateway's version (the release notice) and unenroll. An instance that never
+# enrolled keeps no link and opens no connection to anyone.
+
+ENROLLMENT_PREFIX = "en-"
+ENROLLMENT_MINUTES = 60.0              # how long an enrollment token waits for its one use, by default
+FLEET_LINK = "fleet_link"              # the settings row an enrolled instance keeps its link in
+RELEASE_CHECK_SECONDS = 6 * 3600       # how often an enrolled instance asks its gateway's version
+
+
+class EnrollmentToken(Record, kw_only=True):
+    token: Token
+
+
+class EnrollRequest(Record, kw_only=True):
+    token: Token
+    url: Annotated[str, Meta(min_length=8, max_length=2048, pattern=r"^https?://")]
+    key: Token
+    name: Optional[Name] = None
+
+
+class LinkRequest(Record, kw_only=True):
+    instance_id: Id
+    link: Token
+
+
+class EnrollmentInfo(Answer, kw_only=True):
+    """What an enrollment token allows: the organisation, and the scopes the instance's key will carry."""
+
+    organization_id: str
+    name: str
+    permissions: Permissions
+    expires_at: str
+
+
+class Enrolled(Answer, kw_only=True):
+    """An instance enrolled: where, as which instance, and its link secret (shown once)."""
+
+    organization_id: str
+    gateway_instance_id: str
+    gateway_version: str
+    instance_id: str
+    link: str
+
+
+class LinkState(Answer, kw_only=True):
+    organization_id: str
+    gateway_version: str
+    enrolled: bool
+
+
+def enrollment_schema(w: SchemaWords) -> str:
+    return """
+    -- One-use, expiring enrollment tokens (`actae enrollment create`), by hash; `scopes` is what the
+    -- enrolling instance's key for this gateway carries.
+    CREATE TABLE fleet_enrollments (
+        token_hash   TEXT PRIMARY KEY,
+        name         TEXT NOT NULL,
+        scopes       TEXT NOT NULL,
+        created_at   TEXT NOT NULL,
+        expires_at   TEXT NOT NULL,
+        used_at      TEXT,
+        instance_id  TEXT
+    );
+    ALTER TABLE fleet_instances ADD COLUMN enrolled_at TEXT;   -- NULL: added by `instance add`
+    ALTER TABLE fleet_instances ADD COLUMN link_hash TEXT      -- the enrolled instance's link secret, hashed
+    """
+
+
+def create_enrollment(tx: Tx, name: str, scopes: dict, minutes: float) -> tuple:
+    """`actae enrollment create`: (expiry, the token), the token's hash stored."""
+    token = ENROLLMENT_PREFIX + secrets.token_urlsafe(32)
+    expires_at = iso(tx.now + timedelta(minutes=minutes))
+    tx.conn.execute("INSERT INTO fleet_enrollments (token_hash, name, scopes, created_at, expires_at)"
+                    " VALUES (?, ?, ?, ?, ?)", (key_hash(token), name, dump(scopes_of(scopes)), tx.ts, expires_at))
+    return expires_at, token
+
+
+def usable_enrollment(conn: Conn, token: str, now: str) -> Row:
+    """The enrollment a token names, refused with why when it cannot be used (unknown, used, expired)."""
+    row = conn.execute("SELECT * FROM fleet_enrollments WHERE token_hash = ?", (key_hash(token),)).fetchone()
+    if row is None:
+        raise Unauthorized("unknown enrollment token: ask the gateway's admin for one (actae enrollment create)")
+    if row["used_at"] is not None:
+        raise Unauthorized(f"this enrollment token was used already (at {row['used_at']}): each enrolls one instance")
+    if row["expires_at"] <= now:
+        raise Unauthorized(f"this enrollment token expired at {row['expires_at']}: ask for a new one")
+    return row
+
+
+def register_enrolled(tx: Tx, token: str, info: Instance, name: str, url: str, ciphertext: str, prefix: str,
+                      link: str) -> None:
+    """Take the token (once) and register the instance as `instance add` would, with its link's hash."""
+    usable_enrollment(tx.conn, token, tx.ts)
+    tx.conn.execute("UPDATE fleet_enrollments SET used_at = ?, instance_id = ? WHERE token_hash = ?",
+                    (tx.ts, info.instance_id, key_hash(token)))
+    add_instance(tx, info.instance_id, name, url, ciphertext, prefix, None)
+    tx.conn.execute("UPDATE fleet_instances SET enrolled_at = ?, link_hash = ? WHERE id = ?",
+                    (tx.ts, key_hash(link), info.instance_id))
+
+
+def linked_instance(conn: Conn, body: LinkRequest) -> Row:
+    """The enrolled instance a link secret belongs to; 401 for anything else."""
+    row = fleet_instance_by_id(conn, body.instance_id)
+    if row is None or row["link_hash"] is None or not same_secret(row["link_hash"], key_hash(body.link)):
+        raise Unauthorized("this instance is not enrolled here with that link")
+    return row
+
+
+def drop_enrolled(tx: Tx, body: LinkRequest) -> None:
+    linked_instance(tx.conn, body)
+    tx.conn.execute("DELETE FROM fleet_instances WHERE id = ?", (body.instance_id,))
+
+
+async def api_fleet_enrollment_inspect(request: Request, body: EnrollmentToken) -> EnrollmentInfo:
+    """What an enrollment token allows (the first step of `actae enroll`), before it is used."""
+    row = await db_of(request).read(usable_enrollment, body.token, iso(utc_now()))
+    return EnrollmentInfo(organization_id=request.app.services.settings.organization, name=row["name"],
+                          permissions=permissions_of(scopes_of(row["scopes"])), expires_at=row["expires_at"])
+
+
+async def api_fleet_enroll(request: Request, body: EnrollRequest) -> Enrolled:
+    """Register the instance at `url`, which answers with `key`, by a one-use enrollment token."""
+    app = request.app
+    await db_of(request).read(usable_enrollment, body.token, iso(utc_now()))
+    url = body.url.rstrip("/")
+    loop = asyncio.get_running_loop()
+    status, data = await loop.run_in_executor(
+        app.services.region(FleetState).http, http_exchange, "GET", url + "/api/v1/instance",
+        {"x-api-key": body.key, "accept": "application/json"}, None, app.services.settings.fleet_timeout)
+    if status != 200:
+        raise BadRequest(f"{url}/api/v1/instance answered {status} with the key sent: the gateway must reach the"
+                         " instance at the URL it gives (--url)")
+    info = msgspec.json.decode(data, type=Instance)
+    if info.instance_id == app.services.instance_id:
+        raise BadRequest("that is this gateway itself: it is always an instance of its own fleet")
+    directory = app.services.region(FleetState).directory
+    ciphertext = fleet_cipher(directory.data_dir).encrypt(body.key.encode("utf-8")).decode("ascii")
+    link = secrets.token_urlsafe(32)
+    await db_of(request).write(register_enrolled, body.token, info, body.name or urlsplit(url).netloc, url, ciphertext,
+                               body.key[:7], link)
+    return Enrolled(organization_id=app.services.settings.organization, gateway_instance_id=app.services.instance_id,
+                    gateway_version=__version__, instance_id=info.instance_id, link=link)
+
+
+async def api_fleet_link(request: Request, body: LinkRequest) -> LinkState:
+    """An enrolled instance asks after its link: the gateway's version (its dashboard's release notice)."""
+    await db_of(request).read(linked_instance, body)
+    return LinkState(organization_id=request.app.services.settings.organization, gateway_version=__version__,
+                     enrolled=True)
+
+
+async def api_fleet_unenroll(request: Request, body: LinkRequest) -> LinkState:
+    """An enrolled instance leaves the organisation: the gateway forgets it (and the key it held)."""
+    await db_of(request).write(drop_enrolled, body)
+    return LinkState(organization_id=request.app.services.settings.organization, gateway_version=__version__,
+                     enrolled=False)
+
+
+ENROLLMENT_ROUTES = [
+    Api("POST", "/api/v1/fleet/enrollments/inspect", api_fleet_enrollment_inspect, body=EnrollmentToken,
+        auth="public", group="fleet"),
+    Api("POST", "/api/v1/fleet/enroll", api_fleet_enroll, body=EnrollRequest, auth="public", group="fleet"),
+    Api("POST", "/api/v1/fleet/link", api_fleet_link, body=LinkRequest, auth="public", group="fleet"),
+    Api("POST", "/api/v1/fleet/unenroll", api_fleet_unenroll, body=LinkRequest, auth="public", group="fleet"),
+]
+
+
+# --- the instance's side: enroll, its link, the release notice -------------------------------------
+
+
+def post_json(url: str, body: dict, timeout: float = 15.0) -> dict:
+    """POST JSON to a gateway's public enrollment routes; exits with the gateway's own reason."""
+    try:
+        status, data = http_exchange("POST", url, {"content-type": "application/json", "accept": "application/json"},
+                                     msgspec.json.encode(body), timeout)
+    except OSError as exc:
+        raise SystemExit(f"actae: cannot reach {url}: {getattr(exc, 'reason', exc)}")
+    try:
+        answer = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        answer = {"error": data[:200].decode("utf-8", "replace")}
+    if status != 200:
+        raise SystemExit(f"actae: the gateway refused: {answer.get('error') or answer}")
+    return answer
+
+
+def fleet_link_of(conn: Conn) -> Optional[dict]:
+    row = conn.execute("SELECT value FROM settings WHERE name = ?", (FLEET_LINK,)).fetchone()
+    return load(row[0]) if row else None
+
+
+def keep_fleet_link(tx: Tx, link: Optional[dict]) -> None:
+    tx.conn.execute("DELETE FROM settings WHERE name = ?", (FLEET_LINK,))
+    if link is not None:
+        tx.conn.execute("INSERT INTO settings (name, value) VALUES (?, ?)", (FLEET_LINK, dump(link)))
+
+
+def enroll_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae enroll TOKEN --gateway URL [--url URL] [--name NAME]`, `--status`; `actae unenroll`."""
+    link = read_once(location, fleet_link_of)
+    if args.command == "unenroll":
+        return unenroll(location, link)
+    if args.status:
+        print(f"Enrolled in organisation {link['organization_id']} at {link['gateway']} as instance"
+              f" {link['instance_id']} since {link['enrolled_at']} (key {link['key_id']})" if link else
+              "Not enrolled: this instance is linked to no gateway and opens no connection to one")
+        return 0
+    if not args.token or not args.gateway:
+        raise SystemExit("actae: give the enrollment token and --gateway URL (or --status)")
+    if link:
+        raise SystemExit(f"actae: already enrolled at {link['gateway']}: run `{program_name()} unenroll` first")
+    gateway = args.gateway.rstrip("/")
+    allowed = post_json(gateway + "/api/v1/fleet/enrollments/inspect", {"token": args.token})
+    organization = allowed["organization_id"]
+    made = write_once(location, create_key, f"fleet:{organization}", allowed["permissions"], None)
+    try:
+        enrolled = post_json(gateway + "/api/v1/fleet/enroll", {"token": args.token, "url": args.url.rstrip("/"),
+                                                                "key": made.key, "name": args.name})
+    except SystemExit:
+        write_once(location, revoke_key, made.id)      # no gateway holds it: it goes again
+        raise
+    write_once(location, keep_fleet_link, {"gateway": gateway, "organization_id": organization,
+                                           "instance_id": enrolled["instance_id"], "key_id": made.id,
+                                           "link": enrolled["link"], "enrolled_at": iso(utc_now()),
+                                           "gateway_version": enrolled["gateway_version"]})
+    print(f"Enrolled in organisation {organization} at {gateway} as instance {enrolled['instance_id']}"
+          f" (the gateway holds key {made.id}: {scopes_text(made.scopes)})")
+    return 0
+
+
+def unenroll(location: Location, link: Optional[dict]) -> int:
+    if not link:
+        print("Not enrolled: nothing to undo")
+        return 0
+    write_once(location, revoke_key, link["key_id"])   # the gateway's key stops working first, whatever it says
+    write_once(location, keep_fleet_link, None)
+    try:
+        post_json(link["gateway"] + "/api/v1/fleet/unenroll", {"instance_id": link["instance_id"], "link": link["link"]})
+    except SystemExit as exc:
+        print(f"Unenrolled here (key {link['key_id']} revoked); the gateway was not told: {exc}", file=sys.stderr)
+        return 0
+    print(f"Unenrolled from {link['gateway']}: key {link['key_id']} revoked, the gateway forgot this instance")
+    return 0
+
+
+def add_enrollment_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
+    enrollment = commands.add_parser("enrollment", parents=[common],
+                                     help="on a gateway: one-use tokens an instance enrolls itself with")
+    enrollment.set_defaults(run=enrollment_command)
+    kinds = enrollment.add_subparsers(dest="enrollment_command", required=True, metavar="{create}")
+    create = kinds.add_parser("create", parents=[common, scoped], help="make an enrollment token and print it once")
+    create.add_argument("--name", required=True, help="what the instance to enroll is (shown by `instance list`)")
+    create.add_argument("--expires-in", type=bounded_minutes, default=ENROLLMENT_MINUTES, metavar="MINUTES",
+                        help=f"the token expires unused after MINUTES (default: {ENROLLMENT_MINUTES:g})")
+    enroll = commands.add_parser("enroll", parents=[common],
+                                 help="link this instance to an organisation's gateway (opt-in; --status shows the link)")
+    enroll.set_defaults(run=enroll_command)
+    enroll.add_argument("token", nargs="?", metavar="TOKEN", help="the enrollment token the gateway's admin gave")
+    enroll.add_argument("--gateway", metavar="URL", help="the gateway's base URL")
+    enroll.add_argument("--url", default=f"http://{DEFAULT_HOST}:{DEFAULT_PORT}", metavar="URL",
+                        help="where the gateway reaches this instance (default: %(default)s)")
+    enroll.add_argument("--name", help="what the gateway calls it (default: its host and port)")
+    enroll.add_argument("--status", action="store_true", help="show the link, if any, and exit")
+    unenroll_ = commands.add_parser("unenroll", parents=[common],
+                                    help="leave the gateway: revoke the key it holds and tell it")
+    unenroll_.set_defaults(run=enroll_command)
+
+
+def bounded_minutes(text: str) -> float:
+    return bounded_number(text, 0, 7 * 24 * 60, "minutes", positive=True)
+
+
+def enrollment_command(args: argparse.Namespace, location: Location) -> int:
+    scopes = scopes_of_args(args)
+    if not any(scopes.values()):
+        scopes = {"read": ["*"], "write": ["*"], "delete": [], "admin": []}
+    expires_at, token = write_once(location, create_enrollment, args.name, scopes, args.expires_in)
+    print(f"Enrollment token for {args.name}: {scopes_text(scopes)}, expires {expires_at}, one use")
+    print(token)
+    print(f"(shown once: on the instance, run `actae enroll {token[:10]}... --gateway URL --url ITS_URL`)")
+    return 0
+
+
+def version_tuple(version: str) -> tuple:
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+class ReleaseNotice:
+    """While this instance is enrolled, its gateway's version, asked at start and every
+    RELEASE_CHECK_SECONDS (never when it is not enrolled: an unlinked instance calls no one)."""
+
+    def __init__(self, db: Database):
+        self.db, self.gateway_version, self._task = db, None, None
+
+    async def start(self) -> None:
+        if await self.db.read(fleet_link_of) is not None:
+            self._task = asyncio.create_task(self.run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def run(self) -> None:
+        while True:
+            link = await self.db.read(fleet_link_of)
+            if link is None:
+                return
+            try:
+                status, data = await asyncio.to_thread(
+                    http_exchange, "POST", link["gateway"] + "/api/v1/fleet/link", {"content-type": "application/json"},
+                    msgspec.json.encode({"instance_id": link["instance_id"], "link": link["link"]}), 10.0)
+                if status == 200:
+                    self.gateway_version = msgspec.json.decode(data, type=LinkState).gateway_version
+            except (OSError, msgspec.DecodeError, msgspec.ValidationError):
+                pass                                   # asked again at the next check
+            await asyncio.sleep(RELEASE_CHECK_SECONDS)
+
+    def notice(self) -> Optional[str]:
+        newer = self.gateway_version and version_tuple(self.gateway_version) > version_tuple(__version__)
+        return (f"Actae {self.gateway_version} is out: your organisation's gateway runs it (this server runs"
+                f" {__version__})") if newer else None
+
+
+def install_release_notice(services: Services, options: dict) -> tuple:
+    notice = services.regions[ReleaseNotice] = ReleaseNotice(services.db)
+    return [notice.start], [notice.stop]
+
+
+def release_notice(services: Services) -> Optional[str]:
+    notice = services.regions.get(ReleaseNotice)
+    return notice.notice() if notice is not None else None
+
+
+schema_step(13, enrollment_schema)
+ROUTE_LISTS.append(ENROLLMENT_ROUTES)
+APP_INSTALLERS.append(install_release_notice)
+PAGE_NOTICES.append(release_notice)
+COMMAND_ADDERS.append(add_enrollment_commands)
 
 
 # =============================================================================
