@@ -6099,48 +6099,59 @@ def same_channel(body_channel: Optional[str], path_channel: str) -> None:
 
 
 async def api_events_record(request: Request, body: RecordEvent) -> EventAnswer:
+    """Record one event on a run (idempotent with operation_id); the answer is the stored event with its cursor."""
     return EventAnswer(event=await db_of(request).write(record_event, body))
 
 
 async def api_events_replay(request: Request, path, query: ReplayQuery) -> Events:
+    """Read a run's events in cursor order, from `cursor` on (the run's inherited history included)."""
     events = await db_of(request).read(replay_events, path.channel_id, query.cursor, query.limit, query.event_type)
     return Events(events=events)
 
 
 async def api_events_query(request: Request, body: EventQuery) -> Events:
+    """Search events across runs by channel, type, actor, cursor range and time."""
     return Events(events=await db_of(request).read(query_events, body))
 
 
 async def api_events_cursor(request: Request, path) -> LatestCursor:
+    """The latest cursor of a run (0 when it has no events yet)."""
     return LatestCursor(latest_cursor=await db_of(request).read(latest_cursor, path.channel_id))
 
 
 async def api_events_transition(request: Request, body: Transition) -> TransitionAnswer:
+    """Record one event and save the state at its cursor, atomically (one idempotent write)."""
     return await db_of(request).write(transition, body)
 
 
 async def api_events_causal_graph(request: Request, path, query: CausalQuery) -> CausalGraph:
+    """The events an event depends on (depends_on and recorded dependencies), walked back to max_nodes."""
     return await db_of(request).read(causal_graph, path.event_id, query.max_nodes)
 
 
 async def api_state_save(request: Request, path, body: SaveState) -> SavedState:
+    """Save a state snapshot of a run at a cursor; the answer is the new state version."""
     same_channel(body.channel_id, path.channel_id)
     return SavedState(version=await db_of(request).write(save_state, path.channel_id, body))
 
 
 async def api_state_latest(request: Request, path) -> StateAnswer:
+    """The latest saved state of a run, with its cursor and version."""
     return await db_of(request).read(latest_state, path.channel_id)
 
 
 async def api_state_versions(request: Request, path, query: PageQuery) -> StateVersions:
+    """The saved state versions of a run, newest first, a page at a time."""
     return StateVersions(versions=await db_of(request).read(list_states, path.channel_id, query.limit, query.offset))
 
 
 async def api_state_version(request: Request, path) -> StateAnswer:
+    """One saved state version of a run."""
     return await db_of(request).read(get_state_version, path.channel_id, path.version)
 
 
 async def api_state_delete(request: Request, path) -> DeletedCount:
+    """Delete one saved state version of a run."""
     return await db_of(request).write(delete_state_version, path.channel_id, path.version)
 
 
@@ -6153,34 +6164,41 @@ async def api_channels_list(request: Request) -> ChannelIds:
 
 
 async def api_channels_metadata(request: Request, path) -> ChannelMetadata:
+    """A run's metadata: display name, reason, parent, fork point, outcome and experiment metadata."""
     return await db_of(request).read(get_metadata, path.channel_id)
 
 
 async def api_channels_metadata_put(request: Request, path, body: PutMetadata) -> ChannelMetadata:
+    """Change a run's display name, reason or experiment metadata (only the keys sent change; null clears)."""
     same_channel(body.channel_id, path.channel_id)
     return await db_of(request).write(put_metadata, path.channel_id, body)
 
 
 async def api_channels_forks(request: Request, path) -> Forks:
+    """The direct forks of a run that this credential may read."""
     reach = request.state.principal.reach
     return Forks(forks=[fork for fork in await db_of(request).read(list_forks, path.channel_id)
                         if reach.sees(fork.channel_id)])
 
 
 async def api_channels_step(request: Request, path) -> StepLocation:
+    """Where a step of a run is: its event, cursor and the state to fork from after it."""
     return await db_of(request).read(resolve_step, path.channel_id, path.step_number)
 
 
 async def api_channels_steps(request: Request, path) -> LastStep:
+    """The last step number recorded on a run."""
     return LastStep(channel_id=path.channel_id,
                     last_step_number=await db_of(request).read(last_step_number, path.channel_id))
 
 
 async def api_channels_fork(request: Request, body: Fork) -> Receipt:
+    """Fork a run at a cursor into a new run that inherits its history and state; the answer is the fork receipt."""
     return await db_of(request).write(fork_channel, body)
 
 
 async def api_channels_receipt(request: Request, path) -> Receipt:
+    """The fork receipt of a run that is a fork: its source, resolved cursor and inherited state."""
     return await db_of(request).read(get_receipt, path.channel_id)
 
 
@@ -6193,30 +6211,37 @@ async def api_channels_savings(request: Request, path) -> Savings:
 
 
 async def api_channels_fork_tree(request: Request, path) -> ForkTree:
+    """A run and all its forks, forks of forks too, each with where it forked and how far it got."""
     return await db_of(request).read(fork_tree, path.channel_id)
 
 
 async def api_channels_diff(request: Request, query: PairQuery) -> ChannelDiff:
+    """Compare the latest states of two runs, with the state they share."""
     return await db_of(request).read(diff_channels, query.left, query.right)
 
 
 async def api_channels_compare(request: Request, query: PairQuery) -> Comparison:
+    """Compare two runs side by side: state, manifest, tool calls, outputs and figures."""
     return await db_of(request).read(compare_channels, query.left, query.right)
 
 
 async def api_channels_trail(request: Request, path) -> Trail:
+    """A run's decision trail: its ancestry, the state it forked from and the tool executions on it."""
     return await db_of(request).read(decision_trail, path.channel_id)
 
 
 async def api_channels_outcome(request: Request, path, body: SetOutcome) -> OutcomeAnswer:
+    """Set a run's outcome (and score)."""
     return await db_of(request).write(set_outcome, path.channel_id, body.outcome, body.score)
 
 
 async def api_channels_promote(request: Request, path, body: Empty) -> Promotion:
+    """Promote a fork into its parent: the parent gets the fork's latest state as a new version."""
     return await db_of(request).write(promote_channel, path.channel_id)
 
 
 async def api_channels_delete(request: Request, path, query: DeleteQuery) -> DeletedChannels:
+    """Delete a run with its events, states and ledger rows (recursive: its forks too)."""
     return await db_of(request).write(delete_channel, path.channel_id, query.recursive)
 
 
@@ -6231,27 +6256,33 @@ async def api_events_verify(request: Request, path) -> ChainCheck:
 
 
 async def api_experiments_create(request: Request, body: CreateExperiment) -> Experiment:
+    """Create an experiment: a named group of runs compared against a baseline run."""
     return await db_of(request).write(create_experiment, body.name, body.description, body.baseline_channel_id)
 
 
 async def api_experiments_list(request: Request) -> Experiments:
+    """The experiments on this server."""
     return Experiments(experiments=await db_of(request).read(list_experiments))
 
 
 async def api_experiments_get(request: Request, path) -> Experiment:
+    """One experiment with its member runs."""
     return await db_of(request).read(get_experiment, path.group_id)
 
 
 async def api_experiments_member(request: Request, path, body: AddExperimentMember) -> Experiment:
+    """Add a run to an experiment as a variant (or another role), with the change it declares."""
     return await db_of(request).write(add_experiment_member, path.group_id, body.channel_id,
                                       body.role or "variant", body.declared_delta)
 
 
 async def api_experiments_rank(request: Request, path) -> RankedExperiment:
+    """Rank an experiment's runs by result score, best first."""
     return await db_of(request).read(rank_experiment, path.group_id)
 
 
 async def api_executions_claim(request: Request, body: Claim) -> Claimed:
+    """Claim a tool call before running it, so its side effect never runs twice (a replay gets the stored result)."""
     outcome = await db_of(request).write(claim_execution, body)
     if isinstance(outcome, Refused):
         raise outcome.error
@@ -6259,12 +6290,14 @@ async def api_executions_claim(request: Request, body: Claim) -> Claimed:
 
 
 async def api_executions_complete(request: Request, path, body: Complete) -> ExecutionAnswer:
+    """Complete a claimed tool execution with its result."""
     execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "completed",
                                            body.result)
     return ExecutionAnswer(execution=execution)
 
 
 async def api_executions_fail(request: Request, path, body: Fail) -> ExecutionAnswer:
+    """Mark a claimed tool execution failed, with its error."""
     error = {"message": body.message or "", "error_type": body.error_type, "stack": body.stack}
     execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "failed",
                                            None, error)
@@ -6272,130 +6305,160 @@ async def api_executions_fail(request: Request, path, body: Fail) -> ExecutionAn
 
 
 async def api_executions_heartbeat(request: Request, path, body: Heartbeat) -> ExecutionAnswer:
+    """Extend the lease of a claimed tool execution."""
     execution = await db_of(request).write(heartbeat_execution, path.execution_id, body.claim_token,
                                            body.lease_seconds)
     return ExecutionAnswer(execution=execution)
 
 
 async def api_executions_cancel(request: Request, path, body: ClaimToken) -> ExecutionAnswer:
+    """Release a claimed tool execution without completing it; the next claim takes it over."""
     return ExecutionAnswer(execution=await db_of(request).write(cancel_execution, path.execution_id, body.claim_token))
 
 
 async def api_executions_get(request: Request, path) -> ExecutionAnswer:
+    """One tool execution from the ledger."""
     return ExecutionAnswer(execution=execution_of(await db_of(request).read(require_execution, path.execution_id)))
 
 
 async def api_executions_list(request: Request, query: ExecutionsQuery) -> Executions:
+    """The tool executions in the ledger, newest first (one run's, with channel_id)."""
     return Executions(executions=await db_of(request).read(list_executions, query.channel_id, query.limit))
 
 
 async def api_executions_delete(request: Request, path) -> DeletedId:
+    """Delete one tool execution from the ledger."""
     return await db_of(request).write(delete_execution, path.execution_id)
 
 
 async def api_wakeups_schedule(request: Request, body: ScheduleWakeup) -> Wakeup:
+    """Schedule a wake-up of a run at a time (run_at), with a payload."""
     wakeup = await db_of(request).write(schedule_wakeup, body.channel_id, iso(body.run_at), body.payload)
     request.app.services.scheduler.nudge()
     return wakeup
 
 
 async def api_wakeups_list(request: Request, query: WakeupsQuery) -> Wakeups:
+    """The scheduled wake-ups (one run's, or of one status)."""
     return Wakeups(wakeups=await db_of(request).read(list_wakeups, query.channel_id, query.status))
 
 
 async def api_wakeups_get(request: Request, path) -> Wakeup:
+    """One scheduled wake-up."""
     return wakeup_of(await db_of(request).read(require_wakeup, path.wakeup_id))
 
 
 async def api_wakeups_cancel(request: Request, path) -> WakeupCancelled:
+    """Cancel a pending wake-up."""
     return await db_of(request).write(cancel_wakeup, path.wakeup_id)
 
 
 async def api_groups_create(request: Request, body: CreateConsumerGroup) -> ConsumerGroup:
+    """Create a consumer group that reads a run's events at least once across competing consumers."""
     return await db_of(request).write(create_consumer_group, body.group_id, body.channel_id, body.metadata)
 
 
 async def api_groups_list(request: Request, query: ChannelFilter) -> ConsumerGroups:
+    """The consumer groups (one run's, with channel_id)."""
     return ConsumerGroups(groups=await db_of(request).read(list_consumer_groups, query.channel_id))
 
 
 async def api_groups_delete(request: Request, path) -> DeletedId:
+    """Delete a consumer group."""
     return await db_of(request).write(delete_consumer_group, path.group_id)
 
 
 async def api_groups_join(request: Request, path, body: Consumer) -> Offset:
+    """Join a consumer group as a consumer (with a lease); the answer is its offset."""
     return await db_of(request).write(join_group, path.group_id, body.consumer_id, body.lease_seconds)
 
 
 async def api_groups_work(request: Request, path, body: ClaimWork) -> Work:
+    """Reserve the next events of the group's run for this consumer."""
     return await db_of(request).write(claim_work, path.group_id, body.consumer_id, body.limit)
 
 
 async def api_groups_ack(request: Request, path, body: AckWork) -> Offset:
+    """Mark this consumer's events up to a cursor processed."""
     return await db_of(request).write(ack_work, path.group_id, body.consumer_id, body.cursor)
 
 
 async def api_groups_heartbeat(request: Request, path, body: Consumer) -> Offset:
+    """Extend a consumer's lease in its group."""
     return await db_of(request).write(heartbeat_consumer, path.group_id, body.consumer_id, body.lease_seconds)
 
 
 async def api_groups_offsets(request: Request, path) -> Offsets:
+    """Each consumer's offset in a consumer group."""
     return Offsets(offsets=await db_of(request).read(group_offsets, path.group_id))
 
 
 async def api_execution_groups_create(request: Request, body: CreateExecutionGroup) -> ExecutionGroup:
+    """Create an execution group: runs of several agents that work and message together."""
     return await db_of(request).write(create_execution_group, body.group_id, body.metadata)
 
 
 async def api_execution_groups_list(request: Request) -> ExecutionGroups:
+    """The execution groups on this server."""
     return ExecutionGroups(groups=await db_of(request).read(list_execution_groups))
 
 
 async def api_execution_groups_add_member(request: Request, path, body: AddGroupMember) -> Member:
+    """Add a member (an agent's run) to an execution group."""
     return await db_of(request).write(add_group_member, path.group_id, body.member_id, body.channel_id,
                                       body.role, body.metadata)
 
 
 async def api_execution_groups_members(request: Request, path) -> Members:
+    """The members of an execution group, with their leases."""
     return Members(members=await db_of(request).read(list_group_members, path.group_id))
 
 
 async def api_execution_groups_claim(request: Request, path, body: LeaseClaim) -> MemberLease:
+    """Lease a member of an execution group to one owner; each claim bumps its generation."""
     return await db_of(request).write(claim_member, path.group_id, path.member_id, body.owner_id, body.lease_seconds)
 
 
 async def api_execution_groups_heartbeat(request: Request, path, body: LeaseHolder) -> MemberLease:
+    """Extend an owner's lease on an execution group member."""
     return await db_of(request).write(heartbeat_member, path.group_id, path.member_id, body.owner_id,
                                       body.generation, body.lease_seconds)
 
 
 async def api_execution_groups_release(request: Request, path, body: LeaseHolder) -> Released:
+    """Release an owner's lease on an execution group member."""
     return await db_of(request).write(release_member, path.group_id, path.member_id, body.owner_id,
                                       body.generation)
 
 
 async def api_execution_groups_send(request: Request, path, body: SendMessage) -> Message:
+    """Send a message from one member of an execution group to another."""
     return await db_of(request).write(send_group_message, path.group_id, body)
 
 
 async def api_execution_groups_inbox(request: Request, path, query: InboxQuery) -> Messages:
+    """The messages to a member, oldest first, after a message (a durable cursor)."""
     messages = await db_of(request).read(member_inbox, path.group_id, path.member_id, query.after, query.limit)
     return Messages(messages=messages)
 
 
 async def api_execution_group_messages_ack(request: Request, path, body: LeaseHolder) -> Message:
+    """Acknowledge a message received by a member of an execution group."""
     return await db_of(request).write(acknowledge_message, path.message_id, body.owner_id, body.generation)
 
 
 async def api_execution_group_forks_create(request: Request, body: ForkExecutionGroup) -> GroupForkAnswer:
+    """Fork a whole execution group at one member's cursor; the answer is the group fork receipt."""
     return GroupForkAnswer(fork=await db_of(request).write(fork_execution_group, body))
 
 
 async def api_execution_group_forks_get(request: Request, path) -> GroupForkAnswer:
+    """One execution group fork with its members."""
     return GroupForkAnswer(fork=await db_of(request).read(require_group_fork, path.fork_group_id))
 
 
 async def api_execution_group_forks_promote(request: Request, path, body: Empty) -> GroupForkAnswer:
+    """Promote one forked member of an execution group fork into its source run."""
     return GroupForkAnswer(fork=await db_of(request).write(promote_group_fork_member, path.fork_group_id, path.member_id))
 
 
@@ -6416,6 +6479,7 @@ def health_of(request: Request, started: float, status: str, **parts) -> Health:
 
 
 async def healthz(request: Request) -> Health:
+    """Liveness: the server's status, version and components (no credential needed)."""
     started = time.perf_counter()
     ok = await database_ready(db_of(request))
     hub = request.app.services.hub
@@ -6425,6 +6489,7 @@ async def healthz(request: Request) -> Health:
 
 
 async def readyz(request: Request) -> Health:
+    """Readiness: whether the database answers and connections are left (200, with the reasons in the body)."""
     # 200 with readiness in the body: the SDK raises on 503, and users should be able to read why.
     started = time.perf_counter()
     ok = await database_ready(db_of(request))
@@ -6630,6 +6695,7 @@ class TextBody:
     media_types: tuple                 # documented; the body is read whatever content-type it is sent with
     max_bytes: int
     parse: Callable[[bytes], Any]      # bytes -> what the handler gets as `body`; BadRequest when bad
+    file_type: Optional[str] = None    # the file's own media type (the schema's contentMediaType)
 
 
 @dataclass(frozen=True)
@@ -6643,6 +6709,9 @@ class Api:
     text_body: Optional[TextBody] = None   # or a body in another format
     query: Optional[type] = None       # the query string's record
     answers: str = "application/json"  # the media type of a 200 answer
+    # Other media types the 200 answer is documented under (a file: also as plain bytes, which every
+    # generator reads); the server sends `answers`.
+    answers_also: tuple = ()
     body_optional: bool = False        # the SDK may send no body at all
     # (action, where) pairs the credential's scopes must allow; () = any valid credential. `where`
     # names the channel: "path.channel_id", "body.source_channel_id", "query.left", a lookup
@@ -6679,9 +6748,22 @@ class Api:
         return parts[3] if len(parts) > 3 and parts[1] == "api" else "server"
 
     @property
+    def doc_lines(self) -> list:
+        """The handler's docstring, dedented as `inspect.cleandoc` does: its lines."""
+        first, *rest = (self.handler.__doc__ or "").strip().splitlines() or [""]
+        indent = min((len(line) - len(line.lstrip()) for line in rest if line.strip()), default=0)
+        return [first.strip(), *(line[indent:].rstrip() for line in rest)] if first.strip() else []
+
+    @property
     def summary(self) -> str:
-        doc = (self.handler.__doc__ or "").strip().splitlines()
+        """The docstring's first line (what an SDK shows as the method's one-liner)."""
+        doc = self.doc_lines
         return doc[0] if doc else self.handler.__name__.replace("_", " ")
+
+    @property
+    def description(self) -> str:
+        """The rest of the docstring; the summary again where the docstring is that one line."""
+        return "\n".join(self.doc_lines[1:]).strip() or self.summary
 
 
 @functools.cache
@@ -6850,20 +6932,105 @@ def answer_schema(route: Api, refs: dict) -> dict:
     return refs[route.answer]
 
 
+SCHEMA_REF = "#/components/schemas/"
+BYTES = "application/octet-stream"     # a file as plain bytes: every generator sends and reads it
+
+
+def schema_refs(schema: Any) -> set:
+    """The component names a schema refers to, directly."""
+    if isinstance(schema, dict):
+        found = {schema["$ref"][len(SCHEMA_REF):]} if isinstance(schema.get("$ref"), str) else set()
+        return found.union(*(schema_refs(v) for v in schema.values()))
+    if isinstance(schema, list):
+        return set().union(*(schema_refs(v) for v in schema))
+    return set()
+
+
+def reachable(roots: set, components: dict) -> set:
+    """The components `roots` name, and those they name, all the way down."""
+    seen, todo = set(), set(roots)
+    while todo:
+        name = todo.pop()
+        if name in components and name not in seen:
+            seen.add(name)
+            todo |= schema_refs(components[name])
+    return seen
+
+
+def object_schemas(schema: Any):
+    """Every schema object inside `schema` (itself included) that is a JSON object with members."""
+    if isinstance(schema, dict):
+        if isinstance(schema.get("properties"), dict):
+            yield schema
+        for value in schema.values():
+            yield from object_schemas(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            yield from object_schemas(value)
+
+
+def free_form_objects(schema: Any) -> Any:
+    """An object schema that names no members is a free-form map: say so (`additionalProperties:
+    true`), or generators type it as an empty object (openapi-typescript: Record<string, never>)."""
+    if isinstance(schema, list):
+        return [free_form_objects(v) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: free_form_objects(v) for k, v in schema.items()}
+    kinds = out.get("type")
+    if (kinds == "object" or (isinstance(kinds, list) and "object" in kinds)) and not any(
+            k in out for k in ("properties", "additionalProperties", "patternProperties", "$ref")):
+        out["additionalProperties"] = True
+    return out
+
+
+def optional_when_written(schema: dict) -> None:
+    """A request record's members with a default are optional to send: no `default` on them, which
+    openapi-typescript (--default-non-nullable, on by default) would type as required. A default
+    other than null is said in the member's description instead."""
+    for shape in object_schemas(schema):
+        required = set(shape.get("required", ()))
+        for name, member in shape["properties"].items():
+            if isinstance(member, dict) and "default" in member and name not in required:
+                default = member.pop("default")
+                if default is not None:
+                    said = f"default: {json.dumps(default)}"
+                    member["description"] = f"{member['description']}; {said}" if member.get("description") else said
+
+
+def always_answered(schema: dict) -> None:
+    """An answer record's members with a default are always sent (answers omit nothing but UNSET
+    members, which have no default): required, so generators type them as present."""
+    for shape in object_schemas(schema):
+        members = shape["properties"]
+        defaulted = [name for name, member in members.items() if isinstance(member, dict) and "default" in member]
+        missing = [name for name in defaulted if name not in shape.get("required", ())]
+        if missing:
+            shape["required"] = [name for name in members if name in {*shape.get("required", ()), *missing}]
+
+
 def openapi_document(routes: list) -> dict:
-    """OpenAPI 3.1 for the route table: every path, body, query, answer and error shape."""
+    """OpenAPI 3.1 for the route table: every path, body, query, answer and error shape, typed the way
+    generators (openapi-typescript, openapi-python-client) read it: a free-form object says so, a
+    request member with a default is optional, a nullable member is an anyOf with {"type": "null"},
+    every operation has the summary and description its handler's docstring gives."""
     bodies = sorted({r.body for r in routes if r.body is not None}, key=lambda k: k.__name__)
     answers = list(dict.fromkeys(r.answer for r in routes if r.answer is not Response and r.answers_as is None))
     refs, components = msgspec.json.schema_components([*bodies, *answers, ErrorBody],
-                                                      ref_template="#/components/schemas/{name}")
+                                                      ref_template=SCHEMA_REF + "{name}")
     shapes = dict(zip([*bodies, *answers], refs))
-    error = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorBody"}}}}
+    error = {"content": {"application/json": {"schema": {"$ref": SCHEMA_REF + "ErrorBody"}}}}
     paths: dict = {}
     for route in routes:
-        answer = {"description": answer_doc(route.answer),
-                  "content": {route.answers: {"schema": answer_schema(route, shapes)}}}
+        content = {route.answers: {"schema": answer_schema(route, shapes)}}
+        for media in route.answers_also:
+            content[media] = {"schema": {"type": "string", "format": "binary"}}
+        described = (f"the file, sent as {route.answers} (documented as {', '.join(route.answers_also)} too)"
+                     if route.answers_also else answer_doc(route.answer))
+        answer = {"description": described, "content": content}
         operation = {
-            "operationId": route.handler.__name__, "summary": route.summary, "tags": [route.tag],
+            "operationId": route.handler.__name__, "summary": route.summary, "description": route.description,
+            "tags": [route.tag],
             "parameters": record_parameters(route.path_params, "path", components)
                           + record_parameters(route.query, "query", components),
             "responses": {"200": answer,
@@ -6874,9 +7041,11 @@ def openapi_document(routes: list) -> dict:
                                         "content": {"application/json": {"schema": shapes[route.body]}}}
         elif route.text_body is not None:
             text = route.text_body
-            components[text.name] = {"title": text.name, "type": "string", "description": text.description}
+            components[text.name] = {"title": text.name, "type": "string", "description": text.description,
+                                     **({"format": "binary"} if BYTES in text.media_types else {}),
+                                     **({"contentMediaType": text.file_type} if text.file_type else {})}
             operation["requestBody"] = {"required": True, "content": {
-                media: {"schema": {"$ref": f"#/components/schemas/{text.name}"}} for media in text.media_types}}
+                media: {"schema": {"$ref": SCHEMA_REF + text.name}} for media in text.media_types}}
         if route.scopes:
             operation["x-actae-scopes"] = [{"action": action, "channel": where} for action, where in route.scopes]
         operation["security"] = {"public": [], "optional": [{}, {"apiKey": []}],
@@ -6884,6 +7053,16 @@ def openapi_document(routes: list) -> dict:
                                  "bearer": [{"bearer": []}], "fleet": [{"bearer": []}],
                                  "org": [{"bearer": []}]}.get(route.auth, [{"apiKey": []}])
         paths.setdefault(route.path, {})[route.method.lower()] = operation
+    written = reachable(schema_refs([op.get("requestBody") for item in paths.values() for op in item.values()])
+                        | schema_refs([op["parameters"] for item in paths.values() for op in item.values()]),
+                        components)
+    answered = reachable(schema_refs([op["responses"] for item in paths.values() for op in item.values()]),
+                         components) - written
+    for name in written:
+        optional_when_written(components[name])
+    for name in answered:
+        always_answered(components[name])
+    components = free_form_objects(components)
     return ecma_patterns({
         "openapi": "3.1.0",
         "info": {"title": "Actae community server", "version": __version__,
@@ -11433,10 +11612,11 @@ def add_moving_commands(commands: Any, common: argparse.ArgumentParser, scoped: 
 MOVING_ROUTES = [
     # Export also needs read on each ancestor and fork it carries; import, write on every channel in the file.
     Api("GET", "/api/v1/channels/{channel_id}/export", api_channels_export, query=ExportQuery, scopes=reads(P),
-        answers=EXPORT_MEDIA_TYPE),
+        answers=EXPORT_MEDIA_TYPE, answers_also=(BYTES,)),
+    # Documented as bytes (what every generator sends); the server reads it whatever its content-type.
     Api("POST", "/api/v1/import", api_import, scopes=writes("body.channel_ids"), text_body=TextBody(
-        "ExportFile", "JSON Lines, as GET /api/v1/channels/{channel_id}/export writes it",
-        (EXPORT_MEDIA_TYPE, "text/plain"), IMPORT_BYTES_MAX, parse_export)),
+        "ExportFile", f"JSON Lines ({EXPORT_MEDIA_TYPE}), as GET /api/v1/channels/{{channel_id}}/export writes it",
+        (BYTES,), IMPORT_BYTES_MAX, parse_export, file_type=EXPORT_MEDIA_TYPE)),
 ]
 ROUTE_LISTS.append(MOVING_ROUTES)
 COMMAND_ADDERS.append(add_moving_commands)
@@ -12215,6 +12395,7 @@ async def metrics_text(request: Request) -> Response:
 
 
 async def metrics_json(request: Request) -> MetricsJson:
+    """The server's metrics as JSON: uptime, WebSocket traffic and database write batches."""
     hub, values = request.app.services.hub, metric_values(request.app)
     return MetricsJson(
         status="ok", timestamp=iso(utc_now()), uptime_seconds=values["actae_uptime_seconds"],

@@ -563,7 +563,10 @@ def test_the_openapi_document_describes_both_routes(servers):
     export = document["paths"]["/api/v1/channels/{channel_id}/export"]["get"]
     assert NDJSON in export["responses"]["200"]["content"]
     assert [p["name"] for p in export["parameters"]] == ["channel_id", "with_forks"]
+    assert "application/octet-stream" in export["responses"]["200"]["content"]   # bytes, for generators
     imports = document["paths"]["/api/v1/import"]["post"]
-    assert NDJSON in imports["requestBody"]["content"]
+    # The body is documented as bytes (every generator sends those); the file in it is NDJSON.
+    assert list(imports["requestBody"]["content"]) == ["application/octet-stream"]
     assert imports["x-actae-scopes"] == [{"action": "write", "channel": "body.channel_ids"}]
-    assert document["components"]["schemas"]["ExportFile"]["type"] == "string"
+    export_file = document["components"]["schemas"]["ExportFile"]
+    assert export_file["type"] == "string" and export_file["contentMediaType"] == NDJSON

@@ -4,14 +4,16 @@ At test time: GET /openapi.json from a server of this module's own -> `openapi-p
 generate` (PyPI `openapi-python-client`, not ours) into a tmp dir -> that package imported from
 there -> through its `AuthenticatedClient` (the key in `x-api-key`, without a "Bearer" prefix):
 
-A. the generator runs on the document (its warnings are printed, not failures) and generates
-   every operation the flow below needs;
+A. the generator runs on the document with no warning and generates every operation of it,
+   the export (its NDJSON answer read as bytes) and the import (a file body) among them;
 B. record two steps, replay, save state, read the latest state, resolve step 1, fork after it,
    read the fork's receipt, replay the fork and read its state. Every answer must come back as
    the generator's typed models (`.parsed` attributes, not raw dicts), hold what the flow
    expects, and agree field by field with what the server answers to plain HTTP (every field the
    server sends must be declared in the document, with the value it has on the wire);
-C. error answers come back as the generated `{status, error}` model.
+C. error answers come back as the generated `{status, error}` model;
+D. a run exported through the generated client (bytes) and imported through it again: the answer
+   is the generated `Imported` model, the run already there unchanged.
 
 The endpoints are found by method and path in the generated code, not by operationId, so that
 renaming operations or tags does not break the test.
@@ -24,6 +26,7 @@ import datetime
 import enum
 import importlib
 import inspect
+import io
 import json
 import re
 import subprocess
@@ -48,7 +51,9 @@ STEP = ("GET", "/api/v1/channels/{channel_id}/steps/{step_number}")
 FORK = ("POST", "/api/v1/channels/fork")
 RECEIPT = ("GET", "/api/v1/channels/{channel_id}/receipt")
 LIST_CHANNELS = ("GET", "/api/v1/channels")
-NEEDED = (RECORD, REPLAY, SAVE_STATE, LATEST_STATE, STEP, FORK, RECEIPT, LIST_CHANNELS)
+EXPORT = ("GET", "/api/v1/channels/{channel_id}/export")
+IMPORT = ("POST", "/api/v1/import")
+NEEDED = (RECORD, REPLAY, SAVE_STATE, LATEST_STATE, STEP, FORK, RECEIPT, LIST_CHANNELS, EXPORT, IMPORT)
 ENDPOINT = re.compile(r'"method":\s*"(\w+)",\s*"url":\s*"([^"]+)"')
 
 
@@ -272,6 +277,9 @@ def test_the_generator_runs_on_the_document(generated, document):
         print("not generated: " + ", ".join(f"{m} {p}" for m, p in missing))
     absent = [f"{m} {p}" for m, p in NEEDED if (m, p) not in generated.endpoints]
     assert not absent, f"the generator made no function for {absent}:\n{generated.output}"
+    assert not warnings, f"{len(warnings)} generator warnings:\n" + "\n\n".join(warnings)
+    assert not missing, f"not generated: {missing}"
+    assert "Warning" not in generated.output, generated.output
     with client_for(generated, "http://127.0.0.1:9", "sk-x") as client:
         headers = client.get_httpx_client().headers
         assert headers.get("x-api-key") == "sk-x" and "authorization" not in headers, dict(headers)
@@ -415,3 +423,30 @@ def test_errors_come_back_as_the_generated_error_model(generated, api_server):
     assert response.status_code == 401, response.content[:300]
     assert is_model(generated, response.parsed), f"401 parsed as {type(response.parsed).__name__}"
     assert response.parsed.to_dict() == json.loads(response.content)
+
+
+# --------------------------------------------------------------------------------------------
+# D. Export and import through the generated client
+# --------------------------------------------------------------------------------------------
+
+def test_export_and_import_through_the_generated_client(generated, api_server):
+    channel = f"oapi-move-{uuid.uuid4().hex[:8]}"
+    status, _, _ = http("POST", api_server.url + "/api/v1/events/record", key=api_server.key,
+                        body={"channel_id": channel, "event_type": "agent.step", "payload": {"n": 1}})
+    assert status == 200
+    with client_for(generated, api_server.url, api_server.key) as client:
+        exported = generated.endpoint(EXPORT).sync_detailed(channel, client=client)
+        assert exported.status_code == 200, exported.content[:300]
+        assert exported.headers["content-type"].startswith("application/x-ndjson")
+        file = exported.parsed
+        assert isinstance(file, generated.package.types.File), f"the export parsed as {type(file).__name__}"
+        data = file.payload.read()
+        assert data == exported.content and json.loads(data.splitlines()[0])["format"] == "actae-export"
+
+        upload = generated.package.types.File(payload=io.BytesIO(data), file_name=f"{channel}.jsonl")
+        imported = generated.endpoint(IMPORT).sync_detailed(client=client, body=upload)
+    assert imported.status_code == 200, imported.content[:300]
+    answer = imported.parsed
+    assert is_model(generated, answer), f"the import answer parsed as {type(answer).__name__}"
+    assert answer.unchanged == [channel] and answer.imported == [], answer.to_dict()
+    assert answer.to_dict() == json.loads(imported.content)
