@@ -38,7 +38,7 @@ HTTP API: handlers — one per route, named after it, returning its response rec
 HTTP API: the route table — API_ROUTES and api_routes(), scopes, authorization, the OpenAPI document
 WebSocket — /ws: in-band auth, subscribe with catch-up, publish with ack
 Dashboard: data for the pages — reads that build what each page shows
-Dashboard: page handlers — rendering, sign-in, the fork and delete forms, keys
+Dashboard: page handlers — rendering, sign-in, the fork and delete forms, keys, experiments side by side
 Connections — BoundedHttp: each request's head and body bounded, in front of uvicorn's own protocol
 The request path — ActaeApp, a plain ASGI app: Host check, routes, errors, gzip, headers, request notes, once
 App factory — Services and create_app: the route table, the regions' installers, the lifespan
@@ -58,6 +58,7 @@ Fleet: records and schema — region: the fleet gateway's records, its tables, i
 Fleet: remote instances, organisation tokens — keys encrypted beside the database, fleet tokens, tickets
 Fleet: the gateway's manifest, dispatch — local in process, remote over HTTP; keyset queries; the handlers
 Fleet: event streams — the ticketed WebSocket and the NDJSON stream, local or relayed
+Fleet: enrollment — an instance links itself to a gateway (enrollment tokens, enroll, unenroll, the release notice)
 Fleet: routes, the Fleet page and commands — instance, org-token, and how the region plugs in
 """
 from __future__ import annotations
@@ -135,9 +136,9 @@ __all__ = ["ActaeApp", "api_routes", "append_event", "APPROVAL_DECISIONS", "APPR
            "FAILURE_STATES", "FLEET_MANIFEST", "fleet_operation_routes", "GROUP_MESSAGE_STATUSES",
            "is_failure_event", "Job", "LEDGER_OUTCOMES", "list_approvals", "Location", "main",
            "MAX_BODY_BYTES", "MIGRATIONS", "OUTCOMES", "POSTGRES", "prune_runs", "put_metadata", "PutMetadata",
-           "record_event", "RecordEvent", "REPRODUCIBILITY_GRADES", "Retention", "run_jobs", "runs_page",
-           "serve", "Services", "Settings", "SQLITE", "Tx", "usage_of", "uvicorn_config", "WAKEUP_STATUSES",
-           "__version__"]
+           "record_event", "RecordEvent", "ReleaseNotice", "REPRODUCIBILITY_GRADES", "Retention", "run_jobs",
+           "runs_page", "serve", "Services", "Settings", "SQLITE", "Tx", "usage_of", "uvicorn_config",
+           "WAKEUP_STATUSES", "__version__"]
 
 
 def bundle_dir() -> Optional[Path]:
@@ -14084,8 +14085,10 @@ def enrollment_schema(w: SchemaWords) -> str:
         used_at      TEXT,
         instance_id  TEXT
     );
-    ALTER TABLE fleet_instances ADD COLUMN enrolled_at TEXT;   -- NULL: added by `instance add`
-    ALTER TABLE fleet_instances ADD COLUMN link_hash TEXT      -- the enrolled instance's link secret, hashed
+    -- When an instance enrolled itself (NULL: added by `instance add`), and its link secret's hash.
+    -- (No comment after a column: SQLite keeps the text, and the table's definition with it.)
+    ALTER TABLE fleet_instances ADD COLUMN enrolled_at TEXT;
+    ALTER TABLE fleet_instances ADD COLUMN link_hash TEXT
     """
 
 
@@ -14131,7 +14134,7 @@ def linked_instance(conn: Conn, body: LinkRequest) -> Row:
 
 def drop_enrolled(tx: Tx, body: LinkRequest) -> None:
     linked_instance(tx.conn, body)
-    tx.conn.execute("DELETE FROM fleet_instances WHERE id = ?", (body.instance_id,))
+    remove_instance(tx, body.instance_id)
 
 
 async def api_fleet_enrollment_inspect(request: Request, body: EnrollmentToken) -> EnrollmentInfo:
@@ -14298,7 +14301,7 @@ def enrollment_command(args: argparse.Namespace, location: Location) -> int:
     if not any(scopes.values()):
         scopes = {"read": ["*"], "write": ["*"], "delete": [], "admin": []}
     expires_at, token = write_once(location, create_enrollment, args.name, scopes, args.expires_in)
-    print(f"Enrollment token for {args.name}: {scopes_text(scopes)}, expires {expires_at}, one use")
+    print(f"Enrollment token for {args.name}: {scopes_text(permissions_of(scopes))}, expires {expires_at}, one use")
     print(token)
     print(f"(shown once: on the instance, run `actae enroll {token[:10]}... --gateway URL --url ITS_URL`)")
     return 0
