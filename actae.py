@@ -9906,7 +9906,6 @@ class BulkForkAnswer(Answer, kw_only=True):
     forks: list[BulkForked]
     skipped: list[BulkSkipped]
     dry_run: bool
-    replayed: bool = False             # the answer kept under this operation id: nothing new was forked
 
 
 class Approval(Answer, kw_only=True):
@@ -10320,7 +10319,7 @@ def bulk_fork(tx: Tx, req: BulkFork, reach: Reach = EVERYWHERE) -> BulkForkAnswe
         stored = bulk_fork_by_operation(conn, req.operation_id)
         if stored is not None:
             require_same_request(stored["request_hash"], hashed, req.operation_id, "bulk fork")
-            return msgspec.structs.replace(msgspec.json.decode(stored["answer"], type=BulkForkAnswer), replayed=True)
+            return msgspec.json.decode(stored["answer"], type=BulkForkAnswer)
     planned, skipped = plan_bulk_fork(conn, req, reach)
     forks = []
     for item in planned:
@@ -10856,6 +10855,7 @@ def bulk_fork_of_args(args: argparse.Namespace) -> BulkFork:
 def fork_failed_command(args: argparse.Namespace, location: Location) -> int:
     """`actae fork-failed [--status S]... [--since ISO] [--prefix P] [--contains TEXT] [--at K] ...`."""
     req = bulk_fork_of_args(args)
+    replayed = req.operation_id is not None and read_once(location, bulk_fork_by_operation, req.operation_id) is not None
     try:
         answer = read_once(location, preview_bulk_fork, req) if req.dry_run else write_once(location, bulk_fork, req)
     except ActaeError as exc:
@@ -10863,7 +10863,7 @@ def fork_failed_command(args: argparse.Namespace, location: Location) -> int:
     if args.json:
         print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
         return 0
-    print(f"{bulk_fork_summary(answer, req.operation_id)}:")
+    print(f"{bulk_fork_summary(answer, req.operation_id, replayed)}:")
     for item in answer.forks:
         print(f"  {item.source_channel_id} after step {item.step} -> {item.channel_id}")
     if answer.skipped:
@@ -10873,17 +10873,17 @@ def fork_failed_command(args: argparse.Namespace, location: Location) -> int:
     return 0
 
 
-def bulk_fork_summary(answer: BulkForkAnswer, operation_id: Optional[str]) -> str:
-    """How many forks a bulk fork made now, and how many were there already (its operation id's
-    answer again, or the same fork asked for again)."""
+def bulk_fork_summary(answer: BulkForkAnswer, operation_id: Optional[str], replayed: bool) -> str:
+    """How many forks a bulk fork made now, and how many were there already (`replayed`: its operation
+    id's answer again; or the same fork asked for again)."""
     if answer.dry_run:
         return f"Would fork {len(answer.forks)} run(s)"
-    made = 0 if answer.replayed else sum(1 for item in answer.forks if not (item.receipt and item.receipt.replayed))
+    made = 0 if replayed else sum(1 for item in answer.forks if not (item.receipt and item.receipt.replayed))
     again = len(answer.forks) - made
     if not again:
-        return f"Forked {made} new run(s)"
-    by = f"by operation id {operation_id}" if answer.replayed else "by an earlier request for the same forks"
-    return f"Forked {made} new run(s); {again} already made {by}"
+        return f"Forked {made} run(s), all new"
+    by = f"by operation id {operation_id}" if replayed else "by an earlier request for the same forks"
+    return f"Forked {len(answer.forks)} run(s): {made} new, {again} already made {by}"
 
 
 def prune_with(conn: Conn, req: Prune, now: datetime) -> PruneAnswer:

@@ -179,8 +179,8 @@ def test_fork_failed_again_says_what_is_new_and_what_was_there(tmp_path):
         env = {"ACTAE_DATABASE_URL": server.database} if server.database else None
         first = cli("fork-failed", "--operation-id", "op-1", data_dir=server.data_dir, env=env)
         again = cli("fork-failed", "--operation-id", "op-1", data_dir=server.data_dir, env=env)
-    assert "Forked 3 new run(s)" in first.stdout, first.stdout
-    assert "Forked 0 new run(s); 3 already made by operation id op-1" in again.stdout, again.stdout
+    assert "Forked 3 run(s), all new" in first.stdout, first.stdout
+    assert "Forked 3 run(s): 0 new, 3 already made by operation id op-1" in again.stdout, again.stdout
 
 
 # --- the favicon, Prometheus, Phoenix ---------------------------------------------------------------

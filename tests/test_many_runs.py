@@ -229,16 +229,19 @@ def page_twins(srv, channels: list) -> dict:
         c.close()
 
 
+# Back to a database made before migration 9 (many runs): what 9 and every later one added goes.
+LATER = ["DROP TABLE step_usage", "DROP TABLE fleet_enrollments", "ALTER TABLE fleet_instances DROP COLUMN enrolled_at",
+         "ALTER TABLE fleet_instances DROP COLUMN link_hash"]
 DOWNGRADE = {
-    "sqlite": ["DROP INDEX channels_by_state", "DROP INDEX channels_roots_by_activity", "DROP INDEX channels_by_origin",
+    "sqlite": [*LATER, "DROP INDEX channels_by_state", "DROP INDEX channels_roots_by_activity", "DROP INDEX channels_by_origin",
                "DROP TABLE approvals", "DROP TABLE bulk_forks", "ALTER TABLE channels DROP COLUMN run_state",
                "ALTER TABLE channels DROP COLUMN last_state_status", "ALTER TABLE channels DROP COLUMN error_cursor",
                "ALTER TABLE channels DROP COLUMN last_event_type", "PRAGMA user_version = 8"],
-    "postgresql": ["DROP INDEX channels_by_state", "DROP INDEX channels_roots_by_activity",
+    "postgresql": [*LATER, "ALTER TABLE events DROP COLUMN seq", "DROP INDEX channels_by_state", "DROP INDEX channels_roots_by_activity",
                    "DROP INDEX channels_by_origin", "DROP TABLE approvals", "DROP TABLE bulk_forks",
                    "ALTER TABLE channels DROP COLUMN run_state, DROP COLUMN last_state_status,"
                    " DROP COLUMN error_cursor, DROP COLUMN last_event_type",
-                   "DELETE FROM actae_migrations WHERE version = (SELECT MAX(version) FROM actae_migrations)"],
+                   "DELETE FROM actae_migrations WHERE version >= 5"],
 }
 
 
