@@ -3218,6 +3218,7 @@ class Database:
         # whether a job may commit on the event loop's thread when it is alone (create_app says which)
         self.lone_write_here: Callable[[Job], bool] = lambda job: False
         self.last_batch_seconds = math.inf
+        self.here_seconds_max = HERE_COMMIT_SECONDS_MAX   # a batch quicker than this lets the next lone one commit here
         self._writer_task: Optional[asyncio.Task] = None
         self._listener_task: Optional[asyncio.Task] = None
         self.on_commit: Callable[[list, Any], None] = lambda events, exclude: None
@@ -3266,10 +3267,6 @@ class Database:
         if self._closed:
             raise ShuttingDown()
         job.future = self._loop.create_future()
-        if self._here is not None and not job.bare and self.lone_write_here(job):
-            # Requests that arrived together with this one may not have run yet: one turn of the
-            # loop lets them show themselves (lone_write_here counts them), so they commit together.
-            await asyncio.sleep(0)
         if not self._committed_here(job):
             self._jobs.put(job)
         return await job.future
@@ -3280,7 +3277,7 @@ class Database:
         A lone request then skips two thread switches (a tenth of its time on a two-core VM); the
         loop waits on the disk meanwhile, which is why a slow commit sends the next ones to the
         writer's thread until one is quick again."""
-        if (self._here is None or job.bare or self.last_batch_seconds > HERE_COMMIT_SECONDS_MAX
+        if (self._here is None or job.bare or self.last_batch_seconds > self.here_seconds_max
                 or not self._jobs.empty() or not self.lone_write_here(job)):
             return False
         if not self._writing.acquire(blocking=False):
@@ -8838,6 +8835,7 @@ class BoundedHttp(asyncio.Protocol):
     the subclass that `bounded_http` makes."""
 
     settings: Settings
+    arrivals: Optional[Arrivals] = None
 
     def __init__(self, **uvicorn_keywords):
         self.inner: asyncio.BaseProtocol = uvicorn_http_protocol()(**uvicorn_keywords)
@@ -8933,6 +8931,8 @@ class BoundedHttp(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.in_head = False
         self.disarm()
+        if self.arrivals is not None and not self.parser.should_upgrade():
+            self.arrivals.heads += 1
         if self.body_expected and not self.parser.should_upgrade():
             self.arm(self.settings.body_timeout, self.body_timed_out)
 
@@ -8974,8 +8974,17 @@ class BoundedHttp(asyncio.Protocol):
             self.transport.close()
 
 
-def bounded_http(settings: Settings) -> type:
-    return type("ActaeHttp", (BoundedHttp,), {"settings": settings})
+def bounded_http(settings: Settings, arrivals: Optional["Arrivals"] = None) -> type:
+    return type("ActaeHttp", (BoundedHttp,), {"settings": settings, "arrivals": arrivals})
+
+
+@dataclass
+class Arrivals:
+    """Requests whose head this server's connections have read: with the answers the app has
+    finished, it says how many are in flight, tasks uvicorn made and has not run yet included
+    (a lone write commits on the event loop only when it is the one)."""
+
+    heads: int = 0
 
 
 def raise_open_file_limit() -> None:
@@ -9159,6 +9168,14 @@ class ActaeApp:
         self.lifespan = lifespan
         self.static = StaticFiles(directory=str(UI_DIR / "static"))
         self.in_flight = 0                    # HTTP requests being answered (a lone write may commit here)
+        self.arrivals = Arrivals()            # heads BoundedHttp read, when it serves this app (uvicorn_config)
+        self.answered = 0                     # HTTP requests answered since
+
+    def requests_in_flight(self) -> int:
+        """Requests being answered, or read and waiting for their turn (when BoundedHttp counts them:
+        under another server only those already inside the app)."""
+        waiting = self.arrivals.heads - self.answered if self.arrivals.heads else 0
+        return max(self.in_flight, waiting)
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         scope["app"] = self
@@ -9176,6 +9193,7 @@ class ActaeApp:
             route = await self.respond(scope, receive, self.noting_send(send, noted))
         finally:
             self.in_flight -= 1
+            self.answered += 1
         note_request(self.services, route, scope["method"], noted[0] if noted else 500, time.perf_counter() - started,
                      scope)
 
@@ -9395,7 +9413,7 @@ def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: O
             await db.close()
 
     app = ActaeApp(services, app_endpoints(), lifespan)
-    db.lone_write_here = lambda job: job.work in LONE_WRITES and app.in_flight <= 1
+    db.lone_write_here = lambda job: job.work in LONE_WRITES and app.requests_in_flight() <= 1
     return app
 
 
@@ -9639,7 +9657,8 @@ def options_of(args: argparse.Namespace) -> dict:
 
 def uvicorn_config(app: ActaeApp, settings: Settings) -> uvicorn.Config:
     """uvicorn behind the connection's bounds (BoundedHttp); what it cannot bound itself is bounded there."""
-    return uvicorn.Config(app, http=bounded_http(settings), log_config=None, access_log=False,
+    arrivals = app.arrivals if isinstance(app, ActaeApp) else None
+    return uvicorn.Config(app, http=bounded_http(settings, arrivals), log_config=None, access_log=False,
                           lifespan="on", ws_max_size=MAX_BODY_BYTES, timeout_graceful_shutdown=10,
                           limit_concurrency=settings.max_connections,
                           timeout_keep_alive=settings.keepalive_timeout)

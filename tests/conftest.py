@@ -240,6 +240,21 @@ async def _poll_async(predicate, first, started, timeout, what, every):
 # The server as a subprocess, and its command line
 # --------------------------------------------------------------------------------------------
 
+# Every server this session started, and what a log line must never carry: a key, a token, a ticket.
+SERVERS: list = []
+ISSUED_SECRET = re.compile(r"\b(sk|ot|tk|en|ft)-[A-Za-z0-9_-]{20,}|\beyJ[A-Za-z0-9_-]{20,}\.")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_secret_in_any_server_log():
+    """After the whole suite: no server printed a key or token in a log line (its banner's first-start
+    `API key:` line is the one place a key is shown, on purpose)."""
+    yield
+    leaked = [f"{srv.data_dir}: {line[:200]}" for srv in SERVERS for line in srv.lines
+              if ISSUED_SECRET.search(line) and not line.startswith("API key:")]
+    assert not leaked, "a secret in a server's log:\n" + "\n".join(leaked[:20])
+
+
 class ServerProcess:
     """A running Actae server: `.url`, `.key` (None when it printed no new key), `.lines`.
 
@@ -271,6 +286,7 @@ class ServerProcess:
         self.proc: subprocess.Popen | None = None
         self.startup_seconds: float | None = None
         self._header_done = threading.Event()
+        SERVERS.append(self)
 
     def start(self, timeout=30.0) -> "ServerProcess":
         started = time.monotonic()
