@@ -65,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import base64
 import collections
 import concurrent.futures
@@ -9095,16 +9096,49 @@ def error_response(request: Request, exc: Exception) -> Response:
 ACCESS_LOG = logging.getLogger("actae.access")
 
 
+class AccessLines:
+    """The access log of a server that main() started: each request leaves a tuple here, and a timer
+    thread formats and writes them together a few times a second, as the log's own lines would read
+    (text or JSON): a request pays for an append, not for a log record, a format and a write."""
+
+    FLUSH_SECONDS = 0.25
+
+    def __init__(self, handler: logging.Handler):
+        self.handler, self.pending, self.lock = handler, [], threading.Lock()
+        self.timer: Optional[threading.Timer] = None
+
+    def add(self, entry: tuple) -> None:
+        with self.lock:
+            self.pending.append(entry)
+            if self.timer is None:
+                self.timer = threading.Timer(self.FLUSH_SECONDS, self.flush)
+                self.timer.daemon = True
+                self.timer.start()
+
+    def flush(self) -> None:
+        with self.lock:
+            entries, self.pending, self.timer = self.pending, [], None
+        for at, method, route, status, seconds, who in entries:
+            record = logging.LogRecord(ACCESS_LOG.name, logging.INFO, __file__, 0, "%s %s %d %.1fms %s",
+                                       (method, route, status, seconds * 1000, who), None)
+            record.created = at
+            record.fields = {"method": method, "route": route, "status": status,
+                             "duration_ms": round(seconds * 1000, 2), "principal": who}
+            self.handler.handle(record)
+        self.handler.flush()
+
+
+ACCESS_LINES: list = []               # the one AccessLines of a process main() configured (else none)
+
+
 def note_request(services: "Services", route: str, method: str, status: int, seconds: float,
                  scope: Optional[dict] = None) -> None:
     """A finished request: one access line (the route's template, never its values: no key or ticket
     in a query string reaches the log; who asked, by name), then whoever listens (metrics)."""
-    if ACCESS_LOG.isEnabledFor(logging.INFO):
+    if ACCESS_LINES:
         principal = (scope or {}).get("state", {}).get("principal")
-        who = principal.actor if principal is not None else "-"
-        ACCESS_LOG.info("%s %s %d %.1fms %s", method, route, status, seconds * 1000, who,
-                        extra={"fields": {"method": method, "route": route, "status": status,
-                                          "duration_ms": round(seconds * 1000, 2), "principal": who}})
+        ACCESS_LINES[0].add((time.time(), method, route, status, seconds,
+                             principal.actor if principal is not None else "-"))
     for hear in REQUEST_OBSERVERS:
         hear(services, route, method, status, seconds)
 
@@ -9634,6 +9668,8 @@ def configure_logging(level: str, form: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
+    ACCESS_LINES[:] = [AccessLines(handler)] if ACCESS_LOG.isEnabledFor(logging.INFO) else []
+    atexit.register(lambda: [lines.flush() for lines in ACCESS_LINES])
     logging.getLogger("uvicorn").setLevel(max(logging.WARNING, root.level))
 
 
