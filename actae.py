@@ -11815,6 +11815,9 @@ class Metrics:
             " recorded it: cost or cost_usd)", registry=r)
         for direction in ("input", "output"):
             self.saved_tokens.labels(direction)
+        # forks committed since the last scrape: what they saved is read when /metrics is asked, in one
+        # read, so a fork's write path pays for a list append only
+        self.forks_to_count: list = []
         self.spans_exported = prometheus_client.Counter(
             "actae_spans_exported", "Spans the OTLP collector accepted", registry=r)
         self.spans_dropped = prometheus_client.Counter(
@@ -11878,6 +11881,16 @@ class Metrics:
         finally:
             if self._reading is reading:
                 self._reading = None
+
+    async def count_savings(self, db: "Database") -> None:
+        """Add what the forks made since the last scrape inherited to the saved-token and cost counters."""
+        forks, self.forks_to_count = self.forks_to_count, []
+        if not forks:
+            return
+        for saving in await db.read(fork_savings, forks):
+            self.saved_tokens.labels("input").inc(saving.saved.input_tokens)
+            self.saved_tokens.labels("output").inc(saving.saved.output_tokens)
+            self.saved_cost.inc(saving.saved.cost or 0.0)
 
     def text(self) -> bytes:
         return prometheus_client.generate_latest(self.registry)
@@ -12427,35 +12440,27 @@ class TraceExport:
         self.processor.shutdown()
 
 
-def count_savings(db: "Database", metrics: Metrics, forks: list, pending: set) -> None:
-    """What the forks just made inherited, read after their commit and added to the counters."""
-    async def read() -> None:
-        for channel_id in forks:
-            try:
-                saving = await db.read(fork_saving, channel_id)
-            except ActaeError:
-                continue                               # deleted meanwhile
-            if saving is not None:
-                metrics.saved_tokens.labels("input").inc(saving.saved.input_tokens)
-                metrics.saved_tokens.labels("output").inc(saving.saved.output_tokens)
-                metrics.saved_cost.inc(saving.saved.cost or 0.0)
-    task = asyncio.get_running_loop().create_task(read())
-    pending.add(task)
-    task.add_done_callback(pending.discard)
+def fork_savings(conn: Conn, channel_ids: list) -> list:
+    """What each of these forks inherited (the ones still there)."""
+    found = []
+    for channel_id in channel_ids:
+        try:
+            saving = fork_saving(conn, channel_id)
+        except ActaeError:
+            continue                                   # deleted meanwhile
+        if saving is not None:
+            found.append(saving)
+    return found
 
 
 def forks_made(events: list) -> list:
     return [event.channel_id for event in events if event.type == "fork.started"]
 
 
-def observer(metrics: Metrics, traces: Optional[TraceExport], db: Optional["Database"] = None) -> Callable:
+def observer(metrics: Metrics, traces: Optional[TraceExport]) -> Callable:
     """Database.on_batch: count the batch, and hand its events to the live export."""
-    pending: set = set()
-
     def on_batch(jobs: list, outcomes: list, seconds: float) -> None:
-        made = forks_made([event for _, events in outcomes if events for event in events])
-        if made and db is not None:
-            count_savings(db, metrics, made, pending)
+        metrics.forks_to_count += forks_made([event for _, events in outcomes if events for event in events])
         ended = metrics.observe_batch(jobs, outcomes, seconds)
         if traces is not None:
             events = [event for _, events in outcomes if events for event in events]
@@ -12485,6 +12490,7 @@ async def metrics_text(request: Request) -> Response:
     """Prometheus metrics (the list: see "Observability: traces and metrics")."""
     metrics = request.app.services.region(Metrics)
     await metrics.refresh_stored(db_of(request))
+    await metrics.count_savings(db_of(request))
     return Response(metrics.text(), media_type=prometheus_client.CONTENT_TYPE_LATEST)
 
 
@@ -12565,7 +12571,7 @@ def install_observability(services: Services, options: dict) -> tuple:
     metrics = services.regions[Metrics] = Metrics()
     otlp = options.get("otlp")
     traces = services.regions[TraceExport] = TraceExport(services.db, otlp, metrics) if otlp else None
-    services.db.on_batch = observer(metrics, traces, services.db)
+    services.db.on_batch = observer(metrics, traces)
     metrics.registry.register(LiveFigures(services, metrics))
     return ([traces.start], [traces.stop]) if traces else ([], [])
 
