@@ -70,8 +70,8 @@ def test_enroll_answer_through_the_gateway_then_unenroll(tmp_path):
 
 
 def test_a_used_or_expired_enrollment_token_is_refused_clearly(tmp_path):
-    with ServerProcess(tmp_path / "gw").start() as gateway, ServerProcess(tmp_path / "a").start() as first, \
-            ServerProcess(tmp_path / "b").start() as second:
+    with (ServerProcess(tmp_path / "gw").start() as gateway, ServerProcess(tmp_path / "a").start() as first,
+          ServerProcess(tmp_path / "b").start() as second):
         token = enrollment(gateway)
         enroll(first, token, "--gateway", gateway.url, "--url", first.url)
         used = enroll(second, token, "--gateway", gateway.url, "--url", second.url, check=False)

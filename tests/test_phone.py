@@ -171,10 +171,10 @@ def test_every_page_fits_the_screen_with_its_actions_in_reach(browser, fleet, da
         page.screenshot(path=str(picture), full_page=True)
         seen = page.evaluate(MEASURE, [ACTIONS, viewport["width"]])
         where = f"{name} ({PAGES[name]}) at {viewport['width']}px, screenshot {picture}"
-        problems = ([f"the page is {seen['scrollWidth']}px wide"] if seen["scrollWidth"] > seen["width"] else []) \
-            + ([f"window.innerWidth is {seen['innerWidth']}px"] if seen["innerWidth"] > seen["width"] else []) \
-            + [f"scrolls sideways: {s}" for s in seen["scrolled"]] \
-            + [f"outside the screen: {o}" for o in seen["outside"]]
+        problems = (([f"the page is {seen['scrollWidth']}px wide"] if seen["scrollWidth"] > seen["width"] else [])
+                    + ([f"window.innerWidth is {seen['innerWidth']}px"] if seen["innerWidth"] > seen["width"] else [])
+                    + [f"scrolls sideways: {s}" for s in seen["scrolled"]]
+                    + [f"outside the screen: {o}" for o in seen["outside"]])
         assert not problems, f"{where}:\n  " + "\n  ".join(problems)
         icon = page.evaluate("() => [...document.querySelectorAll('link[rel=icon]')].map(l => l.getAttribute('href'))")
         assert icon == ["/static/favicon.svg"], f"{where}: icon links {icon}"

@@ -221,11 +221,11 @@ def test_capabilities_through_the_gateway_are_the_callers_effective_scopes(fleet
     assert status == 200
     # the fleet token's patterns, as the remote admin key allows all of them
     assert reader_caps["permissions"] == {"read": ["ci-*"], "write": [], "delete": [], "admin": []}, reader_caps
-    assert on_admin_remote["permissions"] == {"read": ["ci-*"], "write": ["ci-*"], "delete": [], "admin": []}, \
-        on_admin_remote
+    assert on_admin_remote["permissions"] == {"read": ["ci-*"], "write": ["ci-*"], "delete": [], "admin": []}, (
+        on_admin_remote)
     # the remote's key may only read: whatever the token grants, nothing may be written there
-    assert on_read_only_remote["permissions"] == {"read": ["ci-*"], "write": [], "delete": [], "admin": []}, \
-        on_read_only_remote
+    assert on_read_only_remote["permissions"] == {"read": ["ci-*"], "write": [], "delete": [], "admin": []}, (
+        on_read_only_remote)
 
 
 # --- `actae instance add` without the key on the command line ------------------------------------------
@@ -517,8 +517,8 @@ def test_deciding_an_out_of_scope_request_answers_as_an_unknown_one(runs, approv
     hidden = decide(runs, approvals, runs.inv)
     unknown = decide(runs, "rq-no-such-request", runs.inv)
     assert "other-a1" not in json.dumps(hidden[1]), hidden
-    assert (hidden[0], masked(hidden[1], approvals)) == (unknown[0], masked(unknown[1], "rq-no-such-request")), \
-        (hidden, unknown)
+    assert (hidden[0], masked(hidden[1], approvals)) == (unknown[0], masked(unknown[1], "rq-no-such-request")), (
+        hidden, unknown)
     status, _, listed = http("GET", runs.url + "/api/v1/approvals?channel_id=other-a1", key=runs.key)
     assert [a["status"] for a in listed["approvals"]] == ["pending"]
 

@@ -127,8 +127,7 @@ def test_request_defaults_are_optional_and_free_form_objects_are_open(project):
 
 # The generic `call` is the one place wire JSON enters typed code (JSON.parse): the path template
 # and method pick the parameter, body and answer types from `paths`.
-PRELUDE = """\
-import type { paths } from "./api";
+PRELUDE = """import type { paths } from "./api";
 
 const BASE: string = __BASE__;
 const KEY: string = __KEY__;
