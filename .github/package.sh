@@ -11,6 +11,11 @@
 # (default: python, else python3; it needs requirements.txt and pyinstaller installed). $ACTAE_DIST
 # is where the archive and SHA256SUMS go (default: dist; relative to the checkout). Prints the
 # archive's path last. Runs under Git Bash on Windows.
+#
+# Two runs on the same checkout, machine and environment write byte-identical archives (see
+# docs/install.md, "Reproducible builds"): every timestamp is $SOURCE_DATE_EPOCH (default: the
+# commit's time, `git log -1 --format=%ct`), PyInstaller runs with a fixed PYTHONHASHSEED, and the
+# archive is written with fixed mtime, owner, mode and gzip header.
 set -euo pipefail
 
 usage() {
@@ -52,6 +57,28 @@ if [ "$host" != "$platform" ]; then
   exit 2
 fi
 
+# Reproducible builds. Every timestamp that ends up in the archive is SOURCE_DATE_EPOCH
+# (https://reproducible-builds.org/specs/source-date-epoch/): the caller's, else the time of the
+# commit being built, so any build of one commit stamps the same time whenever it runs.
+if [ -z "${SOURCE_DATE_EPOCH:-}" ]; then
+  SOURCE_DATE_EPOCH=$(git log -1 --format=%ct 2>/dev/null) || SOURCE_DATE_EPOCH=
+  SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH//$'\r'/}    # should a git on Windows end its line with CRLF
+  if [ -z "$SOURCE_DATE_EPOCH" ]; then
+    echo "package.sh: not a git checkout; set SOURCE_DATE_EPOCH (seconds since 1970) to build" >&2
+    exit 2
+  fi
+fi
+digits='^[0-9]+$'
+if ! [[ $SOURCE_DATE_EPOCH =~ $digits ]]; then
+  echo "package.sh: bad SOURCE_DATE_EPOCH '$SOURCE_DATE_EPOCH' (expected seconds since 1970)" >&2
+  exit 2
+fi
+export SOURCE_DATE_EPOCH
+# PyInstaller's own advice for reproducible builds. With a random seed, two builds differed in
+# base_library.zip: the same .pyc files, written in the order of a Python set (and a seed also
+# orders the frozensets in marshalled code).
+export PYTHONHASHSEED=0
+
 dist=${ACTAE_DIST:-dist}
 work=build/package-$platform    # build/ is git-ignored
 rm -rf "$work"
@@ -66,24 +93,38 @@ ACTAE_VERSION=$version "$python" -m PyInstaller --noconfirm --log-level WARN \
 
 # The archive holds the one file at its top level, executable, so the first step for a user is
 # `tar -xzf actae-VERSION-PLATFORM.tar.gz && ./actae`. Python writes both kinds the same way on
-# every runner (Git Bash has no zip), with mode 755 and no build user's name in the tar.
-"$python" - "$work/dist/$exe" "$dist/$archive" <<'PY'
-import sys, tarfile, zipfile
+# every runner (Git Bash has no zip), with mode 755 and no build user's name in the tar. Nothing
+# of the build machine or the moment goes in: the member's mtime (and the gzip header's) is
+# SOURCE_DATE_EPOCH, owner 0:0 with no names, the gzip header carries no file name (`gzip -n`),
+# and the zip entry's date is SOURCE_DATE_EPOCH in UTC.
+"$python" - "$work/dist/$exe" "$dist/$archive" "$SOURCE_DATE_EPOCH" <<'PY'
+import gzip, shutil, sys, tarfile, time, zipfile
 
-exe, out = sys.argv[1], sys.argv[2]
+exe, out, epoch = sys.argv[1], sys.argv[2], int(sys.argv[3])
 name = exe.replace("\\", "/").rsplit("/", 1)[-1]
 if out.endswith(".zip"):
-    with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z:
-        z.write(exe, name)
+    # a zip entry's date has no zone, counts in 2 s steps and starts in 1980
+    stamp = time.gmtime(max(epoch, 315532800))[:6]
+    info = zipfile.ZipInfo(name, date_time=stamp)
+    info.compress_type = zipfile.ZIP_DEFLATED
+    info.create_system = 3                       # "Unix", so that the mode below is read
+    info.external_attr = (0o100755 << 16)
+    with zipfile.ZipFile(out, "w") as z, open(exe, "rb") as src, z.open(info, "w") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
 else:
-    def owned_by_nobody_in_particular(info):
+    with open(exe, "rb") as src:
+        src.seek(0, 2)
+        info = tarfile.TarInfo(name)
+        info.size = src.tell()
+        src.seek(0)
+        info.mtime = epoch
+        info.mode = 0o755
         info.uid = info.gid = 0
         info.uname = info.gname = ""
-        info.mode = 0o755
-        return info
-
-    with tarfile.open(out, "w:gz") as t:
-        t.add(exe, name, filter=owned_by_nobody_in_particular)
+        with open(out, "wb") as raw, \
+                gzip.GzipFile(filename="", mode="wb", fileobj=raw, compresslevel=9, mtime=epoch) as gz, \
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.USTAR_FORMAT) as t:
+            t.addfile(info, src)
 PY
 
 # `HASH  NAME`, two spaces, LF: the line `sha256sum -c SHA256SUMS` (or `shasum -a 256 -c`) checks.

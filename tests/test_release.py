@@ -4,8 +4,14 @@ runs) makes an archive that checks against SHA256SUMS, unpacks to one executable
 version it was given, serves, and passes the fork walkthrough (`.github/smoke.py`, which the
 release jobs run too).
 
-The packaging test is slow (one PyInstaller build, ~30 s) and runs in CI by default; it skips only
-where it cannot work: no PyInstaller, no bash, or a platform the release does not build.
+Two builds of the same sources write the same bytes (docs/install.md, "Reproducible builds"): the
+archive is stamped with SOURCE_DATE_EPOCH (the commit's time by default) and nothing else of the
+build's moment, machine or user, and two builds from copies of the checkout at two different paths
+have the same SHA-256.
+
+The packaging tests are slow (one PyInstaller build, ~30 s to a minute, for the archive the others
+check; two more for the reproducibility check) and run in CI by default; they skip only where they
+cannot work: no PyInstaller, no bash, or a platform the release does not build.
 """
 from __future__ import annotations
 
@@ -32,6 +38,9 @@ SMOKE = ROOT / ".github" / "smoke.py"
 PLATFORMS = {"linux-x86_64", "linux-arm64", "macos-arm64", "macos-x86_64", "windows-x86_64"}
 VERSION = "1.2.3-rc.4"           # not actae.py's own version, so the stamp is what gets printed
 BUILD_TIMEOUT = 900
+# What .github/package.sh and build.spec read from the checkout: a build of a copy of these is a
+# build of the checkout.
+BUILD_INPUTS = ["actae.py", "build.spec", "ui", ".github/package.sh"]
 
 
 def host_platform() -> str:
@@ -205,13 +214,57 @@ def test_package_refuses_another_platform():
     assert res.returncode == 2 and "does not cross-compile" in res.stderr, output(res)
 
 
+def commit_time() -> int:
+    """package.sh's SOURCE_DATE_EPOCH when none is given: the time of the checkout's commit."""
+    res = subprocess.run(["git", "log", "-1", "--format=%ct"], cwd=str(ROOT), capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, output(res)
+    return int(res.stdout.strip())
+
+
+def without_git(tmp_path: Path) -> dict:
+    """An environment in which package.sh, copied under tmp_path, finds no git checkout around it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SOURCE_DATE_EPOCH", "GIT_DIR", "GIT_WORK_TREE")}
+    env.update(PYTHON=sys.executable, GIT_CEILING_DIRECTORIES=str(tmp_path))
+    return env
+
+
+def copy_of_package_sh(tmp_path: Path) -> Path:
+    (tmp_path / "src" / ".github").mkdir(parents=True)
+    script = tmp_path / "src" / ".github" / "package.sh"
+    shutil.copy(PACKAGE, script)
+    return script
+
+
+def test_package_without_a_commit_time_refuses(tmp_path):
+    """Outside a git checkout there is no commit time to stamp: package.sh asks for SOURCE_DATE_EPOCH
+    rather than stamping the moment of the build (before it builds anything)."""
+    script = copy_of_package_sh(tmp_path)
+    res = subprocess.run([bash(), str(script), "1.2.3", host_platform()], env=without_git(tmp_path),
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "set SOURCE_DATE_EPOCH" in res.stderr, output(res)
+
+
+@pytest.mark.parametrize("value", ["yesterday", "-1", "1.5", "17 96"])
+def test_package_refuses_a_bad_source_date_epoch(tmp_path, value):
+    script = copy_of_package_sh(tmp_path)
+    res = subprocess.run([bash(), str(script), "1.2.3", host_platform()],
+                         env={**without_git(tmp_path), "SOURCE_DATE_EPOCH": value}, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 2 and "bad SOURCE_DATE_EPOCH" in res.stderr, output(res)
+
+
+def build_here(plat: str) -> None:
+    pytest.importorskip("PyInstaller", reason="PyInstaller is not installed (pip install -r requirements-dev.txt)")
+    if plat not in PLATFORMS:
+        pytest.skip(f"the release builds no archive for {plat}")
+
+
 @pytest.fixture(scope="module")
 def packaged(tmp_path_factory, record_testsuite_property):
     """`.github/package.sh VERSION <this platform>` into a temp dist; returns (dist, archive)."""
-    pytest.importorskip("PyInstaller", reason="PyInstaller is not installed (pip install -r requirements-dev.txt)")
     plat = host_platform()
-    if plat not in PLATFORMS:
-        pytest.skip(f"the release builds no archive for {plat}")
+    build_here(plat)
     dist = tmp_path_factory.mktemp("release-dist")
     env = {k: v for k, v in os.environ.items() if k != "ACTAE_VERSION"}
     env.update(PYTHON=sys.executable, ACTAE_DIST=str(dist))
@@ -315,3 +368,117 @@ def test_smoke_fails_a_tampered_or_mislabelled_archive(packaged, tmp_path):
     (relabelled / "SHA256SUMS").write_text(f"{hashlib.sha256(other.read_bytes()).hexdigest()}  {other.name}\n")
     res = subprocess.run([sys.executable, str(SMOKE), str(other)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 1 and "not 'actae 9.9.9'" in res.stderr, output(res)
+
+
+# --------------------------------------------------------------------------- reproducible builds
+
+
+@pytest.mark.slow
+def test_archive_carries_the_commits_time_and_no_builder(packaged):
+    """Nothing of the moment or the machine of the build: the member's mtime (and the gzip header's)
+    is SOURCE_DATE_EPOCH, by default the commit's time; owner 0:0 without names; no file name in
+    the gzip header (`gzip -n`)."""
+    _, archive = packaged
+    epoch = int(os.environ["SOURCE_DATE_EPOCH"]) if os.environ.get("SOURCE_DATE_EPOCH") else commit_time()
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as z:
+            (info,) = z.infolist()
+        assert info.date_time == time.gmtime(max(epoch, 315532800))[:6], info
+        assert info.external_attr >> 16 == 0o100755, oct(info.external_attr >> 16)
+        return
+    with tarfile.open(archive) as t:
+        (info,) = t.getmembers()
+        assert (info.name, info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname, t.pax_headers) == (
+            "actae", epoch, 0o755, 0, 0, "", "", {}), info.get_info()
+    head = archive.read_bytes()[:10]
+    assert head[:3] == b"\x1f\x8b\x08" and head[3] == 0, head.hex()                  # deflate; no FNAME, no FEXTRA
+    assert int.from_bytes(head[4:8], "little") == epoch, head.hex()
+
+
+def archive_members(archive: Path, into: Path) -> Path:
+    """The executable unpacked from `archive` into the folder `into`."""
+    into.mkdir()
+    if archive.name.endswith(".zip"):
+        with zipfile.ZipFile(archive) as z:
+            z.extractall(into)
+    else:
+        with tarfile.open(archive) as t:
+            t.extractall(into)
+    (exe,) = into.iterdir()
+    return exe
+
+
+def where_they_differ(first: Path, second: Path, tmp_path: Path) -> str:
+    """For the failure message: which part of two archives differs (the wrapper, the executable, a
+    member of PyInstaller's CArchive, a module in base_library.zip or in the PYZ)."""
+    exe1, exe2 = archive_members(first, tmp_path / "first"), archive_members(second, tmp_path / "second")
+    a, b = exe1.read_bytes(), exe2.read_bytes()
+    if a == b:
+        return "the executables are identical: the archive around them differs (mtime, owner, gzip header?)"
+    at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    lines = [f"the executables differ: {len(a)} and {len(b)} bytes, first at byte {at}"]
+    try:
+        import io
+
+        from PyInstaller.archive.readers import CArchiveReader
+
+        c1, c2 = CArchiveReader(str(exe1)), CArchiveReader(str(exe2))
+        if set(c1.toc) != set(c2.toc):
+            lines.append(f"CArchive members in only one: {sorted(set(c1.toc) ^ set(c2.toc))}")
+        for name in sorted(set(c1.toc) & set(c2.toc)):
+            if c1.toc[name][-1] == "z":                           # the PYZ: compare its modules
+                y1, y2 = c1.open_embedded_archive(name), c2.open_embedded_archive(name)
+                if list(y1.toc) != list(y2.toc):
+                    lines.append(f"{name}: its modules are in another order or are others")
+                lines += [f"{name}: module {m} differs" for m in sorted(set(y1.toc) & set(y2.toc))
+                          if y1.extract(m, raw=True) != y2.extract(m, raw=True)][:30]
+                continue
+            d1, d2 = c1.extract(name), c2.extract(name)
+            if d1 == d2:
+                continue
+            lines.append(f"CArchive member {name} differs")
+            if name.endswith(".zip"):                             # base_library.zip
+                z1, z2 = zipfile.ZipFile(io.BytesIO(d1)), zipfile.ZipFile(io.BytesIO(d2))
+                if z1.namelist() != z2.namelist():
+                    lines.append(f"  its members are in another order: {z1.namelist()[:4]}... / "
+                                 f"{z2.namelist()[:4]}...")
+                lines += [f"  {n} differs" for n in z1.namelist() if n in z2.namelist() and z1.read(n) != z2.read(n)]
+    except Exception as exc:  # the message is a diagnosis, not the assertion
+        lines.append(f"(could not look inside: {exc!r})")
+    return "\n".join(lines)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(bool(os.environ.get("ACTAE_TEST_DATABASE_URL")),
+                    reason="a build does not touch the database: the SQLite pass builds twice, not the PostgreSQL one")
+def test_two_builds_write_the_same_archive(tmp_path):
+    """Build twice with package.sh, from two copies of the checkout at two different paths into two
+    ACTAE_DIST folders: the same SHA-256, the same SHA256SUMS line. (Copies, so that an edit in the
+    checkout during the minutes the builds take cannot be mistaken for a build that differs, and so
+    that the build is shown not to depend on where the checkout is.)"""
+    plat = host_platform()
+    build_here(plat)
+    bash_ = bash()
+    epoch = str(commit_time())
+    archives = []
+    for n in ("first", "second-somewhere-else"):
+        src = tmp_path / n / "src"
+        if not archives:
+            for item in BUILD_INPUTS:
+                (src / item).parent.mkdir(parents=True, exist_ok=True)
+                (shutil.copytree if (ROOT / item).is_dir() else shutil.copy2)(ROOT / item, src / item)
+        else:         # the first copy's sources, whatever happened in the checkout since
+            shutil.copytree(tmp_path / "first" / "src", src, ignore=shutil.ignore_patterns("build"))
+        dist = tmp_path / n / "dist"
+        env = {k: v for k, v in os.environ.items() if k not in ("ACTAE_VERSION", "PYTHONHASHSEED")}
+        env.update(PYTHON=sys.executable, ACTAE_DIST=str(dist), SOURCE_DATE_EPOCH=epoch)
+        res = subprocess.run([bash_, str(src / ".github" / "package.sh"), VERSION, plat], env=env, cwd=str(src),
+                             capture_output=True, text=True, timeout=BUILD_TIMEOUT)
+        assert res.returncode == 0, output(res)
+        archive = dist / archive_name(VERSION, plat)
+        assert res.stdout.strip().splitlines()[-1] == str(archive), output(res)
+        archives.append(archive)
+    first, second = archives
+    hashes = [hashlib.sha256(a.read_bytes()).hexdigest() for a in archives]
+    assert hashes[0] == hashes[1], where_they_differ(first, second, tmp_path / "unpacked")
+    assert (first.parent / "SHA256SUMS").read_bytes() == (second.parent / "SHA256SUMS").read_bytes()
