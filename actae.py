@@ -3077,9 +3077,9 @@ class SqliteEngine(Engine):
         for _ in range(self._reader_count):
             reader = await self._connect()
             await self._call(reader, configure_sqlite)
+            self._readers.append(reader)
         for conn in (self._writer, *self._readers):
             aiosqlite_internals(conn)[1].states = self.states
-            self._readers.append(reader)
 
     async def _connect(self) -> aiosqlite.Connection:
         # check_same_thread=False: a lone write may run on the event loop's thread (Database._committed_here).
