@@ -179,6 +179,7 @@ LEASE_DEFAULT, LEASE_MIN, LEASE_MAX = 60, 1, 86400
 INT64_MAX = 2**63 - 1                  # SQLite's INTEGER (and PostgreSQL's BIGINT) range
 KEY_NAME_MAX_BYTES = 512
 LINEAGE_MAX_DEPTH = 64                 # forks of forks; every lineage walk stops here
+ID_BATCH = 500                         # ids per query where a list of ids is looked up or deleted in batches
 DIFF_MAX_ENTRIES = 1000
 WRITE_BATCH_MAX = 256
 HERE_COMMIT_SECONDS_MAX = 0.002        # a lone write commits on the event loop's thread while commits take less
@@ -258,6 +259,7 @@ FAILURE_STATES = ("failed", "crashed")
 # snapshot whose `status` is failed or error; the SDK marking the session failed (its metadata's
 # `status`, as when the code it runs raised). `crashed` is the SDK's status or the run's outcome.
 FAILURE_EVENT_SUFFIXES = (".error", ".failed")
+FAILURE_EVENT_EXCEPTIONS = ("tool.failed",)
 # What a step spent, by one rule (usage_of): each figure under the names agents, the SDK's own OTel
 # bridge and the OpenTelemetry GenAI conventions give it, looked up in the step event's payload, its
 # `output`, `input` and `usage`, then the event's metadata; the first place that has it wins. A step
@@ -269,7 +271,6 @@ USAGE_NAMES = (
     ("model", ("model", "request_model", "gen_ai.request.model", "gen_ai.response.model"), str),
     ("duration_ms", ("duration_ms", "latency_ms"), float),
 )
-FAILURE_EVENT_EXCEPTIONS = ("tool.failed",)
 
 
 # =============================================================================
@@ -595,6 +596,9 @@ def valid_channel(value: Any, what: str = "channel_id") -> str:
 SCHEMA_PARTS: dict = {}
 # append_event, in the event's own transaction: `hook(tx, event)` for the events of the types named.
 EVENT_HOOKS: dict = {}
+# `reindex(conn, channel_id)` after a run's events were written without append_event (an import):
+# what the event hooks would have kept for them.
+RUN_REINDEXERS: list = []
 # The HTTP API: each region's list of Api routes, after the core's (the one table: api_routes()).
 ROUTE_LISTS: list = []
 # The dashboard: each region's list of (method, path, handler) pages, after the core's.
@@ -645,7 +649,7 @@ def on_events(types: Any, hook: Callable) -> None:
 INT64_MIN = -(2**63)
 DOCUMENT_DEPTH_MAX = 64                # one limit for payloads, states, metadata, interventions, frames
 LIST_MAX = 1000                        # channel_ids, dedup_fields, dependencies
-CHANNEL_PATTERN = r"^(?!\.\.?\Z)[A-Za-z0-9._:-]{1,256}\Z"   # \Z, not $: "abc\n" must fail
+CHANNEL_PATTERN = rf"^{CHANNEL_ID.pattern}\Z"   # \Z, not $: "abc\n" must fail
 
 Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
 Count = Annotated[int, Meta(ge=0, le=INT64_MAX)]
@@ -654,7 +658,7 @@ Limit = Annotated[int, Meta(ge=1, le=INT64_MAX, description="clamped to the rout
 Lease = Annotated[int, Meta(ge=LEASE_MIN, le=LEASE_MAX, description="seconds")]
 ChannelId = Annotated[str, Meta(pattern=CHANNEL_PATTERN,
                                  description="1-256 characters of A-Z a-z 0-9 . _ : -, not . or ..")]
-Topic = Annotated[str, Meta(pattern=r"^(?:\*\Z|(?!\.\.?\Z)[A-Za-z0-9._:-]{1,256}\Z)",
+Topic = Annotated[str, Meta(pattern=rf"^(?:\*\Z|{CHANNEL_ID.pattern}\Z)",
                              description='a channel id, or "*": every channel the key may read')]
 Id = Annotated[str, Meta(min_length=1, max_length=256)]
 Name = Annotated[str, Meta(min_length=1, max_length=512)]          # event types, tools, keys, owners
@@ -1102,9 +1106,10 @@ def check_utc(moment: Optional[datetime]) -> None:
             raise ValueError("timestamp is out of range once moved to UTC") from None
 
 
-def may_be_deep(raw: bytes) -> bool:
+def may_be_deep(raw: Union[bytes, str]) -> bool:
     """False when the text has too few brackets to nest past the limit (most bodies): no walk needed."""
-    return raw.count(b"[") + raw.count(b"{") > DOCUMENT_DEPTH_MAX
+    square, curly = (b"[", b"{") if isinstance(raw, bytes) else ("[", "{")
+    return raw.count(square) + raw.count(curly) > DOCUMENT_DEPTH_MAX
 
 
 def document_problem(value: Any) -> Optional[str]:
@@ -1190,7 +1195,7 @@ def record_from(kind: type, value: dict, what: str) -> Struct:
 
 def decode_frame(text: str) -> Frame:
     frame = decode_json(text, ClientFrame, "frame")
-    if may_be_deep(text.encode("utf-8", "surrogatepass")):
+    if may_be_deep(text):
         check_documents(frame, measure=False)
     return frame
 
@@ -1947,14 +1952,6 @@ class OpenApiDocument(Answer, kw_only=True):
     security: list[dict[str, Any]]
 
 
-@dataclass(frozen=True)
-class TextAnswer:
-    """A 2xx answer that is not JSON (a file, the Prometheus text): documented as a string."""
-
-    media_type: str
-    description: str
-
-
 # =============================================================================
 # Schema and migrations: the one place the SQL schema lives
 # =============================================================================
@@ -2560,11 +2557,11 @@ class SqliteDialect(Dialect):
     begin_write = ("BEGIN IMMEDIATE",)
     begin_snapshot = BEGIN               # WAL: the first read fixes what the transaction sees
     like = "LIKE"
-    event_position = "rowid"
+    event_position = "rowid"             # an event's place in the instance's commit order (EVENT_POSITIONS)
 
     @staticmethod
     def ends_with(column: str, suffix: str) -> str:
-        return f"{column} GLOB '*{suffix}'"          # GLOB is case-sensitive, as str.endswith is             # an event's place in the instance's commit order (EVENT_POSITIONS)
+        return f"{column} GLOB '*{suffix}'"          # GLOB is case-sensitive, as str.endswith is
 
     def json_text(self, column: str, key: str) -> str:
         return f"json_extract({column}, '$.{key}')"
@@ -2678,7 +2675,7 @@ def user_version(number: int) -> str:
 def migrate_sqlite(conn: Conn) -> None:
     """Run the migrations this file has not run, each in one transaction; PRAGMA user_version counts them."""
     current = conn.execute("PRAGMA user_version").fetchone()[0]
-    for number, step in enumerate(SQLITE_BACKEND.migrations[current:], start=current + 1):
+    for number, step in enumerate(MIGRATIONS[current:], start=current + 1):
         conn.execute(SQLITE.begin_write[0])
         try:
             for part in step.parts(SQLITE, number):
@@ -2829,7 +2826,7 @@ def migrate_postgres(raw: "psycopg.Connection") -> None:
     try:
         raw.execute("CREATE TABLE IF NOT EXISTS actae_migrations (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)")
         done = raw.execute("SELECT COALESCE(MAX(version), 0) FROM actae_migrations").fetchone()[0]
-        steps = list(enumerate(POSTGRES_BACKEND.migrations, start=1))
+        steps = list(enumerate(MIGRATIONS, start=1))
         for version in sorted({step.postgres for _, step in steps if step.postgres > done}):
             with raw.transaction():
                 for number, step in steps:
@@ -3383,18 +3380,16 @@ class Database:
 
 @dataclass(frozen=True)
 class Backend:
-    """One storage backend, whole: adding one means one of these, a Dialect, a schema list and an Engine."""
+    """One storage backend, whole: adding one means one of these, a Dialect (its connections carry it,
+    and each of MIGRATIONS' steps renders its SQL with it) and an Engine."""
 
     name: str                                # what /api/v1/instance reports
-    dialect: Dialect
-    migrations: list                         # the one list of migrations, each step rendered for this backend
     engine: type                             # an Engine subclass: the server's connections
     connect: Callable[[Location], Conn]      # a configured, migrated connection for the command line
 
 
-SQLITE_BACKEND = Backend("sqlite", SQLITE, MIGRATIONS, SqliteEngine, connect_sqlite)
-POSTGRES_BACKEND = Backend("postgresql", POSTGRES, MIGRATIONS, PostgresEngine,
-                           lambda location: connect_postgres(location.url))
+SQLITE_BACKEND = Backend("sqlite", SqliteEngine, connect_sqlite)
+POSTGRES_BACKEND = Backend("postgresql", PostgresEngine, lambda location: connect_postgres(location.url))
 
 
 def backend_for(location: Location) -> Backend:
@@ -3515,6 +3510,34 @@ def present(row: Optional[Row], missing: Callable[[], ActaeError]) -> Row:
     return row
 
 
+@contextlib.contextmanager
+def read_snapshot(conn: Conn):
+    """The SELECTs inside see one committed state (a read transaction): an export, or a prune's plan, never
+    mixes two moments."""
+    if conn.in_transaction:
+        yield
+        return
+    conn.execute(conn.dialect.begin_snapshot)
+    try:
+        yield
+    finally:
+        conn.execute(COMMIT)
+
+
+def database_bytes(conn: Conn) -> int:
+    """The database's size: SQLite's pages in use by the file, PostgreSQL's pg_database_size."""
+    if conn.dialect is SQLITE:
+        return sqlite_pragma(conn, "page_count") * sqlite_pragma(conn, "page_size")
+    return conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
+
+
+def sqlite_pragma(conn: Conn, name: str) -> Any:
+    """A SQLite PRAGMA's value (`name` is one of ours, never input); the whole result is read, so a
+    pragma that works row by row (incremental_vacuum, wal_checkpoint) runs to its end."""
+    rows = conn.execute(f"PRAGMA {name}").fetchall()
+    return rows[0][0] if rows else None
+
+
 # =============================================================================
 # Domain: channels, events, state (plain functions of a connection or a Tx)
 # =============================================================================
@@ -3533,6 +3556,11 @@ class Where:
 
     def add_if(self, value: Any, clause: str) -> "Where":
         return self.add(clause, value) if value is not None else self
+
+    def within(self, reach: "Reach", column: str) -> "Where":
+        """Only rows whose `column` names a channel `reach` sees."""
+        seen = reach.where(column)
+        return self if seen is None else self.add(seen[0], *seen[1])
 
     def __str__(self) -> str:
         return f" WHERE {' AND '.join(self.clauses)}" if self.clauses else ""
@@ -3739,10 +3767,7 @@ def record_event(tx: Tx, req: RecordEvent) -> Event:
 def events_after_position(conn: Conn, position: int, reach: "Reach", limit: int) -> list:
     """[(position, Event)] of every channel `reach` sees, after `position` in commit order, at most `limit`."""
     column = conn.dialect.event_position
-    where = Where().add(f"{column} > ?", position)
-    seen = reach.where("channel_id")
-    if seen is not None:
-        where.add(seen[0], *seen[1])
+    where = Where().add(f"{column} > ?", position).within(reach, "channel_id")
     rows = conn.execute(f"SELECT {column} AS position, * FROM events{where} ORDER BY {column} LIMIT ?",
                         (*where.args, limit)).fetchall()
     return [(row["position"], event_of(row)) for row in rows]
@@ -4461,18 +4486,24 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
     return receipt_of(channel_by_id(conn, child_id))
 
 
+def stretch_row(conn: Conn, channel_id: str, upto: Optional[int]) -> Row:
+    """A channel's own events up to cursor `upto` (all, with None) in one read: how many (n), how many
+    steps, how many kept usage, their tokens (tin, tout) and cost, the first and last event's times."""
+    limit, args = ("", (channel_id,)) if upto is None else (" AND e.cursor <= ?", (channel_id, upto))
+    return conn.execute(
+        "SELECT COUNT(*) AS n, COUNT(e.step_number) AS steps, COUNT(u.cursor) AS kept,"
+        " COALESCE(SUM(u.input_tokens), 0) AS tin, COALESCE(SUM(u.output_tokens), 0) AS tout, SUM(u.cost) AS cost,"
+        " MIN(e.created_at) AS first, MAX(e.created_at) AS last FROM events e LEFT JOIN step_usage u"
+        f" ON u.channel_id = e.channel_id AND u.cursor = e.cursor WHERE e.channel_id = ?{limit}", args).fetchone()
+
+
 def spend_of(conn: Conn, stretches: list) -> Spend:
     """What these stretches of steps spent: [(channel, highest cursor or None)], each a channel's own
     events up to that cursor."""
     steps = without = input_tokens = output_tokens = 0
     cost, wall = None, 0.0
     for channel_id, upto in stretches:
-        limit, args = ("", (channel_id,)) if upto is None else (" AND e.cursor <= ?", (channel_id, upto))
-        row = conn.execute(
-            "SELECT COUNT(e.step_number) AS steps, COUNT(u.cursor) AS kept, COALESCE(SUM(u.input_tokens), 0) AS tin,"
-            " COALESCE(SUM(u.output_tokens), 0) AS tout, SUM(u.cost) AS cost, MIN(e.created_at) AS first,"
-            " MAX(e.created_at) AS last FROM events e LEFT JOIN step_usage u ON u.channel_id = e.channel_id"
-            f" AND u.cursor = e.cursor WHERE e.channel_id = ?{limit}", args).fetchone()
+        row = stretch_row(conn, channel_id, upto)
         steps, without = steps + row["steps"], without + row["steps"] - row["kept"]
         input_tokens, output_tokens = input_tokens + int(row["tin"]), output_tokens + int(row["tout"])
         if row["cost"] is not None:
@@ -4495,10 +4526,11 @@ def fork_saving(conn: Conn, channel_id: str) -> Optional[ForkSaving]:
                       tail=spend_of(conn, [(channel_id, None)]))
 
 
-def savings_of(conn: Conn, channel_id: str) -> Savings:
-    """GET /channels/{id}/savings: the run's own saving as a fork, and its forks' with their totals."""
+def savings_of(conn: Conn, channel_id: str, reach: Optional["Reach"] = None) -> Savings:
+    """GET /channels/{id}/savings: the run's own saving as a fork, and its forks' (those `reach` sees)
+    with their totals."""
     require_channel(conn, channel_id)
-    forks = [fork_saving(conn, child) for child in child_ids(conn, channel_id)]
+    forks = [fork_saving(conn, child) for child in (reach or EVERYWHERE).seen(child_ids(conn, channel_id))]
     totals = {"steps": 0, "steps_without_usage": 0, "input_tokens": 0, "output_tokens": 0, "wall_seconds": 0.0}
     cost = None
     for fork in forks:
@@ -4513,6 +4545,18 @@ def savings_of(conn: Conn, channel_id: str) -> Savings:
 def lineage_tree(conn: Conn, channel_id: str) -> ForkTree:
     """The whole fork tree a channel belongs to, from its root."""
     return fork_tree(conn, require_channel(conn, channel_id)["origin_id"])
+
+
+def descendants(conn: Conn, channel_id: str) -> list:
+    """Every fork below a channel (forks of forks too), each after its parent: depth first, oldest first."""
+    found, pending = [], [(channel_id, 0)]
+    while pending:
+        parent, depth = pending.pop()
+        if parent != channel_id:
+            found.append(parent)
+        if depth < LINEAGE_MAX_DEPTH:
+            pending.extend((child, depth + 1) for child in reversed(child_ids(conn, parent)))
+    return found
 
 
 def child_ids(conn: Conn, channel_id: str) -> list:
@@ -4630,15 +4674,12 @@ def decision_trail(conn: Conn, channel_id: str) -> Trail:
         boundary=boundary, executions=channel_executions(conn, channel_id))
 
 
-def run_figures(conn: Conn, channel_id: str) -> RunFigures:
-    row = conn.execute("SELECT COUNT(*) AS n, COUNT(step_number) AS steps, MIN(created_at) AS first,"
-                       " MAX(created_at) AS last FROM events WHERE channel_id = ?", (channel_id,)).fetchone()
-    spent = spend_of(conn, [(channel_id, None)])           # the one rule of a step's usage (usage_of)
-    tokens, cost = spent.input_tokens + spent.output_tokens, spent.cost or 0
+def run_figures(conn: Conn, channel_id: str, tool_calls: int) -> RunFigures:
+    row = stretch_row(conn, channel_id, None)              # usage as the one rule kept it (usage_of)
+    cost = 0 if row["cost"] is None else round(float(row["cost"]), 9)
     duration = (parse_iso(row["last"]) - parse_iso(row["first"])).total_seconds() if row["first"] else 0.0
-    tools = conn.execute("SELECT COUNT(*) FROM executions WHERE channel_id = ?", (channel_id,)).fetchone()[0]
-    return RunFigures(event_count=row["n"], step_count=row["steps"], tool_calls=tools, duration_seconds=duration,
-                      tokens=tokens, cost=cost)
+    return RunFigures(event_count=row["n"], step_count=row["steps"], tool_calls=tool_calls, duration_seconds=duration,
+                      tokens=int(row["tin"]) + int(row["tout"]), cost=cost)
 
 
 def last_output(conn: Conn, channel_id: str) -> Any:
@@ -4660,7 +4701,7 @@ def compare_channels(conn: Conn, left_id: str, right_id: str) -> Comparison:
     left_meta, right_meta = get_metadata(conn, left_id), get_metadata(conn, right_id)
     left_tools, right_tools = ({e.key_name: tool_summary(e) for e in channel_executions(conn, cid)}
                                for cid in (left_id, right_id))
-    left_metrics, right_metrics = run_figures(conn, left_id), run_figures(conn, right_id)
+    left_metrics, right_metrics = run_figures(conn, left_id, len(left_tools)), run_figures(conn, right_id, len(right_tools))
     outputs = (last_output(conn, left_id), last_output(conn, right_id))
     return Comparison(
         left_channel_id=left_id, right_channel_id=right_id,
@@ -5550,13 +5591,22 @@ class Reach:
     def changes(self, channel_id: str) -> bool:
         return any(pattern_matches(p, channel_id) for p in self.write)
 
-    def seen(self, channel_ids: Any) -> list:
-        """The ones of `channel_ids` it sees, in order."""
-        return list(channel_ids) if "*" in self.read else [c for c in channel_ids if self.sees(c)]
+    @property
+    def sees_all(self) -> bool:
+        return "*" in self.read
+
+    @property
+    def everywhere(self) -> bool:
+        """It reads and changes every channel (an admin's, the command line's)."""
+        return "*" in self.read and "*" in self.write
+
+    def seen(self, items: Any, channel_of: Callable[[Any], str] = lambda channel_id: channel_id) -> list:
+        """The ones of `items` (channel ids, or records `channel_of` names the channel of) it sees, in order."""
+        return list(items) if self.sees_all else [item for item in items if self.sees(channel_of(item))]
 
     def where(self, column: str) -> Optional[tuple]:
         """(SQL clause, args) limiting `column` to the channels it sees; None when it sees every one."""
-        if "*" in self.read:
+        if self.sees_all:
             return None
         clauses, args = [], []
         for pattern in dict.fromkeys(self.read):
@@ -5612,10 +5662,6 @@ class Principal:
     @property
     def reach(self) -> Reach:
         return Reach(read=(*self.scopes["read"], *self.scopes["admin"]), write=(*self.scopes["write"], *self.scopes["admin"]))
-
-    def sees(self, channel_id: str) -> bool:
-        """May it read the channel: the question every door asks before it shows or names one."""
-        return self.can("read", channel_id)
 
     def can_everywhere(self, action: str) -> bool:
         return "*" in self.scopes[action] or "*" in self.scopes["admin"]
@@ -6156,10 +6202,7 @@ async def api_state_delete(request: Request, path) -> DeletedCount:
 
 async def api_channels_list(request: Request) -> ChannelIds:
     """List the channels this credential may read."""
-    principal = request.state.principal
-    channels = await db_of(request).read(list_channels)
-    return ChannelIds(channels=channels if principal.can_everywhere("read") else
-                      [c for c in channels if principal.can("read", c)])
+    return ChannelIds(channels=request.state.principal.reach.seen(await db_of(request).read(list_channels)))
 
 
 async def api_channels_metadata(request: Request, path) -> ChannelMetadata:
@@ -6175,9 +6218,8 @@ async def api_channels_metadata_put(request: Request, path, body: PutMetadata) -
 
 async def api_channels_forks(request: Request, path) -> Forks:
     """The direct forks of a run that this credential may read."""
-    reach = request.state.principal.reach
-    return Forks(forks=[fork for fork in await db_of(request).read(list_forks, path.channel_id)
-                        if reach.sees(fork.channel_id)])
+    forks = await db_of(request).read(list_forks, path.channel_id)
+    return Forks(forks=request.state.principal.reach.seen(forks, lambda fork: fork.channel_id))
 
 
 async def api_channels_step(request: Request, path) -> StepLocation:
@@ -6203,10 +6245,7 @@ async def api_channels_receipt(request: Request, path) -> Receipt:
 
 async def api_channels_savings(request: Request, path) -> Savings:
     """What forking saved: the fork's inherited steps, tokens, cost and time, its tail's, and its forks'."""
-    savings = await db_of(request).read(savings_of, path.channel_id)
-    reach = request.state.principal.reach
-    forks = [fork for fork in savings.forks if reach.sees(fork.channel_id)]
-    return savings if len(forks) == len(savings.forks) else msgspec.structs.replace(savings, forks=forks)
+    return await db_of(request).read(savings_of, path.channel_id, request.state.principal.reach)
 
 
 async def api_channels_fork_tree(request: Request, path) -> ForkTree:
@@ -7295,14 +7334,13 @@ class Hub:
         self._filling: dict = {}             # topic -> the task reading its missed events
         self._refill: set = set()            # topics told of more while their task was reading
         self.followers: set = set()          # the wake-ups of the streams of every channel (follow_instance)
-        self.events_seen = self.messages_sent = self.messages_received = self.dropped = 0
+        self.messages_sent = self.messages_received = self.dropped = 0
 
     def wake_followers(self) -> None:
         for wake in self.followers:
             wake.set()
 
     def on_commit(self, events: list, exclude: Optional[WsConnection]) -> None:
-        self.events_seen += len(events)
         if self.followers:
             self.wake_followers()
         for event in events:
@@ -9103,7 +9141,7 @@ class AccessLines:
 
     FLUSH_SECONDS = 0.25
 
-    def __init__(self, handler: logging.Handler):
+    def __init__(self, handler: "BatchedLines"):
         self.handler, self.pending, self.lock = handler, [], threading.Lock()
         self.timer: Optional[threading.Timer] = None
 
@@ -9118,14 +9156,16 @@ class AccessLines:
     def flush(self) -> None:
         with self.lock:
             entries, self.pending, self.timer = self.pending, [], None
-        for at, method, route, status, seconds, who in entries:
-            record = logging.LogRecord(ACCESS_LOG.name, logging.INFO, __file__, 0, "%s %s %d %.1fms %s",
-                                       (method, route, status, seconds * 1000, who), None)
-            record.created = at
-            record.fields = {"method": method, "route": route, "status": status,
-                             "duration_ms": round(seconds * 1000, 2), "principal": who}
-            self.handler.handle(record)
-        self.handler.flush()
+        self.handler.write_records([self.record_of(*entry) for entry in entries])
+
+    @staticmethod
+    def record_of(at: float, method: str, route: str, status: int, seconds: float, who: str) -> logging.LogRecord:
+        record = logging.LogRecord(ACCESS_LOG.name, logging.INFO, __file__, 0, "%s %s %d %.1fms %s",
+                                   (method, route, status, seconds * 1000, who), None)
+        record.created = at
+        record.fields = {"method": method, "route": route, "status": status,
+                         "duration_ms": round(seconds * 1000, 2), "principal": who}
+        return record
 
 
 ACCESS_LINES: list = []               # the one AccessLines of a process main() configured (else none)
@@ -9648,6 +9688,18 @@ class BatchedLines(logging.StreamHandler):
                 self.timer.daemon = True
                 self.timer.start()
 
+    def write_records(self, records: list) -> None:
+        """Records that come batched already (the access log's): written now, in one write, no timer."""
+        lines = []
+        for record in records:
+            try:
+                lines.append(self.format(record))
+            except Exception:  # noqa: BLE001 - as in emit
+                self.handleError(record)
+        with self.lock:
+            self.lines += lines
+            self.write_lines()
+
     def write_lines(self) -> None:
         if self.lines:
             self.stream.write("\n".join(self.lines) + "\n")
@@ -9766,8 +9818,6 @@ def key_command(args: argparse.Namespace, location: Location) -> int:
     if args.key_command == "rotate":
         print_key_line(write_once(location, rotate_key))
     elif args.key_command == "create":
-        if args.expires_in is not None and args.expires_in <= 0:
-            raise SystemExit("actae: --expires-in must be a positive number of days")
         created = write_once(location, create_key, args.name, scopes_of_args(args), args.expires_in)
         print(f"Key {created.id} ({created.name}): {scopes_text(created.scopes)}"
               + (f", expires {created.expires_at}" if created.expires_at else ""))
@@ -9889,6 +9939,7 @@ BULK_FORK_MAX = 1000                             # runs one bulk fork may take; 
 APPROVAL_STATUSES = ("pending", "decided", "expired")
 APPROVAL_DECISIONS = ("approved", "rejected")
 APPROVALS_LIMIT_MAX = 1000
+APPROVAL_PENDING = "status = 'pending' AND (timeout_at IS NULL OR timeout_at > ?)"   # ?: now; past it, expired
 PRUNE_STATUSES = ("completed", "failed", "any")
 PRUNE_BATCH = 100                                # runs deleted per write transaction
 PRUNE_LISTED_MAX = 1000                          # run ids an answer lists (its counts cover them all)
@@ -10222,7 +10273,7 @@ def list_approvals(conn: Conn, status: Optional[str], channel_id: Optional[str],
     two, merged), so a page costs what one page costs."""
     ts = iso(now)
     if status == "pending":
-        parts = [Where().add("status = 'pending'").add("(timeout_at IS NULL OR timeout_at > ?)", ts)]
+        parts = [Where().add(f"({APPROVAL_PENDING})", ts)]
     elif status == "decided":
         parts = [Where().add("status = 'decided'")]
     elif status == "expired":
@@ -10238,10 +10289,7 @@ def list_approvals(conn: Conn, status: Optional[str], channel_id: Optional[str],
 def require_approval(conn: Conn, request_id: str, channel_id: Optional[str], reach: Reach = EVERYWHERE) -> Row:
     """The approval request with this id (on `channel_id`, when given) among the runs `reach` sees (an
     approval of a run it may not read is not there); 409 when several of those runs use the id."""
-    where = Where().add("request_id = ?", request_id).add_if(channel_id, "channel_id = ?")
-    seen = reach.where("channel_id")
-    if seen is not None:
-        where.add(seen[0], *seen[1])
+    where = Where().add("request_id = ?", request_id).add_if(channel_id, "channel_id = ?").within(reach, "channel_id")
     rows = conn.execute(f"SELECT * FROM approvals{where} ORDER BY channel_id LIMIT 2", where.args).fetchall()
     if not rows:
         raise NotFound(f"approval request {request_id} not found" + (f" on run {channel_id}" if channel_id else ""))
@@ -10293,11 +10341,9 @@ def bulk_fork_candidates(conn: Conn, selection: BulkForkFilter, reach: Reach = E
     first, at most BULK_FORK_MAX + 1: one range of channels_by_state per status."""
     if selection.channel_ids is not None and not selection.channel_ids:
         return []
-    pages, seen = [], reach.where("c.id")
+    pages = []
     for state in dict.fromkeys(selection.status):
-        where = Where().add("c.run_state = ?", state)
-        if seen is not None:
-            where.add(seen[0], *seen[1])
+        where = Where().add("c.run_state = ?", state).within(reach, "c.id")
         where.add_if(selection.since and iso(selection.since), "c.updated_at >= ?")
         where.add_if(selection.until and iso(selection.until), "c.updated_at <= ?")
         if selection.channel_prefix:
@@ -10321,9 +10367,10 @@ def plan_bulk_fork(conn: Conn, req: BulkFork, reach: Reach) -> tuple:
     """([PlannedFork], [BulkSkipped]): what the request would fork, and which selected runs it leaves and
     why. Only runs `reach` sees are selected, counted or matched (a run it may not read is not there)."""
     wanted = req.filter.failure_contains.lower() if req.filter.failure_contains else None
+    needs_failure = wanted is not None or req.at == "last_good_step"
     picked = []
     for row in bulk_fork_candidates(conn, req.filter, reach):
-        failure = run_failure(conn, row, row["run_state"])
+        failure = run_failure(conn, row, row["run_state"]) if needs_failure else None
         if wanted is None or (failure is not None and wanted in failure.message.lower()):
             picked.append((row, failure))
     if len(picked) > BULK_FORK_MAX:
@@ -10407,7 +10454,7 @@ def bulk_fork(tx: Tx, req: BulkFork, reach: Reach = EVERYWHERE) -> BulkForkAnswe
     id names: another credential's answer is never replayed to this one."""
     conn = tx.conn
     hashed = request_hash({**{k: v for k, v in msgspec.to_builtins(req).items() if k != "operation_id"},
-                           **({} if reach == EVERYWHERE else {"reach": [list(reach.read), list(reach.write)]})})
+                           **({} if reach.everywhere else {"reach": [list(reach.read), list(reach.write)]})})
     if req.operation_id is not None:
         stored = bulk_fork_by_operation(conn, req.operation_id)
         if stored is not None:
@@ -10450,7 +10497,7 @@ def bulk_fork(tx: Tx, req: BulkFork, reach: Reach = EVERYWHERE) -> BulkForkAnswe
 # that switches an older file to incremental vacuum); PostgreSQL's operator runs VACUUM (FULL).
 
 PRUNE_GUARDS = (        # (why a run is kept, its table, the condition); `?` is the prune's now
-    ("a pending approval", "approvals", "status = 'pending' AND (timeout_at IS NULL OR timeout_at > ?)"),
+    ("a pending approval", "approvals", APPROVAL_PENDING),
     ("a live claim", "executions", "status = 'running' AND lease_until > ?"),
     ("a pending wake-up", "wakeups", "status = 'pending'"),
     ("a consumer group reading it", "consumer_groups", ""),
@@ -10588,24 +10635,10 @@ def planned_rows(conn: Conn, ids: list) -> dict:
     return total
 
 
-def database_bytes(conn: Conn) -> int:
-    """The database's size: SQLite's pages in use by the file, PostgreSQL's pg_database_size."""
-    if conn.dialect is SQLITE:
-        return sqlite_pragma(conn, "page_count") * sqlite_pragma(conn, "page_size")
-    return conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
-
-
 POSTGRES_SPACE = ("PostgreSQL keeps the freed pages for new rows (autovacuum marks them free); to give the disk back "
                   "run VACUUM (FULL, ANALYZE) channels, events, states, executions, approvals, wakeups (it locks each "
                   "table while it rewrites it), or pg_repack, which does not")
 INCREMENTAL_VACUUM_PAGES = 2000           # pages freed per step: a few milliseconds of the writer's time
-
-
-def sqlite_pragma(conn: Conn, name: str) -> Any:
-    """A SQLite PRAGMA's value (`name` is one of ours, never input); the whole result is read, so a
-    pragma that works row by row (incremental_vacuum, wal_checkpoint) runs to its end."""
-    rows = conn.execute(f"PRAGMA {name}").fetchall()
-    return rows[0][0] if rows else None
 
 
 def reclaim_step(conn: Conn) -> Optional[str]:
@@ -10919,10 +10952,6 @@ def add_many_runs_commands(commands: Any, common: argparse.ArgumentParser, scope
     prune.add_argument("--json", action="store_true", help="print the answer as JSON")
 
 
-def retain_days_of(args: argparse.Namespace) -> Optional[float]:
-    return getattr(args, "retain_days", None)
-
-
 def bulk_fork_of_args(args: argparse.Namespace) -> BulkFork:
     """The command line's flags as the request POST /forks/bulk takes; exits with a message when one is bad."""
     policies = {}
@@ -10948,7 +10977,8 @@ def bulk_fork_of_args(args: argparse.Namespace) -> BulkFork:
 def fork_failed_command(args: argparse.Namespace, location: Location) -> int:
     """`actae fork-failed [--status S]... [--since ISO] [--prefix P] [--contains TEXT] [--at K] ...`."""
     req = bulk_fork_of_args(args)
-    replayed = req.operation_id is not None and read_once(location, bulk_fork_by_operation, req.operation_id) is not None
+    replayed = (not (req.dry_run or args.json) and req.operation_id is not None
+                and read_once(location, bulk_fork_by_operation, req.operation_id) is not None)
     try:
         answer = read_once(location, preview_bulk_fork, req) if req.dry_run else write_once(location, bulk_fork, req)
     except ActaeError as exc:
@@ -11067,7 +11097,7 @@ def add_retention_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def retention_settings_of(args: argparse.Namespace) -> dict:
-    return {"retain_days": retain_days_of(args)}
+    return {"retain_days": getattr(args, "retain_days", None)}
 
 
 # Schema: step 7 indexes the answers to approvals; step 9 adds the approvals index and the bulk forks'
@@ -11078,6 +11108,7 @@ schema_step(9, many_runs_indexes, reindex_approvals)
 ROUTE_LISTS.append(MANY_RUNS_ROUTES)
 PAGE_LISTS.append(MANY_RUNS_PAGES)
 on_events(APPROVAL_INDEXED, index_approval_event)
+RUN_REINDEXERS.append(reindex_approvals)
 APP_INSTALLERS.append(install_retention)
 SERVE_FLAGS.append(add_retention_flag)
 SETTINGS_READERS.append(retention_settings_of)
@@ -11099,7 +11130,7 @@ COMMAND_ADDERS.append(add_many_runs_commands)
 EXPORT_FORMAT, EXPORT_VERSION = "actae-export", 1
 EXPORT_MEDIA_TYPE = "application/x-ndjson"
 IMPORT_BYTES_MAX = 32 * 1024 * 1024    # an import body: a whole run with its snapshots, so above MAX_BODY_BYTES
-ID_BATCH = 500                         # ids looked up per query when checking that a file's ids are free
+
 
 Stamp = Annotated[str, Meta(pattern=r"^[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z\Z",
                             description="a stored timestamp: RFC 3339 UTC with milliseconds")]
@@ -11280,31 +11311,6 @@ class Exported:
 
 
 # --- export ---------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def read_snapshot(conn: Conn):
-    """The SELECTs inside see one committed state (a read transaction): an export never mixes two moments."""
-    if conn.in_transaction:
-        yield
-        return
-    conn.execute(conn.dialect.begin_snapshot)
-    try:
-        yield
-    finally:
-        conn.execute(COMMIT)
-
-
-def descendants(conn: Conn, channel_id: str) -> list:
-    """Every fork below a channel (forks of forks too), each after its parent: depth first, oldest first."""
-    found, pending = [], [(channel_id, 0)]
-    while pending:
-        parent, depth = pending.pop()
-        if parent != channel_id:
-            found.append(parent)
-        if depth < LINEAGE_MAX_DEPTH:
-            pending.extend((child, depth + 1) for child in reversed(child_ids(conn, parent)))
-    return found
 
 
 def exported_channels(conn: Conn, channel_id: str, with_forks: bool) -> list:
@@ -11633,7 +11639,8 @@ def import_runs(tx: Tx, file: ExportFile) -> Imported:
         insert_run(tx, run)
         refresh_run_facts(tx.conn, run.channel.id)      # what the write path would have kept on the row
         index_usage(tx.conn, run.channel.id)
-        reindex_approvals(tx.conn, run.channel.id)
+        for reindex in RUN_REINDEXERS:
+            reindex(tx.conn, run.channel.id)
     for run in new:
         check_imported_chain(tx.conn, run, file)
     fresh = {run.channel.id for run in new}
@@ -11779,8 +11786,6 @@ GEN_AI_LIFTS = (
     ("gen_ai.response.model", ("response_model",), str),
     ("gen_ai.provider.name", ("provider", "provider_name"), str),
     ("gen_ai.operation.name", ("operation", "operation_name"), str),
-    ("gen_ai.usage.input_tokens", ("input_tokens", "prompt_tokens", "tokens"), int),
-    ("gen_ai.usage.output_tokens", ("output_tokens", "completion_tokens"), int),
 )
 
 
@@ -11857,6 +11862,7 @@ class Metrics:
                 self.count_event(event.type)
                 if event.type == "fork.started":
                     self.forks.inc()
+                    self.forks_to_count.append(event.channel_id)
             if job.work is claim_execution:
                 self.claims.labels(claim_outcome(result)).inc()
             elif job.work is put_metadata and isinstance(result, ChannelMetadata):
@@ -11957,8 +11963,8 @@ def stored_figures(conn: Conn, now: str) -> dict:
     still counts every run's index entry, hence the cache (Metrics.refresh_stored)."""
     runs = {state: count for state, count in conn.execute(
         "SELECT run_state, COUNT(*) FROM channels GROUP BY run_state").fetchall()}
-    approvals = conn.execute("SELECT COUNT(*), MIN(requested_at) FROM approvals WHERE status = 'pending'"
-                             " AND (timeout_at IS NULL OR timeout_at > ?)", (now,)).fetchone()
+    approvals = conn.execute(f"SELECT COUNT(*), MIN(requested_at) FROM approvals WHERE {APPROVAL_PENDING}",
+                             (now,)).fetchone()
     wakeups = conn.execute("SELECT COUNT(*), MIN(run_at) FROM wakeups WHERE status = 'pending' AND run_at <= ?",
                            (now,)).fetchone()
     return {"runs": runs, "approvals": approvals[0], "oldest_approval": approvals[1], "wakeups": wakeups[0],
@@ -12033,7 +12039,7 @@ def iso_ns(stamp: str) -> int:
 
 def lifted_gen_ai(payload: Any, metadata: Any) -> dict:
     """gen_ai.* attributes found in a step's payload (top level, output, input, usage) or metadata:
-    the places usage_of looks in, in its order."""
+    the places usage_of looks in, in its order; the token counts are usage_of's own (the one rule)."""
     places = usage_places(payload, metadata)
     found = {}
     for attribute, names, kind in GEN_AI_LIFTS:
@@ -12042,6 +12048,9 @@ def lifted_gen_ai(payload: Any, metadata: Any) -> dict:
             if isinstance(value, kind) and not isinstance(value, bool) and value != "":
                 found[attribute] = value
                 break
+    usage = usage_of(payload, metadata) or {}
+    found.update({f"gen_ai.usage.{figure}": usage[figure] for figure in ("input_tokens", "output_tokens")
+                  if figure in usage})
     return found
 
 
@@ -12453,14 +12462,9 @@ def fork_savings(conn: Conn, channel_ids: list) -> list:
     return found
 
 
-def forks_made(events: list) -> list:
-    return [event.channel_id for event in events if event.type == "fork.started"]
-
-
 def observer(metrics: Metrics, traces: Optional[TraceExport]) -> Callable:
     """Database.on_batch: count the batch, and hand its events to the live export."""
     def on_batch(jobs: list, outcomes: list, seconds: float) -> None:
-        metrics.forks_to_count += forks_made([event for _, events in outcomes if events for event in events])
         ended = metrics.observe_batch(jobs, outcomes, seconds)
         if traces is not None:
             events = [event for _, events in outcomes if events for event in events]
@@ -12473,19 +12477,6 @@ def observer(metrics: Metrics, traces: Optional[TraceExport]) -> Callable:
 # Observability: handlers, routes and commands
 # =============================================================================
 
-def metric_values(app: "ActaeApp") -> dict:
-    db, hub = app.services.db, app.services.hub
-    return {
-        "actae_uptime_seconds": int(time.monotonic() - app.services.started),
-        "actae_events_written_total": hub.events_seen,
-        "actae_write_batches_total": db.batches,
-        "actae_write_jobs_total": db.batched_jobs,
-        "actae_websocket_connections": len(hub.connections),
-        "actae_websocket_messages_sent_total": hub.messages_sent,
-        "actae_websocket_messages_received_total": hub.messages_received,
-    }
-
-
 async def metrics_text(request: Request) -> Response:
     """Prometheus metrics (the list: see "Observability: traces and metrics")."""
     metrics = request.app.services.region(Metrics)
@@ -12496,23 +12487,20 @@ async def metrics_text(request: Request) -> Response:
 
 async def metrics_json(request: Request) -> MetricsJson:
     """The server's metrics as JSON: uptime, WebSocket traffic and database write batches."""
-    hub, values = request.app.services.hub, metric_values(request.app)
+    services = request.app.services
+    hub, db = services.hub, services.db
     return MetricsJson(
-        status="ok", timestamp=iso(utc_now()), uptime_seconds=values["actae_uptime_seconds"],
+        status="ok", timestamp=iso(utc_now()), uptime_seconds=int(time.monotonic() - services.started),
         websocket=WebSocketFigures(connections=len(hub.connections), topics=len(hub.topics),
                                    messages_sent=hub.messages_sent, messages_received=hub.messages_received,
                                    total_messages=hub.messages_sent + hub.messages_received,
                                    back_pressure=BackPressure(queue_limit=WS_QUEUE_MAX, dropped_connections=hub.dropped)),
-        database=DatabaseFigures(write_batches=values["actae_write_batches_total"],
-                                 write_jobs=values["actae_write_jobs_total"]))
+        database=DatabaseFigures(write_batches=db.batches, write_jobs=db.batched_jobs))
 
 
 def otel_export_command(args: argparse.Namespace, location: Location) -> int:
     """`actae otel-export CHANNEL [--with-forks] [--otlp-endpoint URL]`: send a stored run's spans."""
-    try:
-        config = otlp_config(getattr(args, "otlp_endpoint", None), project=getattr(args, "otel_project", None))
-    except BadRequest as exc:
-        raise SystemExit(f"actae: {exc.message}")
+    config = otlp_option_of(args)["otlp"]
     if config is None:
         raise SystemExit("actae: otel-export needs a collector: --otlp-endpoint URL, or OTEL_EXPORTER_OTLP_ENDPOINT"
                          " (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
@@ -13422,13 +13410,14 @@ async def fleet_dispatch(app: "ActaeApp", principal: FleetPrincipal, target: Tar
 def seen_answer(principal: Principal, answer: Any) -> Any:
     """A remote's answer (made with the gateway's key for it) as the caller may see it: lists hold only
     the channels the caller's reach sees, and its capabilities are the scopes it really has there."""
+    # Events need no filter: authorize_remote asked read of every channel a replay or query names.
     reach = principal.reach
+    if isinstance(answer, (ChannelIds, Forks)) and reach.sees_all:
+        return answer
     if isinstance(answer, ChannelIds):
-        return answer if "*" in reach.read else ChannelIds(channels=reach.seen(answer.channels))
+        return ChannelIds(channels=reach.seen(answer.channels))
     if isinstance(answer, Forks):
-        return answer if "*" in reach.read else Forks(forks=[f for f in answer.forks if reach.sees(f.channel_id)])
-    if isinstance(answer, Events):
-        return answer if "*" in reach.read else Events(events=[e for e in answer.events if reach.sees(e.channel_id)])
+        return Forks(forks=reach.seen(answer.forks, lambda fork: fork.channel_id))
     if isinstance(answer, Capabilities):
         theirs = scopes_of(answer.permissions)
         return msgspec.structs.replace(principal.capabilities(),
@@ -13974,19 +13963,14 @@ async def open_fleet_stream(app: "ActaeApp", principal: Principal, target: Targe
     it). Raises (403, 502, ...) before anything is open when it cannot be."""
     queue: asyncio.Queue = asyncio.Queue(maxsize=WS_QUEUE_MAX)
     reach = principal.reach
-    if channel_id is None and target.remote is None:
-        async def send(position: int, event: Event) -> None:
-            fleet_event = {**msgspec.structs.asdict(event), "event_type": event.type,
-                           "instance_id": target.instance_id, "position": position}
-            await queue.put(fleet_ws_frame(fleet_event))
-        start = cursor if cursor is not None else await app.services.db.read(latest_position)
-        following = asyncio.create_task(follow_instance(app.services.db, app.services.hub, reach, start, send))
-        return queue, [following], None
     if channel_id is not None:
         principal.require("read", channel_id)
     if target.remote is None:
         conn = FleetStreamConnection(sink, app.services.hub, target.instance_id, principal)
         conn.outbox = queue                # its frames wait here for the stream's own pump
+        if channel_id is None:             # every channel it may read, as /ws topic "*" follows them
+            await ws_subscribe_all(conn, app.services.db, SubscribeFrame(topic=ALL_CHANNELS, cursor=cursor))
+            return queue, [conn.following], conn
 
         async def subscribed() -> None:
             await ws_subscribe(conn, app.services.db, SubscribeFrame(topic=channel_id, cursor=cursor))
@@ -14248,18 +14232,16 @@ async def api_fleet_enroll(request: Request, body: EnrollRequest) -> Enrolled:
     app = request.app
     await db_of(request).read(usable_enrollment, body.token, iso(utc_now()))
     url = body.url.rstrip("/")
-    loop = asyncio.get_running_loop()
-    status, data = await loop.run_in_executor(
-        app.services.region(FleetState).http, http_exchange, "GET", url + "/api/v1/instance",
-        {"x-api-key": body.key, "accept": "application/json"}, None, app.services.settings.fleet_timeout)
-    if status != 200:
-        raise BadRequest(f"{url}/api/v1/instance answered {status} with the key sent: the gateway must reach the"
-                         " instance at the URL it gives (--url)")
-    info = msgspec.json.decode(data, type=Instance)
+    fleet = app.services.region(FleetState)
+    try:
+        info = await asyncio.get_running_loop().run_in_executor(
+            fleet.http, instance_info, url, body.key, app.services.settings.fleet_timeout)
+    except BadRequest as exc:
+        raise BadRequest(f"{exc.message} (the gateway must reach the instance at the URL it gives: --url)") from None
     if info.instance_id == app.services.instance_id:
         raise BadRequest("that is this gateway itself: it is always an instance of its own fleet")
-    directory = app.services.region(FleetState).directory
-    ciphertext = fleet_cipher(directory.data_dir).encrypt(body.key.encode("utf-8")).decode("ascii")
+    cipher = fleet.directory.cipher or await asyncio.to_thread(fleet_cipher, fleet.directory.data_dir)
+    ciphertext = cipher.encrypt(body.key.encode("utf-8")).decode("ascii")
     link = secrets.token_urlsafe(32)
     await db_of(request).write(register_enrolled, body.token, info, body.name or urlsplit(url).netloc, url, ciphertext,
                                body.key[:7], link)
@@ -14549,9 +14531,6 @@ def add_fleet_flags(parser: argparse.ArgumentParser) -> None:
 def fleet_settings_of(args: argparse.Namespace) -> dict:
     if not ORGANIZATION_ID.fullmatch(args.organization):
         raise SystemExit("actae: --organization takes 1-128 characters of A-Z a-z 0-9 . _ : -")
-    for flag in ("fleet_token_ttl", "fleet_ticket_ttl", "fleet_timeout"):
-        if not getattr(args, flag) > 0:
-            raise SystemExit(f"actae: --{flag.replace('_', '-')} must be a positive number of seconds")
     return {"organization": args.organization, "fleet_token_ttl": args.fleet_token_ttl,
             "fleet_ticket_ttl": args.fleet_ticket_ttl, "fleet_timeout": args.fleet_timeout}
 
@@ -14591,23 +14570,31 @@ def add_fleet_commands(commands: Any, common: argparse.ArgumentParser, scoped: a
     revoke.add_argument("token_id", type=whole(1, INT64_MAX), metavar="ID", help="the id `org-token list` shows")
 
 
-def fetch_instance_info(url: str, key: str, timeout: float = 10.0) -> Instance:
-    """What a remote server says of itself at /api/v1/instance with `key`; exits with why it cannot."""
+def instance_info(url: str, key: str, timeout: float = 10.0) -> Instance:
+    """What a remote server says of itself at /api/v1/instance with `key`; BadRequest says why it cannot."""
     try:
         status, data = http_exchange("GET", url + "/api/v1/instance", {"x-api-key": key, "accept": "application/json"},
                                      None, timeout)
     except OSError as exc:
-        raise SystemExit(f"actae: cannot reach {url}: {getattr(exc, 'reason', exc)}")
+        raise BadRequest(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
     if status != 200:
         try:
             message = msgspec.json.decode(data).get("error")
         except (msgspec.DecodeError, AttributeError):
             message = data[:200].decode("utf-8", "replace")
-        raise SystemExit(f"actae: {url}/api/v1/instance answered {status} with that key: {message}")
+        raise BadRequest(f"{url}/api/v1/instance answered {status} with that key: {message}")
     try:
         return msgspec.json.decode(data, type=Instance)
     except (msgspec.DecodeError, msgspec.ValidationError):
-        raise SystemExit(f"actae: {url} does not answer like an Actae server") from None
+        raise BadRequest(f"{url} does not answer like an Actae server") from None
+
+
+def fetch_instance_info(url: str, key: str, timeout: float = 10.0) -> Instance:
+    """instance_info for the command line: exits with why it cannot."""
+    try:
+        return instance_info(url, key, timeout)
+    except BadRequest as exc:
+        raise SystemExit(f"actae: {exc.message}") from None
 
 
 def remote_key_of(args: argparse.Namespace) -> str:
@@ -14637,8 +14624,6 @@ def instance_command(args: argparse.Namespace, location: Location) -> int:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
             raise SystemExit(f"actae: give the server's base URL, such as http://10.0.0.5:8002 (got {args.url!r})")
-        if args.timeout is not None and not args.timeout > 0:
-            raise SystemExit("actae: --timeout must be a positive number of seconds")
         key = remote_key_of(args)
         info = fetch_instance_info(url, key)
         if info.instance_id == write_once(location, instance_identity):
@@ -14669,8 +14654,6 @@ def instance_command(args: argparse.Namespace, location: Location) -> int:
 def org_token_command(args: argparse.Namespace, location: Location) -> int:
     """`actae org-token create|list|revoke`."""
     if args.org_token_command == "create":
-        if args.expires_in is not None and args.expires_in <= 0:
-            raise SystemExit("actae: --expires-in must be a positive number of days")
         created, token = write_once(location, create_org_token, args.name, scopes_of_args(args), args.expires_in)
         print(f"Organisation token {created.id} ({created.name}): {scopes_text(created.scopes)}"
               + (f", expires {created.expires_at}" if created.expires_at else ""))
