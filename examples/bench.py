@@ -1684,9 +1684,7 @@ class Bench:
                                                 for n, r in {**got["b1b"], **got["b1b_pg"]}.items())
             + " steps/s")
 
-        export_order = list(EXPORT_COLUMNS)
-        export_order = export_order[number % len(export_order):] + export_order[:number % len(export_order)]
-        got["b1b_export"] = {column: self.run_export(column, tag) for column in export_order}
+        got["b1b_export"] = {column: self.run_export(column, tag) for column in rotated(list(EXPORT_COLUMNS), number)}
         say(f"round {number}: B1b with export " + ", ".join(f"{c} {r['steps'] / r['seconds']:.0f}"
                                                           for c, r in got["b1b_export"].items()) + " steps/s")
 

@@ -22,11 +22,15 @@ never from another test file):
   off one connection, `parse_head` for the head of one);
 - `run`, `client_for`/`using`/`using_async` (one SDK client for one call), the `server`,
   `make_client`, `with_client` and `unique` fixtures;
+- observability: `Collector` (a real OTLP/HTTP collector on loopback, keeping each span as a dict),
+  `exporting_server` (a server exporting to one), `otel_export` (`actae otel-export` with
+  `without_otel`'s environment), and `metric_values`/`value` (/metrics, parsed);
 - a fleet: `start_fleet(root, remotes)` (a gateway with remote servers registered on it, as a
   `Fleet`), `instance_id` and `org_token`;
 - the dashboard: `login`/`form_token` (an httpx session), `dashboard_cookie`/`with_cookie` (a session
   as a Cookie header), `get_with_host`, the `web` fixture, and for real Chromium
-  the `browser` and `visits` fixtures, `watch`, `submit_login`, `page_sleep`, `shot` and `run_sdk`.
+  the `browser` and `visits` fixtures, the `DESKTOP` and `PHONE` viewports, `watch`, `submit_login`,
+  `logged_in` (a context and a logged-in page at a viewport), `page_sleep`, `shot` and `run_sdk`.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import hashlib
+import http.server as http_server
 import importlib.util
 import inspect
 import json
@@ -394,10 +399,14 @@ def run_example(server, script, *args, timeout=300) -> subprocess.CompletedProce
 
 
 def import_example(script):
-    """examples/<script> imported as a module (its functions and constants), without running its main."""
+    """examples/<script> imported as a module (its functions and constants), without running its main.
+
+    It is `sys.modules["example_<stem>"]` while and after it runs, as a module imported by name would
+    be (its dataclasses look their module up there)."""
     path = ROOT / "examples" / script
     spec = importlib.util.spec_from_file_location(f"example_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
@@ -689,6 +698,127 @@ def session_log(events):
 
 
 # --------------------------------------------------------------------------------------------
+# Observability: a real OTLP/HTTP collector on loopback, and /metrics
+# --------------------------------------------------------------------------------------------
+
+def any_value(value):
+    """The Python value an OTLP AnyValue holds (None when it holds none)."""
+    kind = value.WhichOneof("value")
+    return None if kind is None else getattr(value, kind)
+
+
+class Collector:
+    """POST /v1/traces on 127.0.0.1: decodes ExportTraceServiceRequest and keeps each span as a dict.
+    `mode` "ok" answers 200; "slow503" waits `delay` seconds, then answers 503."""
+
+    def __init__(self, mode: str = "ok", delay: float = 2.0):
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+        self.mode, self.delay = mode, delay
+        self.spans: list[dict] = []
+        self.requests = 0
+        self.lock = threading.Lock()
+        collector = self
+
+        class Handler(http_server.BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length") or 0))
+                with collector.lock:
+                    collector.requests += 1
+                if collector.mode == "slow503":
+                    time.sleep(collector.delay)      # what it fakes: a collector slow to answer
+                    self.send_response(503)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                request = ExportTraceServiceRequest()
+                request.ParseFromString(body)
+                got = []
+                for resource_spans in request.resource_spans:
+                    resource = {a.key: any_value(a.value) for a in resource_spans.resource.attributes}
+                    for scope_spans in resource_spans.scope_spans:
+                        for s in scope_spans.spans:
+                            got.append({
+                                "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
+                                "parent": s.parent_span_id.hex(), "name": s.name, "kind": s.kind,
+                                "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
+                                "attributes": {a.key: any_value(a.value) for a in s.attributes},
+                                "status": (s.status.code, s.status.message),
+                                "links": [(link.trace_id.hex(), link.span_id.hex(),
+                                           {a.key: any_value(a.value) for a in link.attributes}) for link in s.links],
+                                "service": resource.get("service.name"), "resource": resource,
+                                "scope": scope_spans.scope.name})
+                with collector.lock:
+                    collector.spans += got
+                self.send_response(200)
+                self.send_header("content-type", "application/x-protobuf")
+                self.send_header("content-length", "0")
+                self.end_headers()
+
+            def log_message(self, *args):
+                pass
+
+        self.server = http_server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def taken(self) -> list[dict]:
+        with self.lock:
+            return list(self.spans)
+
+    def wait_for(self, condition, timeout=30.0, what="spans"):
+        """The spans taken so far, as soon as `condition(spans)` holds."""
+        def ready():
+            spans = self.taken()
+            return (spans,) if condition(spans) else None
+        (spans,) = poll(ready, timeout, what=lambda: f"the collector to get the {what} "
+                                                     f"(it has {len(self.taken())} span(s))")
+        return spans
+
+
+def exporting_server(tmp_path, collector_url, name="data", *, via_env=False):
+    """A started server exporting to `collector_url`: by --otlp-endpoint, or by OTEL_EXPORTER_OTLP_ENDPOINT."""
+    if via_env:
+        return ServerProcess(tmp_path / name, env={"OTEL_EXPORTER_OTLP_ENDPOINT": collector_url,
+                                                   "OTEL_SERVICE_NAME": "actae-test"}).start()
+    return ServerProcess(tmp_path / name, args=["--otlp-endpoint", collector_url]).start()
+
+
+def without_otel(**extra) -> dict:
+    """For `cli(env=...)`: this environment's OTEL_* variables unset, `extra` set."""
+    return {**{k: None for k in os.environ if k.startswith("OTEL_")}, **extra}
+
+
+def otel_export(server: ServerProcess, collector_url: str, channel: str, *extra) -> subprocess.CompletedProcess:
+    """`actae otel-export CHANNEL` against the server's own database (no OTEL_* variables but the flag)."""
+    return cli("otel-export", channel, *extra, "--otlp-endpoint", collector_url, data_dir=server.data_dir,
+               env=without_otel(), check=False)
+
+
+def metric_values(server) -> dict:
+    """{(name, frozenset(labels)): value} from /metrics, parsed with prometheus_client's parser."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, headers, text = http("GET", server.url + "/metrics", key=server.key)
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            values[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return values
+
+
+def value(values, name, **labels) -> float:
+    """One sample of `metric_values`: `name` with exactly `labels`, 0.0 when absent."""
+    return values.get((name, frozenset(labels.items())), 0.0)
+
+
+# --------------------------------------------------------------------------------------------
 # A fleet: a gateway and the remote servers registered on it
 # --------------------------------------------------------------------------------------------
 
@@ -776,6 +906,8 @@ CHROMIUM = os.environ.get("ACTAE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 _CSRF_FIELD = re.compile(r'name="csrf_token" value="([^"]+)"')
+DESKTOP = {"width": 1280, "height": 800}     # the browser tests' two viewports
+PHONE = {"width": 390, "height": 844}
 
 
 def login(server, *, key=None, origin_header=True):
@@ -890,6 +1022,16 @@ def submit_login(page, key):
     with page.expect_navigation() as nav:
         page.click("form[action='/login'] button[type=submit]")
     return nav.value
+
+
+def logged_in(browser, server, viewport=DESKTOP):
+    """A new browser context at `viewport` (a phone's, `is_mobile`, when narrower than 500 px) and a page
+    in it logged in to `server` through its /login form: (context, page). The caller closes the context."""
+    context = browser.new_context(viewport=viewport, is_mobile=viewport["width"] < 500)
+    page = context.new_page()
+    page.goto(server.url + "/login")
+    submit_login(page, server.key)
+    return context, page
 
 
 def page_sleep(page):

@@ -28,9 +28,10 @@ import sys
 
 import pytest
 
-from conftest import POSTGRES_URL, ROOT
+from conftest import POSTGRES_URL, ROOT, import_example
 
 pytestmark = pytest.mark.slow
+bench = import_example("bench.py")            # its table's number format, `bench.number`
 
 PEERS = ("langgraph", "langgraph.checkpoint.sqlite", "dbos")
 SYSTEMS = {"ours", "langgraph", "dbos", "dbos_wal"}
@@ -349,17 +350,10 @@ def test_the_baseline_row_is_our_server_at_the_default_ref(quick_run):
     rows = {row["figure"]: row for row in table_rows(stdout, "figure") if head in row}
     for name, compared in base["figures"].items():
         row = rows[report["figures"][name]["label"]]
-        assert row["÷ baseline"] == number(compared["ours_over_baseline"]), (name, row)
+        assert row["÷ baseline"] == bench.number(compared["ours_over_baseline"]), (name, row)
         assert row["higher is better?"] == {True: "yes", False: "no", None: "-"}[compared["higher_is_better"]]
     worktrees = git("worktree", "list", "--porcelain")
     assert "actae-bench-" not in worktrees, f"the baseline's worktree was left behind:\n{worktrees}"
-
-
-def number(value) -> str:
-    """The table's number format (bench.number)."""
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.1f}" if abs(value) >= 10 else f"{value:.2f}"
 
 
 def test_the_probe_finds_our_ledger_rejects_a_reused_key_and_reports_dbos(quick_run):

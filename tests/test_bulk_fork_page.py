@@ -11,9 +11,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from conftest import http, import_example, login, run_sdk, shot, submit_login, using_async
-
-PHONE = {"width": 390, "height": 844}
+from conftest import PHONE, http, import_example, logged_in, login, run_sdk, shot, using_async
 
 example = import_example("fork_failed.py")
 
@@ -32,14 +30,6 @@ def build(server, prefix: str) -> dict:
 def outage(server):
     prefix = f"page{uuid.uuid4().hex[:8]}"
     return prefix, build(server, prefix)
-
-
-def logged_in(browser, server, viewport=None):
-    context = browser.new_context(viewport=viewport or {"width": 1280, "height": 800}, is_mobile=bool(viewport))
-    page = context.new_page()
-    page.goto(server.url + "/login")
-    submit_login(page, server.key)
-    return context, page
 
 
 def test_filter_failed_select_all_fork_with_an_intervention(browser, server, outage):
@@ -102,10 +92,8 @@ def test_tick_two_runs_and_fork_only_those(browser, server, outage):
     page.fill("input[name=name]", "{channel_id}-picked")
     with page.expect_navigation():
         page.click("form.bulk-preview button[type=submit]")
-    assert (page.locator("tr.bulk-fork").evaluate_all("rows => rows.map(r => r.dataset.fork)")
-            == [f"{prefix}-run1-picked", f"{prefix}-run4-picked"]
-            or sorted(page.locator("tr.bulk-fork").evaluate_all("rows => rows.map(r => r.dataset.fork)"))
-            == sorted([f"{prefix}-run1-picked", f"{prefix}-run4-picked"]))
+    picked = page.locator("tr.bulk-fork").evaluate_all("rows => rows.map(r => r.dataset.fork)")
+    assert sorted(picked) == [f"{prefix}-run1-picked", f"{prefix}-run4-picked"]
     with page.expect_navigation():
         page.click("#bulk-fork-submit")
     assert page.locator("a.fork-link").count() == 2

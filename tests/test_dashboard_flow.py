@@ -19,10 +19,9 @@ from urllib.parse import parse_qs, urlsplit
 import httpx
 import pytest
 
-from conftest import form_token, http, run_sdk, shot, submit_login, watch
+from conftest import DESKTOP, PHONE, form_token, http, run_sdk, shot, submit_login, watch
 
 CRASH_MESSAGE = "the model returned an empty plan"
-DESKTOP, PHONE = {"width": 1280, "height": 800}, {"width": 390, "height": 844}
 
 
 async def _build_runs(url: str, key: str, tag: str) -> dict:

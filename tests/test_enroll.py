@@ -10,22 +10,18 @@ import re
 import time
 from pathlib import Path
 
-from conftest import ServerProcess, cli, http, org_token, poll, run, using
+from conftest import ServerProcess, cli, dashboard_cookie, http, instance_id, org_token, poll, run, using
 
 ORG = "local"
 
 
-def env_of(server) -> dict | None:
-    return {"ACTAE_DATABASE_URL": server.database} if server.database else None
-
-
 def enrollment(gateway, *flags) -> str:
-    done = cli("enrollment", "create", "--name", "edge", *flags, data_dir=gateway.data_dir, env=env_of(gateway))
+    done = cli("enrollment", "create", "--name", "edge", *flags, data_dir=gateway.data_dir)
     return next(line for line in done.stdout.splitlines() if line.startswith("en-"))
 
 
 def enroll(instance, *args, check=True):
-    return cli("enroll", *args, data_dir=instance.data_dir, env=env_of(instance), check=check)
+    return cli("enroll", *args, data_dir=instance.data_dir, check=check)
 
 
 def test_enroll_answer_through_the_gateway_then_unenroll(tmp_path):
@@ -33,39 +29,38 @@ def test_enroll_answer_through_the_gateway_then_unenroll(tmp_path):
         assert "Not enrolled" in enroll(edge, "--status").stdout
         token = enrollment(gateway, "--read", "*", "--write", "*")
         done = enroll(edge, token, "--gateway", gateway.url, "--url", edge.url, "--name", "edge-1")
-        instance_id = http("GET", edge.url + "/api/v1/instance", key=edge.key)[2]["instance_id"]
-        assert f"as instance {instance_id}" in done.stdout, done.stdout
+        edge_id = instance_id(edge)
+        assert f"as instance {edge_id}" in done.stdout, done.stdout
         assert gateway.url in enroll(edge, "--status").stdout
 
         # the gateway lists it (its Fleet page too) and reaches it for the SDK's FleetClient
-        listed = cli("instance", "list", "--json", data_dir=gateway.data_dir, env=env_of(gateway)).stdout
-        assert instance_id in listed
+        listed = cli("instance", "list", "--json", data_dir=gateway.data_dir).stdout
+        assert edge_id in listed
         _, token_text = org_token(gateway, "--read", "*", "--write", "*")
         from actae_client.fleet import FleetClient
 
         async def through_the_gateway():
             async with FleetClient(token_text, gateway.url, ORG) as fleet:
-                await fleet.call_operation("actae.api.v1.events.record", instance_id=instance_id,
+                await fleet.call_operation("actae.api.v1.events.record", instance_id=edge_id,
                                            body={"channel_id": "via-gw", "event_type": "step", "payload": {"n": 1}})
-                return await fleet.call_operation("actae.api.v1.channels.list", instance_id=instance_id)
+                return await fleet.call_operation("actae.api.v1.channels.list", instance_id=edge_id)
         listing = run(through_the_gateway())
         assert "via-gw" in str(listing)
         assert http("GET", edge.url + "/api/v1/events/replay/via-gw", key=edge.key)[2]["events"][0]["payload"] == {"n": 1}
-        page = http("GET", gateway.url + "/fleet?format=json", headers={"cookie": cookie(gateway)})
-        assert page[0] == 200 and instance_id in str(page[2]), page
+        page = http("GET", gateway.url + "/fleet?format=json", headers={"cookie": dashboard_cookie(gateway)})
+        assert page[0] == 200 and edge_id in str(page[2]), page
 
         # a used token is refused, with why
         again = enroll(edge, token, "--gateway", gateway.url, "--url", edge.url, check=False)
         assert again.returncode != 0 and "already enrolled" in again.stderr, again.stderr
 
         key_id = re.search(r"holds key (\d+)", done.stdout).group(1)
-        keys = cli("key", "list", "--json", data_dir=edge.data_dir, env=env_of(edge)).stdout
+        keys = cli("key", "list", "--json", data_dir=edge.data_dir).stdout
         assert f'"id": {key_id}' in keys
-        gone = enroll(edge, check=False) if False else cli("unenroll", data_dir=edge.data_dir, env=env_of(edge))
+        gone = cli("unenroll", data_dir=edge.data_dir)
         assert "Unenrolled" in gone.stdout, gone.stdout
-        assert instance_id not in cli("instance", "list", "--json", data_dir=gateway.data_dir,
-                                      env=env_of(gateway)).stdout
-        assert f'"id": {key_id}' not in cli("key", "list", "--json", data_dir=edge.data_dir, env=env_of(edge)).stdout
+        assert edge_id not in cli("instance", "list", "--json", data_dir=gateway.data_dir).stdout
+        assert f'"id": {key_id}' not in cli("key", "list", "--json", data_dir=edge.data_dir).stdout
         assert "Not enrolled" in enroll(edge, "--status").stdout
 
 
@@ -83,11 +78,6 @@ def test_a_used_or_expired_enrollment_token_is_refused_clearly(tmp_path):
         unknown = enroll(second, "en-nope", "--gateway", gateway.url, "--url", second.url, check=False)
         assert unknown.returncode != 0 and "unknown enrollment token" in unknown.stderr
         assert "Not enrolled" in enroll(second, "--status").stdout       # nothing was left half-made
-
-
-def cookie(server) -> str:
-    from conftest import dashboard_cookie
-    return dashboard_cookie(server)
 
 
 # --- an unlinked instance phones home to nobody -------------------------------------------------------

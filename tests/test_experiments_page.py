@@ -10,9 +10,8 @@ import uuid
 
 import pytest
 
-from conftest import http, run_sdk, submit_login, using_async
+from conftest import DESKTOP, PHONE, http, logged_in, run_sdk, using_async
 
-PHONE = {"width": 390, "height": 844}
 FIGURES = ("rank", "score", "outcome", "intervention", "policies", "steps", "tokens", "cost", "duration",
            "diverged", "output", "promote")
 
@@ -52,15 +51,7 @@ def experiment(server):
     return run_sdk(using_async(server, lambda client: an_experiment(client, f"ex{uuid.uuid4().hex[:6]}")))
 
 
-def logged_in(browser, server, viewport):
-    context = browser.new_context(viewport=viewport, is_mobile=viewport["width"] < 500)
-    page = context.new_page()
-    page.goto(server.url + "/login")
-    submit_login(page, server.key)
-    return context, page
-
-
-@pytest.mark.parametrize("viewport", [{"width": 1280, "height": 800}, PHONE], ids=["desktop", "phone"])
+@pytest.mark.parametrize("viewport", [DESKTOP, PHONE], ids=["desktop", "phone"])
 def test_the_experiment_side_by_side(browser, server, experiment, viewport):
     context, page = logged_in(browser, server, viewport)
     try:
@@ -87,7 +78,7 @@ def test_the_experiment_side_by_side(browser, server, experiment, viewport):
 
 
 def test_promote_the_winner_from_the_page(browser, server, experiment):
-    context, page = logged_in(browser, server, {"width": 1280, "height": 800})
+    context, page = logged_in(browser, server)
     try:
         page.goto(server.url + f"/experiments/{experiment['group']}")
         with page.expect_navigation():

@@ -12,8 +12,8 @@ import uuid
 
 import pytest
 
-from conftest import ACTAE_PY, ROOT, ServerProcess, cli, http, poll, run, using
-from test_observability import Collector, exporting_server, metric_values, otel_export
+from conftest import (ACTAE_PY, ROOT, Collector, ServerProcess, cli, dashboard_cookie, exporting_server, http,
+                      metric_values, poll, run, using)
 
 SECRET = re.compile(r"\b(sk|tk|ot|ft)-[A-Za-z0-9_-]{16,}|eyJ[A-Za-z0-9_-]{20,}")
 
@@ -148,7 +148,7 @@ def test_a_run_that_recorded_llm_error_is_failed_everywhere(tmp_path):
                 await client.record(run_id, "session.completed", {}, actor="agent")
             using(server, record)
             status, _, listed = http("GET", server.url + f"/?status=failed&format=json&q={run_id}",
-                                     headers={"cookie": dashboard_session(server)})
+                                     headers={"cookie": dashboard_cookie(server)})
             assert status == 200 and [r["channel_id"] for r in listed["runs"]] == [run_id], listed
             status, _, preview = http("POST", server.url + "/api/v1/forks/bulk", key=server.key,
                                       body={"filter": {"channel_ids": [run_id]}, "dry_run": True})
@@ -161,11 +161,6 @@ def test_a_run_that_recorded_llm_error_is_failed_everywhere(tmp_path):
         collector.stop()
 
 
-def dashboard_session(server) -> str:
-    from conftest import dashboard_cookie
-    return dashboard_cookie(server)
-
-
 # --- a repeated fork-failed -------------------------------------------------------------------------
 
 def test_fork_failed_again_says_what_is_new_and_what_was_there(tmp_path):
@@ -176,9 +171,8 @@ def test_fork_failed_again_says_what_is_new_and_what_was_there(tmp_path):
                 await client.save_state(f"ff-{i}", await client.get_cursor(f"ff-{i}"), {"status": "running"})
                 await client.record(f"ff-{i}", "step.failed", {"message": "boom"}, actor="agent")
         using(server, failing)
-        env = {"ACTAE_DATABASE_URL": server.database} if server.database else None
-        first = cli("fork-failed", "--operation-id", "op-1", data_dir=server.data_dir, env=env)
-        again = cli("fork-failed", "--operation-id", "op-1", data_dir=server.data_dir, env=env)
+        first = cli("fork-failed", "--operation-id", "op-1", data_dir=server.data_dir)
+        again = cli("fork-failed", "--operation-id", "op-1", data_dir=server.data_dir)
     assert "Forked 3 run(s), all new" in first.stdout, first.stdout
     assert "Forked 3 run(s): 0 new, 3 already made by operation id op-1" in again.stdout, again.stdout
 

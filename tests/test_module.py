@@ -11,6 +11,7 @@ from collections import defaultdict
 from conftest import ROOT
 
 SOURCE = (ROOT / "actae.py").read_text(encoding="utf-8")
+TREE = ast.parse(SOURCE)            # parsed once: the tests only read it
 SQL_START = re.compile(r"\s*(SELECT|INSERT|UPDATE|DELETE|WITH|CREATE|ALTER|DROP|PRAGMA|BEGIN|COMMIT|ROLLBACK|SAVEPOINT"
                        r"|RELEASE|LISTEN|NOTIFY|VACUUM|SET|SHOW)\b")
 TRANSACTION_WORDS = {"BEGIN", "COMMIT", "ROLLBACK"}      # statements of one word
@@ -23,9 +24,8 @@ def rendered(node: ast.AST) -> str:
     return "".join(part.value if isinstance(part, ast.Constant) else "{}" for part in node.values)
 
 
-def sql_statements(source: str) -> dict:
-    """{statement text with white space folded: [line, ...]} for every SQL string in the module."""
-    tree = ast.parse(source)
+def sql_statements(tree: ast.AST) -> dict:
+    """{statement text with white space folded: [line, ...]} for every SQL string in the module's `tree`."""
     inside_fstrings = {id(part) for node in ast.walk(tree) if isinstance(node, ast.JoinedStr) for part in node.values}
     found = defaultdict(list)
     for node in ast.walk(tree):
@@ -45,16 +45,16 @@ def sql_statements(source: str) -> dict:
 def test_the_collector_finds_statements_and_repeats():
     sample = ('a = "SELECT * FROM t WHERE id = ?"\nb = f"SELECT * FROM t{w} LIMIT 1"\nc = "SELECT * FROM t WHERE id = ?"\n'
               'd = ("UPDATE t SET x = ?"\n     " WHERE id = ?")\nmethod = "DELETE"\n')
-    found = sql_statements(sample)
+    found = sql_statements(ast.parse(sample))
     assert found["SELECT * FROM t WHERE id = ?"] == [1, 3]
     assert found["SELECT * FROM t{} LIMIT 1"] == [2]
     assert found["UPDATE t SET x = ? WHERE id = ?"] == [4]
     assert "DELETE" not in found
-    assert len(sql_statements(SOURCE)) > 150          # the module's own: it does find them
+    assert len(sql_statements(TREE)) > 150          # the module's own: it does find them
 
 
 def test_no_sql_statement_text_appears_twice():
-    repeated = {text: lines for text, lines in sql_statements(SOURCE).items() if len(lines) > 1}
+    repeated = {text: lines for text, lines in sql_statements(TREE).items() if len(lines) > 1}
     assert not repeated, "\n".join(f"lines {lines}: {text[:160]}" for text, lines in sorted(repeated.items()))
 
 
@@ -70,13 +70,13 @@ def banner_titles(source: str) -> list:
     return [re.split(r"[:(]", title, maxsplit=1)[0].strip() for title in banners(source)]
 
 
-def map_lines(source: str) -> list:
-    doc = ast.get_docstring(ast.parse(source))
+def map_lines(tree: ast.Module) -> list:
+    doc = ast.get_docstring(tree)
     return [line for line in doc.split("The map:", 1)[1].splitlines()[3:] if line.strip()]
 
 
 def test_the_docstring_map_lists_every_section_in_file_order():
-    titles, lines = banner_titles(SOURCE), map_lines(SOURCE)
+    titles, lines = banner_titles(SOURCE), map_lines(TREE)
     assert len(titles) >= 20
     assert len(lines) == len(titles), (titles, lines)
     for title, banner, line in zip(titles, banners(SOURCE), lines):
@@ -124,11 +124,11 @@ def defined_names(node: ast.AST) -> list:
     return []
 
 
-def sections_of(source: str) -> list:
-    """[(banner title, [top-level nodes under it])] in file order."""
+def sections_of(source: str, tree: ast.Module) -> list:
+    """[(banner title, [top-level nodes under it])] in file order (`tree` is `source` parsed)."""
     starts = [(source.count("\n", 0, m.start()) + 1, m.group(1)) for m in BANNER.finditer(source)]
     found = [(title, []) for _, title in starts]
-    for node in ast.parse(source).body:
+    for node in tree.body:
         at = [i for i, (line, _) in enumerate(starts) if line <= node.lineno]
         if at:
             found[at[-1]][1].append(node)
@@ -144,13 +144,13 @@ def test_the_map_lists_the_core_then_the_regions():
     first = titles.index(next(t for t in titles if t is not None))
     assert all(t is None for t in titles[:first]) and all(t is not None for t in titles[first:]), titles
     assert [t for t in dict.fromkeys(titles[first:])] == list(REGIONS)
-    doc = ast.get_docstring(ast.parse(SOURCE))
+    doc = ast.get_docstring(TREE)
     assert doc.index("Command line —") < doc.index("Many runs:") < doc.index("Fleet: records")
 
 
 def test_every_definition_of_a_capability_lies_in_its_region():
     misplaced = []
-    for title, nodes in sections_of(SOURCE):
+    for title, nodes in sections_of(SOURCE, TREE):
         for node in nodes:
             for name in defined_names(node):
                 for capability, pattern in CAPABILITY_NAMES.items():
@@ -160,7 +160,7 @@ def test_every_definition_of_a_capability_lies_in_its_region():
 
 
 def test_the_core_names_no_region_except_through_the_hook_lists():
-    sections = sections_of(SOURCE)
+    sections = sections_of(SOURCE, TREE)
     regional = {name for title, nodes in sections if region_of(title) for node in nodes
                 for name in defined_names(node)}
     assert len(regional) > 300 and not (regional & HOOK_LISTS)
@@ -180,7 +180,7 @@ def test_the_core_names_no_region_except_through_the_hook_lists():
 # --- one request path --------------------------------------------------------------------------------
 
 def functions_named(name: str) -> list:
-    return [n for n in ast.walk(ast.parse(SOURCE)) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
+    return [n for n in ast.walk(TREE) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
             and n.name == name]
 
 
@@ -213,14 +213,13 @@ PRIVATE_USERS = {"aiosqlite_internals": "aiosqlite", "bundle_dir": None, "otel_q
 
 
 def test_private_names_of_dependencies_are_used_in_one_named_function_each():
-    tree = ast.parse(SOURCE)
     owner = {}
-    for node in ast.walk(tree):
+    for node in ast.walk(TREE):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             for child in ast.walk(node):
                 owner.setdefault(id(child), node.name)
     found = []
-    for node in ast.walk(tree):
+    for node in ast.walk(TREE):
         private = None
         if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
             if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
@@ -252,13 +251,12 @@ def test_private_names_of_dependencies_are_used_in_one_named_function_each():
 
 def test_no_backslash_continuations_and_a_public_surface():
     assert not [n for n, line in enumerate(SOURCE.splitlines(), 1) if line.endswith("\\")]
-    tree = ast.parse(SOURCE)
-    declared = next(node for node in tree.body if isinstance(node, ast.Assign)
+    declared = next(node for node in TREE.body if isinstance(node, ast.Assign)
                     and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets))
     public = ast.literal_eval(declared.value)
     tests_and_examples = "\n".join(p.read_text() for p in [*ROOT.glob("tests/*.py"), *ROOT.glob("examples/*.py")])
     used = set(re.findall(r"\bactae\.([A-Za-z_]\w*)\s*[(\[.,)\s]", tests_and_examples))
-    defined = {name for node in tree.body for name in defined_names(node)}
+    defined = {name for node in TREE.body for name in defined_names(node)}
     assert not [name for name in used if name.startswith("_") and name != "__version__"]
     assert {name for name in used if name in defined} <= set(public)
 

@@ -1,7 +1,7 @@
 """Observability (issue 21): every run as an OpenTelemetry trace, and Prometheus metrics.
 
 Each test starts real servers (conftest's ServerProcess) and, where traces are checked, a real
-OTLP/HTTP collector on loopback (`Collector`: http.server in a thread, decoding each request with
+OTLP/HTTP collector on loopback (conftest's `Collector`: http.server in a thread, decoding each request with
 opentelemetry-proto). The fork walkthrough runs through the real SDK (examples/fork_demo.py).
 
 - the walkthrough's spans: a root per run, a span per step in order, gen_ai.* and actae.*
@@ -18,100 +18,18 @@ opentelemetry-proto). The fork walkthrough runs through the real SDK (examples/f
 from __future__ import annotations
 
 import hashlib
-import http.server as http_server
-import os
-import subprocess
-import threading
 import time
 import uuid
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
-from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import ServerProcess, cli, http, import_example, poll, using
+from conftest import (Collector, ServerProcess, cli, exporting_server, http, import_example, metric_values,
+                      otel_export, poll, using, value, without_otel)
 
 
 # --------------------------------------------------------------------------------------------
-# A real OTLP/HTTP collector on loopback
+# A real OTLP/HTTP collector on loopback (conftest's `Collector`), and the traces it takes
 # --------------------------------------------------------------------------------------------
-
-
-def any_value(value):
-    kind = value.WhichOneof("value")
-    return None if kind is None else getattr(value, kind)
-
-
-class Collector:
-    """POST /v1/traces on 127.0.0.1: decodes ExportTraceServiceRequest and keeps each span as a dict.
-    `mode` "ok" answers 200; "slow503" waits `delay` seconds, then answers 503."""
-
-    def __init__(self, mode: str = "ok", delay: float = 2.0):
-        self.mode, self.delay = mode, delay
-        self.spans: list[dict] = []
-        self.requests = 0
-        self.lock = threading.Lock()
-        collector = self
-
-        class Handler(http_server.BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("content-length") or 0))
-                with collector.lock:
-                    collector.requests += 1
-                if collector.mode == "slow503":
-                    time.sleep(collector.delay)      # what it fakes: a collector slow to answer
-                    self.send_response(503)
-                    self.send_header("content-length", "0")
-                    self.end_headers()
-                    return
-                request = ExportTraceServiceRequest()
-                request.ParseFromString(body)
-                got = []
-                for resource_spans in request.resource_spans:
-                    resource = {a.key: any_value(a.value) for a in resource_spans.resource.attributes}
-                    for scope_spans in resource_spans.scope_spans:
-                        for s in scope_spans.spans:
-                            got.append({
-                                "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
-                                "parent": s.parent_span_id.hex(), "name": s.name, "kind": s.kind,
-                                "start": s.start_time_unix_nano, "end": s.end_time_unix_nano,
-                                "attributes": {a.key: any_value(a.value) for a in s.attributes},
-                                "status": (s.status.code, s.status.message),
-                                "links": [(link.trace_id.hex(), link.span_id.hex(),
-                                           {a.key: any_value(a.value) for a in link.attributes}) for link in s.links],
-                                "service": resource.get("service.name"), "resource": resource,
-                                "scope": scope_spans.scope.name})
-                with collector.lock:
-                    collector.spans += got
-                self.send_response(200)
-                self.send_header("content-type", "application/x-protobuf")
-                self.send_header("content-length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = http_server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def stop(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-    def taken(self) -> list[dict]:
-        with self.lock:
-            return list(self.spans)
-
-    def wait_for(self, condition, timeout=30.0, what="spans"):
-        """The spans taken so far, as soon as `condition(spans)` holds."""
-        def ready():
-            spans = self.taken()
-            return (spans,) if condition(spans) else None
-        (spans,) = poll(ready, timeout, what=lambda: f"the collector to get the {what} "
-                                                     f"(it has {len(self.taken())} span(s))")
-        return spans
 
 
 @pytest.fixture
@@ -119,25 +37,6 @@ def collector():
     c = Collector()
     yield c
     c.stop()
-
-
-def exporting_server(tmp_path, collector_url, name="data", *, via_env=False):
-    """A started server exporting to `collector_url`: by --otlp-endpoint, or by OTEL_EXPORTER_OTLP_ENDPOINT."""
-    if via_env:
-        return ServerProcess(tmp_path / name, env={"OTEL_EXPORTER_OTLP_ENDPOINT": collector_url,
-                                                   "OTEL_SERVICE_NAME": "actae-test"}).start()
-    return ServerProcess(tmp_path / name, args=["--otlp-endpoint", collector_url]).start()
-
-
-def without_otel(**extra) -> dict:
-    """For `cli(env=...)`: this environment's OTEL_* variables unset, `extra` set."""
-    return {**{k: None for k in os.environ if k.startswith("OTEL_")}, **extra}
-
-
-def otel_export(server: ServerProcess, collector_url: str, channel: str, *extra) -> subprocess.CompletedProcess:
-    """`actae otel-export CHANNEL` against the server's own database (no OTEL_* variables but the flag)."""
-    return cli("otel-export", channel, *extra, "--otlp-endpoint", collector_url, data_dir=server.data_dir,
-               env=without_otel(), check=False)
 
 
 def trace_id(channel: str) -> str:
@@ -294,21 +193,6 @@ def test_a_crashed_run_and_one_whose_process_died(tmp_path, collector):
 # --------------------------------------------------------------------------------------------
 # Acceptance 2: a slow or dead collector never fails a write
 # --------------------------------------------------------------------------------------------
-
-
-def metric_values(server) -> dict:
-    """{(name, frozenset(labels)): value} from /metrics, parsed with prometheus_client's parser."""
-    status, headers, text = http("GET", server.url + "/metrics", key=server.key)
-    assert status == 200 and headers["content-type"].startswith("text/plain")
-    values = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            values[(sample.name, frozenset(sample.labels.items()))] = sample.value
-    return values
-
-
-def value(values, name, **labels) -> float:
-    return values.get((name, frozenset(labels.items())), 0.0)
 
 
 def metrics_when(server, check, timeout, *, what) -> dict:

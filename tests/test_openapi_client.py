@@ -1,6 +1,6 @@
 """A Python client generated from the server's own /openapi.json by a third-party generator.
 
-At test time: GET /openapi.json from a server of this module's own -> `openapi-python-client
+At test time: GET /openapi.json from the shared server -> `openapi-python-client
 generate` (PyPI `openapi-python-client`, not ours) into a tmp dir -> that package imported from
 there -> through its `AuthenticatedClient` (the key in `x-api-key`, without a "Bearer" prefix):
 
@@ -116,15 +116,8 @@ def forget(package: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def api_server(tmp_path_factory):
-    with ServerProcess(tmp_path_factory.mktemp("actae-openapi-client")).start() as srv:
-        assert srv.key, "\n".join(srv.lines)
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def document(api_server) -> dict:
-    status, _, doc = http("GET", api_server.url + "/openapi.json")
+def document(server) -> dict:
+    status, _, doc = http("GET", server.url + "/openapi.json")
     assert status == 200 and isinstance(doc, dict), (status, str(doc)[:300])
     return doc
 
@@ -400,8 +393,8 @@ def record_replay_state_fork(gen: Generated, srv: ServerProcess, tag: str) -> li
     return list(dict.fromkeys(flow.problems))     # each distinct problem once, in order
 
 
-def test_record_replay_save_state_and_fork_through_the_generated_client(generated, api_server):
-    problems = record_replay_state_fork(generated, api_server, uuid.uuid4().hex[:8])
+def test_record_replay_save_state_and_fork_through_the_generated_client(generated, server):
+    problems = record_replay_state_fork(generated, server, uuid.uuid4().hex[:8])
     assert not problems, f"{len(problems)} problems through the generated client:\n" + "\n".join(problems)
 
 
@@ -409,8 +402,8 @@ def test_record_replay_save_state_and_fork_through_the_generated_client(generate
 # C. Errors through the generated client
 # --------------------------------------------------------------------------------------------
 
-def test_errors_come_back_as_the_generated_error_model(generated, api_server):
-    with client_for(generated, api_server.url, api_server.key) as client:
+def test_errors_come_back_as_the_generated_error_model(generated, server):
+    with client_for(generated, server.url, server.key) as client:
         response = generated.endpoint(RECEIPT).sync_detailed("oapi-no-such-channel", client=client)
     assert response.status_code == 404, response.content[:300]
     error = response.parsed
@@ -418,7 +411,7 @@ def test_errors_come_back_as_the_generated_error_model(generated, api_server):
     assert isinstance(error.status, str) and error.status and isinstance(error.error, str), error
     assert error.to_dict() == json.loads(response.content)
 
-    with client_for(generated, api_server.url, "sk-not-the-key") as client:
+    with client_for(generated, server.url, "sk-not-the-key") as client:
         response = generated.endpoint(LIST_CHANNELS).sync_detailed(client=client)
     assert response.status_code == 401, response.content[:300]
     assert is_model(generated, response.parsed), f"401 parsed as {type(response.parsed).__name__}"
@@ -429,12 +422,12 @@ def test_errors_come_back_as_the_generated_error_model(generated, api_server):
 # D. Export and import through the generated client
 # --------------------------------------------------------------------------------------------
 
-def test_export_and_import_through_the_generated_client(generated, api_server):
+def test_export_and_import_through_the_generated_client(generated, server):
     channel = f"oapi-move-{uuid.uuid4().hex[:8]}"
-    status, _, _ = http("POST", api_server.url + "/api/v1/events/record", key=api_server.key,
+    status, _, _ = http("POST", server.url + "/api/v1/events/record", key=server.key,
                         body={"channel_id": channel, "event_type": "agent.step", "payload": {"n": 1}})
     assert status == 200
-    with client_for(generated, api_server.url, api_server.key) as client:
+    with client_for(generated, server.url, server.key) as client:
         exported = generated.endpoint(EXPORT).sync_detailed(channel, client=client)
         assert exported.status_code == 200, exported.content[:300]
         assert exported.headers["content-type"].startswith("application/x-ndjson")

@@ -18,9 +18,8 @@ import uuid
 
 import pytest
 
-from conftest import http, login, run_sdk, start_fleet, submit_login
+from conftest import DESKTOP, PHONE, http, login, run_sdk, start_fleet, submit_login
 
-DESKTOP, PHONE = {"width": 1280, "height": 800}, {"width": 390, "height": 844}
 SIZES = {"phone": PHONE, "desktop": DESKTOP}
 
 # Everything a user can act on: buttons, submit inputs, the link-styled actions the templates use

@@ -136,7 +136,7 @@ def fleet(tmp_path_factory):
         fork(remote, "ci-r1", "secret-child", 1)          # an out-of-scope fork of an in-scope run
         # A second remote, registered with a key that may only read: the intersection's other side.
         cli("instance", "add", ro.url, "--key", new_key(ro, read=["*"]), "--name", "ro", data_dir=f.gateway)
-        f.ro, f.ro_id = ro, http("GET", ro.url + "/api/v1/instance", key=ro.key)[2]["instance_id"]
+        f.ro, f.ro_id = ro, instance_id(ro)
         f.ci_token = org_token(f.gateway, "--read", "ci-*", name="t")[1]
         f.ci = fleet_token(f.gateway, f.ci_token)
         yield f
@@ -184,14 +184,14 @@ def test_an_out_of_scope_channel_on_a_remote_answers_as_an_unknown_one(fleet, op
     secret, unknown = answers["secret-r1"], answers["nope-x"]
     assert (secret[0], masked(secret[1], "secret-r1")) == (unknown[0], masked(unknown[1], "nope-x")), answers
     # and the remote answers exactly what the gateway's own instance answers for the same token
-    local = op(fleet, fleet.ci, instance_id(fleet.gateway), operation, **envelope("secret-r1"))
+    local = op(fleet, fleet.ci, fleet.local_id, operation, **envelope("secret-r1"))
     assert (secret[0], masked(secret[1], "secret-r1")) == (local[0], masked(local[1], "secret-r1")), (secret, local)
 
 
 @pytest.mark.parametrize("body", [{}, {"channel_ids": ["ci-r1", "secret-r1"]}])
 def test_an_events_query_beyond_the_scopes_is_refused_on_a_remote_as_on_the_local_instance(fleet, body):
     remote = op(fleet, fleet.ci, fleet.remote_ids[0], "events.query", body=body)
-    local = op(fleet, fleet.ci, instance_id(fleet.gateway), "events.query", body=body)
+    local = op(fleet, fleet.ci, fleet.local_id, "events.query", body=body)
     assert remote[0] == local[0] == 403 and "secret" not in json.dumps(remote[1]).replace("secret-r1", ""), (remote, local)
 
 
@@ -232,7 +232,7 @@ def test_capabilities_through_the_gateway_are_the_callers_effective_scopes(fleet
 
 def test_instance_add_takes_the_key_from_a_file_or_the_environment_never_from_argv(fleet, tmp_path):
     with ServerProcess(tmp_path / "remote-k").start() as extra:
-        extra_id = http("GET", extra.url + "/api/v1/instance", key=extra.key)[2]["instance_id"]
+        extra_id = instance_id(extra)
         key_file = tmp_path / "remote.key"
         key_file.write_text(extra.key + "\n")
         key_file.chmod(0o600)

@@ -1,6 +1,6 @@
 """TypeScript types generated from the server's own /openapi.json, used strictly by a real script.
 
-At test time: GET /openapi.json from a server of this module's own -> `openapi-typescript` (npm,
+At test time: GET /openapi.json from the shared server -> `openapi-typescript` (npm,
 not ours; its default flags, so --default-non-nullable is on) -> api.ts -> a record/replay/fork
 script written against its `paths` types (no casts, no `any`):
 
@@ -70,16 +70,9 @@ def tsc(where: Path, *args) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def api_server(tmp_path_factory):
-    with ServerProcess(tmp_path_factory.mktemp("actae-typescript")).start() as srv:
-        assert srv.key, "\n".join(srv.lines)
-        yield srv
-
-
-@pytest.fixture(scope="module")
-def project(api_server, tmp_path_factory) -> Path:
+def project(server, tmp_path_factory) -> Path:
     """A folder with api.ts: openapi-typescript's types for the server's /openapi.json."""
-    status, _, doc = http("GET", api_server.url + "/openapi.json")
+    status, _, doc = http("GET", server.url + "/openapi.json")
     assert status == 200 and isinstance(doc, dict), (status, str(doc)[:300])
     where = tmp_path_factory.mktemp("typescript")
     (where / "openapi.json").write_text(json.dumps(doc))
@@ -235,9 +228,9 @@ def script(template: str, srv: ServerProcess, channel: str) -> str:
     return NODE_GLOBALS + source
 
 
-def test_a_record_replay_fork_script_type_checks_strictly_and_runs(project, api_server):
+def test_a_record_replay_fork_script_type_checks_strictly_and_runs(project, server):
     channel = f"ts-{uuid.uuid4().hex[:8]}"
-    source = script(FLOW, api_server, channel)
+    source = script(FLOW, server, channel)
     code = re.sub(r"//[^\n]*|\"[^\"\n]*\"|`[^`]*`", "", source)        # the code, without comments and strings
     assert not re.search(r"\bas\b|\bany\b|@ts-|<\w+>\s*\w", code), "the script must use no casts and no any"
     (project / "flow.ts").write_text(source)
@@ -270,8 +263,8 @@ def test_a_record_replay_fork_script_type_checks_strictly_and_runs(project, api_
 # C. The types refuse what is wrong
 # --------------------------------------------------------------------------------------------
 
-def test_the_generated_types_refuse_wrong_calls(project, api_server):
-    source = script(WRONG, api_server, "ts-wrong")
+def test_the_generated_types_refuse_wrong_calls(project, server):
+    source = script(WRONG, server, "ts-wrong")
     (project / "wrong.ts").write_text(source)
     checked = tsc(project, "--noEmit", "wrong.ts")
     assert checked.returncode != 0, "tsc accepted calls that do not match the document"
