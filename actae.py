@@ -260,17 +260,24 @@ FAILURE_STATES = ("failed", "crashed")
 # `status`, as when the code it runs raised). `crashed` is the SDK's status or the run's outcome.
 FAILURE_EVENT_SUFFIXES = (".error", ".failed")
 FAILURE_EVENT_EXCEPTIONS = ("tool.failed",)
-# What a step spent, by one rule (usage_of): each figure under the names agents, the SDK's own OTel
-# bridge and the OpenTelemetry GenAI conventions give it, looked up in the step event's payload, its
-# `output`, `input` and `usage`, then the event's metadata; the first place that has it wins. A step
-# that names none of them spent an unknown amount, never zero.
+# What a step spent, by one rule (usage_of): each figure under the names agents, framework adapters
+# (Codex CLI's `*_token_count`), the SDK's own OTel bridge and the OpenTelemetry GenAI conventions give
+# it, looked up in the event's payload, its `output`, `input` and `usage`, then the event's metadata;
+# the first place that has it wins. Token counts may be decimal strings: OTLP's JSON writes 64-bit
+# integers so, and adapters pass them on. A step is an event with a step number, or one that reports
+# a token count or a cost without one (an adapter's model call); a numbered step that names none of
+# them spent an unknown amount, never zero.
 USAGE_NAMES = (
-    ("input_tokens", ("input_tokens", "prompt_tokens", "tokens", "gen_ai.usage.input_tokens"), int),
-    ("output_tokens", ("output_tokens", "completion_tokens", "gen_ai.usage.output_tokens"), int),
+    ("input_tokens", ("input_tokens", "prompt_tokens", "tokens", "input_token_count", "gen_ai.usage.input_tokens"),
+     int),
+    ("output_tokens", ("output_tokens", "completion_tokens", "output_token_count", "gen_ai.usage.output_tokens"),
+     int),
     ("cost", ("cost", "cost_usd", "gen_ai.usage.cost"), float),
     ("model", ("model", "request_model", "gen_ai.request.model", "gen_ai.response.model"), str),
     ("duration_ms", ("duration_ms", "latency_ms"), float),
 )
+SPEND_FIGURES = ("input_tokens", "output_tokens", "cost")
+SPEND_NAMES = frozenset(name for figure, names, _ in USAGE_NAMES if figure in SPEND_FIGURES for name in names)
 
 
 # =============================================================================
@@ -395,7 +402,7 @@ def usage_of(payload: Any, metadata: Any) -> Optional[dict]:
     """A step's usage by the one rule (USAGE_NAMES): {figure: value} of those it names, None when it
     names no token count and no cost (its spend is unknown)."""
     places = usage_places(payload, metadata)
-    if not places:
+    if all(SPEND_NAMES.isdisjoint(place) for place in places):   # most events: no spend named, ~1 us
         return None
     found = {}
     for figure, names, kind in USAGE_NAMES:
@@ -406,14 +413,15 @@ def usage_of(payload: Any, metadata: Any) -> Optional[dict]:
             if kind is float and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
                 found[figure] = float(value)
                 break
+            if kind is int and isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 19:
+                value = int(value)
             if kind is int and isinstance(value, int) and 0 <= value <= INT64_MAX:
                 found[figure] = value
                 break
             if kind is str and isinstance(value, str):
                 found[figure] = value[:200]
                 break
-    spent = {"input_tokens", "output_tokens", "cost"} & found.keys()
-    return found if spent else None
+    return found if found.keys() & SPEND_FIGURES else None
 
 
 def utc_now() -> datetime:
@@ -2421,12 +2429,11 @@ def state_storage_schema(w: SchemaWords) -> str:
 
 def step_usage_schema(w: SchemaWords) -> str:
     return f"""
-    -- What a step spent (usage_of), one row per step event that names any of it: a step with none
-    -- has no row, so its spend is unknown, never zero.
+    -- What a step spent (usage_of), one row per event that names any of it: a numbered step with
+    -- none has no row, so its spend is unknown, never zero.
     CREATE TABLE step_usage (
         channel_id     TEXT NOT NULL,
         cursor         {w.integer} NOT NULL,
-        step_number    {w.integer} NOT NULL,
         input_tokens   {w.integer},
         output_tokens  {w.integer},
         cost           {w.real},
@@ -2438,8 +2445,15 @@ def step_usage_schema(w: SchemaWords) -> str:
 
 
 def migrate_step_usage(conn: "Conn") -> None:
-    """What the steps stored before usage was kept spent, read once from their events."""
+    """What the events stored before usage was kept (or before the rule read adapters' events) spent,
+    read once."""
     index_usage(conn)
+
+
+def step_usage_again(w: SchemaWords) -> str:
+    """The table again, for the events the rule reads since (adapters' unnumbered ones), and without the
+    step number the first version kept (the event has it)."""
+    return "DROP TABLE step_usage;" + step_usage_schema(w)
 
 
 def migrate_failure_rule(conn: "Conn") -> None:
@@ -2477,8 +2491,9 @@ MIGRATIONS = [
     Migration(5, run=migrate_run_facts),                  # and the approvals and bulk forks (Many runs)
     Migration(6, only={"postgresql": EVENT_POSITIONS}),
     Migration(7, run=migrate_failure_rule),
-    Migration(8, step_usage_schema, run=migrate_step_usage),
+    Migration(8, step_usage_schema),                      # filled by the step after enrollments
     Migration(9),                                         # enrollments (Fleet)
+    Migration(10, step_usage_again, run=migrate_step_usage),   # reads every stored event once
 ]
 
 
@@ -3674,8 +3689,7 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                   channel_cursor=cursor, timestamp=tx.ts, agent_id=agent_id, user_id=user_id, metadata=metadata,
                   depends_on=depends_on, step_number=step_number, chain_hash=chain_hash)
     tx.events.append(event)
-    if step_number is not None:
-        keep_usage(tx.conn, channel_id, cursor, step_number, payload, metadata)
+    keep_usage(tx.conn, channel_id, cursor, payload, metadata)
     hooks = EVENT_HOOKS.get(event_type)
     if hooks is not None:
         for hook in hooks:
@@ -3683,26 +3697,24 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
     return event
 
 
-def keep_usage(conn: Conn, channel_id: str, cursor: int, step_number: int, payload: Any, metadata: Any) -> None:
-    """A step's usage, kept beside its event (nothing for a step that records none), so what a run or
-    a fork spent is a sum of stored numbers, not a read of every payload."""
+def keep_usage(conn: Conn, channel_id: str, cursor: int, payload: Any, metadata: Any) -> None:
+    """An event's usage, kept beside it (nothing for one that records none), so what a run or a fork
+    spent is a sum of stored numbers, not a read of every payload."""
     usage = usage_of(payload, metadata)
     if usage is not None:
-        conn.execute("INSERT INTO step_usage (channel_id, cursor, step_number, input_tokens, output_tokens, cost, model,"
-                     " duration_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                     (channel_id, cursor, step_number, usage.get("input_tokens"), usage.get("output_tokens"),
-                      usage.get("cost"), usage.get("model"), usage.get("duration_ms")))
+        conn.execute("INSERT INTO step_usage (channel_id, cursor, input_tokens, output_tokens, cost, model, duration_ms)"
+                     " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     (channel_id, cursor, usage.get("input_tokens"), usage.get("output_tokens"), usage.get("cost"),
+                      usage.get("model"), usage.get("duration_ms")))
 
 
 def index_usage(conn: Conn, channel_id: Optional[str] = None) -> None:
-    """Keep the usage of the steps already stored (a run imported, a database from before usage was kept)."""
-    where = Where().add("step_number IS NOT NULL").add_if(channel_id, "channel_id = ?")
-    conn.execute(f"DELETE FROM step_usage{' WHERE channel_id = ?' if channel_id else ''}",
-                 (channel_id,) if channel_id else ())
-    for row in conn.execute(f"SELECT channel_id, cursor, step_number, payload, metadata FROM events{where}",
-                            where.args).fetchall():
-        keep_usage(conn, row["channel_id"], row["cursor"], row["step_number"], load(row["payload"]),
-                   load(row["metadata"]))
+    """Keep the usage of the events already stored (a run imported, a database from before usage was
+    kept, or from before the rule read adapters' events)."""
+    where = Where().add_if(channel_id, "channel_id = ?")
+    conn.execute(f"DELETE FROM step_usage{where}", where.args)
+    for row in conn.execute(f"SELECT channel_id, cursor, payload, metadata FROM events{where}", where.args).fetchall():
+        keep_usage(conn, row["channel_id"], row["cursor"], load(row["payload"]), load(row["metadata"]))
 
 
 def event_of(row: Row) -> Event:
@@ -4488,10 +4500,12 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
 
 def stretch_row(conn: Conn, channel_id: str, upto: Optional[int]) -> Row:
     """A channel's own events up to cursor `upto` (all, with None) in one read: how many (n), how many
-    steps, how many kept usage, their tokens (tin, tout) and cost, the first and last event's times."""
+    steps (numbered, or reporting usage: usage_of), how many numbered steps kept none (unknown), their
+    tokens (tin, tout) and cost, the first and last event's times."""
     limit, args = ("", (channel_id,)) if upto is None else (" AND e.cursor <= ?", (channel_id, upto))
     return conn.execute(
-        "SELECT COUNT(*) AS n, COUNT(e.step_number) AS steps, COUNT(u.cursor) AS kept,"
+        "SELECT COUNT(*) AS n, COUNT(CASE WHEN e.step_number IS NOT NULL OR u.cursor IS NOT NULL THEN 1 END) AS steps,"
+        " COUNT(CASE WHEN e.step_number IS NOT NULL AND u.cursor IS NULL THEN 1 END) AS unknown,"
         " COALESCE(SUM(u.input_tokens), 0) AS tin, COALESCE(SUM(u.output_tokens), 0) AS tout, SUM(u.cost) AS cost,"
         " MIN(e.created_at) AS first, MAX(e.created_at) AS last FROM events e LEFT JOIN step_usage u"
         f" ON u.channel_id = e.channel_id AND u.cursor = e.cursor WHERE e.channel_id = ?{limit}", args).fetchone()
@@ -4504,7 +4518,7 @@ def spend_of(conn: Conn, stretches: list) -> Spend:
     cost, wall = None, 0.0
     for channel_id, upto in stretches:
         row = stretch_row(conn, channel_id, upto)
-        steps, without = steps + row["steps"], without + row["steps"] - row["kept"]
+        steps, without = steps + row["steps"], without + row["unknown"]
         input_tokens, output_tokens = input_tokens + int(row["tin"]), output_tokens + int(row["tout"])
         if row["cost"] is not None:
             cost = (cost or 0.0) + float(row["cost"])

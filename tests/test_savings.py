@@ -3,14 +3,15 @@ the usage each step recorded, the same in the API, on the fork's page, in its tr
 
 A run records five steps through the SDK's AgentSession: three report their usage in the step's
 output (`usage`: input_tokens, output_tokens, cost_usd), one the way OpenTelemetry-instrumented
-frameworks name it (`gen_ai.usage.*` in the event's metadata, no cost), one none at all.
+frameworks name it (`gen_ai.usage.*` in the event's metadata, no cost), one none at all. A second
+run comes through a framework adapter, the SDK's Codex CLI receiver, as Codex exports it over OTLP.
 """
 from __future__ import annotations
 
+import socket
 import uuid
 
-from conftest import dashboard_cookie, http, poll, using
-from test_observability import Collector, exporting_server, metric_values, value
+from conftest import Collector, dashboard_cookie, exporting_server, http, metric_values, poll, using, value
 
 USAGE = {1: {"input_tokens": 1200, "output_tokens": 300, "cost_usd": 0.0081},
          2: {"input_tokens": 1850, "output_tokens": 410, "cost_usd": 0.0117},
@@ -104,3 +105,70 @@ def test_a_step_s_usage_is_read_by_one_rule():
     assert actae.usage_of({"output": {"text": "no usage"}}, {"gen_ai.usage.input_tokens": 3}) == {"input_tokens": 3}
     assert actae.usage_of({"model": "m"}, None) is None            # a model alone is no spend
     assert actae.usage_of({"input_tokens": True, "cost": -1}, None) is None
+    # Codex CLI's names, its int64 figures as OTLP's JSON writes them (decimal strings)
+    assert actae.usage_of({"input_token_count": "1200", "output_token_count": "300", "model": "gpt-5-codex"},
+                          None) == {"input_tokens": 1200, "output_tokens": 300, "model": "gpt-5-codex"}
+    assert actae.usage_of({"input_tokens": "12a", "output_tokens": "-3", "cost": "0.5"}, None) is None
+
+
+def otlp_logs(conversation: str, events: list) -> dict:
+    """Codex CLI's OTLP/HTTP JSON log export of `events` [(name, attributes)]: int64 values as
+    decimal strings, as OTLP's JSON mapping writes them."""
+    def kv(key, value):
+        kind = "intValue" if isinstance(value, int) else "stringValue"
+        return {"key": key, "value": {kind: str(value) if kind == "intValue" else value}}
+    records = [{"timeUnixNano": str(n), "body": {"stringValue": name},
+                "attributes": [kv("conversation.id", conversation)] + [kv(k, v) for k, v in attrs.items()]}
+               for n, (name, attrs) in enumerate(events)]
+    return {"resourceLogs": [{"scopeLogs": [{"logRecords": records}]}]}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+CODEX_TURNS = [("codex.conversation_starts", {"model": "gpt-5-codex"}),
+               ("codex.user_prompt", {"prompt_length": 40}),
+               ("codex.sse_event", {"event.kind": "response.completed", "model": "gpt-5-codex",
+                                    "input_token_count": 1200, "output_token_count": 300, "duration_ms": 900}),
+               ("codex.tool_decision", {"tool_name": "shell", "decision": "approved"}),
+               ("codex.tool_result", {"tool_name": "shell", "call_id": "c1", "duration_ms": 30, "success": "true"}),
+               ("codex.sse_event", {"event.kind": "response.completed", "model": "gpt-5-codex",
+                                    "input_token_count": 1850, "output_token_count": 410, "duration_ms": 1200}),
+               ("codex.sse_event", {"event.kind": "response.completed", "model": "gpt-5-codex",
+                                    "input_token_count": 2600, "output_token_count": 120})]
+
+
+def test_a_framework_adapter_s_usage_is_what_its_fork_saved(server):
+    """Codex reports each model call's usage on its own events, unnumbered: each is a step by the rule,
+    and a fork after the second call saved exactly those two calls' tokens."""
+    import aiohttp
+    from actae_client.adapters.codex import CodexOTLPReceiver
+    conversation = f"cx-{uuid.uuid4().hex[:8]}"
+    parent, child = f"codex:{conversation}", f"codex:{conversation}-retry"
+
+    async def scenario(client):
+        receiver = CodexOTLPReceiver(client, host="127.0.0.1", port=free_port())
+        await receiver.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                async with session.post(f"http://127.0.0.1:{receiver.port}/v1/logs",
+                                        json=otlp_logs(conversation, CODEX_TURNS)) as answer:
+                    assert answer.status == 200 and (await answer.json())["processed"] == len(CODEX_TURNS)
+        finally:
+            await receiver.stop()
+        calls = [e for e in await client.replay(parent) if e.event_type == "codex.sse_event"]
+        await client.fork(parent, child, calls[1].cursor)
+    using(server, scenario)
+
+    savings = http("GET", server.url + f"/api/v1/channels/{child}/savings", key=server.key)[2]
+    saved = savings["fork"]["saved"]
+    assert {k: saved[k] for k in ("steps", "steps_without_usage", "input_tokens", "output_tokens", "cost")} == {
+        "steps": 2, "steps_without_usage": 0, "input_tokens": 1200 + 1850, "output_tokens": 300 + 410,
+        "cost": None}, saved                  # Codex reports no cost: unknown, not zero
+    whole = http("GET", server.url + f"/api/v1/channels/{parent}/savings", key=server.key)[2]
+    assert whole["forks_saved"]["input_tokens"] == 3050 and whole["fork"] is None
+    page = http("GET", server.url + f"/runs/{child}?format=json", headers={"cookie": dashboard_cookie(server)})
+    assert page[0] == 200 and page[2]["saving"]["saved"] == saved
