@@ -134,6 +134,11 @@ Figures
                    its WAL file after a TRUNCATE checkpoint (ours: every file of the data
                    directory), before and after one more B1a run of D steps, ÷ D; then ÷ the bytes
                    handed in (the compact JSON of a step's document).
+  WAL frames       ours: frames in the WAL file ((size - 32) ÷ (page size + 24)) after a TRUNCATE
+                   checkpoint and one B1a run of 20 steps (short enough that SQLite's
+                   autocheckpoint, at 1,000 frames, never restarts the WAL inside it), ÷ the
+                   events it committed: what one committed event (with its state save and
+                   the session's own writes) costs in pages written.
   B4 growing state one run of 200 steps (40 with --quick) whose state is a conversation,
                    {"messages": [...]}, one message of about 1 KB appended per step (seeded,
                    varied text: the same bytes for every system). Ours: AgentSession with
@@ -1250,6 +1255,22 @@ def used_bytes(path: Path) -> dict:
     return {"bytes": pages * page_size + wal_bytes, "wal_bytes": wal_bytes, "checkpointed": not busy}
 
 
+WAL_STEPS = 20      # B1a steps whose WAL frames are counted: 2 commits a step stay far below 1,000 frames
+
+
+def wal_frame_count(path: Path) -> int:
+    """Frames in a database's WAL file: past its 32-byte header, a 24-byte header and a page each."""
+    with contextlib.closing(sqlite3.connect(path, timeout=30)) as conn:
+        page_size = conn.execute("PRAGMA page_size").fetchone()[0]
+    wal = Path(f"{path}-wal")
+    return max(0, (wal.stat().st_size if wal.exists() else 0) - 32) // (page_size + 24)
+
+
+def count_events(path: Path) -> int:
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)) as conn:
+        return conn.execute("SELECT COUNT(*) FROM events").fetchone()[0]
+
+
 def store_bytes(path: Path) -> dict:
     """`used_bytes` of a database file, or summed over every file of a data directory (a file that
     is not a SQLite database counts by its size; -shm files are an index in shared memory)."""
@@ -1843,6 +1864,19 @@ class Bench:
                           "checkpointed": before["checkpointed"] and after["checkpointed"]}
         self.once["disk"] = disk
         say("disk per step / bytes in: " + ", ".join(f"{n} {d['bytes'] / d['bytes_in']:.2f}" for n, d in disk.items()))
+        self.once["wal"] = {name: self.wal_frames(name) for name in self.ours}
+        say("WAL frames per committed event: " + ", ".join(
+            f"{n} {w['frames'] / w['events']:.1f}" for n, w in self.once["wal"].items() if w["events"]))
+
+    def wal_frames(self, name: str) -> dict:
+        """The WAL frames a short B1a writes on our server `name` (see "WAL frames" above), and the
+        events it committed; no events counted when the checkpoint before it could not empty the WAL."""
+        database = self.paths[name] / "actae.db"
+        if not used_bytes(database)["checkpointed"]:
+            return {"frames": 0, "events": 0}
+        before = count_events(database)
+        self.workers[name].call("b1a", n=WAL_STEPS, tag="wal")
+        return {"frames": wal_frame_count(database), "events": count_events(database) - before}
 
     def run_b4(self) -> None:
         """B4, a growing state: each system runs its first `b4_early` steps in turn and holds; the
@@ -2144,6 +2178,7 @@ def labels(plan: Plan) -> dict:
     rows["bytes_in_per_step"] = ("bytes handed in per step", "bytes")
     rows["disk_bytes_per_step"] = ("bytes on disk per step", "bytes")
     rows["disk_per_step_over_bytes_in"] = ("disk per step / bytes handed in", "x")
+    rows["wal_frames_per_event"] = ("SQLite WAL frames per committed event (B1a)", "frames")
     n, early = plan.b4_steps, plan.b4_early
     rows.update({
         "b4_steps_per_s": (f"B4 one run of {n} steps, a conversation growing ~1 KB a step", "steps/s"),
@@ -2174,6 +2209,8 @@ def summarise(bench: Bench) -> dict:
     samples["bytes_in_per_step"] = {n: [d["bytes_in"] / d["steps"]] for n, d in disk.items()}
     samples["disk_bytes_per_step"] = {n: [d["bytes"] / d["steps"]] for n, d in disk.items()}
     samples["disk_per_step_over_bytes_in"] = {n: [d["bytes"] / d["bytes_in"]] for n, d in disk.items()}
+    samples["wal_frames_per_event"] = {n: [w["frames"] / w["events"]] for n, w in bench.once["wal"].items()
+                                       if w["events"]}
     latency = statistics.median(got["raw"]["latency_ms"] for got in bench.rounds)
     cpu = {n: [ms for size in plan.sizes for ms in bench.once["b2_sdk_cpu_ms"][n][str(size)]] for n in bench.ours}
     samples["b2_sdk_cpu_ms_per_fork"] = cpu
@@ -2566,7 +2603,7 @@ def meta(bench: Bench, quick: bool, seconds: float) -> dict:
         "baseline_commit": bench.baseline.commit if bench.baseline else None,
         "dbos_fork_statuses": bench.once.get("dbos_fork_statuses"),
         "b4_dbos_fork_statuses": bench.once["b4"]["dbos_fork_statuses"],
-        "disk": bench.once["disk"], "folder_device": os.stat(bench.folder).st_dev,
+        "disk": bench.once["disk"], "wal": bench.once["wal"], "folder_device": os.stat(bench.folder).st_dev,
     }
 
 
