@@ -1866,14 +1866,14 @@ class Bench:
         say("disk per step / bytes in: " + ", ".join(f"{n} {d['bytes'] / d['bytes_in']:.2f}" for n, d in disk.items()))
         self.once["wal"] = {name: self.wal_frames(name) for name in self.ours}
         say("WAL frames per committed event: " + ", ".join(
-            f"{n} {w['frames'] / w['events']:.1f}" for n, w in self.once["wal"].items() if w["events"]))
+            f"{n} {w['frames'] / w['events']:.1f}" for n, w in self.once["wal"].items() if w and w["events"]))
 
-    def wal_frames(self, name: str) -> dict:
+    def wal_frames(self, name: str) -> Optional[dict]:
         """The WAL frames a short B1a writes on our server `name` (see "WAL frames" above), and the
-        events it committed; no events counted when the checkpoint before it could not empty the WAL."""
+        events it committed; None when the checkpoint before it could not empty the WAL."""
         database = self.paths[name] / "actae.db"
         if not used_bytes(database)["checkpointed"]:
-            return {"frames": 0, "events": 0}
+            return None
         before = count_events(database)
         self.workers[name].call("b1a", n=WAL_STEPS, tag="wal")
         return {"frames": wal_frame_count(database), "events": count_events(database) - before}
@@ -2210,7 +2210,7 @@ def summarise(bench: Bench) -> dict:
     samples["disk_bytes_per_step"] = {n: [d["bytes"] / d["steps"]] for n, d in disk.items()}
     samples["disk_per_step_over_bytes_in"] = {n: [d["bytes"] / d["bytes_in"]] for n, d in disk.items()}
     samples["wal_frames_per_event"] = {n: [w["frames"] / w["events"]] for n, w in bench.once["wal"].items()
-                                       if w["events"]}
+                                       if w and w["events"]}
     latency = statistics.median(got["raw"]["latency_ms"] for got in bench.rounds)
     cpu = {n: [ms for size in plan.sizes for ms in bench.once["b2_sdk_cpu_ms"][n][str(size)]] for n in bench.ours}
     samples["b2_sdk_cpu_ms_per_fork"] = cpu
