@@ -285,10 +285,16 @@ SPEND_NAMES = frozenset(name for figure, names, _ in USAGE_NAMES if figure in SP
 # =============================================================================
 
 class ActaeError(Exception):
-    """A failure the client should see as `{"status": code, "error": message}` with `status` HTTP."""
+    """A failure the client should see as `{"status": code, "error": message}` with `status` HTTP.
+    A subclass names its own: `class NotFound(ActaeError, status=404, code="not_found")`."""
 
     status = 500
     code = "internal"
+
+    def __init_subclass__(cls, status: Optional[int] = None, code: Optional[str] = None, **kwargs: Any):
+        super().__init_subclass__(**kwargs)
+        cls.status = status or cls.status
+        cls.code = code or cls.code
 
     def __init__(self, message: str, *, code: Optional[str] = None, status: Optional[int] = None):
         super().__init__(message)
@@ -297,59 +303,49 @@ class ActaeError(Exception):
         self.status = status or self.status
 
 
-class BadRequest(ActaeError):
-    status, code = 400, "bad_request"
+class BadRequest(ActaeError, status=400, code="bad_request"):
+    """The input is not what the route takes: its shape, a bound, an unknown name."""
 
 
-class Unauthorized(ActaeError):
-    status, code = 401, "unauthorized"
+class Unauthorized(ActaeError, status=401, code="unauthorized"):
+    """No credential, or one that is wrong, expired or revoked."""
 
 
-class Forbidden(ActaeError):
-    status, code = 403, "forbidden"
+class Forbidden(ActaeError, status=403, code="forbidden"):
+    """A valid credential whose scopes do not grant the action (on a run it may read)."""
 
 
-class NotFound(ActaeError):
-    status, code = 404, "not_found"
+class NotFound(ActaeError, status=404, code="not_found"):
+    """What was named does not exist, or the caller may not read it: the two are one answer."""
 
 
-class Conflict(ActaeError):
-    """409; `code` names the SDK exception (version_conflict, idempotency_conflict, ...)."""
-
-    status = 409
+class Conflict(ActaeError, status=409):
+    """`code` names the SDK exception (version_conflict, idempotency_conflict, ...)."""
 
     def __init__(self, code: str, message: str):
         super().__init__(message, code=code)
 
 
-class TooLarge(ActaeError):
-    status, code = 413, "payload_too_large"
+class TooLarge(ActaeError, status=413, code="payload_too_large"):
+    """A body, a document or a header over its limit."""
 
 
-class Internal(ActaeError):
+class Internal(ActaeError, status=500, code="internal"):
     """A bug: answered like any other error (the connection stays usable), logged where it happened."""
 
-    status, code = 500, "internal"
 
-
-class ShuttingDown(ActaeError):
-    status, code = 503, "shutting_down"
-
+class ShuttingDown(ActaeError, status=503, code="shutting_down"):
     def __init__(self):
         super().__init__("the server is shutting down; retry against the next instance")
 
 
-class DatabaseUnavailable(ActaeError):
-    """503: the database cannot be reached. A write that met it may or may not have committed;
+class DatabaseUnavailable(ActaeError, status=503, code="database_unavailable"):
+    """The database cannot be reached. A write that met it may or may not have committed;
     retrying with the same operation_id is safe."""
 
-    status, code = 503, "database_unavailable"
 
-
-class UnsupportedOperation(ActaeError):
-    """426: the fleet gateway does not dispatch this manifest operation (logins, sessions: not fleet commands)."""
-
-    status, code = 426, "unsupported_operation"
+class UnsupportedOperation(ActaeError, status=426, code="unsupported_operation"):
+    """The fleet gateway does not dispatch this manifest operation (logins, sessions: not fleet commands)."""
 
 
 def error_body(code: str, message: str) -> bytes:
@@ -601,39 +597,39 @@ def valid_channel(value: Any, what: str = "channel_id") -> str:
 
 # Schema: the parts each migration number adds, in the order they were registered (the core's first).
 # `schema_step(n, part)` registers one; migrate_sqlite and migrate_postgres run every number in order.
-SCHEMA_PARTS: dict = {}
+SCHEMA_PARTS: dict[int, list[tuple[Optional[Callable[[SchemaWords], str]], Optional[Callable[[Conn], None]]]]] = {}
 # append_event, in the event's own transaction: `hook(tx, event)` for the events of the types named.
-EVENT_HOOKS: dict = {}
+EVENT_HOOKS: dict[str, list[Callable[[Tx, Event], None]]] = {}
 # `reindex(conn, channel_id)` after a run's events were written without append_event (an import):
 # what the event hooks would have kept for them.
-RUN_REINDEXERS: list = []
+RUN_REINDEXERS: list[Callable[[Conn, str], None]] = []
 # The HTTP API: each region's list of Api routes, after the core's (the one table: api_routes()).
-ROUTE_LISTS: list = []
+ROUTE_LISTS: list[list[Api]] = []
 # The dashboard: each region's list of (method, path, handler) pages, after the core's.
-PAGE_LISTS: list = []
+PAGE_LISTS: list[list[tuple[str, str, Callable]]] = []
 # What is not an Api route nor a page: each region's list of Endpoints (streams, WebSockets).
-ENDPOINT_LISTS: list = []
+ENDPOINT_LISTS: list[list[Endpoint]] = []
 # `wrap(route, endpoint) -> endpoint` around every API route's endpoint (the fleet's bearer tokens).
-ENDPOINT_WRAPPERS: list = []
+ENDPOINT_WRAPPERS: list[Callable[[Api, Callable], Callable]] = []
 # Api.auth kinds a region checks itself: `await check(request, route) -> Principal`.
-AUTHENTICATORS: dict = {}
+AUTHENTICATORS: dict[str, Callable[[Request, Api], typing.Awaitable[Principal]]] = {}
 # `observe(services, route, method, status, seconds)` for every finished request (note_request).
-REQUEST_OBSERVERS: list = []
+REQUEST_OBSERVERS: list[Callable[[Services, str, str, int, float], None]] = []
 # `install(services, options) -> (starts, stops)`: a region's service, built with the app; `options`
 # are create_app's keywords the core does not take (`otlp=`). Starts run once the database is open,
 # stops before it closes.
-APP_INSTALLERS: list = []
+APP_INSTALLERS: list[Callable[[Services, dict], tuple[list[Callable], list[Callable]]]] = []
 # The command line: `add(commands, common, scoped)` adds a region's subcommands, each with
 # `set_defaults(run=...)`; `flag(parser)` adds a flag of `serve`; `read(args) -> dict` turns them into
 # Settings fields (SETTINGS_READERS) or create_app options (OPTION_READERS).
-COMMAND_ADDERS: list = []
-SERVE_FLAGS: list = []
-SETTINGS_READERS: list = []
-OPTION_READERS: list = []
+COMMAND_ADDERS: list[Callable[[Any, argparse.ArgumentParser, argparse.ArgumentParser], None]] = []
+SERVE_FLAGS: list[Callable[[argparse.ArgumentParser], None]] = []
+SETTINGS_READERS: list[Callable[[argparse.Namespace], dict]] = []
+OPTION_READERS: list[Callable[[argparse.Namespace], dict]] = []
 # Before `serve` prints its banner: `line(settings, options) -> str | None`, one line each.
-BANNER_LINES: list = []
+BANNER_LINES: list[Callable[[Settings, dict], Optional[str]]] = []
 # A line every dashboard page shows at its top: `notice(services) -> str | None` (a release notice).
-PAGE_NOTICES: list = []
+PAGE_NOTICES: list[Callable[[Services], Optional[str]]] = []
 
 
 def schema_step(number: int, schema: Optional[Callable] = None, run: Optional[Callable] = None) -> None:
@@ -683,18 +679,18 @@ class Record(Struct, kw_only=True, forbid_unknown_fields=False):
     """A request shape. Unknown fields are ignored: newer SDKs may send more than we read."""
 
 
-class Empty(Record, kw_only=True):
+class Empty(Record):
     """No fields: the SDK sends nothing, or an object we do not read."""
 
 
-class Idempotent(Record, kw_only=True):
+class Idempotent(Record):
     operation_id: Optional[Token] = None
 
     def __post_init__(self):
         self.operation_id = self.operation_id or None       # an empty operation id counts as none
 
 
-class ClampedLimit(Record, kw_only=True):
+class ClampedLimit(Record):
     """Replay and list limits are clamped to LIMIT_MAX, never rejected (the SDK asks for more)."""
 
     LIMIT_MAX: ClassVar[int] = REPLAY_LIMIT_MAX
@@ -707,7 +703,7 @@ class ClampedLimit(Record, kw_only=True):
 # --- events and state ---------------------------------------------------------------
 
 
-class EventMeta(Record, kw_only=True):
+class EventMeta(Record):
     actor: Optional[Label] = None
     agent_id: Optional[Label] = None
     user_id: Optional[Label] = None
@@ -741,7 +737,7 @@ class Transition(EventFields, kw_only=True):
     expected_cursor: Optional[Count] = None
 
 
-class EventQuery(ClampedLimit, kw_only=True):
+class EventQuery(ClampedLimit):
     channel_ids: Optional[Annotated[list[ChannelId], Meta(max_length=LIST_MAX)]] = None
     event_type: Optional[Name] = None
     actor: Optional[Label] = None
@@ -765,26 +761,26 @@ class SaveState(Idempotent, kw_only=True):
     expected_cursor: Optional[Count] = None
 
 
-class ReplayQuery(ClampedLimit, kw_only=True):
+class ReplayQuery(ClampedLimit):
     cursor: Count = 0
     event_type: Optional[Name] = None
 
 
-class CausalQuery(Record, kw_only=True):
+class CausalQuery(Record):
     max_nodes: Limit = 1000
 
     def __post_init__(self):
         self.max_nodes = min(self.max_nodes, 10_000)
 
 
-class PageQuery(ClampedLimit, kw_only=True):
+class PageQuery(ClampedLimit):
     offset: Count = 0
 
 
 # --- channels, forks, experiments ------------------------------------------------------
 
 
-class PutMetadata(Record, kw_only=True):
+class PutMetadata(Record):
     """Only the keys present change (UNSET = absent; null clears)."""
 
     channel_id: Optional[ChannelId] = None
@@ -812,27 +808,27 @@ class Fork(Idempotent, kw_only=True):
         self.tool_policies = self.tool_policies or None
 
 
-class PairQuery(Record, kw_only=True):
+class PairQuery(Record):
     left: ChannelId
     right: ChannelId
 
 
-class DeleteQuery(Record, kw_only=True):
+class DeleteQuery(Record):
     recursive: bool = False
 
 
-class SetOutcome(Record, kw_only=True):
+class SetOutcome(Record):
     outcome: Literal[OUTCOMES]
     score: Optional[float] = None
 
 
-class CreateExperiment(Record, kw_only=True):
+class CreateExperiment(Record):
     name: Annotated[str, Meta(min_length=1, max_length=4096)]
     description: Optional[LongText] = None
     baseline_channel_id: Optional[ChannelId] = None
 
 
-class AddExperimentMember(Record, kw_only=True):
+class AddExperimentMember(Record):
     channel_id: ChannelId
     role: Optional[Label] = None
     declared_delta: Optional[JsonObject] = None
@@ -841,7 +837,7 @@ class AddExperimentMember(Record, kw_only=True):
 # --- the execution ledger ---------------------------------------------------------------
 
 
-class Claim(Record, kw_only=True):
+class Claim(Record):
     channel_id: ChannelId
     key_name: Annotated[str, Meta(min_length=1, max_length=KEY_NAME_MAX_BYTES)]
     tool_name: Name
@@ -856,25 +852,25 @@ class Claim(Record, kw_only=True):
             raise ValueError(f"key_name must be at most {KEY_NAME_MAX_BYTES} bytes as UTF-8")
 
 
-class ClaimToken(Record, kw_only=True):
+class ClaimToken(Record):
     claim_token: Optional[Token] = None
 
 
-class Complete(ClaimToken, kw_only=True):
+class Complete(ClaimToken):
     result: Document = None
 
 
-class Fail(ClaimToken, kw_only=True):
+class Fail(ClaimToken):
     message: Optional[LongText] = None
     error_type: Optional[Label] = None
     stack: Optional[LongText] = None
 
 
-class Heartbeat(ClaimToken, kw_only=True):
+class Heartbeat(ClaimToken):
     lease_seconds: Optional[Lease] = None
 
 
-class ExecutionsQuery(Record, kw_only=True):
+class ExecutionsQuery(Record):
     channel_id: Optional[ChannelId] = None
     limit: Annotated[int, Meta(ge=1, le=EXECUTIONS_LIMIT_MAX)] = 50
 
@@ -882,7 +878,7 @@ class ExecutionsQuery(Record, kw_only=True):
 # --- wake-ups ---------------------------------------------------------------------------
 
 
-class ScheduleWakeup(Record, kw_only=True):
+class ScheduleWakeup(Record):
     channel_id: ChannelId
     run_at: Timestamp
     payload: Optional[JsonObject] = None
@@ -891,7 +887,7 @@ class ScheduleWakeup(Record, kw_only=True):
         check_utc(self.run_at)
 
 
-class WakeupsQuery(Record, kw_only=True):
+class WakeupsQuery(Record):
     channel_id: Optional[ChannelId] = None
     status: Optional[Literal[WAKEUP_STATUSES]] = None
 
@@ -899,17 +895,17 @@ class WakeupsQuery(Record, kw_only=True):
 # --- consumer groups and execution groups ---------------------------------------------------
 
 
-class ChannelFilter(Record, kw_only=True):
+class ChannelFilter(Record):
     channel_id: Optional[ChannelId] = None
 
 
-class CreateConsumerGroup(Record, kw_only=True):
+class CreateConsumerGroup(Record):
     group_id: ChannelId
     channel_id: ChannelId
     metadata: Optional[JsonObject] = None
 
 
-class Consumer(Record, kw_only=True):
+class Consumer(Record):
     consumer_id: Name
     lease_seconds: Lease = LEASE_DEFAULT
 
@@ -918,29 +914,29 @@ class ClaimWork(ClampedLimit, kw_only=True):
     consumer_id: Name
 
 
-class AckWork(Record, kw_only=True):
+class AckWork(Record):
     consumer_id: Name
     cursor: Count
 
 
-class CreateExecutionGroup(Record, kw_only=True):
+class CreateExecutionGroup(Record):
     group_id: ChannelId
     metadata: Optional[JsonObject] = None
 
 
-class AddGroupMember(Record, kw_only=True):
+class AddGroupMember(Record):
     member_id: ChannelId
     channel_id: ChannelId
     role: Optional[Label] = None
     metadata: Optional[JsonObject] = None
 
 
-class LeaseClaim(Record, kw_only=True):
+class LeaseClaim(Record):
     owner_id: Name
     lease_seconds: Lease = LEASE_DEFAULT
 
 
-class LeaseHolder(Record, kw_only=True):
+class LeaseHolder(Record):
     owner_id: Name
     generation: Count
     lease_seconds: Lease = LEASE_DEFAULT
@@ -954,11 +950,11 @@ class SendMessage(Idempotent, kw_only=True):
     causal_context: Optional[JsonObject] = None
 
 
-class InboxQuery(ClampedLimit, kw_only=True):
+class InboxQuery(ClampedLimit):
     after: Optional[Id] = None
 
 
-class ForkExecutionGroup(Record, kw_only=True):
+class ForkExecutionGroup(Record):
     fork_group_id: ChannelId
     source_group_id: ChannelId
     intervention_member_id: ChannelId
@@ -979,7 +975,7 @@ ScopePattern = Annotated[str, Meta(pattern=r"^(\*|[A-Za-z0-9._:-]{1,256}\*?)\Z",
 Patterns = Annotated[list[ScopePattern], Meta(max_length=100)]
 
 
-class Scopes(Record, kw_only=True):
+class Scopes(Record):
     """Channel patterns per action; any admin pattern grants every action on what it matches."""
 
     read: Patterns = msgspec.field(default_factory=list)
@@ -988,30 +984,30 @@ class Scopes(Record, kw_only=True):
     admin: Patterns = msgspec.field(default_factory=list)
 
 
-class CreateKey(Record, kw_only=True):
+class CreateKey(Record):
     name: Annotated[str, Meta(min_length=1, max_length=200)]
     scopes: Scopes
     expires_in_days: Optional[Annotated[float, Meta(gt=0, le=36500)]] = None
 
 
-class Signup(Record, kw_only=True):
+class Signup(Record):
     email: Annotated[str, Meta(max_length=320, pattern=r"^[^@\s]+@[^@\s]+\Z")]
     password: Annotated[str, Meta(min_length=8, max_length=1024)]
     name: Optional[Label] = None
     scopes: Optional[Scopes] = None       # only an admin key may grant them; the SDK never sends any
 
 
-class Login(Record, kw_only=True):
+class Login(Record):
     # Loose on purpose: a malformed address is a wrong login (401), like any other.
     email: Annotated[str, Meta(max_length=320)]
     password: Annotated[str, Meta(max_length=1024)]
 
 
-class ApiKeyLogin(Record, kw_only=True):
+class ApiKeyLogin(Record):
     api_key: Optional[Token] = None       # else the x-api-key header's key
 
 
-class PutPreferences(Record, kw_only=True):
+class PutPreferences(Record):
     preferences: JsonObject
 
 
@@ -1051,14 +1047,14 @@ ClientFrame = Union[AuthFrame, SubscribeFrame, UnsubscribeFrame, PublishFrame, P
 # --- dashboard pages -------------------------------------------------------------------------
 
 
-class TimelineQuery(Record, kw_only=True):
+class TimelineQuery(Record):
     start: Positive = 1
 
 
 PageText = Annotated[str, Meta(max_length=4096)]       # a page's free query text; the page checks what it means
 
 
-class RunsPageQuery(Record, kw_only=True):
+class RunsPageQuery(Record):
     q: PageText = ""                  # a substring of the run's id or name
     status: PageText = ""             # one of RUN_STATES ("failed": crashes too)
     after: Optional[PageText] = None  # the next page's token
@@ -1066,7 +1062,7 @@ class RunsPageQuery(Record, kw_only=True):
     count: Count = 0                  # how many runs that delete removed
 
 
-class RunPageQuery(TimelineQuery, kw_only=True):
+class RunPageQuery(TimelineQuery):
     type: Annotated[str, Meta(max_length=256)] = ""     # only events of this type ("steps": only steps)
     step: Optional[Positive] = None                       # jump to this step
     fork_step: Optional[Positive] = None                  # open the fork form at this step
@@ -1074,12 +1070,12 @@ class RunPageQuery(TimelineQuery, kw_only=True):
     created: PageText = ""                                # "1" right after the fork was made
 
 
-class DiffPageQuery(Record, kw_only=True):
+class DiffPageQuery(Record):
     left: PageText = ""
     right: PageText = ""
 
 
-class LedgerPageQuery(Record, kw_only=True):
+class LedgerPageQuery(Record):
     channel_id: Optional[PageText] = None
     tool: Optional[PageText] = None
     status: Optional[PageText] = None       # one of EXECUTION_STATES
@@ -1087,11 +1083,11 @@ class LedgerPageQuery(Record, kw_only=True):
     before: Optional[PageText] = None       # the next page's token
 
 
-class FlashQuery(Record, kw_only=True):
+class FlashQuery(Record):
     error: Optional[PageText] = None        # the flash id of a refused form
 
 
-class ExperimentPageQuery(Record, kw_only=True):
+class ExperimentPageQuery(Record):
     promoted: PageText = ""                 # the fork just promoted from this page
 
 
@@ -1239,14 +1235,14 @@ class Answer(Struct, kw_only=True):
     """A response shape."""
 
 
-class Done(Answer, kw_only=True):
+class Done(Answer):
     ok: bool = True
 
 
 # --- events and state ---------------------------------------------------------------
 
 
-class Event(Answer, kw_only=True):
+class Event(Answer):
     """The one event shape every parser of the SDK accepts (REST replay, query, WebSocket broadcast)."""
 
     id: str
@@ -1265,24 +1261,24 @@ class Event(Answer, kw_only=True):
     chain_hash: Optional[str]
 
 
-class EventAnswer(Answer, kw_only=True):
+class EventAnswer(Answer):
     event: Event
 
 
-class Events(Answer, kw_only=True):
+class Events(Answer):
     events: list[Event]
 
 
-class LatestCursor(Answer, kw_only=True):
+class LatestCursor(Answer):
     latest_cursor: Optional[int]
 
 
-class TransitionAnswer(Answer, kw_only=True):
+class TransitionAnswer(Answer):
     event: Event
     state_version: int
 
 
-class ChainCheck(Answer, kw_only=True):
+class ChainCheck(Answer):
     """A run's recomputed hash chain: `ok`, or the first channel and cursor that do not hold."""
 
     channel_id: str
@@ -1295,24 +1291,24 @@ class ChainCheck(Answer, kw_only=True):
     algorithm: str
 
 
-class CausalEdge(Answer, kw_only=True):
+class CausalEdge(Answer):
     event_id: str
     depends_on_event_id: str
     dependency_type: str
 
 
-class CausalGraph(Answer, kw_only=True):
+class CausalGraph(Answer):
     root_event_id: str
     events: list[Event]
     dependencies: list[CausalEdge]
     truncated: bool
 
 
-class SavedState(Answer, kw_only=True):
+class SavedState(Answer):
     version: int
 
 
-class StateAnswer(Answer, kw_only=True):
+class StateAnswer(Answer):
     """A snapshot; with none yet, `cursor` and `state` are null and `version` is absent."""
 
     cursor: Optional[int]
@@ -1320,13 +1316,13 @@ class StateAnswer(Answer, kw_only=True):
     version: Union[int, UnsetType] = UNSET
 
 
-class StateVersion(Answer, kw_only=True):
+class StateVersion(Answer):
     version: int
     cursor: int
     timestamp: str
 
 
-class StateVersions(Answer, kw_only=True):
+class StateVersions(Answer):
     versions: list[StateVersion]
 
 
@@ -1345,11 +1341,11 @@ class DeletedChannels(Done, kw_only=True):
 # --- channels, forks, diffs -----------------------------------------------------------------
 
 
-class ChannelIds(Answer, kw_only=True):
+class ChannelIds(Answer):
     channels: list[str]
 
 
-class ChannelMetadata(Answer, kw_only=True):
+class ChannelMetadata(Answer):
     """The STRICT shape: the SDK passes these keys to a fixed constructor, so no others."""
 
     channel_id: str
@@ -1375,11 +1371,11 @@ class ChannelMetadata(Answer, kw_only=True):
     deleted_at: None = None
 
 
-class Forks(Answer, kw_only=True):
+class Forks(Answer):
     forks: list[ChannelMetadata]
 
 
-class Receipt(Answer, kw_only=True):
+class Receipt(Answer):
     """The immutable fork receipt: what the fork asked for, what it inherited, how faithful it is."""
 
     fork_id: str
@@ -1402,12 +1398,12 @@ class Receipt(Answer, kw_only=True):
     forked_at: Optional[str]
 
 
-class LastStep(Answer, kw_only=True):
+class LastStep(Answer):
     channel_id: str
     last_step_number: int
 
 
-class StepLocation(Answer, kw_only=True):
+class StepLocation(Answer):
     """Step n of a channel: the channel that recorded it (an ancestor for inherited steps) and where."""
 
     channel_id: str
@@ -1416,7 +1412,7 @@ class StepLocation(Answer, kw_only=True):
     step_number: int
 
 
-class ForkTree(Answer, kw_only=True):
+class ForkTree(Answer):
     """A channel and all its descendants, each with where it forked and how far it got."""
 
     channel_id: str
@@ -1432,7 +1428,7 @@ class ForkTree(Answer, kw_only=True):
     children: list[ForkTree]
 
 
-class Spend(Answer, kw_only=True):
+class Spend(Answer):
     """What a stretch of a run's steps spent: sums over the steps that recorded it. A step that
     recorded no usage is counted in steps_without_usage, never as zero."""
 
@@ -1444,7 +1440,7 @@ class Spend(Answer, kw_only=True):
     wall_seconds: float                # from its first event to its last
 
 
-class ForkSaving(Answer, kw_only=True):
+class ForkSaving(Answer):
     """A fork's inherited prefix (steps it did not run, or pay for, again) and its own tail."""
 
     channel_id: str
@@ -1454,7 +1450,7 @@ class ForkSaving(Answer, kw_only=True):
     tail: Spend
 
 
-class Savings(Answer, kw_only=True):
+class Savings(Answer):
     """What forking saved: this run's own (when it is a fork), and its forks' with their totals."""
 
     channel_id: str
@@ -1463,13 +1459,13 @@ class Savings(Answer, kw_only=True):
     forks_saved: Spend
 
 
-class StateAt(Answer, kw_only=True):
+class StateAt(Answer):
     channel_id: str
     cursor: Optional[int]
     state: Any
 
 
-class Ancestor(Answer, kw_only=True):
+class Ancestor(Answer):
     channel_id: str
     parent_channel_id: Optional[str]
     forked_at_cursor: Optional[int]
@@ -1477,14 +1473,14 @@ class Ancestor(Answer, kw_only=True):
     reason: Optional[str]
 
 
-class DiffEntry(Answer, kw_only=True):
+class DiffEntry(Answer):
     path: list[str]
     kind: Literal["added", "removed", "changed"]
     left: Any
     right: Any
 
 
-class ChannelDiff(Answer, kw_only=True):
+class ChannelDiff(Answer):
     left_channel_id: str
     right_channel_id: str
     left: StateAt
@@ -1498,31 +1494,31 @@ class ChannelDiff(Answer, kw_only=True):
     max_entries: int
 
 
-class ToolSummary(Answer, kw_only=True):
+class ToolSummary(Answer):
     key_name: str
     tool_name: str
     status: str
 
 
-class ToolChange(Answer, kw_only=True):
+class ToolChange(Answer):
     key_name: str
     left: ToolSummary
     right: ToolSummary
 
 
-class ToolDiff(Answer, kw_only=True):
+class ToolDiff(Answer):
     only_left: list[ToolSummary]
     only_right: list[ToolSummary]
     changed: list[ToolChange]
 
 
-class OutputDiff(Answer, kw_only=True):
+class OutputDiff(Answer):
     left: Any
     right: Any
     entries: list[DiffEntry]
 
 
-class RunFigures(Answer, kw_only=True):
+class RunFigures(Answer):
     """Counts and duration of a run; tokens and cost summed from step payloads that report them."""
 
     event_count: int
@@ -1533,13 +1529,13 @@ class RunFigures(Answer, kw_only=True):
     cost: float
 
 
-class FiguresDiff(Answer, kw_only=True):
+class FiguresDiff(Answer):
     left: RunFigures
     right: RunFigures
     delta: RunFigures
 
 
-class Comparison(Answer, kw_only=True):
+class Comparison(Answer):
     left_channel_id: str
     right_channel_id: str
     state_diff: ChannelDiff
@@ -1572,7 +1568,7 @@ class Closed(Done, kw_only=True):
     event: Union[Event, UnsetType] = UNSET
 
 
-class ImportRows(Answer, kw_only=True):
+class ImportRows(Answer):
     events: int
     states: int
     executions: int
@@ -1587,7 +1583,7 @@ class Imported(Done, kw_only=True):
 # --- experiments ---------------------------------------------------------------------------
 
 
-class ExperimentMember(Answer, kw_only=True):
+class ExperimentMember(Answer):
     channel_id: str
     role: Optional[str]
     declared_delta: Any
@@ -1596,7 +1592,7 @@ class ExperimentMember(Answer, kw_only=True):
     added_at: str
 
 
-class Experiment(Answer, kw_only=True):
+class Experiment(Answer):
     id: str
     group_id: str
     name: str
@@ -1606,22 +1602,22 @@ class Experiment(Answer, kw_only=True):
     members: list[ExperimentMember]
 
 
-class Experiments(Answer, kw_only=True):
+class Experiments(Answer):
     experiments: list[Experiment]
 
 
-class RankedMember(ExperimentMember, kw_only=True):
+class RankedMember(ExperimentMember):
     rank: int
 
 
-class RankedExperiment(Experiment, kw_only=True):
+class RankedExperiment(Experiment):
     ranking: list[RankedMember]
 
 
 # --- the execution ledger ------------------------------------------------------------------------
 
 
-class Execution(Answer, kw_only=True):
+class Execution(Answer):
     id: str
     channel_id: str
     key_name: str
@@ -1643,15 +1639,15 @@ class Execution(Answer, kw_only=True):
     completed_at: Optional[str]
 
 
-class ExecutionAnswer(Answer, kw_only=True):
+class ExecutionAnswer(Answer):
     execution: Execution
 
 
-class Executions(Answer, kw_only=True):
+class Executions(Answer):
     executions: list[Execution]
 
 
-class Claimed(Answer, kw_only=True):
+class Claimed(Answer):
     """A claim: `claim_token` when this caller now owns the execution, `result` when it replayed."""
 
     status: Literal[CLAIM_OUTCOMES]
@@ -1660,7 +1656,7 @@ class Claimed(Answer, kw_only=True):
     result: Any = UNSET
 
 
-class Trail(Answer, kw_only=True):
+class Trail(Answer):
     channel_id: str
     origin_run_id: str
     ancestry: list[Ancestor]
@@ -1671,7 +1667,7 @@ class Trail(Answer, kw_only=True):
 # --- wake-ups and consumer groups ---------------------------------------------------------------
 
 
-class Wakeup(Answer, kw_only=True):
+class Wakeup(Answer):
     id: str
     channel_id: str
     run_at: str
@@ -1683,7 +1679,7 @@ class Wakeup(Answer, kw_only=True):
     error: Optional[str]
 
 
-class Wakeups(Answer, kw_only=True):
+class Wakeups(Answer):
     wakeups: list[Wakeup]
 
 
@@ -1691,7 +1687,7 @@ class WakeupCancelled(Done, kw_only=True):
     wakeup: Wakeup
 
 
-class ConsumerGroup(Answer, kw_only=True):
+class ConsumerGroup(Answer):
     group_id: str
     channel_id: str
     created_at: str
@@ -1699,11 +1695,11 @@ class ConsumerGroup(Answer, kw_only=True):
     committed_cursor: int
 
 
-class ConsumerGroups(Answer, kw_only=True):
+class ConsumerGroups(Answer):
     groups: list[ConsumerGroup]
 
 
-class Offset(Answer, kw_only=True):
+class Offset(Answer):
     group_id: str
     consumer_id: str
     last_cursor: int
@@ -1712,11 +1708,11 @@ class Offset(Answer, kw_only=True):
     updated_at: str
 
 
-class Offsets(Answer, kw_only=True):
+class Offsets(Answer):
     offsets: list[Offset]
 
 
-class Work(Answer, kw_only=True):
+class Work(Answer):
     group_id: str
     consumer_id: str
     events: list[Event]
@@ -1726,7 +1722,7 @@ class Work(Answer, kw_only=True):
 # --- execution groups ------------------------------------------------------------------------------
 
 
-class ExecutionGroup(Answer, kw_only=True):
+class ExecutionGroup(Answer):
     group_id: str
     status: str
     metadata: Any
@@ -1734,11 +1730,11 @@ class ExecutionGroup(Answer, kw_only=True):
     updated_at: str
 
 
-class ExecutionGroups(Answer, kw_only=True):
+class ExecutionGroups(Answer):
     groups: list[ExecutionGroup]
 
 
-class MemberLease(Answer, kw_only=True):
+class MemberLease(Answer):
     group_id: str
     member_id: str
     owner_id: Optional[str]
@@ -1746,13 +1742,13 @@ class MemberLease(Answer, kw_only=True):
     lease_until: Optional[str]
 
 
-class Member(MemberLease, kw_only=True):
+class Member(MemberLease):
     channel_id: str
     role: Optional[str]
     metadata: Any
 
 
-class Members(Answer, kw_only=True):
+class Members(Answer):
     members: list[Member]
 
 
@@ -1760,7 +1756,7 @@ class Released(Done, kw_only=True):
     member: Member
 
 
-class Message(Answer, kw_only=True):
+class Message(Answer):
     message_id: str
     group_id: str
     from_member_id: str
@@ -1775,18 +1771,18 @@ class Message(Answer, kw_only=True):
     created_at: str
 
 
-class Messages(Answer, kw_only=True):
+class Messages(Answer):
     messages: list[Message]
 
 
-class ForkedMember(Answer, kw_only=True):
+class ForkedMember(Answer):
     policy: Literal[MEMBER_POLICIES]
     source_channel_id: str
     channel_id: str
     receipt: Optional[Receipt]
 
 
-class GroupFork(Answer, kw_only=True):
+class GroupFork(Answer):
     """A group fork's one receipt, stored as it was first answered."""
 
     fork_group_id: str
@@ -1800,21 +1796,21 @@ class GroupFork(Answer, kw_only=True):
     created_at: str
 
 
-class GroupForkAnswer(Answer, kw_only=True):
+class GroupForkAnswer(Answer):
     fork: GroupFork
 
 
 # --- principals, keys, accounts -----------------------------------------------------------------
 
 
-class Permissions(Answer, kw_only=True):
+class Permissions(Answer):
     read: list[str]
     write: list[str]
     delete: list[str]
     admin: list[str]
 
 
-class Capabilities(Answer, kw_only=True):
+class Capabilities(Answer):
     """The caller's true scopes and expiry, in the grammar the SDK's can_read/can_write evaluate."""
 
     permissions: Permissions
@@ -1824,7 +1820,7 @@ class Capabilities(Answer, kw_only=True):
     expires_at: Optional[str]
 
 
-class KeyInfo(Answer, kw_only=True):
+class KeyInfo(Answer):
     """A key as `key list` and the Keys page show it: never the key itself."""
 
     id: int
@@ -1837,13 +1833,13 @@ class KeyInfo(Answer, kw_only=True):
     revoked_at: Optional[str]
 
 
-class NewKey(KeyInfo, kw_only=True):
+class NewKey(KeyInfo):
     """A created key: its listing plus, this once, the key itself."""
 
     key: str
 
 
-class Keys(Answer, kw_only=True):
+class Keys(Answer):
     keys: list[KeyInfo]
 
 
@@ -1862,16 +1858,16 @@ class GrantedUser(UserInfo, kw_only=True):
     scopes: Permissions
 
 
-class LoggedIn(Answer, kw_only=True):
+class LoggedIn(Answer):
     user: UserInfo
     token: str
 
 
-class Me(Answer, kw_only=True):
+class Me(Answer):
     user: UserInfo
 
 
-class AuthConfig(Answer, kw_only=True):
+class AuthConfig(Answer):
     methods: list[str]
     signup: Literal["open", "admin"]
     open_signup: bool
@@ -1881,7 +1877,7 @@ class AuthConfig(Answer, kw_only=True):
     email_verification: bool
 
 
-class Preferences(Answer, kw_only=True):
+class Preferences(Answer):
     preferences: dict[str, Any]
     updated_at: Optional[str]
 
@@ -1889,7 +1885,7 @@ class Preferences(Answer, kw_only=True):
 # --- this server ------------------------------------------------------------------------------------
 
 
-class Instance(Answer, kw_only=True):
+class Instance(Answer):
     version: str
     api_version: str
     instance_id: str
@@ -1900,17 +1896,17 @@ class Instance(Answer, kw_only=True):
     open_signup: bool
 
 
-class ComponentStatus(Answer, kw_only=True):
+class ComponentStatus(Answer):
     status: str
     connections: Union[int, UnsetType] = UNSET
 
 
-class Components(Answer, kw_only=True):
+class Components(Answer):
     database: ComponentStatus
     websocket: ComponentStatus
 
 
-class ReadinessChecks(Answer, kw_only=True):
+class ReadinessChecks(Answer):
     database_ready: bool
     capacity_available: bool
     uptime_seconds: int
@@ -1919,7 +1915,7 @@ class ReadinessChecks(Answer, kw_only=True):
     max_connections: int
 
 
-class Health(Answer, kw_only=True):
+class Health(Answer):
     """/healthz carries `version` and `components`, /readyz `readiness_checks`."""
 
     status: str
@@ -1931,12 +1927,12 @@ class Health(Answer, kw_only=True):
     readiness_checks: Union[ReadinessChecks, UnsetType] = UNSET
 
 
-class BackPressure(Answer, kw_only=True):
+class BackPressure(Answer):
     queue_limit: int
     dropped_connections: int
 
 
-class WebSocketFigures(Answer, kw_only=True):
+class WebSocketFigures(Answer):
     connections: int
     topics: int
     messages_sent: int
@@ -1945,12 +1941,12 @@ class WebSocketFigures(Answer, kw_only=True):
     back_pressure: BackPressure
 
 
-class DatabaseFigures(Answer, kw_only=True):
+class DatabaseFigures(Answer):
     write_batches: int
     write_jobs: int
 
 
-class OpenApiDocument(Answer, kw_only=True):
+class OpenApiDocument(Answer):
     """This server's OpenAPI 3.1 description: every path, body, query, answer and error shape."""
 
     openapi: str
@@ -3440,12 +3436,21 @@ def state_version_row(conn: Conn, channel_id: str, version: int) -> Optional[Row
     return conn.execute("SELECT * FROM states WHERE channel_id = ? AND version = ?", (channel_id, version)).fetchone()
 
 
+def row_where(conn: Conn, table: str, **columns: Any) -> Optional[Row]:
+    """The row of `table` whose columns hold these values (by a unique key). Table and column names
+    are the schema's, never a name from input."""
+    where = " AND ".join(f"{name} = ?" for name in columns)
+    return conn.execute(f"SELECT * FROM {table} WHERE {where}", tuple(columns.values())).fetchone()
+
+
+def rows_where(conn: Conn, table: str, order_by: str, **columns: Any) -> list:
+    """Every row of `table` whose columns hold these values, in `order_by` order."""
+    where = " AND ".join(f"{name} = ?" for name in columns)
+    return conn.execute(f"SELECT * FROM {table} WHERE {where} ORDER BY {order_by}", tuple(columns.values())).fetchall()
+
+
 def channel_by_id(conn: Conn, channel_id: str) -> Optional[Row]:
     return conn.execute("SELECT * FROM channels WHERE id = ?", (channel_id,)).fetchone()
-
-
-def event_by_id(conn: Conn, event_id: str) -> Optional[Row]:
-    return conn.execute("SELECT * FROM events WHERE id = ?", (event_id,)).fetchone()
 
 
 def events_after(conn: Conn, channel_id: str, after: int, limit: int, *, event_type: Optional[str] = None,
@@ -3474,38 +3479,6 @@ def last_step_at(conn: Conn, channel_id: str, cursor: int) -> Optional[int]:
     row = conn.execute("SELECT step_number FROM events WHERE channel_id = ? AND cursor <= ?"
                        " AND step_number IS NOT NULL ORDER BY cursor DESC LIMIT 1", (channel_id, cursor)).fetchone()
     return row[0] if row else None
-
-
-def execution_by_key(conn: Conn, channel_id: str, key_name: str) -> Optional[Row]:
-    return conn.execute("SELECT * FROM executions WHERE channel_id = ? AND key_name = ?",
-                        (channel_id, key_name)).fetchone()
-
-
-def channel_execution_rows(conn: Conn, channel_id: str) -> list:
-    return conn.execute("SELECT * FROM executions WHERE channel_id = ? ORDER BY created_at, id",
-                        (channel_id,)).fetchall()
-
-
-def consumer_group_by_id(conn: Conn, group_id: str) -> Optional[Row]:
-    return conn.execute("SELECT * FROM consumer_groups WHERE id = ?", (group_id,)).fetchone()
-
-
-def execution_group_by_id(conn: Conn, group_id: str) -> Optional[Row]:
-    return conn.execute("SELECT * FROM execution_groups WHERE id = ?", (group_id,)).fetchone()
-
-
-def member_by_id(conn: Conn, group_id: str, member_id: str) -> Optional[Row]:
-    return conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? AND member_id = ?",
-                        (group_id, member_id)).fetchone()
-
-
-def member_rows(conn: Conn, group_id: str) -> list:
-    return conn.execute("SELECT * FROM execution_group_members WHERE group_id = ? ORDER BY member_id",
-                        (group_id,)).fetchall()
-
-
-def message_by_id(conn: Conn, message_id: str) -> Optional[Row]:
-    return conn.execute("SELECT * FROM group_messages WHERE id = ?", (message_id,)).fetchone()
 
 
 def refresh_run_facts(conn: Conn, channel_id: Optional[str] = None) -> None:
@@ -3856,7 +3829,7 @@ def latest_cursor(conn: Conn, channel_id: str) -> Optional[int]:
 
 def causal_graph(conn: Conn, event_id: str, max_nodes: int) -> CausalGraph:
     """Bounded ancestry walk over `depends_on` and the recorded `dependencies` edges."""
-    root = present(event_by_id(conn, event_id), lambda: NotFound(f"event {event_id} not found"))
+    root = present(row_where(conn, "events", id=event_id), lambda: NotFound(f"event {event_id} not found"))
     seen, order, edges, frontier, truncated = {root["id"]: root}, [root], [], [root], False
     while frontier:
         row = frontier.pop(0)
@@ -3871,7 +3844,7 @@ def causal_graph(conn: Conn, event_id: str, max_nodes: int) -> CausalGraph:
             if len(order) >= max_nodes:
                 truncated = True
                 continue
-            parent = event_by_id(conn, parent_id)
+            parent = row_where(conn, "events", id=parent_id)
             if parent is not None:
                 seen[parent_id] = parent
                 order.append(parent)
@@ -4711,7 +4684,7 @@ def execution_of(row: Row) -> Execution:
 
 
 def channel_executions(conn: Conn, channel_id: str) -> list[Execution]:
-    return [execution_of(r) for r in channel_execution_rows(conn, channel_id)]
+    return [execution_of(r) for r in rows_where(conn, "executions", "created_at, id", channel_id=channel_id)]
 
 
 def decision_trail(conn: Conn, channel_id: str) -> Trail:
@@ -4804,7 +4777,7 @@ def promote_channel(tx: Tx, child_id: str) -> Promotion:
     latest = state_row_at(tx.conn, child_id, None)
     latest_version = latest["version"] if latest else None
     if child["promoted_event_id"] is not None and child["promoted_version"] == latest_version:
-        event = event_of(present(event_by_id(tx.conn, child["promoted_event_id"]),
+        event = event_of(present(row_where(tx.conn, "events", id=child["promoted_event_id"]),
                                  lambda: NotFound("promotion event is gone")))
         version = tx.conn.execute("SELECT MAX(version) FROM states WHERE channel_id = ? AND cursor = ?",
                                   (parent_id, event.cursor)).fetchone()[0]
@@ -4937,7 +4910,7 @@ def effective_policy(policies: Optional[dict], tool_name: str) -> str:
 def ancestor_execution(conn: Conn, channel: Row, key_name: str) -> Optional[tuple]:
     """(row, boundary cursor) of the nearest ancestor that has this key, or None."""
     for ancestor, boundary in lineage(conn, channel["id"])[1:]:
-        row = execution_by_key(conn, ancestor["id"], key_name)
+        row = row_where(conn, "executions", channel_id=ancestor["id"], key_name=key_name)
         if row is not None:
             return row, boundary
     return None
@@ -5039,7 +5012,7 @@ def claim_execution(tx: Tx, req: Claim) -> Union[Claimed, Refused]:
     """POST /executions/claim: claimed | replayed | in_progress | reclaimed, or Refused on a fork."""
     ensure_channel(tx, req.channel_id)
     hashed = execution_identity(req.tool_name, req.params, req.dedup_fields)
-    row = execution_by_key(tx.conn, req.channel_id, req.key_name)
+    row = row_where(tx.conn, "executions", channel_id=req.channel_id, key_name=req.key_name)
     if row is None:
         channel = channel_by_id(tx.conn, req.channel_id)
         if channel["parent_id"] is not None:
@@ -5258,11 +5231,11 @@ def consumer_group_of(row: Row) -> ConsumerGroup:
 
 
 def require_consumer_group(conn: Conn, group_id: str) -> Row:
-    return present(consumer_group_by_id(conn, group_id), lambda: NotFound(f"consumer group {group_id} not found"))
+    return present(row_where(conn, "consumer_groups", id=group_id), lambda: NotFound(f"consumer group {group_id} not found"))
 
 
 def create_consumer_group(tx: Tx, group_id: str, channel_id: str, metadata: Optional[dict]) -> ConsumerGroup:
-    existing = consumer_group_by_id(tx.conn, group_id)
+    existing = row_where(tx.conn, "consumer_groups", id=group_id)
     if existing is not None:
         if existing["channel_id"] != channel_id:
             raise Conflict("channel_conflict", f"consumer group {group_id} already reads {existing['channel_id']}")
@@ -5431,11 +5404,11 @@ def message_of(row: Row) -> Message:
 
 
 def require_execution_group(conn: Conn, group_id: str) -> Row:
-    return present(execution_group_by_id(conn, group_id), lambda: NotFound(f"execution group {group_id} not found"))
+    return present(row_where(conn, "execution_groups", id=group_id), lambda: NotFound(f"execution group {group_id} not found"))
 
 
 def require_member(conn: Conn, group_id: str, member_id: str) -> Row:
-    return present(member_by_id(conn, group_id, member_id),
+    return present(row_where(conn, "execution_group_members", group_id=group_id, member_id=member_id),
                    lambda: NotFound(f"member {member_id} of execution group {group_id} not found"))
 
 
@@ -5445,7 +5418,7 @@ def list_execution_groups(conn: Conn) -> list[ExecutionGroup]:
 
 def list_group_members(conn: Conn, group_id: str) -> list[Member]:
     require_execution_group(conn, group_id)
-    return [member_of(r) for r in member_rows(conn, group_id)]
+    return [member_of(r) for r in rows_where(conn, "execution_group_members", "member_id", group_id=group_id)]
 
 
 def create_execution_group(tx: Tx, group_id: str, metadata: Optional[dict], fork: Optional[dict] = None) -> ExecutionGroup:
@@ -5457,7 +5430,7 @@ def create_execution_group(tx: Tx, group_id: str, metadata: Optional[dict], fork
 def add_group_member(tx: Tx, group_id: str, member_id: str, channel_id: str, role: Optional[str],
                      metadata: Optional[dict]) -> Member:
     require_execution_group(tx.conn, group_id)
-    existing = member_by_id(tx.conn, group_id, member_id)
+    existing = row_where(tx.conn, "execution_group_members", group_id=group_id, member_id=member_id)
     if existing is not None and existing["channel_id"] != channel_id:
         raise Conflict("channel_conflict", f"member {member_id} already runs on channel {existing['channel_id']}")
     ensure_channel(tx, channel_id)
@@ -5530,7 +5503,7 @@ def send_group_message(tx: Tx, group_id: str, req: SendMessage) -> Message:
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'delivered', ?, ?, ?)",
         (message_id, group_id, sender["member_id"], recipient["member_id"], req.type, dump(req.payload),
          dump(req.causal_context), source.id, delivery.id, req.operation_id, hashed, tx.ts))
-    return message_of(message_by_id(tx.conn, message_id))
+    return message_of(row_where(tx.conn, "group_messages", id=message_id))
 
 
 def member_inbox(conn: Conn, group_id: str, member_id: str, after: Optional[str], limit: int) -> list[Message]:
@@ -5548,12 +5521,12 @@ def member_inbox(conn: Conn, group_id: str, member_id: str, after: Optional[str]
 
 
 def acknowledge_message(tx: Tx, message_id: str, owner_id: str, generation: int) -> Message:
-    row = present(message_by_id(tx.conn, message_id), lambda: NotFound(f"message {message_id} not found"))
+    row = present(row_where(tx.conn, "group_messages", id=message_id), lambda: NotFound(f"message {message_id} not found"))
     current_lease(tx, row["group_id"], row["to_member_id"], owner_id, generation)
     if row["status"] != "acknowledged":
         tx.conn.execute("UPDATE group_messages SET status = 'acknowledged', acknowledged_at = ? WHERE id = ?",
                         (tx.ts, message_id))
-    return message_of(message_by_id(tx.conn, message_id))
+    return message_of(row_where(tx.conn, "group_messages", id=message_id))
 
 
 def fork_execution_group(tx: Tx, req: ForkExecutionGroup) -> GroupFork:
@@ -5562,14 +5535,14 @@ def fork_execution_group(tx: Tx, req: ForkExecutionGroup) -> GroupFork:
     fork_id, source_id = req.fork_group_id, req.source_group_id
     definition = {k: getattr(req, k) for k in ("source_group_id", "intervention_member_id", "intervention_cursor",
                                                "member_policies", "tool_policies")}
-    existing = execution_group_by_id(tx.conn, fork_id)
+    existing = row_where(tx.conn, "execution_groups", id=fork_id)
     if existing is not None:
         receipt = load(existing["fork"])
         if receipt is None or {k: receipt.get(k) for k in definition} != definition:
             raise Conflict("channel_conflict", f"execution group {fork_id} already exists with another definition")
         return group_fork_of(receipt)
     require_execution_group(tx.conn, source_id)
-    members = member_rows(tx.conn, source_id)
+    members = rows_where(tx.conn, "execution_group_members", "member_id", group_id=source_id)
     member_ids = {m["member_id"] for m in members}
     if req.intervention_member_id not in member_ids:
         raise NotFound(f"member {req.intervention_member_id} of execution group {source_id} not found")
@@ -6764,6 +6737,13 @@ def deletes(*where: str) -> tuple:
 
 ADMIN = (("admin", EVERY),)
 
+
+def instance_wide(method: str, path: str, handler: Callable, **options: Any) -> Api:
+    """A route about no one channel (an experiment, an execution group: they span their members'):
+    a GET needs the read action on every channel, any other method the write action."""
+    action = reads if method == "GET" else writes
+    return Api(method, path, handler, scopes=action(EVERY), **options)
+
 # Where a route's channel is when it is not in the request: one row away.
 CHANNEL_LOOKUPS = {
     "event": "SELECT channel_id FROM events WHERE id = ?",
@@ -6901,12 +6881,11 @@ API_ROUTES = [
     Api("POST", "/api/v1/channels/{channel_id}/close", api_channels_close, body=Empty, body_optional=True,
         scopes=writes(P)),
     Api("DELETE", "/api/v1/channels/{channel_id}", api_channels_delete, query=DeleteQuery, scopes=deletes(P)),
-    Api("POST", "/api/v1/experiments", api_experiments_create, body=CreateExperiment, scopes=writes(EVERY)),
-    Api("GET", "/api/v1/experiments", api_experiments_list, scopes=reads(EVERY)),
-    Api("GET", "/api/v1/experiments/{group_id}", api_experiments_get, scopes=reads(EVERY)),
-    Api("POST", "/api/v1/experiments/{group_id}/members", api_experiments_member, body=AddExperimentMember,
-        scopes=writes(EVERY)),
-    Api("GET", "/api/v1/experiments/{group_id}/rank", api_experiments_rank, scopes=reads(EVERY)),
+    instance_wide("POST", "/api/v1/experiments", api_experiments_create, body=CreateExperiment),
+    instance_wide("GET", "/api/v1/experiments", api_experiments_list),
+    instance_wide("GET", "/api/v1/experiments/{group_id}", api_experiments_get),
+    instance_wide("POST", "/api/v1/experiments/{group_id}/members", api_experiments_member, body=AddExperimentMember),
+    instance_wide("GET", "/api/v1/experiments/{group_id}/rank", api_experiments_rank),
     Api("POST", "/api/v1/executions/claim", api_executions_claim, body=Claim, scopes=writes(B)),
     Api("GET", "/api/v1/executions", api_executions_list, query=ExecutionsQuery, scopes=reads("query.channel_id")),
     Api("GET", "/api/v1/executions/{execution_id}", api_executions_get, scopes=reads("execution.execution_id")),
@@ -6929,30 +6908,26 @@ API_ROUTES = [
     Api("POST", "/api/v1/groups/{group_id}/heartbeat", api_groups_heartbeat, body=Consumer,
         scopes=writes("group.group_id")),
     Api("GET", "/api/v1/groups/{group_id}/offsets", api_groups_offsets, scopes=reads("group.group_id")),
-    # Execution groups span their members' channels: they need the action on every channel.
-    Api("POST", "/api/v1/execution-groups", api_execution_groups_create, body=CreateExecutionGroup,
-        scopes=writes(EVERY)),
-    Api("GET", "/api/v1/execution-groups", api_execution_groups_list, scopes=reads(EVERY)),
-    Api("POST", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_add_member, body=AddGroupMember,
-        scopes=writes(EVERY)),
-    Api("GET", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_members, scopes=reads(EVERY)),
-    Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/claim", api_execution_groups_claim,
-        body=LeaseClaim, scopes=writes(EVERY)),
-    Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/heartbeat", api_execution_groups_heartbeat,
-        body=LeaseHolder, scopes=writes(EVERY)),
-    Api("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/release", api_execution_groups_release,
-        body=LeaseHolder, scopes=writes(EVERY)),
-    Api("POST", "/api/v1/execution-groups/{group_id}/messages", api_execution_groups_send, body=SendMessage,
-        scopes=writes(EVERY)),
-    Api("GET", "/api/v1/execution-groups/{group_id}/members/{member_id}/messages", api_execution_groups_inbox,
-        query=InboxQuery, scopes=reads(EVERY)),
-    Api("POST", "/api/v1/execution-group-messages/{message_id}/ack", api_execution_group_messages_ack,
-        body=LeaseHolder, scopes=writes(EVERY)),
-    Api("POST", "/api/v1/execution-group-forks", api_execution_group_forks_create, body=ForkExecutionGroup,
-        scopes=writes(EVERY)),
-    Api("GET", "/api/v1/execution-group-forks/{fork_group_id}", api_execution_group_forks_get, scopes=reads(EVERY)),
-    Api("POST", "/api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote",
-        api_execution_group_forks_promote, body=Empty, body_optional=True, scopes=writes(EVERY)),
+    instance_wide("POST", "/api/v1/execution-groups", api_execution_groups_create, body=CreateExecutionGroup),
+    instance_wide("GET", "/api/v1/execution-groups", api_execution_groups_list),
+    instance_wide("POST", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_add_member,
+                  body=AddGroupMember),
+    instance_wide("GET", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_members),
+    instance_wide("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/claim", api_execution_groups_claim,
+                  body=LeaseClaim),
+    instance_wide("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/heartbeat", api_execution_groups_heartbeat,
+                  body=LeaseHolder),
+    instance_wide("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/release", api_execution_groups_release,
+                  body=LeaseHolder),
+    instance_wide("POST", "/api/v1/execution-groups/{group_id}/messages", api_execution_groups_send, body=SendMessage),
+    instance_wide("GET", "/api/v1/execution-groups/{group_id}/members/{member_id}/messages", api_execution_groups_inbox,
+                  query=InboxQuery),
+    instance_wide("POST", "/api/v1/execution-group-messages/{message_id}/ack", api_execution_group_messages_ack,
+                  body=LeaseHolder),
+    instance_wide("POST", "/api/v1/execution-group-forks", api_execution_group_forks_create, body=ForkExecutionGroup),
+    instance_wide("GET", "/api/v1/execution-group-forks/{fork_group_id}", api_execution_group_forks_get),
+    instance_wide("POST", "/api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote", api_execution_group_forks_promote,
+                  body=Empty, body_optional=True),
     Api("POST", "/api/v1/scheduler/wakeups", api_wakeups_schedule, body=ScheduleWakeup, scopes=writes(B)),
     Api("GET", "/api/v1/scheduler/wakeups", api_wakeups_list, query=WakeupsQuery, scopes=reads("query.channel_id")),
     Api("GET", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_get, scopes=reads("wakeup.wakeup_id")),
@@ -9160,8 +9135,8 @@ def gzipped(scope: dict, headers: list, body: bytes) -> tuple:
                       (b"vary", b"accept-encoding")], body
 
 
-class MethodNotAllowed(ActaeError):
-    status, code = 405, "method_not_allowed"
+class MethodNotAllowed(ActaeError, status=405, code="method_not_allowed"):
+    """The path exists; the method is not one it answers."""
 
 
 def error_response(request: Request, exc: Exception) -> Response:
@@ -9689,20 +9664,11 @@ def parse_command_line(argv: Optional[list]) -> argparse.Namespace:
 
 def add_core_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
     """`actae key ...` and `actae user ...`: keys and accounts."""
-    key = commands.add_parser("key", parents=[common], help="manage API keys: create, list, revoke, rotate")
-    key.set_defaults(run=key_command)
-    key_commands = key.add_subparsers(dest="key_command", required=True, metavar="{create,list,revoke,rotate}")
-    create = key_commands.add_parser("create", parents=[common, scoped], help="issue a scoped key and print it once")
-    create.add_argument("--name", required=True, help="what the key is for (shown by `key list`)")
-    create.add_argument("--expires-in", type=days(positive=True), metavar="DAYS", help="the key stops working after DAYS days")
-    listing = key_commands.add_parser("list", parents=[common], help="the active keys (never the keys themselves)")
-    listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
-    revoke = key_commands.add_parser("revoke", parents=[common], help="end a key now")
-    revoke.add_argument("key_id", type=whole(1, INT64_MAX), metavar="ID", help="the id `key list` shows")
+    key = add_command(commands, "key", key_command, [common], "manage API keys: create, list, revoke, rotate")
+    key_commands = add_credential_commands(key, "key", "key_id", "a key", "keys", (common, scoped), ("rotate",))
     key_commands.add_parser("rotate", parents=[common],
                             help="issue and print a new admin key; the old admin key stops working")
-    user = commands.add_parser("user", parents=[common], help="manage accounts: grant")
-    user.set_defaults(run=user_command)
+    user = add_command(commands, "user", user_command, [common], "manage accounts: grant")
     user_commands = user.add_subparsers(dest="user_command", required=True, metavar="{grant}")
     grant = user_commands.add_parser("grant", parents=[common, scoped],
                                      help="set the scopes an account's login tokens carry")
@@ -9853,21 +9819,78 @@ def serve(port: int, location: Location, settings: Settings, options: Optional[d
 def main(argv: Optional[list] = None) -> int:
     args = parse_command_line(argv)
     configure_logging(args.log_level, args.log_format)
-    location = location_of(args)
-    run = getattr(args, "run", None)
-    if run is not None:
-        return run(args, location)
-    return serve(args.port, location, settings_of(args), options_of(args))
+    try:
+        location = location_of(args)
+        run = getattr(args, "run", None)
+        if run is not None:
+            return run(args, location)
+        settings, options = settings_of(args), options_of(args)
+    except ActaeError as exc:           # a refused command or a bad flag's value: one line, as argparse's
+        raise SystemExit(f"actae: {exc.message}") from None
+    return serve(args.port, location, settings, options)
+
+
+def add_command(commands: Any, name: str, run: Callable, parents: list, help: str) -> argparse.ArgumentParser:
+    """A subcommand of `actae`: main calls `run(args, location)` for it."""
+    parser = commands.add_parser(name, parents=parents, help=help)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def add_credential_commands(parser: argparse.ArgumentParser, command: str, id_name: str, one: str, many: str,
+                            parents: tuple, more: tuple = ()) -> Any:
+    """`actae COMMAND create|list|revoke` for a secret shown once at its creation (a key, an organisation
+    token); `more` names the further subcommands the caller adds to what this returns."""
+    common, scoped = parents
+    metavar = "{" + ",".join(("create", "list", "revoke", *more)) + "}"
+    kinds = parser.add_subparsers(dest=command.replace("-", "_") + "_command", required=True, metavar=metavar)
+    create = kinds.add_parser("create", parents=[common, scoped], help=f"issue {one} and print it once")
+    create.add_argument("--name", required=True, help=f"what it is for (shown by `{command} list`)")
+    create.add_argument("--expires-in", type=days(positive=True), metavar="DAYS", help="it stops working after DAYS days")
+    listing = kinds.add_parser("list", parents=[common], help=f"the active {many} (never the secrets themselves)")
+    listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    revoke = kinds.add_parser("revoke", parents=[common], help=f"end {one} now")
+    revoke.add_argument(id_name, type=whole(1, INT64_MAX), metavar="ID", help=f"the id `{command} list` shows")
+    return kinds
+
+
+def print_listing(as_json: bool, document: Any, heading: str, lines: typing.Iterable[str]) -> None:
+    """A list command's answer: the JSON document with --json, else a table (its heading, then its lines)."""
+    if as_json:
+        print_json(document)
+        return
+    print(heading)
+    for line in lines:
+        print(line)
+
+
+def print_issued(noun: str, issued: Any) -> None:
+    expires = f", expires {issued.expires_at}" if issued.expires_at else ""
+    print(f"{noun} {issued.id} ({issued.name}): {scopes_text(issued.scopes)}{expires}")
+
+
+def print_revoked(noun: str, revoked: Any) -> None:
+    print(f"{noun} {revoked.id} ({revoked.name}) revoked at {revoked.revoked_at}")
+
+
+def print_passed_over(heading: str, items: list) -> None:
+    """The runs a command left alone, each with its reason; nothing when there are none."""
+    if items:
+        print(f"{heading}:")
+        for item in items:
+            print(f"  {item.channel_id}: {item.reason}")
+
+
+def print_json(value: Any) -> None:
+    """A command's --json answer: the API's encoding, indented for a reader."""
+    print(msgspec.json.format(msgspec.json.encode(value), indent=2).decode())
 
 
 def scopes_of_args(args: argparse.Namespace) -> dict:
-    """The scope flags as checked scopes; exits with a message on a bad pattern."""
+    """The scope flags as checked scopes (a bad pattern is a BadRequest: main says it in one line)."""
     fields = {action: getattr(args, action) for action in ACTIONS[:3]}
     fields["admin"] = ["*"] if args.admin else []
-    try:
-        return msgspec.structs.asdict(record_from(Scopes, fields, "scopes"))
-    except BadRequest as exc:
-        raise SystemExit(f"actae: {exc.message}")
+    return msgspec.structs.asdict(record_from(Scopes, fields, "scopes"))
 
 
 def scopes_text(scopes: Permissions) -> str:
@@ -9881,33 +9904,22 @@ def key_command(args: argparse.Namespace, location: Location) -> int:
         print_key_line(write_once(location, rotate_key))
     elif args.key_command == "create":
         created = write_once(location, create_key, args.name, scopes_of_args(args), args.expires_in)
-        print(f"Key {created.id} ({created.name}): {scopes_text(created.scopes)}"
-              + (f", expires {created.expires_at}" if created.expires_at else ""))
+        print_issued("Key", created)
         print_key_line(created.key)
     elif args.key_command == "list":
         keys = read_once(location, list_keys)
-        if args.json:
-            print(msgspec.json.format(msgspec.json.encode(Keys(keys=keys)), indent=2).decode())
-            return 0
-        print(f"{'ID':>4}  {'NAME':<20} {'SCOPES':<40} {'CREATED':<25} {'LAST USED':<25} EXPIRES")
-        for k in keys:
-            print(f"{k.id:>4}  {k.name or '':<20} {scopes_text(k.scopes):<40} {k.created_at:<25} "
-                  f"{k.last_used_at or 'never':<25} {k.expires_at or 'never'}")
+        print_listing(args.json, Keys(keys=keys),
+                      f"{'ID':>4}  {'NAME':<20} {'SCOPES':<40} {'CREATED':<25} {'LAST USED':<25} EXPIRES",
+                      (f"{k.id:>4}  {k.name or '':<20} {scopes_text(k.scopes):<40} {k.created_at:<25} "
+                       f"{k.last_used_at or 'never':<25} {k.expires_at or 'never'}" for k in keys))
     else:
-        try:
-            revoked = write_once(location, revoke_key, args.key_id)
-        except NotFound as exc:
-            raise SystemExit(f"actae: {exc.message}")
-        print(f"Key {revoked.id} ({revoked.name}) revoked at {revoked.revoked_at}")
+        print_revoked("Key", write_once(location, revoke_key, args.key_id))
     return 0
 
 
 def user_command(args: argparse.Namespace, location: Location) -> int:
     """`actae user grant EMAIL [scope flags]`."""
-    try:
-        granted = write_once(location, grant_user, args.email, scopes_of_args(args))
-    except NotFound as exc:
-        raise SystemExit(f"actae: {exc.message}")
+    granted = write_once(location, grant_user, args.email, scopes_of_args(args))
     print(f"{granted.email}: {scopes_text(granted.scopes)}")
     return 0
 
@@ -10014,7 +10026,7 @@ RunStatus = Literal[RUN_STATES]
 Days = Annotated[float, Meta(ge=0, le=36500, description="days (fractions allowed)")]
 
 
-class BulkForkFilter(Record, kw_only=True):
+class BulkForkFilter(Record):
     """Which runs a bulk fork takes; every field narrows the selection (AND)."""
 
     status: Annotated[list[RunStatus], Meta(min_length=1, max_length=32)] = (
@@ -10030,7 +10042,7 @@ class BulkForkFilter(Record, kw_only=True):
         check_utc(self.until)
 
 
-class BulkFork(Idempotent, kw_only=True):
+class BulkFork(Idempotent):
     """POST /forks/bulk and `actae fork-failed`: fork every selected run after its own last good step
     (or after step `at`), with one intervention, one tool policy and one name pattern."""
 
@@ -10050,19 +10062,19 @@ class BulkFork(Idempotent, kw_only=True):
             raise ValueError("name must contain {channel_id}, so that each fork gets a name of its own")
 
 
-class ApprovalsQuery(ClampedLimit, kw_only=True):
+class ApprovalsQuery(ClampedLimit):
     LIMIT_MAX: ClassVar[int] = APPROVALS_LIMIT_MAX
     status: Optional[Literal[APPROVAL_STATUSES]] = None     # none: every approval
     channel_id: Optional[ChannelId] = None
 
 
-class DecideApproval(Record, kw_only=True):
+class DecideApproval(Record):
     decision: Literal[APPROVAL_DECISIONS]
     reason: Optional[LongText] = None
     channel_id: Optional[ChannelId] = None    # needed only when several runs used the same request id
 
 
-class Prune(Record, kw_only=True):
+class Prune(Record):
     """POST /admin/prune and `actae prune`: delete whole runs idle longer than `older_than_days`."""
 
     older_than_days: Days
@@ -10071,7 +10083,7 @@ class Prune(Record, kw_only=True):
     dry_run: bool = False
 
 
-class BulkForkPageQuery(Record, kw_only=True):
+class BulkForkPageQuery(Record):
     """The bulk fork form: the runs ticked on the runs list (`run`, repeated: read as a list by the
     page), or with `all` every run its filter matches."""
 
@@ -10084,7 +10096,7 @@ class BulkForkPageQuery(Record, kw_only=True):
     done: PageText = ""               # the operation id of the bulk fork just made
 
 
-class ApprovalsPageQuery(Record, kw_only=True):
+class ApprovalsPageQuery(Record):
     status: PageText = "pending"      # one of APPROVAL_STATUSES, or "all"
     error: Optional[PageText] = None  # the flash id of a refused decision
 
@@ -10092,7 +10104,7 @@ class ApprovalsPageQuery(Record, kw_only=True):
 # --- many runs: the bulk fork, the approvals inbox, retention -----------------------------------
 
 
-class BulkForked(Answer, kw_only=True):
+class BulkForked(Answer):
     """One run of a bulk fork: the fork made after `step` (in a dry run, the fork it would make: no receipt)."""
 
     source_channel_id: str
@@ -10101,12 +10113,12 @@ class BulkForked(Answer, kw_only=True):
     receipt: Optional[Receipt]
 
 
-class BulkSkipped(Answer, kw_only=True):
+class BulkSkipped(Answer):
     channel_id: str
     reason: str
 
 
-class BulkForkAnswer(Answer, kw_only=True):
+class BulkForkAnswer(Answer):
     """What a bulk fork made (or, with dry_run, would make), and the runs it left alone and why."""
 
     forks: list[BulkForked]
@@ -10114,7 +10126,7 @@ class BulkForkAnswer(Answer, kw_only=True):
     dry_run: bool
 
 
-class Approval(Answer, kw_only=True):
+class Approval(Answer):
     """An approval request as the inbox shows it: `status` is expired once its timeout has passed."""
 
     request_id: str
@@ -10132,11 +10144,11 @@ class Approval(Answer, kw_only=True):
     decided_at: Optional[str]
 
 
-class Approvals(Answer, kw_only=True):
+class Approvals(Answer):
     approvals: list[Approval]
 
 
-class ApprovalDecision(Answer, kw_only=True):
+class ApprovalDecision(Answer):
     """A decided approval and its `approval.decided` event (the first one, when it was decided before)."""
 
     approval: Approval
@@ -10144,7 +10156,7 @@ class ApprovalDecision(Answer, kw_only=True):
     replayed: bool
 
 
-class PrunedRows(Answer, kw_only=True):
+class PrunedRows(Answer):
     runs: int
     events: int
     states: int
@@ -10153,12 +10165,12 @@ class PrunedRows(Answer, kw_only=True):
     wakeups: int
 
 
-class KeptRun(Answer, kw_only=True):
+class KeptRun(Answer):
     channel_id: str
     reason: str
 
 
-class PruneAnswer(Answer, kw_only=True):
+class PruneAnswer(Answer):
     """What a prune deleted (a dry run: would delete), the old runs it kept and why, and the space."""
 
     dry_run: bool
@@ -10984,9 +10996,8 @@ async def page_storage(request: Request) -> Response:
 
 def add_many_runs_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
     """`actae fork-failed` and `actae prune`: the bulk fork and retention, beside a running server too."""
-    fork = commands.add_parser("fork-failed", parents=[common],
-                               help="fork every run that went wrong after its own last good step")
-    fork.set_defaults(run=fork_failed_command)
+    fork = add_command(commands, "fork-failed", fork_failed_command, [common],
+                       "fork every run that went wrong after its own last good step")
     fork.add_argument("--status", action="append", choices=RUN_STATES, metavar="STATUS",
                       help=f"runs of this status (repeatable; default: {' and '.join(FAILURE_STATES)})")
     fork.add_argument("--since", metavar="ISO", help="last active at or after this RFC 3339 time")
@@ -11002,9 +11013,8 @@ def add_many_runs_commands(commands: Any, common: argparse.ArgumentParser, scope
     fork.add_argument("--operation-id", metavar="ID", help="an idempotency key: the same one again forks nothing new")
     fork.add_argument("--dry-run", action="store_true", help="list what would be forked; record nothing")
     fork.add_argument("--json", action="store_true", help="print the answer as JSON")
-    prune = commands.add_parser("prune", parents=[common],
-                                help="delete whole runs idle longer than --older-than days (and return the space)")
-    prune.set_defaults(run=prune_command)
+    prune = add_command(commands, "prune", prune_command, [common],
+                        "delete whole runs idle longer than --older-than days (and return the space)")
     prune.add_argument("--older-than", type=days(), required=True, metavar="DAYS",
                        help="runs last active more than DAYS ago (0: every run last active before now)")
     prune.add_argument("--status", choices=PRUNE_STATUSES, default="any", help="only runs of this status (default: any)")
@@ -11023,17 +11033,14 @@ def bulk_fork_of_args(args: argparse.Namespace) -> BulkFork:
             raise SystemExit(f"actae: --policy takes TOOL=POLICY with POLICY one of {', '.join(TOOL_POLICIES)} "
                              f"(got {item!r})")
         policies[tool] = policy
-    try:
-        intervention = decode_json(args.intervention.encode(), Any, "--intervention") if args.intervention else None
-        selection = {"status": args.status or list(FAILURE_STATES), "since": args.since, "until": args.until,
-                     "channel_prefix": args.prefix, "failure_contains": args.contains}
-        return record_from(BulkFork, {"filter": {k: v for k, v in selection.items() if v is not None},
-                                      "at": args.at if args.at is not None else "last_good_step",
-                                      "intervention": intervention, "tool_policies": policies or None,
-                                      "name": args.name, "operation_id": args.operation_id,
-                                      "dry_run": args.dry_run}, "arguments")
-    except BadRequest as exc:
-        raise SystemExit(f"actae: {exc.message}")
+    intervention = decode_json(args.intervention.encode(), Any, "--intervention") if args.intervention else None
+    selection = {"status": args.status or list(FAILURE_STATES), "since": args.since, "until": args.until,
+                 "channel_prefix": args.prefix, "failure_contains": args.contains}
+    return record_from(BulkFork, {"filter": {k: v for k, v in selection.items() if v is not None},
+                                  "at": args.at if args.at is not None else "last_good_step",
+                                  "intervention": intervention, "tool_policies": policies or None,
+                                  "name": args.name, "operation_id": args.operation_id,
+                                  "dry_run": args.dry_run}, "arguments")
 
 
 def fork_failed_command(args: argparse.Namespace, location: Location) -> int:
@@ -11041,20 +11048,14 @@ def fork_failed_command(args: argparse.Namespace, location: Location) -> int:
     req = bulk_fork_of_args(args)
     replayed = (not (req.dry_run or args.json) and req.operation_id is not None
                 and read_once(location, bulk_fork_by_operation, req.operation_id) is not None)
-    try:
-        answer = read_once(location, preview_bulk_fork, req) if req.dry_run else write_once(location, bulk_fork, req)
-    except ActaeError as exc:
-        raise SystemExit(f"actae: {exc.message}")
+    answer = read_once(location, preview_bulk_fork, req) if req.dry_run else write_once(location, bulk_fork, req)
     if args.json:
-        print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
+        print_json(answer)
         return 0
     print(f"{bulk_fork_summary(answer, req.operation_id, replayed)}:")
     for item in answer.forks:
         print(f"  {item.source_channel_id} after step {item.step} -> {item.channel_id}")
-    if answer.skipped:
-        print(f"Skipped {len(answer.skipped)}:")
-        for item in answer.skipped:
-            print(f"  {item.channel_id}: {item.reason}")
+    print_passed_over(f"Skipped {len(answer.skipped)}", answer.skipped)
     return 0
 
 
@@ -11095,30 +11096,22 @@ def prune_with(conn: Conn, req: Prune, now: datetime) -> PruneAnswer:
 
 def prune_command(args: argparse.Namespace, location: Location) -> int:
     """`actae prune --older-than DAYS [--status completed|failed|any] [--keep-failed-days DAYS] [--dry-run]`."""
-    try:
-        req = record_from(Prune, {"older_than_days": args.older_than, "status": args.status,
-                                  "keep_failed_days": args.keep_failed_days, "dry_run": args.dry_run}, "arguments")
-    except BadRequest as exc:
-        raise SystemExit(f"actae: {exc.message}")
+    req = record_from(Prune, {"older_than_days": args.older_than, "status": args.status,
+                              "keep_failed_days": args.keep_failed_days, "dry_run": args.dry_run}, "arguments")
     conn = connect_sync(location)
     try:
         answer = prune_with(conn, req, utc_now())
-    except ActaeError as exc:
-        raise SystemExit(f"actae: {exc.message}")
     finally:
         conn.close()
     if args.json:
-        print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
+        print_json(answer)
         return 0
     rows = answer.rows
     print(f"{'Would delete' if answer.dry_run else 'Deleted'} {rows.runs} run(s): {rows.events} events, "
           f"{rows.states} states, {rows.executions} ledger rows, {rows.approvals} approvals, {rows.wakeups} wake-ups")
     for channel_id in answer.deleted:
         print(f"  {channel_id}")
-    if answer.kept:
-        print(f"Kept {len(answer.kept)} old run(s):")
-        for item in answer.kept:
-            print(f"  {item.channel_id}: {item.reason}")
+    print_passed_over(f"Kept {len(answer.kept)} old run(s)", answer.kept)
     print(f"Space: {answer.bytes_before} -> {answer.bytes_after} bytes ({answer.bytes_freed} freed); {answer.space}")
     return 0
 
@@ -11132,13 +11125,6 @@ MANY_RUNS_ROUTES = [
     Api("POST", "/api/v1/approvals/{request_id}/decide", api_approvals_decide, body=DecideApproval,
         scopes=writes(SOMEWHERE)),
     Api("POST", "/api/v1/admin/prune", api_admin_prune, body=Prune, scopes=ADMIN),
-]
-MANY_RUNS_PAGES = [
-    ("GET", "/forks/bulk", page_bulk_fork_form),
-    ("POST", "/forks/bulk", page_bulk_fork),
-    ("GET", "/approvals", page_approvals),
-    ("POST", "/approvals/{request_id}/decide", page_approval_decide),
-    ("GET", "/storage", page_storage),
 ]
 
 
@@ -11168,7 +11154,9 @@ schema_step(7, approval_answers_index)
 schema_step(9, many_runs_schema)
 schema_step(9, many_runs_indexes, reindex_approvals)
 ROUTE_LISTS.append(MANY_RUNS_ROUTES)
-PAGE_LISTS.append(MANY_RUNS_PAGES)
+PAGE_LISTS.append([("GET", "/forks/bulk", page_bulk_fork_form), ("POST", "/forks/bulk", page_bulk_fork),
+                   ("GET", "/approvals", page_approvals), ("POST", "/approvals/{request_id}/decide", page_approval_decide),
+                   ("GET", "/storage", page_storage)])
 on_events(APPROVAL_INDEXED, index_approval_event)
 RUN_REINDEXERS.append(reindex_approvals)
 APP_INSTALLERS.append(install_retention)
@@ -11230,7 +11218,7 @@ class ExportLine(Struct, kw_only=True, forbid_unknown_fields=True, tag_field="ki
     FLAGS: ClassVar[tuple] = ()            # boolean columns (0/1 in the database)
 
 
-class ChannelLine(ExportLine, kw_only=True, tag="channel"):
+class ChannelLine(ExportLine, tag="channel"):
     TABLE: ClassVar[str] = "channels"
     JSON_TEXTS: ClassVar[dict] = {"experiment_metadata": dict[str, Any], "manifest": dict[str, Any],
                                   "tool_policies": ToolPolicies}
@@ -11266,7 +11254,7 @@ class ChannelLine(ExportLine, kw_only=True, tag="channel"):
     closed_at: Optional[Stamp]
 
 
-class EventLine(ExportLine, kw_only=True, tag="event"):
+class EventLine(ExportLine, tag="event"):
     TABLE: ClassVar[str] = "events"
     JSON_TEXTS: ClassVar[dict] = {"payload": Any, "metadata": dict[str, Any], "dependencies": list[dict[str, str]]}
     channel_id: ChannelId
@@ -11287,7 +11275,7 @@ class EventLine(ExportLine, kw_only=True, tag="event"):
     chain_hash: Sha256
 
 
-class StateLine(ExportLine, kw_only=True, tag="state"):
+class StateLine(ExportLine, tag="state"):
     """`state` is the snapshot's JSON text (a compressed snapshot is unpacked); `sha256` is checked against it."""
 
     TABLE: ClassVar[str] = "states"
@@ -11300,7 +11288,7 @@ class StateLine(ExportLine, kw_only=True, tag="state"):
     created_at: Stamp
 
 
-class ExecutionLine(ExportLine, kw_only=True, tag="execution"):
+class ExecutionLine(ExportLine, tag="execution"):
     """A ledger row. The claim token stays behind: it is a live owner's secret, and no owner moves."""
 
     TABLE: ClassVar[str] = "executions"
@@ -11332,7 +11320,7 @@ class ExecutionLine(ExportLine, kw_only=True, tag="execution"):
 RowLine = Union[ChannelLine, EventLine, StateLine, ExecutionLine]
 
 
-class ExportQuery(Record, kw_only=True):
+class ExportQuery(Record):
     with_forks: bool = False
 
 
@@ -11402,7 +11390,7 @@ def stored_run(conn: Conn, channel_id: str) -> RunRows:
         run.events[row["cursor"]] = line_of_row(EventLine, row)
     for row in conn.execute("SELECT * FROM states WHERE channel_id = ? ORDER BY version", (channel_id,)):
         run.states[row["version"]] = line_of_row(StateLine, row, state=state_text(conn, row))
-    for row in channel_execution_rows(conn, channel_id):
+    for row in rows_where(conn, "executions", "created_at, id", channel_id=channel_id):
         run.executions[row["key_name"]] = line_of_row(ExecutionLine, row)
     return run
 
@@ -11732,10 +11720,7 @@ async def api_import(request: Request, body: ExportFile) -> Imported:
 
 def export_command(args: argparse.Namespace, location: Location) -> int:
     """`actae export CHANNEL [--with-forks] > run.jsonl`."""
-    try:
-        exported = read_once(location, export_run, valid_channel(args.channel_id, "CHANNEL"), args.with_forks)
-    except ActaeError as exc:
-        raise SystemExit(f"actae: {exc.message}")
+    exported = read_once(location, export_run, valid_channel(args.channel_id, "CHANNEL"), args.with_forks)
     sys.stdout.buffer.write(exported.data)
     sys.stdout.flush()
     return 0
@@ -11747,12 +11732,9 @@ def import_command(args: argparse.Namespace, location: Location) -> int:
         raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     except OSError as exc:
         raise SystemExit(f"actae: cannot read {args.file}: {exc.strerror}")
-    try:
-        answer = write_once(location, import_runs, parse_export(raw))
-    except ActaeError as exc:
-        raise SystemExit(f"actae: {exc.message}")
+    answer = write_once(location, import_runs, parse_export(raw))
     if args.json:
-        print(msgspec.json.format(msgspec.json.encode(answer), indent=2).decode())
+        print_json(answer)
         return 0
     rows = answer.rows
     print(f"Imported {len(answer.imported)} channel(s): {', '.join(answer.imported) or '-'} "
@@ -11761,13 +11743,11 @@ def import_command(args: argparse.Namespace, location: Location) -> int:
     return 0
 
 def add_moving_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
-    export = commands.add_parser("export", parents=[common],
-                                 help="write a run, with its ancestors, to standard output as JSON Lines")
-    export.set_defaults(run=export_command)
+    export = add_command(commands, "export", export_command, [common],
+                         "write a run, with its ancestors, to standard output as JSON Lines")
     export.add_argument("channel_id", metavar="CHANNEL")
     export.add_argument("--with-forks", action="store_true", help="also every fork below it, forks of forks too")
-    imports = commands.add_parser("import", parents=[common], help="add the runs of an export file to this server")
-    imports.set_defaults(run=import_command)
+    imports = add_command(commands, "import", import_command, [common], "add the runs of an export file to this server")
     imports.add_argument("file", metavar="FILE", help="the file `actae export` wrote; - reads standard input")
     imports.add_argument("--json", action="store_true", help="print the answer as JSON")
 
@@ -11815,7 +11795,7 @@ COMMAND_ADDERS.append(add_moving_commands)
 # again (resumed after a crash) sends its root again, same ids, newer end and status. A fork is a
 # trace of its own whose root links to the parent's span of the step it forked after.
 
-class MetricsJson(Answer, kw_only=True):
+class MetricsJson(Answer):
     status: str
     timestamp: str
     uptime_seconds: int
@@ -12474,7 +12454,7 @@ class TraceExport:
             clock.tool_starts.update(known)
         if (event.type in ("tool.completed", "tool.failed") and event.depends_on
                 and event.depends_on not in clock.tool_starts):
-            started = await self.db.read(event_by_id, event.depends_on)
+            started = await self.db.read(lambda conn: row_where(conn, "events", id=event.depends_on))
             if started is not None:
                 clock.tool_starts[event.depends_on] = iso_ns(started["created_at"])
         self.clocks[channel_id] = clock
@@ -12566,11 +12546,8 @@ def otel_export_command(args: argparse.Namespace, location: Location) -> int:
     if config is None:
         raise SystemExit("actae: otel-export needs a collector: --otlp-endpoint URL, or OTEL_EXPORTER_OTLP_ENDPOINT"
                          " (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
-    try:
-        spans, runs = read_once(location, backfill_spans, valid_channel(args.channel_id, "CHANNEL"),
-                                args.with_forks, SpanMaker(config.service_name, config.project))
-    except ActaeError as exc:
-        raise SystemExit(f"actae: {exc.message}")
+    spans, runs = read_once(location, backfill_spans, valid_channel(args.channel_id, "CHANNEL"),
+                            args.with_forks, SpanMaker(config.service_name, config.project))
     exporter = otlp_exporter(config)
     try:
         for start in range(0, len(spans), SPAN_BATCH_MAX):
@@ -12597,18 +12574,14 @@ def add_otlp_flag(parser: argparse.ArgumentParser) -> None:
 def add_observability_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
     otlp_flag = argparse.ArgumentParser(add_help=False)
     add_otlp_flag(otlp_flag)
-    otel = commands.add_parser("otel-export", parents=[common, otlp_flag],
-                               help="send a stored run to an OTLP collector as the trace live export sends")
-    otel.set_defaults(run=otel_export_command)
+    otel = add_command(commands, "otel-export", otel_export_command, [common, otlp_flag],
+                       "send a stored run to an OTLP collector as the trace live export sends")
     otel.add_argument("channel_id", metavar="CHANNEL")
     otel.add_argument("--with-forks", action="store_true", help="also every fork below it, forks of forks too")
 
 
 def otlp_option_of(args: argparse.Namespace) -> dict:
-    try:
-        return {"otlp": otlp_config(getattr(args, "otlp_endpoint", None), project=getattr(args, "otel_project", None))}
-    except BadRequest as exc:
-        raise SystemExit(f"actae: {exc.message}")
+    return {"otlp": otlp_config(getattr(args, "otlp_endpoint", None), project=getattr(args, "otel_project", None))}
 
 
 def traces_banner(settings: Settings, options: dict) -> Optional[str]:
@@ -12649,11 +12622,9 @@ COMMAND_ADDERS.append(add_observability_commands)
 # =============================================================================
 # Region: the fleet gateway, the SDK's FleetClient against this server and its registered remotes.
 
-class InstanceFailed(ActaeError):
+class InstanceFailed(ActaeError, status=502, code="instance_unavailable"):
     """An instance of the fleet gave the gateway no answer: down, too slow, or refusing the gateway's key.
     502 (504 when it was too slow); in a multi-instance answer, an entry of `errors` instead."""
-
-    status, code = 502, "instance_unavailable"
 
     def __init__(self, instance_id: str, code: str, message: str, *, status: int = 502, retryable: bool = True):
         super().__init__(f"instance {instance_id}: {message}", code=code, status=status)
@@ -12667,7 +12638,7 @@ SdkScope = Annotated[str, Meta(max_length=64, description='a scope of the SDK\'s
 PageToken = Annotated[str, Meta(max_length=4096, description="opaque: pass it back unchanged")]
 
 
-class FleetTokenRequest(Record, kw_only=True):
+class FleetTokenRequest(Record):
     """The SDK's exchange of an organisation token (the Bearer credential) for a fleet token."""
 
     purpose: Optional[Literal["fleet_access"]] = None
@@ -12675,7 +12646,7 @@ class FleetTokenRequest(Record, kw_only=True):
     scopes: Optional[Annotated[list[SdkScope], Meta(max_length=100)]] = None  # none or blank: all it grants
 
 
-class OperationEnvelope(Record, kw_only=True):
+class OperationEnvelope(Record):
     """POST .../ops/{operation_id}: a manifest operation's path parameters, query and body, kept apart."""
 
     path_params: Optional[dict[Annotated[str, Meta(max_length=64)], Union[Label, Int64]]] = None
@@ -12684,25 +12655,25 @@ class OperationEnvelope(Record, kw_only=True):
     params: Optional[JsonObject] = None   # the legacy combined form: path parameters, the rest the query
 
 
-class FleetEventFilter(EventQuery, kw_only=True):
+class FleetEventFilter(EventQuery):
     """The direct query's filters; `pagination: "keyset"` asks for per-instance continuation tokens."""
 
     pagination: Optional[Literal["keyset", "offset"]] = None
 
 
-class FleetQuery(Record, kw_only=True):
+class FleetQuery(Record):
     instances: Annotated[list[Id], Meta(min_length=1, max_length=100)]
     query: FleetEventFilter = msgspec.field(default_factory=FleetEventFilter)
     page_tokens: Optional[dict[Id, PageToken]] = None   # instance id -> the token its last page gave
 
 
-class StreamTicketRequest(Record, kw_only=True):
+class StreamTicketRequest(Record):
     instance_id: Id
     channel_id: Optional[ChannelId] = None      # else the stream's own channel_id parameter
     resume_cursor: Optional[Count] = None       # events after this cursor (else only new ones)
 
 
-class FleetStreamQuery(Record, kw_only=True):
+class FleetStreamQuery(Record):
     """The gateway's streams: the WebSocket's ticket, the channel and where to resume."""
 
     ticket: Optional[Token] = None
@@ -12715,7 +12686,7 @@ class FleetStreamQuery(Record, kw_only=True):
 # --- the fleet gateway ------------------------------------------------------------------------------
 
 
-class FleetInstance(Answer, kw_only=True):
+class FleetInstance(Answer):
     """One instance of the organisation: the gateway's own server, or a registered remote one."""
 
     instance_id: str
@@ -12726,13 +12697,13 @@ class FleetInstance(Answer, kw_only=True):
     added_at: Optional[str]
 
 
-class FleetInstances(Answer, kw_only=True):
+class FleetInstances(Answer):
     organization_id: str
     gateway_protocol_version: str
     instances: list[FleetInstance]
 
 
-class FleetCapabilities(Answer, kw_only=True):
+class FleetCapabilities(Answer):
     """What an instance runs and which manifest operations the gateway dispatches to it."""
 
     organization_id: str
@@ -12747,7 +12718,7 @@ class FleetCapabilities(Answer, kw_only=True):
     supported_fleet_operations: list[str]
 
 
-class FleetToken(Answer, kw_only=True):
+class FleetToken(Answer):
     """A short-lived fleet token: the SDK sends it as `authorization: Bearer` to the gateway's routes."""
 
     token: str
@@ -12757,7 +12728,7 @@ class FleetToken(Answer, kw_only=True):
     scopes: list[str]
 
 
-class StreamTicket(Answer, kw_only=True):
+class StreamTicket(Answer):
     """A one-use ticket for the gateway's event stream (GET .../events/stream?ticket=...)."""
 
     ticket: str
@@ -12767,11 +12738,11 @@ class StreamTicket(Answer, kw_only=True):
     resume_cursor: Optional[int]
 
 
-class FleetEvent(Event, kw_only=True):
+class FleetEvent(Event):
     instance_id: str
 
 
-class InstanceFailure(Answer, kw_only=True):
+class InstanceFailure(Answer):
     """An instance a multi-instance read could not include, and why."""
 
     instance_id: str
@@ -12780,11 +12751,11 @@ class InstanceFailure(Answer, kw_only=True):
     retryable: bool
 
 
-class FleetPage(Answer, kw_only=True):
+class FleetPage(Answer):
     next_page_tokens: dict[str, str]
 
 
-class FleetEvents(Answer, kw_only=True):
+class FleetEvents(Answer):
     """Events of one or more instances, newest first, beside an entry for each instance that failed."""
 
     events: list[FleetEvent]
@@ -12797,7 +12768,7 @@ class FleetEvents(Answer, kw_only=True):
 OperationAnswer = dict[str, Any]
 
 
-class RemoteInstanceInfo(Answer, kw_only=True):
+class RemoteInstanceInfo(Answer):
     """A registered remote instance as `instance list` shows it: never its key."""
 
     instance_id: str
@@ -12808,7 +12779,7 @@ class RemoteInstanceInfo(Answer, kw_only=True):
     added_at: str
 
 
-class OrgTokenInfo(Answer, kw_only=True):
+class OrgTokenInfo(Answer):
     """An organisation token as `org-token list` shows it: never the token itself."""
 
     id: int
@@ -14174,23 +14145,23 @@ FLEET_LINK = "fleet_link"              # the settings row an enrolled instance k
 RELEASE_CHECK_SECONDS = 6 * 3600       # how often an enrolled instance asks its gateway's version
 
 
-class EnrollmentToken(Record, kw_only=True):
+class EnrollmentToken(Record):
     token: Token
 
 
-class EnrollRequest(Record, kw_only=True):
+class EnrollRequest(Record):
     token: Token
     url: Annotated[str, Meta(min_length=8, max_length=2048, pattern=r"^https?://")]
     key: Token
     name: Optional[Name] = None
 
 
-class LinkRequest(Record, kw_only=True):
+class LinkRequest(Record):
     instance_id: Id
     link: Token
 
 
-class EnrollmentInfo(Answer, kw_only=True):
+class EnrollmentInfo(Answer):
     """What an enrollment token allows: the organisation, and the scopes the instance's key will carry."""
 
     organization_id: str
@@ -14199,7 +14170,7 @@ class EnrollmentInfo(Answer, kw_only=True):
     expires_at: str
 
 
-class Enrolled(Answer, kw_only=True):
+class Enrolled(Answer):
     """An instance enrolled: where, as which instance, and its link secret (shown once)."""
 
     organization_id: str
@@ -14209,7 +14180,7 @@ class Enrolled(Answer, kw_only=True):
     link: str
 
 
-class LinkState(Answer, kw_only=True):
+class LinkState(Answer):
     organization_id: str
     gateway_version: str
     enrolled: bool
@@ -14411,26 +14382,22 @@ def unenroll(location: Location, link: Optional[dict]) -> int:
 
 
 def add_enrollment_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
-    enrollment = commands.add_parser("enrollment", parents=[common],
-                                     help="on a gateway: one-use tokens an instance enrolls itself with")
-    enrollment.set_defaults(run=enrollment_command)
+    enrollment = add_command(commands, "enrollment", enrollment_command, [common],
+                             "on a gateway: one-use tokens an instance enrolls itself with")
     kinds = enrollment.add_subparsers(dest="enrollment_command", required=True, metavar="{create}")
     create = kinds.add_parser("create", parents=[common, scoped], help="make an enrollment token and print it once")
     create.add_argument("--name", required=True, help="what the instance to enroll is (shown by `instance list`)")
     create.add_argument("--expires-in", type=bounded_minutes, default=ENROLLMENT_MINUTES, metavar="MINUTES",
                         help=f"the token expires unused after MINUTES (default: {ENROLLMENT_MINUTES:g})")
-    enroll = commands.add_parser("enroll", parents=[common],
-                                 help="link this instance to an organisation's gateway (opt-in; --status shows the link)")
-    enroll.set_defaults(run=enroll_command)
+    enroll = add_command(commands, "enroll", enroll_command, [common],
+                         "link this instance to an organisation's gateway (opt-in; --status shows the link)")
     enroll.add_argument("token", nargs="?", metavar="TOKEN", help="the enrollment token the gateway's admin gave")
     enroll.add_argument("--gateway", metavar="URL", help="the gateway's base URL")
     enroll.add_argument("--url", default=f"http://{DEFAULT_HOST}:{DEFAULT_PORT}", metavar="URL",
                         help="where the gateway reaches this instance (default: %(default)s)")
     enroll.add_argument("--name", help="what the gateway calls it (default: its host and port)")
     enroll.add_argument("--status", action="store_true", help="show the link, if any, and exit")
-    unenroll_ = commands.add_parser("unenroll", parents=[common],
-                                    help="leave the gateway: revoke the key it holds and tell it")
-    unenroll_.set_defaults(run=enroll_command)
+    add_command(commands, "unenroll", enroll_command, [common], "leave the gateway: revoke the key it holds and tell it")
 
 
 def bounded_minutes(text: str) -> float:
@@ -14596,9 +14563,8 @@ def fleet_settings_of(args: argparse.Namespace) -> dict:
 
 
 def add_fleet_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
-    instance = commands.add_parser("instance", parents=[common],
-                                   help="the fleet's remote instances: add, list, remove")
-    instance.set_defaults(run=instance_command)
+    instance = add_command(commands, "instance", instance_command, [common],
+                           "the fleet's remote instances: add, list, remove")
     instance_commands = instance.add_subparsers(dest="instance_command", required=True, metavar="{add,list,remove}")
     add = instance_commands.add_parser("add", parents=[common],
                                        help="register a remote Actae server (it must answer /api/v1/instance with the key)")
@@ -14616,18 +14582,9 @@ def add_fleet_commands(commands: Any, common: argparse.ArgumentParser, scoped: a
     listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
     remove = instance_commands.add_parser("remove", parents=[common], help="unregister an instance")
     remove.add_argument("instance_id", metavar="ID", help="the id `instance list` shows")
-    org = commands.add_parser("org-token", parents=[common],
-                              help="organisation tokens for the SDK's FleetClient: create, list, revoke")
-    org.set_defaults(run=org_token_command)
-    org_commands = org.add_subparsers(dest="org_token_command", required=True, metavar="{create,list,revoke}")
-    create = org_commands.add_parser("create", parents=[common, scoped],
-                                     help="issue an organisation token and print it once")
-    create.add_argument("--name", required=True, help="what the token is for (shown by `org-token list`)")
-    create.add_argument("--expires-in", type=days(positive=True), metavar="DAYS", help="the token stops working after DAYS days")
-    tokens = org_commands.add_parser("list", parents=[common], help="the active organisation tokens (never the tokens)")
-    tokens.add_argument("--json", action="store_true", help="one JSON document instead of a table")
-    revoke = org_commands.add_parser("revoke", parents=[common], help="end an organisation token now")
-    revoke.add_argument("token_id", type=whole(1, INT64_MAX), metavar="ID", help="the id `org-token list` shows")
+    org = add_command(commands, "org-token", org_token_command, [common],
+                      "organisation tokens for the SDK's FleetClient: create, list, revoke")
+    add_credential_commands(org, "org-token", "token_id", "an organisation token", "organisation tokens", (common, scoped))
 
 
 def instance_info(url: str, key: str, timeout: float = 10.0) -> Instance:
@@ -14647,14 +14604,6 @@ def instance_info(url: str, key: str, timeout: float = 10.0) -> Instance:
         return msgspec.json.decode(data, type=Instance)
     except (msgspec.DecodeError, msgspec.ValidationError):
         raise BadRequest(f"{url} does not answer like an Actae server") from None
-
-
-def fetch_instance_info(url: str, key: str, timeout: float = 10.0) -> Instance:
-    """instance_info for the command line: exits with why it cannot."""
-    try:
-        return instance_info(url, key, timeout)
-    except BadRequest as exc:
-        raise SystemExit(f"actae: {exc.message}") from None
 
 
 def remote_key_of(args: argparse.Namespace) -> str:
@@ -14685,7 +14634,7 @@ def instance_command(args: argparse.Namespace, location: Location) -> int:
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
             raise SystemExit(f"actae: give the server's base URL, such as http://10.0.0.5:8002 (got {args.url!r})")
         key = remote_key_of(args)
-        info = fetch_instance_info(url, key)
+        info = instance_info(url, key)
         if info.instance_id == write_once(location, instance_identity):
             raise SystemExit("actae: that is this server itself: it is always an instance of its own fleet")
         ciphertext = fleet_cipher(location.data_dir).encrypt(key.encode("utf-8")).decode("ascii")
@@ -14694,19 +14643,12 @@ def instance_command(args: argparse.Namespace, location: Location) -> int:
         print(f"Instance {added.instance_id} ({added.name}) at {added.url}: Actae {info.version}, {info.backend}")
     elif args.instance_command == "list":
         local_id, remotes = write_once(location, instance_identity), read_once(location, list_instances)
-        if args.json:
-            print(msgspec.json.format(msgspec.json.encode({"local_instance_id": local_id, "instances": remotes}),
-                                      indent=2).decode())
-            return 0
-        print(f"{'ID':<38} {'NAME':<20} {'URL':<40} ADDED")
-        print(f"{local_id:<38} {'(this server)':<20} {'-':<40} -")
-        for r in remotes:
-            print(f"{r.instance_id:<38} {r.name:<20} {r.url:<40} {r.added_at}")
+        print_listing(args.json, {"local_instance_id": local_id, "instances": remotes},
+                      f"{'ID':<38} {'NAME':<20} {'URL':<40} ADDED",
+                      [f"{local_id:<38} {'(this server)':<20} {'-':<40} -"]
+                      + [f"{r.instance_id:<38} {r.name:<20} {r.url:<40} {r.added_at}" for r in remotes])
     else:
-        try:
-            removed = write_once(location, remove_instance, args.instance_id)
-        except NotFound as exc:
-            raise SystemExit(f"actae: {exc.message}")
+        removed = write_once(location, remove_instance, args.instance_id)
         print(f"Instance {removed.instance_id} ({removed.name}) removed")
     return 0
 
@@ -14715,24 +14657,16 @@ def org_token_command(args: argparse.Namespace, location: Location) -> int:
     """`actae org-token create|list|revoke`."""
     if args.org_token_command == "create":
         created, token = write_once(location, create_org_token, args.name, scopes_of_args(args), args.expires_in)
-        print(f"Organisation token {created.id} ({created.name}): {scopes_text(created.scopes)}"
-              + (f", expires {created.expires_at}" if created.expires_at else ""))
+        print_issued("Organisation token", created)
         print(token)
         print("(shown once: store it now; the SDK's FleetClient takes it as organization_token)")
     elif args.org_token_command == "list":
         tokens = read_once(location, list_org_tokens)
-        if args.json:
-            print(msgspec.json.format(msgspec.json.encode({"org_tokens": tokens}), indent=2).decode())
-            return 0
-        print(f"{'ID':>4}  {'NAME':<20} {'SCOPES':<40} {'CREATED':<25} EXPIRES")
-        for t in tokens:
-            print(f"{t.id:>4}  {t.name:<20} {scopes_text(t.scopes):<40} {t.created_at:<25} {t.expires_at or 'never'}")
+        print_listing(args.json, {"org_tokens": tokens}, f"{'ID':>4}  {'NAME':<20} {'SCOPES':<40} {'CREATED':<25} EXPIRES",
+                      (f"{t.id:>4}  {t.name:<20} {scopes_text(t.scopes):<40} {t.created_at:<25} {t.expires_at or 'never'}"
+                       for t in tokens))
     else:
-        try:
-            revoked = write_once(location, revoke_org_token, args.token_id)
-        except NotFound as exc:
-            raise SystemExit(f"actae: {exc.message}")
-        print(f"Organisation token {revoked.id} ({revoked.name}) revoked at {revoked.revoked_at}")
+        print_revoked("Organisation token", write_once(location, revoke_org_token, args.token_id))
     return 0
 
 

@@ -391,10 +391,8 @@ def parse_args(argv):
     mode.add_argument("--matrix", action="store_true",
                       help="worst case (default): crash at --crash-step, downstream ignoring keys, "
                            "every strategy x crash point")
-    mode.add_argument("--sweep", action="store_true",
-                      help="every step x crash point x downstream behaviour x strategy")
-    mode.add_argument("--cell", type=parse_cell, action="append",
-                      help="one cell strategy:step:point:downstream (repeatable)")
+    mode.add_argument("--sweep", action="store_true", help="every step x crash point x downstream behaviour x strategy")
+    mode.add_argument("--cell", type=parse_cell, action="append", help="one cell strategy:step:point:downstream (repeatable)")
     mode.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--url", default=os.environ.get("ACTAE_URL"),
                    help="use this server (env ACTAE_URL) instead of starting one")
