@@ -3450,6 +3450,7 @@ def rows_where(conn: Conn, table: str, order_by: str, **columns: Any) -> list:
 
 
 def channel_by_id(conn: Conn, channel_id: str) -> Optional[Row]:
+    # row_where(conn, "channels", id=...) spelled out: every write asks it, so no SQL is built per call.
     return conn.execute("SELECT * FROM channels WHERE id = ?", (channel_id,)).fetchone()
 
 
