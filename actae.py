@@ -9167,20 +9167,29 @@ ACCESS_LOG = logging.getLogger("actae.access")
 
 class AccessLines:
     """The access log of a server that main() started: each request leaves a tuple here, and one
-    thread formats and writes them together a few times a second, as the log's own lines would read
-    (text or JSON): a request pays for an append, not for a log record, a format and a write. The
-    thread lives as long as the process (a timer thread per batch made the event loop wait for each
-    new thread to start: 0.5% of its samples under load)."""
+    thread turns them into lines and writes them together a few times a second, as the log's own
+    lines read (text or JSON). A request pays for an append to a deque (thread-safe without a lock),
+    not for a log record, a format and a write; the thread writes each line straight from its tuple,
+    not through a LogRecord and a Formatter (those were 4% of server CPU per write under 32 writers).
+    The thread lives as long as the process (a timer thread per batch made the event loop wait for
+    each new thread to start)."""
 
     FLUSH_SECONDS = 0.25
 
-    def __init__(self, handler: "BatchedLines"):
-        self.handler, self.pending, self.lock = handler, [], threading.Lock()
+    def __init__(self, handler: "BatchedLines", form: str):
+        self.handler, self.pending = handler, collections.deque()
+        self.line_of = self.json_line if form == "json" else self.text_line
+        self.second, self.stamp = -1, ""
         self.writer: Optional[threading.Thread] = None
+        self.starting = threading.Lock()
 
     def add(self, entry: tuple) -> None:
-        with self.lock:
-            self.pending.append(entry)
+        self.pending.append(entry)
+        if self.writer is None:
+            self.start_writer()
+
+    def start_writer(self) -> None:
+        with self.starting:
             if self.writer is None:
                 self.writer = threading.Thread(target=self.write_every_while, name="actae-access-log", daemon=True)
                 self.writer.start()
@@ -9191,19 +9200,25 @@ class AccessLines:
             self.flush()
 
     def flush(self) -> None:
-        with self.lock:
-            entries, self.pending = self.pending, []
+        entries = [self.pending.popleft() for _ in range(len(self.pending))]
         if entries:
-            self.handler.write_records([self.record_of(*entry) for entry in entries])
+            self.handler.write_lines_now([self.line_of(*entry) for entry in entries])
+
+    def text_line(self, at: float, method: str, route: str, status: int, seconds: float, who: str) -> str:
+        """As logging.Formatter's "%(asctime)s %(levelname)s %(name)s: %(message)s" reads it."""
+        second = int(at)
+        if second != self.second:                   # strftime once a second, not once a line
+            self.second, self.stamp = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        return (f"{self.stamp},{int((at - second) * 1000):03d} INFO {ACCESS_LOG.name}: "
+                f"{method} {route} {status} {seconds * 1000:.1f}ms {who}")
 
     @staticmethod
-    def record_of(at: float, method: str, route: str, status: int, seconds: float, who: str) -> logging.LogRecord:
-        record = logging.LogRecord(ACCESS_LOG.name, logging.INFO, __file__, 0, "%s %s %d %.1fms %s",
-                                   (method, route, status, seconds * 1000, who), None)
-        record.created = at
-        record.fields = {"method": method, "route": route, "status": status,
-                         "duration_ms": round(seconds * 1000, 2), "principal": who}
-        return record
+    def json_line(at: float, method: str, route: str, status: int, seconds: float, who: str) -> str:
+        """As JsonLines reads a record: time, level, logger, message, then the fields."""
+        return json.dumps({"time": iso(datetime.fromtimestamp(at, timezone.utc)), "level": "info",
+                           "logger": ACCESS_LOG.name, "message": f"{method} {route} {status} {seconds * 1000:.1f}ms {who}",
+                           "method": method, "route": route, "status": status,
+                           "duration_ms": round(seconds * 1000, 2), "principal": who}, ensure_ascii=False)
 
 
 ACCESS_LINES: list = []               # the one AccessLines of a process main() configured (else none)
@@ -9717,14 +9732,8 @@ class BatchedLines(logging.StreamHandler):
                 self.timer.daemon = True
                 self.timer.start()
 
-    def write_records(self, records: list) -> None:
-        """Records that come batched already (the access log's): written now, in one write, no timer."""
-        lines = []
-        for record in records:
-            try:
-                lines.append(self.format(record))
-            except Exception:  # noqa: BLE001 - as in emit
-                self.handleError(record)
+    def write_lines_now(self, lines: list) -> None:
+        """Lines that come batched already (the access log's): written now, in one write, no timer."""
         with self.lock:
             self.lines += lines
             self.write_lines()
@@ -9749,7 +9758,7 @@ def configure_logging(level: str, form: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    ACCESS_LINES[:] = [AccessLines(handler)] if ACCESS_LOG.isEnabledFor(logging.INFO) else []
+    ACCESS_LINES[:] = [AccessLines(handler, form)] if ACCESS_LOG.isEnabledFor(logging.INFO) else []
     atexit.register(lambda: [lines.flush() for lines in ACCESS_LINES])
     logging.getLogger("uvicorn").setLevel(max(logging.WARNING, root.level))
 
