@@ -9210,15 +9210,17 @@ class AccessLines:
         if second != self.second:                   # strftime once a second, not once a line
             self.second, self.stamp = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
         return (f"{self.stamp},{int((at - second) * 1000):03d} INFO {ACCESS_LOG.name}: "
-                f"{method} {route} {status} {seconds * 1000:.1f}ms {who}")
+                + access_message(method, route, status, seconds, who))
 
     @staticmethod
     def json_line(at: float, method: str, route: str, status: int, seconds: float, who: str) -> str:
-        """As JsonLines reads a record: time, level, logger, message, then the fields."""
-        return json.dumps({"time": iso(datetime.fromtimestamp(at, timezone.utc)), "level": "info",
-                           "logger": ACCESS_LOG.name, "message": f"{method} {route} {status} {seconds * 1000:.1f}ms {who}",
-                           "method": method, "route": route, "status": status,
-                           "duration_ms": round(seconds * 1000, 2), "principal": who}, ensure_ascii=False)
+        return json_log_line(at, "info", ACCESS_LOG.name, access_message(method, route, status, seconds, who),
+                             {"method": method, "route": route, "status": status,
+                              "duration_ms": round(seconds * 1000, 2), "principal": who})
+
+
+def access_message(method: str, route: str, status: int, seconds: float, who: str) -> str:
+    return f"{method} {route} {status} {seconds * 1000:.1f}ms {who}"
 
 
 ACCESS_LINES: list = []               # the one AccessLines of a process main() configured (else none)
@@ -9695,15 +9697,20 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 
 
+def json_log_line(created: float, level: str, logger: str, message: str, fields: dict) -> str:
+    """A JSON log line: time, level, logger, message, and the record's fields beside them."""
+    return json.dumps({"time": iso(datetime.fromtimestamp(created, timezone.utc)), "level": level,
+                       "logger": logger, "message": message, **fields}, ensure_ascii=False, default=str)
+
+
 class JsonLines(logging.Formatter):
-    """One JSON object a line: time, level, logger, message, and a record's `fields` beside them."""
+    """One JSON object a line (json_log_line), a record's `fields` and its exception included."""
 
     def format(self, record: logging.LogRecord) -> str:
-        line = {"time": iso(datetime.fromtimestamp(record.created, timezone.utc)), "level": record.levelname.lower(),
-                "logger": record.name, "message": record.getMessage(), **getattr(record, "fields", {})}
+        fields = getattr(record, "fields", {})
         if record.exc_info:
-            line["exception"] = self.formatException(record.exc_info)
-        return json.dumps(line, ensure_ascii=False, default=str)
+            fields = {**fields, "exception": self.formatException(record.exc_info)}
+        return json_log_line(record.created, record.levelname.lower(), record.name, record.getMessage(), fields)
 
 
 class BatchedLines(logging.StreamHandler):
