@@ -129,17 +129,18 @@ except ImportError:                    # pragma: no cover - `--database postgres
 
 
 # What the tests, the examples and the executable use; every other name is the module's own.
-__all__ = ["ActaeApp", "api_routes", "append_event", "APPROVAL_DECISIONS", "APPROVAL_STATUSES",
-           "backfill_chain", "BLOCKING_EVENT_TYPES", "bulk_fork_candidates", "BulkForkFilter",
-           "canonical_json", "channel_by_id", "CIRCUIT_FAILURES", "CIRCUIT_OPEN_SECONDS", "CLAIM_OUTCOMES",
-           "configure_sqlite", "Conflict", "connect_sync", "CountingExporter", "create_app", "Database",
-           "DOCUMENT_DEPTH_MAX", "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "failure_event_sql",
-           "FAILURE_STATES", "FLEET_MANIFEST", "fleet_operation_routes", "GROUP_MESSAGE_STATUSES",
-           "is_failure_event", "Job", "LEDGER_OUTCOMES", "list_approvals", "Location", "main",
-           "MAX_BODY_BYTES", "MIGRATIONS", "OUTCOMES", "POSTGRES", "prune_runs", "put_metadata", "PutMetadata",
-           "record_event", "RecordEvent", "ReleaseNotice", "REPRODUCIBILITY_GRADES", "Retention", "run_jobs",
-           "runs_page", "serve", "Services", "Settings", "SQLITE", "Tx", "usage_of", "uvicorn_config",
-           "WAKEUP_STATUSES", "__version__"]
+__all__ = ["ActaeApp", "api_routes", "append_event", "APPROVAL_DECISIONS", "APPROVAL_STATUSES", "backfill_chain",
+           "blocked_attempts", "BLOCKING_EVENT_TYPES", "bulk_fork_candidates", "BulkForkFilter", "canonical_json",
+           "channel_by_id", "CIRCUIT_FAILURES", "CIRCUIT_OPEN_SECONDS", "CLAIM_OUTCOMES", "configure_sqlite",
+           "Conflict", "connect_sync", "CountingExporter", "create_app", "Database", "DOCUMENT_DEPTH_MAX",
+           "EventQuery", "events_after_position", "EVERYWHERE", "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES",
+           "failure_event_sql", "FAILURE_STATES", "FLEET_MANIFEST", "fleet_operation_routes", "free_dependents",
+           "GROUP_MESSAGE_STATUSES", "is_failure_event", "Job", "LEDGER_OUTCOMES", "list_approvals",
+           "list_executions", "list_forks", "Location", "main", "MAX_BODY_BYTES", "member_inbox", "MIGRATIONS",
+           "next_wakeup_at", "OUTCOMES", "POSTGRES", "prune_runs", "put_metadata", "PutMetadata", "query_events",
+           "record_event", "RecordEvent", "ReleaseNotice", "REPRODUCIBILITY_GRADES", "require_approval",
+           "resolve_step", "Retention", "revoke_key", "run_jobs", "runs_page", "serve", "Services", "Settings",
+           "SQLITE", "state_row_at", "Tx", "usage_of", "uvicorn_config", "__version__", "WAKEUP_STATUSES"]
 
 
 def bundle_dir() -> Optional[Path]:
@@ -260,6 +261,11 @@ FAILURE_STATES = ("failed", "crashed")
 # `status`, as when the code it runs raised). `crashed` is the SDK's status or the run's outcome.
 FAILURE_EVENT_SUFFIXES = (".error", ".failed")
 FAILURE_EVENT_EXCEPTIONS = ("tool.failed",)
+# The events that leave a run waiting (run_state "blocked") while they are its last.
+BLOCKING_EVENT_TYPES = ("tool.blocked", "approval.requested", "approval.expired")
+# A stored timestamp's first characters, "YYYY-MM-DDTHH:MM:SS": the second a run was last active
+# (its row's active_at, what the runs pages' indexes hold; kept by a trigger: see activity_second_schema).
+ACTIVE_AT_CHARS = 19
 # What a step spent, by one rule (usage_of): each figure under the names agents, framework adapters
 # (Codex CLI's `*_token_count`), the SDK's own OTel bridge and the OpenTelemetry GenAI conventions give
 # it, looked up in the event's payload, its `output`, `input` and `usage`, then the event's metadata;
@@ -2070,14 +2076,16 @@ def run_facts(w: SchemaWords) -> str:
 # The first runs page lists roots by last activity, from an index of the roots only (a fork's events
 # do not touch it). SQLite's planner takes it with parent_id in front (its IS NULL is an equality
 # there, and it would otherwise prefer channels_by_parent and sort); PostgreSQL's orders only without.
-ROOTS_INDEX_KEY = {"sqlite": "parent_id, updated_at, id", "postgresql": "updated_at, id"}
+# (The key's time column was updated_at until the activity second; see activity_second_schema.)
+def roots_index_key(w: SchemaWords, time_column: str) -> str:
+    return {"sqlite": f"parent_id, {time_column}, id", "postgresql": f"{time_column}, id"}[w.name]
 
 
 def run_fact_indexes(w: SchemaWords) -> str:
     return f"""
     CREATE INDEX channels_by_state ON channels (run_state, updated_at, id);
     CREATE INDEX channels_by_origin ON channels (origin_id, created_at, id);
-    CREATE INDEX channels_roots_by_activity ON channels ({ROOTS_INDEX_KEY[w.name]}) WHERE parent_id IS NULL
+    CREATE INDEX channels_roots_by_activity ON channels ({roots_index_key(w, "updated_at")}) WHERE parent_id IS NULL
     """
 
 
@@ -2482,6 +2490,80 @@ CREATE INDEX events_by_seq ON events USING brin (seq)
 """
 
 
+def activity_second_schema(w: SchemaWords) -> str:
+    return f"""
+    -- A run's last activity is kept twice on its row: updated_at, exact, which writes set and no
+    -- index holds; and active_at, the same instant cut to the second, which the runs pages' indexes
+    -- hold. A trigger keeps active_at (whoever sets updated_at) and writes it only when the second
+    -- changes: an SDK step's commits then write the channel row alone, not three index pages more.
+    ALTER TABLE channels ADD COLUMN active_at TEXT;
+    UPDATE channels SET active_at = substr(updated_at, 1, {ACTIVE_AT_CHARS});
+    DROP INDEX channels_by_activity;
+    CREATE INDEX channels_by_activity ON channels (active_at, id);
+    DROP INDEX channels_by_state;
+    CREATE INDEX channels_by_state ON channels (run_state, active_at, id);
+    DROP INDEX channels_roots_by_activity;
+    CREATE INDEX channels_roots_by_activity ON channels ({roots_index_key(w, "active_at")}) WHERE parent_id IS NULL;
+    -- last_event_type now holds the last event's type only while it blocks the run (run_state reads
+    -- no more of it), so most events leave it, and channels_by_state, as they are.
+    UPDATE channels SET last_event_type = NULL WHERE last_event_type NOT IN ({sql_list(BLOCKING_EVENT_TYPES)});
+    -- Events by type served one lookup, the blocked tool calls: a partial index of those alone.
+    DROP INDEX events_by_type;
+    CREATE INDEX events_blocked ON events (created_at) WHERE type = 'tool.blocked'
+    """
+
+
+# PostgreSQL: an event's position from its transaction, as the write lock's order no longer is the
+# commit order (batches on different channels commit at once): the transaction id times 2^20, plus
+# the event's ordinal in its transaction (a transaction-local setting counts them). Transaction ids
+# are taken after the batch's locks, so one channel's positions follow its cursors; a stream reads
+# only positions below the oldest transaction still running (settled_positions), so none it has
+# passed can appear later. Positions stored before stay as they were (all below the new ones).
+EVENT_POSITIONS_BY_TRANSACTION = """
+CREATE OR REPLACE FUNCTION actae_event_position() RETURNS BIGINT LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    ordinal BIGINT := COALESCE(NULLIF(current_setting('actae.event_ordinal', true), ''), '0')::bigint + 1;
+BEGIN
+    IF ordinal >= 1048576 THEN
+        RAISE EXCEPTION 'one transaction may append at most 1048575 events';
+    END IF;
+    PERFORM set_config('actae.event_ordinal', ordinal::text, true);
+    RETURN pg_current_xact_id()::text::bigint * 1048576 + ordinal;
+END $$;
+ALTER TABLE events ALTER COLUMN seq DROP IDENTITY;
+ALTER TABLE events ALTER COLUMN seq SET DEFAULT actae_event_position()
+"""
+
+
+# The trigger that keeps channels.active_at the second of updated_at (see activity_second_schema).
+# SQLite's writes active_at only when its second changes (an UPDATE naming it rewrites its indexes'
+# pages); PostgreSQL's sets it on the new row version, which stays heap-only while it is unchanged.
+ACTIVE_AT_TRIGGERS = {
+    "sqlite": f"""
+CREATE TRIGGER channels_active_at_new AFTER INSERT ON channels
+WHEN NEW.active_at IS NOT substr(NEW.updated_at, 1, {ACTIVE_AT_CHARS})
+BEGIN UPDATE channels SET active_at = substr(NEW.updated_at, 1, {ACTIVE_AT_CHARS}) WHERE id = NEW.id; END;
+CREATE TRIGGER channels_active_at AFTER UPDATE OF updated_at ON channels
+WHEN NEW.active_at IS NOT substr(NEW.updated_at, 1, {ACTIVE_AT_CHARS})
+BEGIN UPDATE channels SET active_at = substr(NEW.updated_at, 1, {ACTIVE_AT_CHARS}) WHERE id = NEW.id; END
+""",
+    "postgresql": f"""
+CREATE OR REPLACE FUNCTION actae_active_at() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.active_at := substr(NEW.updated_at, 1, {ACTIVE_AT_CHARS});
+    RETURN NEW;
+END $$;
+CREATE TRIGGER channels_active_at BEFORE INSERT OR UPDATE OF updated_at ON channels
+FOR EACH ROW EXECUTE FUNCTION actae_active_at()
+""",
+}
+
+
+# PostgreSQL: room on each channel page for a new row version, so the counter UPDATEs (which change
+# no indexed column now) stay heap-only: no index entry written per event.
+CHANNELS_FILLFACTOR = "ALTER TABLE channels SET (fillfactor = 70)"
+
+
 # The schema, step by step: append, never edit. SQLite runs every step, one transaction each, and
 # PRAGMA user_version counts them. PostgreSQL started later, at steps 1-5 in one script, and numbers
 # its versions (actae_migrations) apart: a step's `postgres` is the version it belongs to there, and
@@ -2505,6 +2587,9 @@ MIGRATIONS = [
     Migration(9),                                         # enrollments (Fleet)
     Migration(10, step_usage_again, run=migrate_step_usage),   # reads every stored event once
     Migration(11, sparse_state_indexes),
+    Migration(12, activity_second_schema, only={
+        "sqlite": ACTIVE_AT_TRIGGERS["sqlite"],
+        "postgresql": ";".join((ACTIVE_AT_TRIGGERS["postgresql"], CHANNELS_FILLFACTOR, EVENT_POSITIONS_BY_TRANSACTION))}),
 ]
 
 
@@ -2533,11 +2618,24 @@ class Dialect:
     # Statements cost a network round trip: a batch is first tried pipelined (see run_jobs).
     pipelined: ClassVar[bool] = False
     like: ClassVar[str]                  # case-insensitive (for ASCII) LIKE
+    greatest: ClassVar[str]              # the larger of two values
     differs: ClassVar[str]               # NULL-safe inequality: `a {differs} b` is true when NULL meets a value
 
     def json_text(self, column: str, key: str) -> str:
         """SQL for the text value of a top-level key of a JSON object column (NULL when absent)."""
         raise NotImplementedError
+
+    def parameter(self, sql_type: Optional[str]) -> str:
+        """A parameter of INSERT ... SELECT holding a value of `sql_type` (None: text)."""
+        return "?"
+
+    def begin_batch(self, jobs: list) -> list:
+        """(sql, args) that open the write transaction of `jobs` (see Job.channels)."""
+        return [(statement, ()) for statement in self.begin_write]
+
+    # SQL of a condition on events' position: only positions no transaction still running can come
+    # before (None: every committed position is final, as on SQLite, where commits are serial).
+    settled_positions: ClassVar[Optional[str]] = None
 
     def pack_state(self, text: Optional[str]) -> Union[str, bytes, None]:
         return pack_state(text)
@@ -2584,6 +2682,7 @@ class SqliteDialect(Dialect):
     begin_write = ("BEGIN IMMEDIATE",)
     begin_snapshot = BEGIN               # WAL: the first read fixes what the transaction sees
     like = "LIKE"
+    greatest = "max"
     differs = "IS NOT"
     event_position = "rowid"             # an event's place in the instance's commit order (EVENT_POSITIONS)
 
@@ -2598,21 +2697,39 @@ class SqliteDialect(Dialect):
         return isinstance(exc, sqlite3.IntegrityError) and "UNIQUE" in str(exc)
 
 
-# The one lock every PostgreSQL write transaction takes first (pg_advisory_xact_lock's key). It is
-# what BEGIN IMMEDIATE is on SQLite: write transactions from every server run one at a time, so
-# cursor allocation, claims, fences, leases, reservations and wake-ups are exact across servers
-# without a lock protocol per path. Group commit keeps it cheap: one lock and one commit per batch.
+# The instance lock every PostgreSQL write transaction takes first (pg_advisory_xact_lock's key). A
+# batch whose every job names the channels it changes (Job.channels: an SDK step, a state, a fork, a
+# claim) takes it shared, then a lock of each of those channels, in one order (sorted keys: no two
+# batches wait on each other); any other batch takes it alone, as BEGIN IMMEDIATE is on SQLite.
+# Batches of several servers on different channels then run and commit at once, one channel's writes
+# stay one at a time (its cursor and chain gapless), and what has no lock protocol of its own (keys,
+# groups, wake-ups, deletes) still runs with nothing else beside it. Group commit keeps it cheap:
+# one lock statement per batch.
 POSTGRES_WRITE_LOCK = 0x61637461               # "acta"
+# The channels' locks: pg_advisory_xact_lock(space, key) of two integers, a key space apart from
+# the instance lock's one bigint.
+POSTGRES_CHANNEL_LOCKS = 0x61637462
 POSTGRES_MIGRATION_LOCK = POSTGRES_WRITE_LOCK + 1
 POSTGRES_CHANNEL = "actae_events"              # NOTIFY: the sending server's id, then "channel_id<TAB>cursor" lines
 NOTIFY_PAYLOAD_MAX = 7000                      # PostgreSQL refuses payloads of 8000 bytes and more
 
 
+def channel_lock_key(channel_id: str) -> int:
+    """A channel's key among the channels' locks (two channels may share one: they then wait on each other)."""
+    return int.from_bytes(hashlib.blake2b(channel_id.encode(), digest_size=4).digest(), "big", signed=True)
+
+
 class PostgresDialect(Dialect):
     begin_write = (BEGIN, f"SELECT pg_advisory_xact_lock({POSTGRES_WRITE_LOCK})")
+    begin_channels = (f"SELECT pg_advisory_xact_lock_shared({POSTGRES_WRITE_LOCK})",
+                      f"SELECT pg_advisory_xact_lock({POSTGRES_CHANNEL_LOCKS}, k) FROM unnest(CAST(? AS INTEGER[])) AS k")
+    # Positions are numbered by transaction id (see EVENT_POSITIONS_BY_TRANSACTION): every transaction
+    # older than the snapshot's oldest running one has ended, so no position below it can still appear.
+    settled_positions = "seq < (CAST(CAST(pg_snapshot_xmin(pg_current_snapshot()) AS TEXT) AS BIGINT) * 1048576)"
     begin_snapshot = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
     pipelined = True
     like = "ILIKE"
+    greatest = "GREATEST"
     differs = "IS DISTINCT FROM"
     event_position = "seq"
 
@@ -2626,6 +2743,17 @@ class PostgresDialect(Dialect):
 
     def pack_state(self, text: Optional[str]) -> Optional[bytes]:
         return None if text is None else zlib.compress(text.encode("utf-8"), 1)
+
+    def parameter(self, sql_type: Optional[str]) -> str:
+        # PostgreSQL types a parameter of INSERT ... SELECT as text unless told.
+        return f"CAST(? AS {sql_type})" if sql_type else "?"
+
+    def begin_batch(self, jobs: list) -> list:
+        if any(job.channels is None for job in jobs):
+            return super().begin_batch(jobs)
+        keys = sorted({channel_lock_key(channel) for job in jobs for channel in job.channels})
+        shared, each = self.begin_channels
+        return [(BEGIN, ()), (shared, ()), (each, (keys,))]
 
     def is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.errors.UniqueViolation)
@@ -2656,7 +2784,7 @@ def counter_update_sql(row: CounterRow, update: str) -> str:
 @functools.lru_cache(maxsize=64)
 def counter_insert_sql(row: CounterRow, update: str) -> str:
     """PostgreSQL: the counter UPDATE and the INSERT of its row as one statement."""
-    given = ", ".join(f"CAST(? AS {row.types[c]})" if c in row.types else "?" for c in row.columns)
+    given = ", ".join(POSTGRES.parameter(row.types.get(column)) for column in row.columns)
     return (f"WITH bumped AS ({counter_update_sql(row, update)})"
             f" INSERT INTO {row.table} ({', '.join(row.columns + row.counter_columns)})"
             f" SELECT {given}, {', '.join(row.counters)} FROM bumped RETURNING {', '.join(row.counter_columns)}")
@@ -2910,6 +3038,9 @@ class Job:
     future: asyncio.Future
     exclude: Any = None              # a WebSocket connection that must not get its own events back
     bare: bool = False               # `work(conn, *args)` alone, outside any transaction (see Database.on_writer)
+    # The channels it changes, when it changes no other row another channel's write could touch
+    # (Database.channels_of says; PostgreSQL locks only these, see POSTGRES_WRITE_LOCK); None: any.
+    channels: Optional[tuple] = None
 
 
 def run_jobs(conn: Conn, jobs: list) -> list:
@@ -2947,8 +3078,8 @@ def run_jobs_together(conn: Conn, jobs: list) -> list:
     outcomes, txs = [], []
     try:
         with conn.pipeline():
-            for statement in conn.dialect.begin_write:
-                conn.execute(statement)
+            for statement, args in conn.dialect.begin_batch(jobs):
+                conn.execute(statement, args)
             for job in jobs:
                 tx = Tx(conn, now, ts)
                 try:
@@ -2956,14 +3087,27 @@ def run_jobs_together(conn: Conn, jobs: list) -> list:
                 except Exception as exc:  # noqa: BLE001 - rolled back below, the caller decides
                     raise JobFailed(exc) from exc
                 txs.append(tx)
-            conn.dialect.announce(conn, [event for _, events in outcomes for event in events])
             conn.execute(COMMIT)
     except BaseException:
         if conn.usable and conn.in_transaction:
             conn.execute(ROLLBACK)
         raise
+    announce_committed(conn, [event for _, events in outcomes for event in events])
     committed(txs)
     return outcomes
+
+
+def announce_committed(conn: Conn, events: list) -> None:
+    """Tell the other servers which channels got events, once committed. Not inside the transaction:
+    PostgreSQL serialises the commits of every transaction that notifies (they would no longer
+    overlap). A notice lost to a crash right after a commit only delays the other servers' streams
+    until their next read (see FOLLOW_POLL_SECONDS); it never fails the committed write."""
+    if not events:
+        return
+    try:
+        conn.dialect.announce(conn, events)
+    except Exception as exc:  # noqa: BLE001 - the write is committed whatever happens here
+        log.warning("telling the other servers about a commit failed: %s", first_line(exc))
 
 
 def job_error(conn: Conn, exc: Exception) -> Exception:
@@ -2977,8 +3121,8 @@ def job_error(conn: Conn, exc: Exception) -> Exception:
 def run_jobs_isolated(conn: Conn, jobs: list) -> list:
     """Each job in a savepoint, so one failure rolls back alone."""
     outcomes, txs = [], []
-    for statement in conn.dialect.begin_write:
-        conn.execute(statement)
+    for statement, args in conn.dialect.begin_batch(jobs):
+        conn.execute(statement, args)
     try:
         now = utc_now()
         ts = iso(now)
@@ -2995,12 +3139,12 @@ def run_jobs_isolated(conn: Conn, jobs: list) -> list:
                 outcome = (job_error(conn, exc), None)
             conn.execute("RELEASE job")
             outcomes.append(outcome)
-        conn.dialect.announce(conn, [event for _, events in outcomes if events for event in events])
         conn.execute(COMMIT)
     except BaseException:
         if conn.in_transaction:
             conn.execute(ROLLBACK)
         raise
+    announce_committed(conn, [event for _, events in outcomes if events for event in events])
     committed(txs)
     return outcomes
 
@@ -3244,6 +3388,8 @@ class Database:
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         # whether a job may commit on the event loop's thread when it is alone (create_app says which)
         self.lone_write_here: Callable[[Job], bool] = lambda job: False
+        # the channels a job changes, or None (create_app says which; read where servers share a database)
+        self.channels_of: Callable[[Job], Optional[tuple]] = lambda job: None
         self.last_batch_seconds = math.inf
         self.here_seconds_max = HERE_COMMIT_SECONDS_MAX   # a batch quicker than this lets the next lone one commit here
         self._writer_task: Optional[asyncio.Task] = None
@@ -3294,6 +3440,8 @@ class Database:
         if self._closed:
             raise ShuttingDown()
         job.future = self._loop.create_future()
+        if self.location.shared and not job.bare:
+            job.channels = self.channels_of(job)
         if not self._committed_here(job):
             self._jobs.put(job)
         return await job.future
@@ -3483,13 +3631,14 @@ def last_step_at(conn: Conn, channel_id: str, cursor: int) -> Optional[int]:
 
 
 def refresh_run_facts(conn: Conn, channel_id: Optional[str] = None) -> None:
-    """Recompute what the write path keeps on a channel row (the type of its last event, its first
-    error event, its latest snapshot's status) from its rows; None: every channel (the migration)."""
+    """Recompute what the write path keeps on a channel row (the type of its last event while that
+    blocks the run, its first error event, its latest snapshot's status) from its rows; None: every
+    channel (the migrations that added them)."""
     where, args = ("", ()) if channel_id is None else (" WHERE id = ?", (channel_id,))
     conn.execute(
         "UPDATE channels SET"
         " last_event_type = (SELECT e.type FROM events e WHERE e.channel_id = channels.id"
-        " AND e.cursor = channels.last_cursor),"
+        f" AND e.cursor = channels.last_cursor AND e.type IN ({sql_list(BLOCKING_EVENT_TYPES)})),"
         " error_cursor = (SELECT MIN(e.cursor) FROM events e WHERE e.channel_id = channels.id"
         f" AND {failure_event_sql(conn.dialect, 'e.type')}),"
         " last_state_status = (SELECT s.status FROM states s WHERE s.channel_id = channels.id"
@@ -3582,36 +3731,51 @@ def require_channel(conn: Conn, channel_id: str) -> Row:
     return present(channel_by_id(conn, channel_id), lambda: NotFound(f"channel {channel_id} not found"))
 
 
-def bump_channel(tx: Tx, channel_id: str, update: str, args: tuple, row: CounterRow, values: tuple,
+def bump_channel(tx: Tx, channel_id: str, insert: Callable[[], Optional[tuple]],
                  used: Optional[Callable[[], bool]] = None) -> Optional[tuple]:
-    """Run a counter UPDATE on the channel's row and insert the `row` it makes room for; returns the
-    counters. Creates the channel on its first write (most writes find it, so the insert is not
-    tried first); Conflict(channel_closed) when the run is closed. With `used`, the UPDATE also
-    refuses when the request's operation id is taken (its WHERE says so): then `used()` confirms
-    it and None is returned, for a replay."""
-    dialect = tx.conn.dialect
-    bumped = dialect.bump_and_insert(tx.conn, update, args, row, values)
+    """Run `insert`, which writes a row numbered by its channel (an event, a state) and returns its
+    numbers, or None when the channel is missing, closed, or (with `used`) the request's operation id
+    is taken: then `used()` confirms it and None is returned, for a replay. Creates the channel on
+    its first write (most writes find it, so the insert is not tried first); Conflict(channel_closed)
+    when the run is closed."""
+    bumped = insert()
     if bumped is None and used is not None and used():
         return None
     if bumped is None and channel_by_id(tx.conn, channel_id) is None:
         ensure_channel(tx, channel_id)
-        bumped = dialect.bump_and_insert(tx.conn, update, args, row, values)
+        bumped = insert()
     if bumped is None:
         raise channel_closed(channel_id)
     return bumped
 
 
-# The rows counters make room for: an event takes the next cursor and the chain, a state its version.
+# The row the channel's counters make room for: an event takes the next cursor and the chain.
 EVENT_ROW = CounterRow(
     "events", ("channel_id", "id", "type", "payload", "actor", "agent_id", "user_id", "metadata", "operation_id",
                "request_hash", "step_number", "depends_on", "dependencies", "created_at"),
     ("last_cursor", "chain_head"), ("cursor", "chain_hash"), {"step_number": "BIGINT"})
-STATE_ROW = CounterRow(
-    "states", ("channel_id", "cursor", "sha256", "status", "operation_id", "created_at", "state", "delta_base",
-               "chain_start", "ref_channel", "ref_version", "chain_bytes", "base_bytes"),
-    ("state_version",), ("version",), {"cursor": "BIGINT", "state": "BYTEA", "delta_base": "BIGINT",
-                                       "chain_start": "BIGINT", "ref_version": "BIGINT", "chain_bytes": "BIGINT",
-                                       "base_bytes": "BIGINT"})
+
+# A state's version is the next above every version its channel has had: above the greatest stored,
+# and above the channel's state_version, which keeps the greatest one ever deleted (see
+# delete_state_version; on a database from before, the counter it was), so a number never names two
+# states. The insert reads it off the states' primary key: a state commit writes no channel row.
+STATE_COLUMNS = ("channel_id", "cursor", "sha256", "status", "operation_id", "created_at", "state", "delta_base",
+                 "chain_start", "ref_channel", "ref_version", "chain_bytes", "base_bytes")
+STATE_TYPES = {"cursor": "BIGINT", "state": "BYTEA", "delta_base": "BIGINT", "chain_start": "BIGINT",
+               "ref_version": "BIGINT", "chain_bytes": "BIGINT", "base_bytes": "BIGINT"}
+
+
+@functools.lru_cache(maxsize=8)
+def next_state_sql(dialect: "Dialect", new_operation: bool) -> str:
+    """INSERT of the channel's next state version (arguments: STATE_COLUMNS' values, the channel id,
+    and with `new_operation` the channel id and operation id again); returns the version, or nothing
+    when the channel is missing or closed, or the operation id is used on it."""
+    given = ", ".join(dialect.parameter(STATE_TYPES.get(column)) for column in STATE_COLUMNS)
+    refuse_used = unused_operation("states") if new_operation else ""
+    return (f"INSERT INTO states ({', '.join(STATE_COLUMNS)}, version)"
+            f" SELECT {given}, {dialect.greatest}(c.state_version,"
+            " COALESCE((SELECT MAX(s.version) FROM states s WHERE s.channel_id = c.id), 0)) + 1"
+            f" FROM channels c WHERE c.id = ? AND c.closed_at IS NULL{refuse_used} RETURNING version")
 
 
 def unused_operation(table: str) -> str:
@@ -3620,37 +3784,48 @@ def unused_operation(table: str) -> str:
     return f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE channel_id = ? AND operation_id = ?)"
 
 
-# The counter UPDATEs, built once. An event's allocates the cursor and extends the chain (in SET,
-# columns are the old row's); a state's takes the next version. The _NEW forms also refuse an
-# operation id the channel has used.
+# The event counter UPDATE, built once: it allocates the cursor and extends the chain (in SET,
+# columns are the old row's), and sets the exact activity time, which no index holds. The _NEW form
+# also refuses an operation id the channel has used.
 EVENT_COUNTER = ("UPDATE channels SET last_cursor = last_cursor + 1,"
-                 " chain_head = actae_chain(chain_head, ?, last_cursor + 1, ?), updated_at = ?,"
-                 " last_event_type = ?, error_cursor = COALESCE(error_cursor, CASE WHEN ? = 1 THEN last_cursor + 1 END)"
+                 " chain_head = actae_chain(chain_head, ?, last_cursor + 1, ?), updated_at = ?"
                  " WHERE id = ? AND closed_at IS NULL")
 EVENT_COUNTER_NEW = EVENT_COUNTER + unused_operation("events")
-STATE_COUNTER = "UPDATE channels SET state_version = state_version + 1 WHERE id = ? AND closed_at IS NULL"
-STATE_COUNTER_NEW = STATE_COUNTER + unused_operation("states")
 
 
-# A state's status and the run's activity time are written apart from its counter, and only when they
-# change: both columns are keys of the runs pages' indexes (channels_by_state holds the run state
-# computed from the status; three hold updated_at), and SQLite rewrites an index page for every UPDATE
-# that names a key column, changed or not. A state saved within ACTIVITY_GRAIN of the run's last change
-# (an SDK step's state, right after its event) leaves the activity time where the event put it: the
-# state commit then writes the channel row alone, three WAL frames fewer.
-ACTIVITY_GRAIN = timedelta(seconds=1)
+# What the runs pages' indexes hold of a run (the columns its run_state is computed from, and its
+# activity second, which a trigger keeps: see activity_second_schema) is written apart from the
+# counters, and only when it changes: SQLite rewrites an index page for every UPDATE that names one
+# of the index's columns, changed or not (and PostgreSQL writes an index entry for every row version
+# whose indexed columns changed). A run's events and states within one second, none of them failing
+# or blocking, then write the channel row alone.
+@functools.lru_cache(maxsize=4)
+def event_facts_sql(dialect: "Dialect", failure: bool) -> str:
+    if failure:                                     # rare: always written
+        return "UPDATE channels SET last_event_type = ?, error_cursor = COALESCE(error_cursor, ?) WHERE id = ?"
+    return f"UPDATE channels SET last_event_type = ? WHERE id = ? AND last_event_type {dialect.differs} ?"
+
+
+def note_event_facts(tx: Tx, channel_id: str, event_type: str, cursor: int) -> None:
+    """After a new event: its type while it blocks the run (else NULL: run_state reads no more of it),
+    and the run's first failure's cursor."""
+    waiting = event_type if event_type in BLOCKING_EVENT_TYPES else None
+    if is_failure_event(event_type):
+        tx.conn.execute(event_facts_sql(tx.conn.dialect, True), (waiting, cursor, channel_id))
+    else:
+        tx.conn.execute(event_facts_sql(tx.conn.dialect, False), (waiting, channel_id, waiting))
 
 
 @functools.lru_cache(maxsize=4)
 def state_facts_sql(dialect: "Dialect") -> str:
-    return ("UPDATE channels SET last_state_status = ?, updated_at = ? WHERE id = ?"
-            f" AND (updated_at < ? OR last_state_status {dialect.differs} ?)")
+    return ("UPDATE channels SET updated_at = ?, last_state_status = ? WHERE id = ?"
+            f" AND (active_at {dialect.differs} ? OR last_state_status {dialect.differs} ?)")
 
 
 def note_state_facts(tx: Tx, channel_id: str, status: Optional[str]) -> None:
-    """The run's latest snapshot status and its activity time, after a new state (see ACTIVITY_GRAIN)."""
-    tx.conn.execute(state_facts_sql(tx.conn.dialect),
-                    (status, tx.ts, channel_id, iso(tx.now - ACTIVITY_GRAIN), status))
+    """After a new state: its latest snapshot's status, and the run's activity when its second changed
+    (a run's states alone keep its activity time at most a second behind; its events keep it exact)."""
+    tx.conn.execute(state_facts_sql(tx.conn.dialect), (tx.ts, status, channel_id, tx.ts[:ACTIVE_AT_CHARS], status))
 
 
 def ensure_channel(tx: Tx, channel_id: str) -> None:
@@ -3687,13 +3862,14 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                              payload_text=payload_text, actor=actor, agent_id=agent_id, user_id=user_id,
                              metadata_text=metadata_text, step_number=step_number, depends_on=depends_on,
                              timestamp=tx.ts)
-    sql, args, used = EVENT_COUNTER, (head, tail, tx.ts, event_type, int(is_failure_event(event_type)), channel_id), None
+    sql, args, used = EVENT_COUNTER, (head, tail, tx.ts, channel_id), None
     if new_operation and operation_id is not None:
         sql, args = EVENT_COUNTER_NEW, args + (channel_id, operation_id)
         used = lambda: event_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
     values = (channel_id, event_id, event_type, payload_text, actor, agent_id, user_id, metadata_text,
               operation_id, hashed, step_number, depends_on, dump(dependencies), tx.ts)
-    bumped = bump_channel(tx, channel_id, sql, args, EVENT_ROW, values, used)
+    dialect = tx.conn.dialect
+    bumped = bump_channel(tx, channel_id, lambda: dialect.bump_and_insert(tx.conn, sql, args, EVENT_ROW, values), used)
     if bumped is None:
         return None
     cursor, chain_hash = bumped
@@ -3701,6 +3877,7 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                   channel_cursor=cursor, timestamp=tx.ts, agent_id=agent_id, user_id=user_id, metadata=metadata,
                   depends_on=depends_on, step_number=step_number, chain_hash=chain_hash)
     tx.events.append(event)
+    note_event_facts(tx, channel_id, event_type, cursor)
     keep_usage(tx.conn, channel_id, cursor, payload, metadata)
     hooks = EVENT_HOOKS.get(event_type)
     if hooks is not None:
@@ -3792,14 +3969,18 @@ def events_after_position(conn: Conn, position: int, reach: "Reach", limit: int)
     """[(position, Event)] of every channel `reach` sees, after `position` in commit order, at most `limit`."""
     column = conn.dialect.event_position
     where = Where().add(f"{column} > ?", position).within(reach, "channel_id")
+    if conn.dialect.settled_positions:
+        where.add(conn.dialect.settled_positions)
     rows = conn.execute(f"SELECT {column} AS position, * FROM events{where} ORDER BY {column} LIMIT ?",
                         (*where.args, limit)).fetchall()
     return [(row["position"], event_of(row)) for row in rows]
 
 
 def latest_position(conn: Conn) -> int:
+    """Where a stream "from now on" starts: after every position that is final (see settled_positions)."""
     column = conn.dialect.event_position
-    return conn.execute(f"SELECT COALESCE(MAX({column}), 0) FROM events").fetchone()[0]
+    where = Where().add(conn.dialect.settled_positions) if conn.dialect.settled_positions else Where()
+    return conn.execute(f"SELECT COALESCE(MAX({column}), 0) FROM events{where}").fetchone()[0]
 
 
 def replay_events(conn: Conn, channel_id: str, after: int, limit: int,
@@ -4218,12 +4399,13 @@ def insert_state(tx: Tx, channel_id: str, cursor: int, stored: StoredState, sha:
                  new_operation: bool = False) -> Optional[int]:
     """A new state version, stored as `stored` says; raises Conflict(channel_closed) on a closed run.
     With `new_operation`, None when `operation_id` is used already (nothing is written)."""
-    sql, args, used = STATE_COUNTER, (channel_id,), None
-    if new_operation and operation_id is not None:
-        sql, args = STATE_COUNTER_NEW, args + (channel_id, operation_id)
-        used = lambda: state_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
-    bumped = bump_channel(tx, channel_id, sql, args, STATE_ROW,
-                          (channel_id, cursor, sha, status, operation_id, tx.ts, *stored.columns), used)
+    checked = new_operation and operation_id is not None
+    args = (channel_id, cursor, sha, status, operation_id, tx.ts, *stored.columns, channel_id)
+    if checked:
+        args += (channel_id, operation_id)
+    sql = next_state_sql(tx.conn.dialect, checked)
+    used = (lambda: state_by_operation(tx.conn, channel_id, operation_id) is not None) if checked else None
+    bumped = bump_channel(tx, channel_id, lambda: tx.conn.execute(sql, args).fetchone(), used)
     if bumped is None:
         return None
     note_state_facts(tx, channel_id, status)
@@ -4301,6 +4483,8 @@ def delete_state_version(tx: Tx, channel_id: str, version: int) -> DeletedCount:
                               (channel_id, version)).fetchall()
     if deleted:
         refresh_run_facts(tx.conn, channel_id)      # the latest snapshot may be another one now
+        tx.conn.execute(f"UPDATE channels SET state_version = {tx.conn.dialect.greatest}(state_version, ?)"
+                        " WHERE id = ?", (version, channel_id))   # never given to another state
     return DeletedCount(deleted=len(deleted))
 
 
@@ -4332,16 +4516,18 @@ def get_metadata(conn: Conn, channel_id: str) -> ChannelMetadata:
 def put_metadata(tx: Tx, channel_id: str, changes: PutMetadata) -> ChannelMetadata:
     """PUT /channels/{id}/metadata: upsert; only the keys present change."""
     ensure_channel(tx, channel_id)
-    for column, value in (("display_name", changes.display_name), ("reason", changes.reason),
-                          ("experiment_metadata", changes.experiment_metadata)):
-        if value is not UNSET:
-            stored = dump(value) if column == "experiment_metadata" else value
-            tx.conn.execute(f"UPDATE channels SET {column} = ?, updated_at = ? WHERE id = ?", (stored, tx.ts, channel_id))
+    given = {column: dump(value) if column == "experiment_metadata" else value
+             for column, value in (("display_name", changes.display_name), ("reason", changes.reason),
+                                   ("experiment_metadata", changes.experiment_metadata)) if value is not UNSET}
+    if given:
+        # One UPDATE (each one names run_state's column, experiment_metadata: an index rewrite each).
+        sets = ", ".join(f"{column} = ?" for column in given)
+        tx.conn.execute(f"UPDATE channels SET {sets}, updated_at = ? WHERE id = ?", (*given.values(), tx.ts, channel_id))
     return metadata_of(channel_by_id(tx.conn, channel_id))
 
 
 def list_channels(conn: Conn) -> list:
-    return [r["id"] for r in conn.execute("SELECT id FROM channels ORDER BY updated_at DESC, id").fetchall()]
+    return [r["id"] for r in conn.execute(f"SELECT id FROM channels ORDER BY {by_activity('', True)}").fetchall()]
 
 
 def list_forks(conn: Conn, channel_id: str) -> list[ChannelMetadata]:
@@ -5211,15 +5397,23 @@ class Scheduler:
         while True:
             self._nudged.clear()
             try:
-                while await self.db.write(fire_due_wakeups) == WAKEUP_BATCH:
-                    pass
-                upcoming = await self.db.read(next_wakeup_at)
+                upcoming = await self.fire_due()
             except Exception:  # noqa: BLE001 - a failed round is retried; the loop must not die
                 log.exception("firing wake-ups failed")
                 upcoming = None
             delay = 1.0 if upcoming is None else seconds_until(upcoming)
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._nudged.wait(), timeout=min(max(delay, 0.01), 1.0))
+
+    async def fire_due(self) -> Optional[str]:
+        """Fire what is due; the next pending wake-up's time. A write only when one is due: the write
+        takes the instance lock on PostgreSQL (every server's scheduler looks each second)."""
+        upcoming = await self.db.read(next_wakeup_at)
+        while upcoming is not None and seconds_until(upcoming) <= 0:
+            if await self.db.write(fire_due_wakeups) == 0:
+                break                    # due by this clock, not yet by the write's: the next round
+            upcoming = await self.db.read(next_wakeup_at)
+        return upcoming
 
 
 # =============================================================================
@@ -7273,9 +7467,23 @@ async def follow_instance(db: "Database", hub: "Hub", reach: "Reach", position: 
             for position, event in batch:
                 await send(position, event)
             if len(batch) < REPLAY_LIMIT_MAX:
-                await wake.wait()
+                await wait_for_commit(wake, db.location.shared)
     finally:
         hub.followers.discard(wake)
+
+
+# Where servers share a database, a stream of every channel also reads again after this long without
+# a commit it heard of: a commit held back behind an older transaction that then rolled back (see
+# settled_positions), or one whose notice was lost (announce_committed), is read then.
+FOLLOW_POLL_SECONDS = 1.0
+
+
+async def wait_for_commit(wake: asyncio.Event, shared: bool) -> None:
+    if not shared:
+        await wake.wait()
+        return
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(wake.wait(), FOLLOW_POLL_SECONDS)
 
 
 @dataclass
@@ -7594,7 +7802,6 @@ TIMELINE_PAGE_SIZE = 200
 GROUP_FORKS_MAX = 100                  # forks listed under one root run; the fork tree has them all
 FAILED_STATE_STATUSES = ("failed", "error")
 # A run that has not completed and whose last event is one of these is stuck on a refusal or a human.
-BLOCKING_EVENT_TYPES = ("tool.blocked", "approval.requested", "approval.expired")
 LEDGER_SINCE = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
 STEP_CHANGES_SHOWN = 20                # changed keys listed per step (the count says how many in all)
 JSON_TREE_NODES = 3000                 # larger documents are shown as plain JSON text
@@ -7762,6 +7969,26 @@ def after_page_token(token: str, time_column: str, id_column: str) -> tuple:
     return f"({time_column} < ? OR ({time_column} = ? AND {id_column} < ?))", stamp, stamp, last_id
 
 
+def after_runs_token(token: str, alias: str) -> tuple:
+    """Keyset pagination of runs, most recently active first: (SQL condition, *args) for the rows after
+    an `<updated_at>|<id>` token. The activity second bounds the index range; the rest is exact."""
+    stamp, _, last_id = token.partition("|")
+    return (f"{alias}active_at <= ? AND ({alias}updated_at < ? OR ({alias}updated_at = ? AND {alias}id < ?))",
+            stamp[:ACTIVE_AT_CHARS], stamp, stamp, last_id)
+
+
+def by_activity(alias: str = "", descending: bool = False) -> str:
+    """ORDER BY for runs by last activity: the indexed second, then the exact time (ties within the
+    second, unindexed), then the id. The same order as by the exact time: the second is its prefix."""
+    way = " DESC" if descending else ""
+    return ", ".join(f"{alias}{column}{way}" for column in ("active_at", "updated_at", "id"))
+
+
+def runs_by_activity_sql(where: "Where", descending: bool = False) -> str:
+    """One page of listed runs (RUN_COLUMNS) that `where` selects, by last activity; its last argument the limit."""
+    return f"SELECT {RUN_COLUMNS} FROM channels c{where} ORDER BY {by_activity('c.', descending)} LIMIT ?"
+
+
 def next_page_token(rows: list, time_column: str) -> Optional[str]:
     """The token of the last row shown, when a row beyond the page (fetched as a probe) exists."""
     if len(rows) <= RUNS_PAGE_SIZE:
@@ -7820,7 +8047,7 @@ def mark_shared_names(runs: list) -> None:
 
 
 def runs_page(conn: Conn, q: str, status: str, after: Optional[str]) -> tuple:
-    """One page of runs, most recent activity first (keyset pagination on (updated_at, id)).
+    """One page of runs, most recent activity first (keyset pagination on (updated_at, id), see by_activity).
 
     Unfiltered, the page lists root runs, each with its forks grouped under it; a search or a status
     filter lists every matching run on its own.
@@ -7836,10 +8063,9 @@ def runs_page(conn: Conn, q: str, status: str, after: Optional[str]) -> tuple:
             where.add(f"(c.id {like} ? OR c.display_name {like} ?)", f"%{q}%", f"%{q}%")
         where.add_if(state, "c.run_state = ?")
         if after:
-            where.add(*after_page_token(after, "c.updated_at", "c.id"))
-        pages.append((f"SELECT {RUN_COLUMNS} FROM channels c{where}"
-                      " ORDER BY c.updated_at DESC, c.id DESC LIMIT ?", [*where.args, RUNS_PAGE_SIZE + 1]))
-    rows = union_of_pages(conn, pages, "updated_at DESC, id DESC", RUNS_PAGE_SIZE + 1)
+            where.add(*after_runs_token(after, "c."))
+        pages.append((runs_by_activity_sql(where, descending=True), [*where.args, RUNS_PAGE_SIZE + 1]))
+    rows = union_of_pages(conn, pages, by_activity("", True), RUNS_PAGE_SIZE + 1)
     runs = [listed_run(conn, r) for r in rows[:RUNS_PAGE_SIZE]]
     everyone = list(runs)
     for run in runs:
@@ -9508,6 +9734,24 @@ def wrapped_endpoint(route: Api) -> Callable:
 LONE_WRITES = frozenset({record_event, save_state, transition, put_metadata, fork_channel, claim_execution,
                          finish_execution, heartbeat_execution})
 
+# The writes that change only their own channel's rows (and read others' committed ones), with the
+# channels they name: on PostgreSQL a batch of these locks those channels, not the instance (see
+# POSTGRES_WRITE_LOCK). An event's hooks (the approvals inbox) write rows of its channel only.
+CHANNEL_WRITES: dict = {
+    record_event: lambda req: (req.channel_id,),
+    save_state: lambda channel_id, req: (channel_id,),
+    transition: lambda req: (req.channel_id,),
+    put_metadata: lambda channel_id, changes: (channel_id,),
+    fork_channel: lambda req: (req.source_channel_id, req.new_channel_id),
+    claim_execution: lambda req: (req.channel_id,),
+    touch_key: lambda key_id: (),        # no channel: one row, which its own row lock keeps
+}
+
+
+def channels_written(job: Job) -> Optional[tuple]:
+    named = CHANNEL_WRITES.get(job.work)
+    return None if named is None else named(*job.args)
+
 
 def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: Optional[str] = None,
                settings: Settings = Settings(), **region_options: Any) -> ActaeApp:
@@ -9517,6 +9761,7 @@ def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: O
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
     db = Database(Location(data_dir, database_url))
+    db.channels_of = channels_written
     hub = Hub(db)
     db.on_commit, db.on_notify = hub.on_commit, hub.on_notify
     services = Services(db=db, hub=hub, keys=KeyRing(db), settings=settings, scheduler=Scheduler(db),
@@ -10213,6 +10458,11 @@ def approval_answers_index(w: SchemaWords) -> str:
     """
 
 
+def approval_answers_unindexed(w: SchemaWords) -> str:
+    # /metrics counts pending approvals from the approvals table now; no query reads this index.
+    return "DROP INDEX IF EXISTS events_approval_answers"
+
+
 def many_runs_schema(w: SchemaWords) -> str:
     """The approvals index (kept in each approval event's transaction) and the bulk forks' answers."""
     return f"""
@@ -10435,16 +10685,19 @@ def bulk_fork_candidates(conn: Conn, selection: BulkForkFilter, reach: Reach = E
     pages = []
     for state in dict.fromkeys(selection.status):
         where = Where().add("c.run_state = ?", state).within(reach, "c.id")
-        where.add_if(selection.since and iso(selection.since), "c.updated_at >= ?")
-        where.add_if(selection.until and iso(selection.until), "c.updated_at <= ?")
+        if selection.since:             # the second bounds the index range, the time is exact
+            since = iso(selection.since)
+            where.add("c.active_at >= ? AND c.updated_at >= ?", since[:ACTIVE_AT_CHARS], since)
+        if selection.until:
+            until = iso(selection.until)
+            where.add("c.active_at <= ? AND c.updated_at <= ?", until[:ACTIVE_AT_CHARS], until)
         if selection.channel_prefix:
             where.add("substr(c.id, 1, ?) = ?", len(selection.channel_prefix), selection.channel_prefix)
         if selection.channel_ids:
             ids = list(dict.fromkeys(selection.channel_ids))
             where.add(f"c.id IN ({', '.join('?' * len(ids))})", *ids)
-        pages.append((f"SELECT {RUN_COLUMNS} FROM channels c{where} ORDER BY c.updated_at, c.id LIMIT ?",
-                      [*where.args, BULK_FORK_MAX + 1]))
-    return union_of_pages(conn, pages, "updated_at, id", BULK_FORK_MAX + 1)
+        pages.append((runs_by_activity_sql(where), [*where.args, BULK_FORK_MAX + 1]))
+    return union_of_pages(conn, pages, by_activity(), BULK_FORK_MAX + 1)
 
 
 @dataclass(frozen=True)
@@ -10639,8 +10892,9 @@ def plan_prune(conn: Conn, req: Prune, now: datetime) -> PrunePlan:
     cutoffs, ts = prune_cutoffs(req, now), iso(now)
     latest = max(c for c in cutoffs if c is not None)
     with read_snapshot(conn):
-        rows = conn.execute("SELECT id, parent_id, run_state, updated_at FROM channels WHERE updated_at < ?"
-                            " ORDER BY updated_at, id", (latest,)).fetchall()
+        rows = conn.execute("SELECT id, parent_id, run_state, updated_at FROM channels"
+                            f" WHERE active_at <= ? AND updated_at < ? ORDER BY {by_activity()}",
+                            (latest[:ACTIVE_AT_CHARS], latest)).fetchall()
         eligible = {r["id"]: r for r in rows if prune_eligible(r, req, cutoffs)}
         guarded: dict = {}
         for reason, table, condition in PRUNE_GUARDS:
@@ -10876,9 +11130,9 @@ def matching_run_ids(conn: Conn, q: str, status: str) -> list:
             like = conn.dialect.like
             where.add(f"(c.id {like} ? OR c.display_name {like} ?)", f"%{q}%", f"%{q}%")
         where.add_if(state, "c.run_state = ?")
-        pages.append((f"SELECT c.id, c.updated_at FROM channels c{where} ORDER BY c.updated_at DESC, c.id DESC LIMIT ?",
-                      [*where.args, BULK_FORK_MAX + 1]))
-    return [r["id"] for r in union_of_pages(conn, pages, "updated_at DESC, id DESC", BULK_FORK_MAX + 1)]
+        pages.append((f"SELECT c.id, c.active_at, c.updated_at FROM channels c{where}"
+                      f" ORDER BY {by_activity('c.', True)} LIMIT ?", [*where.args, BULK_FORK_MAX + 1]))
+    return [r["id"] for r in union_of_pages(conn, pages, by_activity("", True), BULK_FORK_MAX + 1)]
 
 
 def stored_size_sql(dialect: Dialect, column: str) -> str:
@@ -10909,9 +11163,8 @@ def storage_page(conn: Conn) -> dict:
         return runs
     return {"backend": "sqlite" if sqlite else "postgresql", "bytes": database_bytes(conn), "free_bytes": free,
             "runs": counted[0], "events": int(counted[1]), "pending_approvals": pending,
-            "largest": listed("SELECT id, last_cursor, updated_at FROM channels"
-                              " ORDER BY last_cursor + state_version DESC, id LIMIT ?"),
-            "oldest": listed("SELECT id, last_cursor, updated_at FROM channels ORDER BY updated_at, id LIMIT ?"),
+            "largest": listed("SELECT id, last_cursor, updated_at FROM channels ORDER BY last_cursor DESC, id LIMIT ?"),
+            "oldest": listed(f"SELECT id, last_cursor, updated_at FROM channels ORDER BY {by_activity()} LIMIT ?"),
             "space": "" if sqlite else POSTGRES_SPACE}
 
 
@@ -11166,10 +11419,12 @@ def retention_settings_of(args: argparse.Namespace) -> dict:
 
 
 # Schema: step 7 indexes the answers to approvals; step 9 adds the approvals index and the bulk forks'
-# answers (after the core's run facts) and fills the index in for the events already stored.
+# answers (after the core's run facts) and fills the index in for the events already stored; step 16
+# drops step 7's index, which no query uses since.
 schema_step(7, approval_answers_index)
 schema_step(9, many_runs_schema)
 schema_step(9, many_runs_indexes, reindex_approvals)
+schema_step(16, approval_answers_unindexed)
 ROUTE_LISTS.append(MANY_RUNS_ROUTES)
 PAGE_LISTS.append([("GET", "/forks/bulk", page_bulk_fork_form), ("POST", "/forks/bulk", page_bulk_fork),
                    ("GET", "/approvals", page_approvals), ("POST", "/approvals/{request_id}/decide", page_approval_decide),
@@ -11407,6 +11662,10 @@ def stored_run(conn: Conn, channel_id: str) -> RunRows:
         run.events[row["cursor"]] = line_of_row(EventLine, row)
     for row in conn.execute("SELECT * FROM states WHERE channel_id = ? ORDER BY version", (channel_id,)):
         run.states[row["version"]] = line_of_row(StateLine, row, state=state_text(conn, row))
+    if run.states and max(run.states) > run.channel.state_version:
+        # The file carries the channel's version counter (what its next state version follows), which
+        # the row keeps only past deleted versions (see next_state_sql).
+        run.channel = msgspec.structs.replace(run.channel, state_version=max(run.states))
     for row in rows_where(conn, "executions", "created_at, id", channel_id=channel_id):
         run.executions[row["key_name"]] = line_of_row(ExecutionLine, row)
     return run

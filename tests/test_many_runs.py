@@ -230,17 +230,21 @@ def page_twins(srv, channels: list) -> dict:
 
 
 # Back to a database made before migration 9 (many runs): what 9 and every later one added goes.
-LATER = ["DROP TABLE step_usage", "DROP TABLE fleet_enrollments", "ALTER TABLE fleet_instances DROP COLUMN enrolled_at",
+LATER = ["DROP INDEX events_blocked", "CREATE INDEX events_by_type ON events (type, created_at)",
+         "DROP INDEX channels_by_activity", "CREATE INDEX channels_by_activity ON channels (updated_at, id)",
+         "DROP TABLE step_usage", "DROP TABLE fleet_enrollments", "ALTER TABLE fleet_instances DROP COLUMN enrolled_at",
          "ALTER TABLE fleet_instances DROP COLUMN link_hash"]
 DOWNGRADE = {
     "sqlite": [*LATER, "DROP INDEX channels_by_state", "DROP INDEX channels_roots_by_activity", "DROP INDEX channels_by_origin",
                "DROP TABLE approvals", "DROP TABLE bulk_forks", "ALTER TABLE channels DROP COLUMN run_state",
                "ALTER TABLE channels DROP COLUMN last_state_status", "ALTER TABLE channels DROP COLUMN error_cursor",
-               "ALTER TABLE channels DROP COLUMN last_event_type", "PRAGMA user_version = 8"],
-    "postgresql": [*LATER, "ALTER TABLE events DROP COLUMN seq", "DROP INDEX channels_by_state", "DROP INDEX channels_roots_by_activity",
+               "ALTER TABLE channels DROP COLUMN last_event_type", "DROP TRIGGER channels_active_at",
+               "DROP TRIGGER channels_active_at_new", "ALTER TABLE channels DROP COLUMN active_at",
+               "PRAGMA user_version = 8"],
+    "postgresql": [*LATER, "DROP TRIGGER channels_active_at ON channels", "ALTER TABLE events DROP COLUMN seq", "DROP INDEX channels_by_state", "DROP INDEX channels_roots_by_activity",
                    "DROP INDEX channels_by_origin", "DROP TABLE approvals", "DROP TABLE bulk_forks",
                    "ALTER TABLE channels DROP COLUMN run_state, DROP COLUMN last_state_status,"
-                   " DROP COLUMN error_cursor, DROP COLUMN last_event_type",
+                   " DROP COLUMN error_cursor, DROP COLUMN last_event_type, DROP COLUMN active_at",
                    "DELETE FROM actae_migrations WHERE version >= 5"],
 }
 
