@@ -130,17 +130,18 @@ except ImportError:                    # pragma: no cover - `--database postgres
 
 # What the tests, the examples and the executable use; every other name is the module's own.
 __all__ = ["ActaeApp", "api_routes", "append_event", "APPROVAL_DECISIONS", "APPROVAL_STATUSES", "backfill_chain",
-           "blocked_attempts", "BLOCKING_EVENT_TYPES", "bulk_fork_candidates", "BulkForkFilter", "canonical_json",
-           "channel_by_id", "CIRCUIT_FAILURES", "CIRCUIT_OPEN_SECONDS", "CLAIM_OUTCOMES", "configure_sqlite",
-           "Conflict", "connect_sync", "CountingExporter", "create_app", "Database", "DOCUMENT_DEPTH_MAX",
-           "EventQuery", "events_after_position", "EVERYWHERE", "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES",
-           "failure_event_sql", "FAILURE_STATES", "FLEET_MANIFEST", "fleet_operation_routes", "free_dependents",
-           "GROUP_MESSAGE_STATUSES", "is_failure_event", "Job", "LEDGER_OUTCOMES", "list_approvals",
-           "list_executions", "list_forks", "Location", "main", "MAX_BODY_BYTES", "member_inbox", "MIGRATIONS",
-           "next_wakeup_at", "OUTCOMES", "POSTGRES", "prune_runs", "put_metadata", "PutMetadata", "query_events",
-           "record_event", "RecordEvent", "ReleaseNotice", "REPRODUCIBILITY_GRADES", "require_approval",
-           "resolve_step", "Retention", "revoke_key", "run_jobs", "runs_page", "serve", "Services", "Settings",
-           "SQLITE", "state_row_at", "Tx", "usage_of", "uvicorn_config", "__version__", "WAKEUP_STATUSES"]
+           "BENCH_FEATURES", "blocked_attempts", "BLOCKING_EVENT_TYPES", "bulk_fork_candidates", "BulkForkFilter",
+           "canonical_json", "channel_by_id", "CIRCUIT_FAILURES", "CIRCUIT_OPEN_SECONDS", "CLAIM_OUTCOMES",
+           "configure_sqlite", "Conflict", "connect_sync", "CountingExporter", "create_app", "Database",
+           "DELTA_MIN_BYTES", "DOCUMENT_DEPTH_MAX", "EventQuery", "events_after_position", "EVERYWHERE",
+           "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "failure_event_sql", "FAILURE_STATES", "FLEET_MANIFEST",
+           "fleet_operation_routes", "free_dependents", "GROUP_MESSAGE_STATUSES", "is_failure_event", "Job",
+           "LEDGER_OUTCOMES", "list_approvals", "list_executions", "list_forks", "Location", "main",
+           "MAX_BODY_BYTES", "member_inbox", "MIGRATIONS", "next_wakeup_at", "OUTCOMES", "POSTGRES", "prune_runs",
+           "put_metadata", "PutMetadata", "query_events", "record_event", "RecordEvent", "ReleaseNotice",
+           "REPRODUCIBILITY_GRADES", "require_approval", "resolve_step", "Retention", "revoke_key", "run_jobs",
+           "runs_page", "serve", "Services", "Settings", "SQLITE", "state_row_at", "Tx", "usage_of",
+           "uvicorn_config", "WAKEUP_STATUSES", "__version__"]
 
 
 def bundle_dir() -> Optional[Path]:
@@ -228,6 +229,24 @@ CONTEXT_EXACT_KEYS = ("model", "environment", "dependencies", "seed")
 
 
 log = logging.getLogger("actae")
+
+# The write path's features examples/bench.py switches off one at a time to measure what each costs
+# (--feature-costs): ACTAE_BENCH_WITHOUT=run-state,approvals,... in the server's environment. A
+# benchmark's switch, not a user's option: with a feature off the server keeps less than it promises
+# (no chain to verify, no inbox, no metrics, ...). Read once, at import.
+BENCH_FEATURES = ("run-state", "approvals", "request-metrics", "deltas", "chain", "spans")
+
+
+def bench_without() -> frozenset:
+    named = frozenset(filter(None, (part.strip() for part in os.environ.get("ACTAE_BENCH_WITHOUT", "").split(","))))
+    unknown = sorted(named - set(BENCH_FEATURES))
+    if unknown:
+        raise SystemExit(f"actae: ACTAE_BENCH_WITHOUT names {', '.join(unknown)}; the features are "
+                         f"{', '.join(BENCH_FEATURES)}")
+    return named
+
+
+BENCH_WITHOUT = bench_without()
 
 
 @dataclass(frozen=True)
@@ -559,6 +578,11 @@ def chain_parts(*, channel_id: str, event_id: str, event_type: str, payload_text
             f'"payload":{payload_text or "null"},"step_number":{text(step_number)},"timestamp":{text(timestamp)},'
             f'"type":{text(event_type)},"user_id":{text(user_id)}}}')
     return head, tail
+
+
+def unchained(previous: Optional[str], head: str, cursor: int, tail: str) -> None:
+    """The chain step with the chain switched off (BENCH_WITHOUT): no hash."""
+    return None
 
 
 def chain_step(previous: Optional[str], head: str, cursor: int, tail: str) -> str:
@@ -2759,10 +2783,13 @@ class PostgresDialect(Dialect):
         return isinstance(exc, psycopg.errors.UniqueViolation)
 
     def bump_and_insert(self, conn: "Conn", update: str, args: tuple, row: CounterRow, values: tuple) -> Optional[tuple]:
-        # One statement, not two: a statement is a round trip's worth of client and server work,
-        # and an SDK step is two of these.
-        bumped = conn.execute(counter_insert_sql(row, update), args + values).fetchone()
+        bumped = self.send_bump(conn, update, args, row, values).fetchone()
         return None if bumped is None else tuple(bumped)
+
+    def send_bump(self, conn: "Conn", update: str, args: tuple, row: CounterRow, values: tuple) -> Any:
+        """The counter UPDATE and the INSERT of its row as one statement (a statement is a round trip's
+        worth of client and server work, and an SDK step is two of these); its cursor, unread."""
+        return conn.execute(counter_insert_sql(row, update), args + values)
 
     def announce(self, conn: "Conn", events: list) -> None:
         latest: dict = {}
@@ -2822,7 +2849,7 @@ def configure_sqlite(conn: Conn) -> None:
     conn.row_factory = sqlite3.Row
     # The chain hash is computed inside the UPDATE that allocates the cursor (see append_event);
     # PostgreSQL has it as a SQL function (its first migration).
-    conn.create_function("actae_chain", 4, chain_step, deterministic=True)
+    conn.create_function("actae_chain", 4, unchained if "chain" in BENCH_WITHOUT else chain_step, deterministic=True)
 
 
 def user_version(number: int) -> str:
@@ -2909,10 +2936,12 @@ class PostgresConnection:
 
     dialect = POSTGRES
 
-    def __init__(self, raw: "psycopg.Connection", origin: str = "cli", states: Optional["StateCache"] = None):
+    def __init__(self, raw: "psycopg.Connection", origin: str = "cli", states: Optional["StateCache"] = None,
+                 known_channels: Optional[set] = None):
         self.raw = raw
         self.states = states
         self.origin = origin               # names this server in its NOTIFYs (see PostgresEngine.listen)
+        self.known_channels = known_channels   # channels this engine wrote to (see Tx.may_settle_later)
 
     def execute(self, sql: str, args: Any = ()) -> Any:
         text, shape = postgres_statement(sql, bool(args))
@@ -3019,6 +3048,43 @@ class Tx:
     ts: str                          # `now` as stored: formatted once per batch, not per row
     events: list = field(default_factory=list)
     after_commit: list = field(default_factory=list)     # callables, run after COMMIT succeeded
+    # Where statements cost a round trip (PostgreSQL) and the batch runs together: the answers a job
+    # left for the batch to read at its end (see Later); None: every answer is read when sent.
+    later: Optional[list] = None
+
+    def may_settle_later(self, channel_id: str) -> bool:
+        """Whether a write to this channel may leave its answer to the end of the batch: the channel
+        was seen on this engine (a first write creates it, which needs the answer at once)."""
+        known = getattr(self.conn, "known_channels", None)
+        return self.later is not None and known is not None and channel_id in known
+
+
+class Later:
+    """The answer to a statement sent and not yet read: pipelined, a batch's appends and saves go out
+    one after another and their answers come back together, in one round trip, before its COMMIT.
+    `make(row)` turns the answer into the job's value; no row (the channel was missing or closed, or
+    the operation id was used) makes the batch run again, each job answered at once (run_jobs)."""
+
+    __slots__ = ("cursor", "make", "value")
+
+    def __init__(self, cursor: Any, make: Callable[[tuple], Any]):
+        self.cursor, self.make, self.value = cursor, make, MISSING
+
+    def settle(self) -> bool:
+        row = self.cursor.fetchone()
+        if row is None:
+            return False
+        self.value = self.make(tuple(row))
+        return True
+
+
+def settled(value: Any) -> Any:
+    """`value`, or what it stands for when it is a Later."""
+    return value.value if isinstance(value, Later) else value
+
+
+class Unsettled(Exception):
+    """A batch's Later found no row: it runs again with every answer read at once."""
 
 
 def committed(txs: list) -> None:
@@ -3081,17 +3147,22 @@ def run_jobs_together(conn: Conn, jobs: list) -> list:
             for statement, args in conn.dialect.begin_batch(jobs):
                 conn.execute(statement, args)
             for job in jobs:
-                tx = Tx(conn, now, ts)
+                tx = Tx(conn, now, ts, later=[] if conn.dialect.pipelined else None)
                 try:
                     outcomes.append((job.work(tx, *job.args), tx.events))
                 except Exception as exc:  # noqa: BLE001 - rolled back below, the caller decides
                     raise JobFailed(exc) from exc
                 txs.append(tx)
+            if not all(later.settle() for tx in txs for later in tx.later or ()):
+                raise Unsettled()
             conn.execute(COMMIT)
     except BaseException:
         if conn.usable and conn.in_transaction:
             conn.execute(ROLLBACK)
         raise
+    outcomes = [(settled(result), [settled(event) for event in events]) for result, events in outcomes]
+    for tx in txs:
+        tx.events[:] = [settled(event) for event in tx.events]
     announce_committed(conn, [event for _, events in outcomes for event in events])
     committed(txs)
     return outcomes
@@ -3280,6 +3351,7 @@ class SqliteEngine(Engine):
 
 
 POSTGRES_RECONNECT_SECONDS = 1.0
+KNOWN_CHANNELS_MAX = 100_000
 
 
 class PostgresEngine(Engine):
@@ -3296,6 +3368,7 @@ class PostgresEngine(Engine):
         super().__init__(location)
         self.url, self._reader_count = location.url, self.READERS
         self.origin = secrets.token_hex(8)
+        self.known_channels: set = set()        # a hint only: a channel deleted since costs a batch a rerun
         self._writer_pool = self._reader_pool = None
         self._writer_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="actae-pg-writer")
         self._reader_threads = concurrent.futures.ThreadPoolExecutor(self._reader_count,
@@ -3321,7 +3394,9 @@ class PostgresEngine(Engine):
     def _run(self, pool: "psycopg_pool.ConnectionPool", fn: Callable, args: tuple):
         try:
             with pool.connection() as raw:
-                return fn(PostgresConnection(raw, self.origin, self.states), *args)
+                if len(self.known_channels) > KNOWN_CHANNELS_MAX:
+                    self.known_channels.clear()
+                return fn(PostgresConnection(raw, self.origin, self.states, self.known_channels), *args)
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise DatabaseUnavailable(f"PostgreSQL is unavailable: {first_line(exc)}") from exc
 
@@ -3746,6 +3821,9 @@ def bump_channel(tx: Tx, channel_id: str, insert: Callable[[], Optional[tuple]],
         bumped = insert()
     if bumped is None:
         raise channel_closed(channel_id)
+    known = getattr(tx.conn, "known_channels", None)
+    if known is not None:
+        known.add(channel_id)
     return bumped
 
 
@@ -3802,16 +3880,18 @@ EVENT_COUNTER_NEW = EVENT_COUNTER + unused_operation("events")
 @functools.lru_cache(maxsize=4)
 def event_facts_sql(dialect: "Dialect", failure: bool) -> str:
     if failure:                                     # rare: always written
-        return "UPDATE channels SET last_event_type = ?, error_cursor = COALESCE(error_cursor, ?) WHERE id = ?"
+        return "UPDATE channels SET last_event_type = ?, error_cursor = COALESCE(error_cursor, last_cursor) WHERE id = ?"
     return f"UPDATE channels SET last_event_type = ? WHERE id = ? AND last_event_type {dialect.differs} ?"
 
 
-def note_event_facts(tx: Tx, channel_id: str, event_type: str, cursor: int) -> None:
+def note_event_facts(tx: Tx, channel_id: str, event_type: str) -> None:
     """After a new event: its type while it blocks the run (else NULL: run_state reads no more of it),
-    and the run's first failure's cursor."""
+    and the run's first failure's cursor (the channel's last, the event's own)."""
+    if "run-state" in BENCH_WITHOUT:
+        return
     waiting = event_type if event_type in BLOCKING_EVENT_TYPES else None
     if is_failure_event(event_type):
-        tx.conn.execute(event_facts_sql(tx.conn.dialect, True), (waiting, cursor, channel_id))
+        tx.conn.execute(event_facts_sql(tx.conn.dialect, True), (waiting, channel_id))
     else:
         tx.conn.execute(event_facts_sql(tx.conn.dialect, False), (waiting, channel_id, waiting))
 
@@ -3825,6 +3905,8 @@ def state_facts_sql(dialect: "Dialect") -> str:
 def note_state_facts(tx: Tx, channel_id: str, status: Optional[str]) -> None:
     """After a new state: its latest snapshot's status, and the run's activity when its second changed
     (a run's states alone keep its activity time at most a second behind; its events keep it exact)."""
+    if "run-state" in BENCH_WITHOUT:
+        return
     tx.conn.execute(state_facts_sql(tx.conn.dialect), (tx.ts, status, channel_id, tx.ts[:ACTIVE_AT_CHARS], status))
 
 
@@ -3846,55 +3928,67 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                  operation_id: Optional[str] = None, hashed: Optional[str] = None,
                  step_number: Optional[int] = None, depends_on: Optional[str] = None,
                  dependencies: Optional[list] = None, payload_text: Optional[str] = None,
-                 new_operation: bool = False) -> Optional[Event]:
+                 new_operation: bool = False, settle_later: bool = False) -> Union[Event, Later, None]:
     """Append one event at the channel's next cursor and return it.
 
     `payload_text` is the payload's canonical JSON when the caller has it already (it hashed it).
     With `new_operation`, nothing is appended and None is returned when `operation_id` is used
-    already (the caller replays it). Raises Conflict(channel_closed) on a closed run.
+    already (the caller replays it). Raises Conflict(channel_closed) on a closed run. With
+    `settle_later`, a caller that reads nothing of the event may get a Later instead (see Tx.later).
     """
     event_id = uuid7()
     if depends_on is None and dependencies:
         depends_on = next((d.get("event_id") for d in dependencies if isinstance(d, dict) and d.get("event_id")), None)
     payload_text = canonical_dump(payload) if payload_text is None else payload_text
     metadata_text = canonical_dump(metadata)
-    head, tail = chain_parts(channel_id=channel_id, event_id=event_id, event_type=event_type,
-                             payload_text=payload_text, actor=actor, agent_id=agent_id, user_id=user_id,
-                             metadata_text=metadata_text, step_number=step_number, depends_on=depends_on,
-                             timestamp=tx.ts)
+    head, tail = ("", "") if "chain" in BENCH_WITHOUT else chain_parts(
+        channel_id=channel_id, event_id=event_id, event_type=event_type, payload_text=payload_text, actor=actor,
+        agent_id=agent_id, user_id=user_id, metadata_text=metadata_text, step_number=step_number,
+        depends_on=depends_on, timestamp=tx.ts)
     sql, args, used = EVENT_COUNTER, (head, tail, tx.ts, channel_id), None
     if new_operation and operation_id is not None:
         sql, args = EVENT_COUNTER_NEW, args + (channel_id, operation_id)
         used = lambda: event_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
     values = (channel_id, event_id, event_type, payload_text, actor, agent_id, user_id, metadata_text,
               operation_id, hashed, step_number, depends_on, dump(dependencies), tx.ts)
-    dialect = tx.conn.dialect
+    dialect, hooks = tx.conn.dialect, EVENT_HOOKS.get(event_type)
+
+    def event_at(counters: tuple) -> Event:
+        cursor, chain_hash = counters
+        return Event(id=event_id, channel_id=channel_id, type=event_type, payload=payload, actor=actor, cursor=cursor,
+                     channel_cursor=cursor, timestamp=tx.ts, agent_id=agent_id, user_id=user_id, metadata=metadata,
+                     depends_on=depends_on, step_number=step_number, chain_hash=chain_hash)
+    if settle_later and hooks is None and tx.may_settle_later(channel_id):
+        later = Later(dialect.send_bump(tx.conn, sql, args, EVENT_ROW, values), event_at)
+        tx.later.append(later)
+        tx.events.append(later)
+        note_event_facts(tx, channel_id, event_type)
+        keep_usage(tx.conn, channel_id, None, payload, metadata)
+        return later
     bumped = bump_channel(tx, channel_id, lambda: dialect.bump_and_insert(tx.conn, sql, args, EVENT_ROW, values), used)
     if bumped is None:
         return None
-    cursor, chain_hash = bumped
-    event = Event(id=event_id, channel_id=channel_id, type=event_type, payload=payload, actor=actor, cursor=cursor,
-                  channel_cursor=cursor, timestamp=tx.ts, agent_id=agent_id, user_id=user_id, metadata=metadata,
-                  depends_on=depends_on, step_number=step_number, chain_hash=chain_hash)
+    event = event_at(bumped)
     tx.events.append(event)
-    note_event_facts(tx, channel_id, event_type, cursor)
-    keep_usage(tx.conn, channel_id, cursor, payload, metadata)
-    hooks = EVENT_HOOKS.get(event_type)
+    note_event_facts(tx, channel_id, event_type)
+    keep_usage(tx.conn, channel_id, event.cursor, payload, metadata)
     if hooks is not None:
         for hook in hooks:
             hook(tx, event)
     return event
 
 
-def keep_usage(conn: Conn, channel_id: str, cursor: int, payload: Any, metadata: Any) -> None:
+def keep_usage(conn: Conn, channel_id: str, cursor: Optional[int], payload: Any, metadata: Any) -> None:
     """An event's usage, kept beside it (nothing for one that records none), so what a run or a fork
-    spent is a sum of stored numbers, not a read of every payload."""
+    spent is a sum of stored numbers, not a read of every payload. A cursor of None: the event the
+    channel appended last (one whose answer is not read yet)."""
     usage = usage_of(payload, metadata)
     if usage is not None:
+        at = "?" if cursor is not None else "(SELECT last_cursor FROM channels WHERE id = ?)"
         conn.execute("INSERT INTO step_usage (channel_id, cursor, input_tokens, output_tokens, cost, model, duration_ms)"
-                     " VALUES (?, ?, ?, ?, ?, ?, ?)",
-                     (channel_id, cursor, usage.get("input_tokens"), usage.get("output_tokens"), usage.get("cost"),
-                      usage.get("model"), usage.get("duration_ms")))
+                     f" VALUES (?, {at}, ?, ?, ?, ?, ?)",
+                     (channel_id, channel_id if cursor is None else cursor, usage.get("input_tokens"),
+                      usage.get("output_tokens"), usage.get("cost"), usage.get("model"), usage.get("duration_ms")))
 
 
 def index_usage(conn: Conn, channel_id: Optional[str] = None) -> None:
@@ -3957,7 +4051,7 @@ def record_event(tx: Tx, req: RecordEvent) -> Event:
         tx, req.channel_id, req.event_type, req.payload, actor=req.actor(), metadata=meta.metadata,
         agent_id=meta.agent_id, user_id=meta.user_id, operation_id=req.operation_id, hashed=hashed,
         step_number=req.step_number, dependencies=req.dependencies, payload_text=payload_text,
-        new_operation=True,
+        new_operation=True, settle_later=True,
     )
     if event is None:
         stored = event_by_operation(tx.conn, req.channel_id, req.operation_id)
@@ -4277,7 +4371,7 @@ def whole_copy(conn: Conn, row: Row) -> StoredState:
 
 def encode_state(conn: Conn, channel_id: str, value: Any, text: Optional[str]) -> StoredState:
     """How to store `value` (whose JSON is `text`; None for a null state) as the channel's next version."""
-    if text is None or len(text) < DELTA_MIN_BYTES:
+    if text is None or len(text) < DELTA_MIN_BYTES or "deltas" in BENCH_WITHOUT:
         return whole_state(conn, value, text)
     latest = state_row_at(conn, channel_id, None)
     if latest is None:
@@ -4353,10 +4447,11 @@ def require_state_version(conn: Conn, channel_id: str, version: int) -> Row:
                    lambda: NotFound(f"state version {version} of {channel_id} is gone"))
 
 
-def remember_saved(tx: Tx, channel_id: str, version: int, sha: str, value: Any, text: Optional[str]) -> None:
+def remember_saved(tx: Tx, channel_id: str, version: Union[int, Later], sha: str, value: Any,
+                   text: Optional[str]) -> None:
     """A saved large state goes into the StateCache once committed: the next save diffs against it."""
     if text is not None and len(text) >= DELTA_MIN_BYTES:
-        tx.after_commit.append(lambda: state_cache(tx.conn).put((channel_id, version, sha), value, len(text)))
+        tx.after_commit.append(lambda: state_cache(tx.conn).put((channel_id, settled(version), sha), value, len(text)))
 
 
 def make_whole(tx: Tx, row: Row) -> None:
@@ -4396,14 +4491,20 @@ def check_guards(conn: Conn, channel_id: str, expected_version: Optional[int],
 
 def insert_state(tx: Tx, channel_id: str, cursor: int, stored: StoredState, sha: str,
                  status: Optional[str], operation_id: Optional[str] = None, *,
-                 new_operation: bool = False) -> Optional[int]:
+                 new_operation: bool = False, settle_later: bool = False) -> Union[int, Later, None]:
     """A new state version, stored as `stored` says; raises Conflict(channel_closed) on a closed run.
-    With `new_operation`, None when `operation_id` is used already (nothing is written)."""
+    With `new_operation`, None when `operation_id` is used already (nothing is written). With
+    `settle_later`, a caller that reads nothing of the version may get a Later (see Tx.later)."""
     checked = new_operation and operation_id is not None
     args = (channel_id, cursor, sha, status, operation_id, tx.ts, *stored.columns, channel_id)
     if checked:
         args += (channel_id, operation_id)
     sql = next_state_sql(tx.conn.dialect, checked)
+    if settle_later and tx.may_settle_later(channel_id):
+        later = Later(tx.conn.execute(sql, args), lambda row: row[0])
+        tx.later.append(later)
+        note_state_facts(tx, channel_id, status)
+        return later
     used = (lambda: state_by_operation(tx.conn, channel_id, operation_id) is not None) if checked else None
     bumped = bump_channel(tx, channel_id, lambda: tx.conn.execute(sql, args).fetchone(), used)
     if bumped is None:
@@ -4422,7 +4523,7 @@ def replayed_state(row: Row, cursor: int, sha: str, operation_id: str) -> int:
     return row["version"]
 
 
-def save_state(tx: Tx, channel_id: str, req: SaveState) -> int:
+def save_state(tx: Tx, channel_id: str, req: SaveState) -> Union[int, Later]:
     """POST /state/{channel}: a new immutable version; an operation id replays its version."""
     sha = sha256_hex(canonical_json(req.state))
     guarded = req.expected_version is not None or req.expected_cursor is not None
@@ -4434,7 +4535,7 @@ def save_state(tx: Tx, channel_id: str, req: SaveState) -> int:
     text = dump(req.state)
     stored = encode_state(tx.conn, channel_id, req.state, text)
     version = insert_state(tx, channel_id, req.cursor, stored, sha, state_status(req.state), req.operation_id,
-                           new_operation=True)
+                           new_operation=True, settle_later=True)
     if version is None:
         return replayed_state(state_by_operation(tx.conn, channel_id, req.operation_id), req.cursor, sha,
                               req.operation_id)
@@ -11429,7 +11530,8 @@ ROUTE_LISTS.append(MANY_RUNS_ROUTES)
 PAGE_LISTS.append([("GET", "/forks/bulk", page_bulk_fork_form), ("POST", "/forks/bulk", page_bulk_fork),
                    ("GET", "/approvals", page_approvals), ("POST", "/approvals/{request_id}/decide", page_approval_decide),
                    ("GET", "/storage", page_storage)])
-on_events(APPROVAL_INDEXED, index_approval_event)
+if "approvals" not in BENCH_WITHOUT:
+    on_events(APPROVAL_INDEXED, index_approval_event)
 RUN_REINDEXERS.append(reindex_approvals)
 APP_INSTALLERS.append(install_retention)
 SERVE_FLAGS.append(add_retention_flag)
@@ -12783,8 +12885,8 @@ def fork_savings(conn: Conn, channel_ids: list) -> list:
 def observer(metrics: Metrics, traces: Optional[TraceExport]) -> Callable:
     """Database.on_batch: count the batch, and hand its events to the live export."""
     def on_batch(jobs: list, outcomes: list, seconds: float) -> None:
-        ended = metrics.observe_batch(jobs, outcomes, seconds)
-        if traces is not None:
+        ended = [] if "request-metrics" in BENCH_WITHOUT else metrics.observe_batch(jobs, outcomes, seconds)
+        if traces is not None and "spans" not in BENCH_WITHOUT:
             events = [event for _, events in outcomes if events for event in events]
             if events or ended:
                 traces.committed(events, ended)
@@ -12885,7 +12987,8 @@ OBSERVABILITY_ROUTES = [
 ]
 ROUTE_LISTS.append(OBSERVABILITY_ROUTES)
 APP_INSTALLERS.append(install_observability)
-REQUEST_OBSERVERS.append(observe_request)
+if "request-metrics" not in BENCH_WITHOUT:
+    REQUEST_OBSERVERS.append(observe_request)
 SERVE_FLAGS.append(add_otlp_flag)
 OPTION_READERS.append(otlp_option_of)
 BANNER_LINES.append(traces_banner)
