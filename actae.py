@@ -3163,9 +3163,9 @@ def run_jobs_together(conn: Conn, jobs: list) -> list:
         if conn.usable and conn.in_transaction:
             conn.execute(ROLLBACK)
         raise
-    outcomes = [(settled(result), [settled(event) for event in events]) for result, events in outcomes]
     for tx in txs:
-        tx.events[:] = [settled(event) for event in tx.events]
+        tx.events[:] = [settled(event) for event in tx.events]        # the lists outcomes hold
+    outcomes = [(settled(result), events) for result, events in outcomes]
     announce_committed(conn, [event for _, events in outcomes for event in events])
     committed(txs)
     return outcomes
