@@ -2533,7 +2533,16 @@ def activity_second_schema(w: SchemaWords) -> str:
     UPDATE channels SET last_event_type = NULL WHERE last_event_type NOT IN ({sql_list(BLOCKING_EVENT_TYPES)});
     -- Events by type served one lookup, the blocked tool calls: a partial index of those alone.
     DROP INDEX events_by_type;
-    CREATE INDEX events_blocked ON events (created_at) WHERE type = 'tool.blocked'
+    CREATE INDEX events_blocked ON events (created_at) WHERE type = 'tool.blocked';
+    -- The indexes of a column many rows leave empty hold only the rows that have it (every lookup
+    -- names a value, which implies one): an event without an operation id or a step number (a fork's
+    -- first, a session's start and end), and a fork without an operation id, write fewer pages.
+    DROP INDEX events_operation;
+    CREATE UNIQUE INDEX events_operation ON events (channel_id, operation_id) WHERE operation_id IS NOT NULL;
+    DROP INDEX events_by_step;
+    CREATE INDEX events_by_step ON events (channel_id, step_number, cursor) WHERE step_number IS NOT NULL;
+    DROP INDEX channels_fork_operation;
+    CREATE UNIQUE INDEX channels_fork_operation ON channels (fork_operation_id) WHERE fork_operation_id IS NOT NULL
     """
 
 
@@ -4701,7 +4710,8 @@ def resolve_step(conn: Conn, channel_id: str, step_number: int) -> StepLocation:
 def last_step_number(conn: Conn, channel_id: str) -> int:
     """Highest step on this channel, counting the steps a fork inherited (resume continues at k+1)."""
     row = require_channel(conn, channel_id)
-    own = conn.execute("SELECT MAX(step_number) FROM events WHERE channel_id = ?", (channel_id,)).fetchone()[0]
+    own = conn.execute("SELECT MAX(step_number) FROM events WHERE channel_id = ? AND step_number IS NOT NULL",
+                       (channel_id,)).fetchone()[0]
     return max(own or 0, row["forked_at_step"] or 0)
 
 
@@ -7955,7 +7965,8 @@ def run_state_sql(dialect: Dialect) -> str:
 
 # What a listed run's row carries: the channel (with run_state) and a few lookups by its own key.
 RUN_COLUMNS = ("c.*,"                   # run_state among them
-               " (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id) AS last_step,"
+               " (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id AND e.step_number IS NOT NULL)"
+               " AS last_step,"
                " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks,"
                " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = 1) AS first_event_at,"
                " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = c.last_cursor)"

@@ -231,6 +231,10 @@ def page_twins(srv, channels: list) -> dict:
 
 # Back to a database made before migration 9 (many runs): what 9 and every later one added goes.
 LATER = ["DROP INDEX events_blocked", "CREATE INDEX events_by_type ON events (type, created_at)",
+         "DROP INDEX events_operation", "CREATE UNIQUE INDEX events_operation ON events (channel_id, operation_id)",
+         "DROP INDEX events_by_step", "CREATE INDEX events_by_step ON events (channel_id, step_number, cursor)",
+         "DROP INDEX channels_fork_operation",
+         "CREATE UNIQUE INDEX channels_fork_operation ON channels (fork_operation_id)",
          "DROP INDEX channels_by_activity", "CREATE INDEX channels_by_activity ON channels (updated_at, id)",
          "DROP TABLE step_usage", "DROP TABLE fleet_enrollments", "ALTER TABLE fleet_instances DROP COLUMN enrolled_at",
          "ALTER TABLE fleet_instances DROP COLUMN link_hash"]
