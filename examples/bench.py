@@ -8,6 +8,7 @@
     python examples/bench.py --baseline REF   # the baseline row: our server as of REF (default below)
     python examples/bench.py --baseline none  # no baseline row
     python examples/bench.py --docs PATH      # the tables into PATH (default docs/benchmarks.md, full runs)
+    python examples/bench.py --feature-costs  # only: what each write-path feature costs (about 8 minutes)
 
 One invocation starts `python actae.py --port 0` on a fresh data directory, a bare Starlette
 JSON endpoint under uvicorn, and one worker process per measured system, all inside one
@@ -52,6 +53,14 @@ one line says so and the run goes on without it. --quick measures it too, at qui
 one) writes the date, the commits of ours and of the baseline, the raw commit rate and every table
 between the markers <!-- bench:start --> and <!-- bench:end -->, leaving the rest of the file as it
 is (a file without them gets them appended; a missing one is created with a title).
+
+--feature-costs (with --quick: small sizes; --rounds, --run-steps) measures only what each feature of
+the write path costs, switched off in turn through the server's benchmark switch, ACTAE_BENCH_WITHOUT
+(a comma list from actae.BENCH_FEATURES in the server's environment; not a user's option: a server
+without a feature keeps less than it promises). It is not part of the full run, which it would make
+about 8 minutes longer. Its report goes to examples/out/bench-feature-costs.json unless --json says
+otherwise, and its tables between <!-- feature-costs:start --> and <!-- feature-costs:end --> (--docs
+as above), which the full run's --docs leaves as they are. See "Feature costs" below.
 
 Every system fsyncs on commit: our server runs WAL with synchronous=FULL and answers each
 write after its commit. The pragmas are read back from each peer's own connection and stored
@@ -166,6 +175,37 @@ Figures
                    forks, DBOS's coming after them as in B2; 15 samples each (3 with --quick)
                    after a warm-up round; the table shows medians.
 
+Feature costs (--feature-costs)
+  configurations   "all on" and each of run-state, approvals, request-metrics, deltas and chain off
+                   alone, on servers that do not export; "spans" off beside "all on, exporting", both
+                   exporting to a loopback collector that answers ok (span building does nothing on a
+                   server that does not export); and all on beside all on, the noise row. The bench's
+                   own environment never passes ACTAE_BENCH_WITHOUT on: every server gets it from the
+                   bench ("" for all on).
+  measurement      each round, in an order that rotates, each configuration is paired with all on:
+                   two fresh SQLite servers started together (data directories in the temporary
+                   folder), an untimed warm-up of 10 steps per run on each, then B1b (32 AgentSessions
+                   x M steps, as B1b with export) twice on each in the order A B B A (B A A B every
+                   other round; 6 rounds, so each order as often): on this shared 2-core VM a server's
+                   CPU per write drifts by 10% within seconds, and the order puts the drift on both
+                   alike (the first pass of a pair costs a few percent more: A is each role in turn).
+                   Server CPU from /proc ÷ write requests over the server's two passes. Then, on
+                   servers that do not export, B4's growing conversation as one AgentSession run of
+                   200 steps (40 with --quick; the same bytes on every server) on each: server CPU per
+                   write and disk per step (as B4's disk), since deltas engage only from 4 KB and
+                   B1b's 2 KB states never use them. ÷ all on is the pair's ratio; it, CPU saved per
+                   write (all on minus off) and its share of a write are medians over the rounds'
+                   pairs, steps/s and CPU per write medians over servers (all on: every all-on
+                   server). The noise row's spread is the smallest cost this machine can tell from
+                   nothing.
+  switch check     after the timed runs each server gets one approval.requested event; once it has
+                   stopped, its database says whether run-state (the probe's channel row keeps the
+                   blocking type), the approvals index (the inbox row), deltas (states stored as
+                   deltas) and the chain (events with a chain hash) were at work, /metrics whether
+                   request metrics counted requests and spans were exported; with ACTAE_BENCH_WITHOUT
+                   from the server's /proc/<pid>/environ this is in the report, and a server that did
+                   not run as switched gets a WARNING under the tables.
+
 Under the tables come the performance targets: issue #22's in its order, then those still holding,
 then context ratios without a target, each with its value and PASS or FAIL, and above them the
 machine's raw commit rate. A B2 ratio is the largest over the three parent sizes (each under
@@ -235,6 +275,23 @@ BASELINE_AUTO = "auto"                  # --baseline without a REF (and its abse
 BASELINE_OFF = "none"
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"
 DOCS_START, DOCS_END = "<!-- bench:start -->", "<!-- bench:end -->"
+# --feature-costs: the write path's features the server switches off for a benchmark (actae.BENCH_FEATURES,
+# named in its environment's ACTAE_BENCH_WITHOUT), each off alone on a fresh server, beside all on.
+BENCH_WITHOUT_VAR = "ACTAE_BENCH_WITHOUT"
+BENCH_FEATURES = ("run-state", "approvals", "request-metrics", "deltas", "chain", "spans")
+ALL_ON, ALL_ON_EXPORTING = "all on", "all on, exporting"
+NOISE = "all on, again"                 # all on paired with all on: what a feature that costs nothing measures as
+# configuration -> the feature its server runs without (None: every feature on); the last two export
+# to a loopback collector that answers ok (span building does nothing on a server that does not export)
+FEATURE_CONFIGS = {ALL_ON: None, NOISE: None, **{f: f for f in BENCH_FEATURES if f != "spans"},
+                   ALL_ON_EXPORTING: None, "spans": "spans"}
+EXPORTING_CONFIGS = (ALL_ON_EXPORTING, "spans")
+DELTA_MIN_BYTES = 4096                  # actae.DELTA_MIN_BYTES: smaller states are stored whole, never as deltas
+SWITCH_PROBE = "bench-switch-probe"     # the channel of the approval request that shows run-state and the inbox at work
+FEATURE_ROUNDS = 6                      # even: each pair's two pass orders (A B B A, B A A B) as often
+FEATURE_WARM_STEPS = 10                 # untimed steps of each of the 32 runs on each server before its passes
+DEFAULT_FEATURES_JSON = ROOT / "examples" / "out" / "bench-feature-costs.json"
+FEATURES_START, FEATURES_END = "<!-- feature-costs:start -->", "<!-- feature-costs:end -->"
 
 
 @dataclass
@@ -385,13 +442,14 @@ def measured(steps: int, bytes_in: int, run) -> dict:
 class OursBench:
     """The real SDK against the server: AgentSession runs, ActaeClient forks and ledger pairs."""
 
-    def __init__(self, url: str, key: str):
+    def __init__(self, url: Optional[str], key: Optional[str]):
         self.url, self.key = url, key
         self.loop = asyncio.new_event_loop()
         self.requests: Counter = Counter()
         self.connection_errors = 0
         self.parents: dict[int, tuple[str, dict[int, int]]] = {}
-        self.client = self.loop.run_until_complete(self._client(url, key))
+        # Without a URL (--feature-costs) there is no server of its own, only `targets`.
+        self.client = self.loop.run_until_complete(self._client(url, key)) if url else None
         self.targets: dict[str, list] = {}      # other servers (PostgreSQL ones): name -> a client each
 
     async def _client(self, url: str, key: str):
@@ -434,7 +492,8 @@ class OursBench:
     def close(self) -> None:
         for target in list(self.targets):
             self.loop.run_until_complete(self.op_disconnect(target))
-        self.loop.run_until_complete(self.client.disconnect())
+        if self.client is not None:
+            self.loop.run_until_complete(self.client.disconnect())
         self.loop.close()
 
     async def op_connect(self, target: str, urls: list[str], key: str) -> dict:
@@ -479,6 +538,27 @@ class OursBench:
         every = asyncio.gather(*(self._run(name, d, clients[j % len(clients)])
                                  for j, (name, d) in enumerate(docs.items())))
         return await self._measure(runs * n, sum(map(doc_bytes, docs.values())), every)
+
+    async def op_grow(self, n: int, tag: str, target: str, messages_key: str = "b4") -> dict:
+        """--feature-costs: B4's growing conversation (the messages of `messages_key`, the same bytes
+        for every server) as one AgentSession run `tag` of `n` steps on `target`'s first server."""
+        from actae_client import AgentSession
+
+        messages, current = make_messages(messages_key, n), [None]
+
+        async def run():
+            async with AgentSession(self.targets[target][0], tag, state_fn=lambda: current[0],
+                                    snapshot_interval=1) as session:
+                for i in range(n):
+                    current[0] = grown_state(messages, i + 1)
+                    await session.step("agent.step", input={"step": i}, output={"role": messages[i]["role"]})
+
+        return await self._measure(n, 0, run())
+
+    async def op_record(self, target: str, channel: str, event_type: str, payload: dict) -> dict:
+        """One event on `target`'s first server (--feature-costs' switch probe)."""
+        event = await self.targets[target][0].record(channel, event_type, payload, actor="bench")
+        return {"cursor": event.cursor}
 
     async def op_b3(self, inflight: int, pairs: int, tag: str) -> dict:
         channel, keys = f"{tag}-{inflight}", iter(range(pairs))
@@ -1019,20 +1099,23 @@ def say(message: str) -> None:
 
 def child_env() -> dict:
     # Without ACTAE_DATABASE_URL the SQLite server stays on SQLite; PostgreSQL ones get --database.
-    env = {k: v for k, v in os.environ.items() if k not in ("ACTAE_API_KEY", "ACTAE_DATA_DIR", "ACTAE_DATABASE_URL")}
+    # ACTAE_BENCH_WITHOUT reaches only the servers --feature-costs hands it to (Server's `env`).
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("ACTAE_API_KEY", "ACTAE_DATA_DIR", "ACTAE_DATABASE_URL", BENCH_WITHOUT_VAR)}
     return {**env, "PYTHONUNBUFFERED": "1"}
 
 
 class Server:
     """A server child process; its output is drained on a thread, `found` holds the named lines."""
 
-    def __init__(self, name: str, argv: list[str], patterns: dict[str, re.Pattern], cwd: Path = ROOT):
+    def __init__(self, name: str, argv: list[str], patterns: dict[str, re.Pattern], cwd: Path = ROOT,
+                 env: Optional[dict] = None):
         self.name, self.patterns = name, patterns
         self.lines: deque = deque(maxlen=200)
         self.found: dict[str, str] = {}
         self.ready = threading.Event()
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     env=child_env(), cwd=str(cwd))
+                                     env={**child_env(), **(env or {})}, cwd=str(cwd))
         threading.Thread(target=self._drain, daemon=True).start()
 
     @property
@@ -2107,6 +2190,396 @@ def b5_table(b5: dict) -> str:
 
 
 # =============================================================================
+# --feature-costs: what each write-path feature costs
+# =============================================================================
+# Each round measures, in an order that rotates, each feature off (FEATURE_CONFIGS, PAIRED) beside
+# all on: two fresh SQLite servers started for the pair, one with ACTAE_BENCH_WITHOUT naming the
+# feature and one with it empty (for spans both export to the loopback collector that answers ok);
+# an untimed warm-up on each, B1b twice on each in the order A B B A (B A A B every other round), so
+# that the drift of a shared machine, which moves a server's CPU per write by 10% within seconds,
+# hits both alike; then on servers that do not export B4's growing conversation on each (deltas
+# engage only from DELTA_MIN_BYTES, 4 KB: B1b's 2 KB states never use them); then one approval request
+# on each (the switch probe), and both stop. What each database and /metrics then show says whether
+# each feature was at work, so a switch the server ignored cannot pass for a cost of nothing. One pair
+# is all on beside all on: what a feature that costs nothing measures as (the noise). The figures are
+# medians over rounds; a feature's ratio, saving and share medians of its pairs.
+
+FEATURE_LABELS = {
+    ALL_ON: "none (all on)",
+    NOISE: "none, against another all-on server (the noise)",
+    "run-state": "run-state (the runs pages' columns)",
+    "approvals": "approvals (the inbox's event hook)",
+    "request-metrics": "request-metrics (per-request histogram, batch counters)",
+    "deltas": "deltas (state delta encoding)",
+    "chain": "chain (the chain hash per event)",
+    ALL_ON_EXPORTING: "none (all on), exporting to a collector",
+    "spans": "spans (exporting to a collector)",
+}
+REFERENCES = (ALL_ON, ALL_ON_EXPORTING)
+PAIRED = tuple(c for c in FEATURE_CONFIGS if c not in REFERENCES)     # each measured beside a fresh all-on server
+
+
+def reference_of(config: str) -> str:
+    return ALL_ON_EXPORTING if config in EXPORTING_CONFIGS else ALL_ON
+
+
+def process_environ(pid: int) -> dict:
+    """The environment a process was started with, from /proc/<pid>/environ."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def requests_observed(url: str, key: str) -> float:
+    """The requests a server's per-request histogram counted (actae_http_request_duration_seconds_count
+    summed over its labels, from /metrics): none when request metrics are off."""
+    request = urllib.request.Request(url + "/metrics", headers={"x-api-key": key})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(n) for n in re.findall(r"^actae_http_request_duration_seconds_count(?:\{[^}]*\})? (\S+)$",
+                                            text, re.M))
+
+
+def switches_seen(database: Path, result: dict) -> tuple[dict, dict]:
+    """({feature: whether it was at work on that server, None where the run cannot show it}, the
+    database's counts behind that), read from a stopped server's database and its last /metrics:
+    run-state keeps the blocking event's type on the probe's channel row, the inbox holds the probe's
+    request, request metrics counted requests, the growing run stored some states as deltas, events
+    have chain hashes, the exporting server exported spans."""
+    with contextlib.closing(sqlite3.connect(database, timeout=30)) as conn:
+        events, hashed = conn.execute("SELECT COUNT(*), COUNT(chain_hash) FROM events").fetchone()
+        deltas = conn.execute("SELECT COUNT(*) FROM states WHERE delta_base IS NOT NULL").fetchone()[0]
+        row = conn.execute("SELECT last_event_type FROM channels WHERE id = ?", (SWITCH_PROBE,)).fetchone()
+        inbox = conn.execute("SELECT COUNT(*) FROM approvals WHERE channel_id = ?", (SWITCH_PROBE,)).fetchone()[0]
+    counts = {"events": events, "chain_hashed": hashed, "delta_states": deltas, "inbox_rows": inbox,
+              "probe_last_event_type": row[0] if row else None}
+    seen = {"run-state": counts["probe_last_event_type"] == "approval.requested",
+            "approvals": inbox > 0,
+            "request-metrics": result["requests_observed"] > 0,
+            "deltas": deltas > 0 if "grow" in result else None,
+            "chain": hashed > 0,
+            "spans": result["spans"]["exported"] > 0 if result["exporting"] else None}
+    return seen, counts
+
+
+def switch_mismatches(result: dict) -> list[str]:
+    """What a measurement's server did against what its switch asked: the feature switched off at
+    work, or another one not."""
+    return [f"{feature} {'at work' if at_work else 'not at work'}"
+            for feature, at_work in result["seen"].items()
+            if at_work is not None and at_work != (feature != result["without"])]
+
+
+def combined(passes: list[dict]) -> dict:
+    """One server's B1b passes as one measurement (their sums), each pass kept under `passes`."""
+    total = {name: sum(p[name] for p in passes)
+             for name in ("seconds", "steps", "requests", "writes", "cpu_seconds", "server_cpu", "connection_errors")}
+    return {**total, "other_cores_busy": statistics.mean(p["other_cores_busy"] for p in passes), "passes": passes}
+
+
+class FeatureCosts:
+    """--feature-costs: one SDK worker (no server of its own), one collector that answers ok, and two
+    fresh servers for each pair measured."""
+
+    def __init__(self, plan: Plan, folder: Path, keep: bool = False):
+        self.plan, self.folder, self.keep = plan, folder, keep
+        self.rounds: list[dict] = []
+
+    def start(self) -> None:
+        self.collector = Collector("ok")
+        self.worker = Worker("ours", []).wait_ready()
+        say(f"feature costs: SDK worker {self.worker.proc.pid}, collector {self.collector.url}")
+
+    def stop(self) -> None:
+        for child in (getattr(self, "worker", None), getattr(self, "collector", None)):
+            if child is not None:
+                with contextlib.suppress(Exception):
+                    child.stop()
+
+    def run_round(self, number: int) -> None:
+        """Every pair once, in an order that rotates."""
+        got: dict = {"order": rotated(list(PAIRED), number), "pairs": {}}
+        for config in got["order"]:
+            got["pairs"][config] = self.measure_pair(config, f"r{number}", number)
+        self.rounds.append(got)
+
+        def ratio(pair: dict) -> float:
+            off, on = pair["off"]["b1b"], pair["reference"]["b1b"]
+            return (off["server_cpu"] / off["writes"]) / (on["server_cpu"] / on["writes"])
+
+        say(f"round {number}: server CPU per write (B1b), off ÷ all on: "
+            + ", ".join(f"{config} {ratio(pair):.3f}" for config, pair in got["pairs"].items()))
+
+    def _timed(self, server: Server, op: str, **args) -> dict:
+        """`op` on the worker with its server's CPU, and the cores the machine's other processes kept
+        busy meanwhile (all of the machine's busy time but the server's and the SDK's, ÷ wall time)."""
+        before, ticks = cpu_seconds(server.pid), machine_ticks()
+        result = self.worker.call(op, **args)
+        result["server_cpu"] = cpu_seconds(server.pid) - before
+        busy = cores_busy(ticks, machine_ticks())
+        result["other_cores_busy"] = max(0.0, busy - (result["server_cpu"] + result["cpu_seconds"]) / result["seconds"])
+        return result
+
+    def measure_pair(self, config: str, tag: str, number: int) -> dict:
+        """`config` beside its all-on configuration, each on a fresh server started for it: both warmed
+        up, B1b on each twice in the order A B B A (B A A B in even rounds), so that drift on a shared
+        machine moves both alike; the growing run on each (not on exporting servers), the one whose
+        B1b came last first; the switch probe on each; then both stop, and their databases say which
+        features each ran."""
+        exporting = config in EXPORTING_CONFIGS
+        configs = {"reference": reference_of(config), "off": config}
+        servers: dict[str, Server] = {}
+        results: dict[str, dict] = {}
+        try:
+            for role, name in configs.items():
+                without = FEATURE_CONFIGS[name]
+                data_dir = self.folder / f"features-{tag}-{re.sub(r'[^a-z]+', '-', config)}-{role}"
+                argv = [sys.executable, str(ROOT / "actae.py"), "--port", "0", "--data-dir", str(data_dir),
+                        *(["--otlp-endpoint", self.collector.url] if exporting else [])]
+                servers[role] = Server(f"actae without {without or 'nothing'}", argv,
+                                       {"url": URL_LINE, "key": KEY_LINE}, env={BENCH_WITHOUT_VAR: without or ""})
+                results[role] = {"config": name, "without": without, "exporting": exporting,
+                                 "data_dir": str(data_dir)}
+            for role, server in servers.items():
+                server.wait()
+                results[role]["environ"] = process_environ(server.pid).get(BENCH_WITHOUT_VAR)
+                self.worker.call("connect", target=role, urls=[server.found["url"]], key=server.found["key"])
+            try:
+                self._pair_runs(servers, results, tag, number)
+            finally:
+                for role in servers:
+                    self.worker.call("disconnect", target=role)
+        finally:
+            stop_servers(list(servers.values()))
+        for role, result in results.items():
+            result["seen"], result["database"] = switches_seen(Path(result["data_dir"]) / "actae.db", result)
+            if not self.keep:
+                shutil.rmtree(result["data_dir"], ignore_errors=True)
+        return results
+
+    def _pair_runs(self, servers: dict, results: dict, tag: str, number: int) -> None:
+        plan, exporting = self.plan, results["off"]["exporting"]
+        for role in servers:
+            self.worker.call("b1b", runs=plan.runs, n=min(FEATURE_WARM_STEPS, plan.run_steps), tag=f"{tag}-warm",
+                             target=role)
+        # The first timed pass of a pair costs a few percent more than the others (the servers are
+        # still warming up): A B B A puts that on A, so A is each role in turn, round by round.
+        order = (["off", "reference", "reference", "off"] if number % 2 == 0
+                 else ["reference", "off", "off", "reference"])
+        passes: dict = {role: [] for role in servers}
+        for i, role in enumerate(order):
+            passes[role].append(self._timed(servers[role], "b1b", runs=plan.runs, n=plan.run_steps,
+                                            tag=f"{tag}-b1b-{i}", target=role))
+        for role in servers:
+            results[role]["b1b"] = combined(passes[role])
+        if not exporting:
+            for role in (order[1], order[0]):
+                data_dir = Path(results[role]["data_dir"])
+                before = store_bytes(data_dir)
+                grow = self._timed(servers[role], "grow", n=plan.b4_steps, tag=f"{tag}-grow", target=role)
+                after = store_bytes(data_dir)
+                results[role]["grow"] = {**grow, "disk_bytes": after["bytes"] - before["bytes"],
+                                         "checkpointed": before["checkpointed"] and after["checkpointed"]}
+        for role, server in servers.items():
+            self.worker.call("record", target=role, channel=SWITCH_PROBE, event_type="approval.requested",
+                             payload={"request_id": SWITCH_PROBE, "summary": "does the inbox see it?"})
+            results[role]["requests_observed"] = requests_observed(server.found["url"], server.found["key"])
+        if exporting:
+            # all on: every timed step's span exported (or 20 s are up); span building off: none, a pass
+            # of the other server (and its spans' export) after its own last pass
+            for role in ("reference", "off"):
+                url, key = servers[role].found["url"], servers[role].found["key"]
+                results[role]["spans"] = (settled_spans(url, key, results[role]["b1b"]["steps"]) if role == "reference"
+                                          else span_counts(url, key))
+
+
+def phase_costs(pairs: list[tuple[dict, dict]], phase: str, reference: bool) -> dict:
+    """A configuration's figures in one phase ("b1b" or "grow"), from its measurements each paired
+    with the all-on one beside it: steps/s and CPU per write as medians over its measurements; the
+    ratio, the CPU saved and its share as medians over the pairs (for an all-on configuration itself
+    1, 0 and 0)."""
+    def cpu(r: dict) -> float:
+        return r[phase]["server_cpu"] * 1000 / r[phase]["writes"]
+
+    def disk(r: dict) -> float:
+        return r[phase]["disk_bytes"] / r[phase]["steps"]
+
+    steps = [r[phase]["steps"] / r[phase]["seconds"] for r, _ in pairs]
+    ours, alls = [cpu(r) for r, _ in pairs], [cpu(a) for _, a in pairs]
+    figures = {
+        "steps_per_s": statistics.median(steps),
+        "server_cpu_ms_per_write": statistics.median(ours),
+        "cpu_over_all_on": 1.0 if reference else statistics.median(o / a for o, a in zip(ours, alls)),
+        "cpu_saved_ms_per_write": 0.0 if reference else statistics.median(a - o for o, a in zip(ours, alls)),
+        "share_of_a_write": 0.0 if reference else statistics.median((a - o) / a for o, a in zip(ours, alls)),
+        "samples": {"steps_per_s": steps, "server_cpu_ms_per_write": ours, "all_on_server_cpu_ms_per_write": alls},
+    }
+    if phase == "grow":
+        ours_disk, alls_disk = [disk(r) for r, _ in pairs], [disk(a) for _, a in pairs]
+        figures.update(disk_bytes_per_step=statistics.median(ours_disk),
+                       disk_over_all_on=1.0 if reference else statistics.median(
+                           d / a for d, a in zip(ours_disk, alls_disk)),
+                       checkpointed=all(r[phase]["checkpointed"] for r, _ in pairs))
+        figures["samples"].update(disk_bytes_per_step=ours_disk, all_on_disk_bytes_per_step=alls_disk)
+    return figures
+
+
+def summarise_features(costs: FeatureCosts) -> dict:
+    """The report's feature_costs section: per configuration, what its servers ran without, the
+    configuration it is paired with, B1b's figures, the growing run's (not on exporting servers),
+    each server's ACTAE_BENCH_WITHOUT as its /proc environ had it, and which features it was seen to
+    run. An all-on configuration's figures are over every server of it (one in each pair with it)."""
+    plan, configs = costs.plan, {}
+    for config, without in FEATURE_CONFIGS.items():
+        if config in REFERENCES:
+            pairs = [(pair["reference"], pair["reference"]) for got in costs.rounds
+                     for name, pair in got["pairs"].items() if reference_of(name) == config]
+        else:
+            pairs = [(got["pairs"][config]["off"], got["pairs"][config]["reference"]) for got in costs.rounds]
+        runs = [r for r, _ in pairs]
+        mismatches = sorted({m for r in runs for m in switch_mismatches(r)})
+        configs[config] = {
+            "label": FEATURE_LABELS[config], "without": without, "exporting": config in EXPORTING_CONFIGS,
+            "compared_with": None if config in REFERENCES else reference_of(config), "servers": len(runs),
+            "environ": [r["environ"] for r in runs], "seen": [r["seen"] for r in runs],
+            "database": [r["database"] for r in runs],
+            "switch_ok": not mismatches and all(r["environ"] == (without or "") for r in runs),
+            "mismatches": mismatches,
+            "b1b": phase_costs(pairs, "b1b", config in REFERENCES),
+            "grow": None if config in EXPORTING_CONFIGS else phase_costs(pairs, "grow", config in REFERENCES),
+            "spans": [r.get("spans") for r in runs],
+            "connection_errors": sum(r[p].get("connection_errors", 0) for r in runs for p in ("b1b", "grow") if p in r),
+        }
+    messages = make_messages("b4", plan.b4_steps)
+    others = [r["b1b"]["other_cores_busy"] for got in costs.rounds for pair in got["pairs"].values()
+              for r in pair.values()]
+    return {"rounds": len(costs.rounds), "runs": plan.runs, "run_steps": plan.run_steps, "b1b_passes": 2,
+            "grow_steps": plan.b4_steps,
+            "other_cores_busy": {"median": statistics.median(others), "max": max(others)} if others else None,
+            "grow_bytes_added_per_step": (state_bytes(grown_state(messages, plan.b4_steps))
+                                          - state_bytes(grown_state(messages, 0))) / plan.b4_steps,
+            "delta_min_bytes": DELTA_MIN_BYTES, "features": list(BENCH_FEATURES), "configs": configs}
+
+
+def ms3(value: Optional[float]) -> str:
+    return "-" if value is None else f"{round(value, 3) or 0.0:.3f}"       # no "-0.000"
+
+
+def percent(value: Optional[float]) -> str:
+    return "-" if value is None else f"{round(value * 100, 1) or 0.0:.1f}%"
+
+
+def feature_tables(fc: dict) -> str:
+    """The two tables of --feature-costs: B1b, then the growing state, with what they rest on."""
+    configs = fc["configs"]
+
+    def cells(config: str, f: dict) -> list[str]:
+        reference = config in REFERENCES
+        return [configs[config]["label"], number(f["steps_per_s"]), ms3(f["server_cpu_ms_per_write"]),
+                number(f["cpu_over_all_on"]), "-" if reference else ms3(f["cpu_saved_ms_per_write"]),
+                "-" if reference else percent(f["share_of_a_write"])]
+
+    def noise(phase: str) -> str:
+        samples = configs[NOISE][phase]["samples"]
+        shares = [(a - o) / a for o, a in zip(samples["server_cpu_ms_per_write"],
+                                              samples["all_on_server_cpu_ms_per_write"])]
+        return f"{percent(min(shares))} to {percent(max(shares))}"
+
+    heads = ["feature switched off", "steps/s", "server CPU per write request (ms)", "÷ all on",
+             "CPU saved per write (ms, all on minus off)", "share of a write (saved ÷ all on)"]
+    rounds = f"{fc['rounds']} round{'s' if fc['rounds'] != 1 else ''}"
+    lines = [f"What each write-path feature costs (B1b, SQLite): {fc['runs']} concurrent runs x {fc['run_steps']}"
+             f" steps, twice on each server, medians of {rounds}",
+             markdown(heads, [cells(c, f["b1b"]) for c, f in configs.items()], left=1),
+             f"Each feature off is paired, each round, with all on: two fresh servers started together, B1b on"
+             f" them in the order A B B A (B A A B every other round); spans with both servers exporting to the"
+             f" same loopback collector (answering ok). ÷ all on is the pair's ratio of server CPU per write, and"
+             f" it, the CPU saved and the share are medians over the pairs; the all-on rows hold every all-on"
+             f" server's figures. The noise row pairs all on with all on: its pairs' shares ran from"
+             f" {noise('b1b')}, so a share inside that range is not a cost this machine can measure. B1b's"
+             f" states (2 KB) are below the {fc['delta_min_bytes']:,} bytes from which deltas engage, so its"
+             f" deltas row measures only the size check; the growing state below is where deltas work.", ""]
+    grown = {c: f["grow"] for c, f in configs.items() if f["grow"]}
+    rows = [[*cells(c, f), number(f["disk_bytes_per_step"]), number(f["disk_over_all_on"])] for c, f in grown.items()]
+    lines += [f"Growing state (B4's): one AgentSession run of {fc['grow_steps']} steps on each server of a pair after"
+              f" its B1b, a conversation growing {fc['grow_bytes_added_per_step']:,.0f} bytes a step (a state a"
+              f" step, from 1 KB to {fc['grow_steps'] * fc['grow_bytes_added_per_step'] / 1000:,.0f} KB)",
+              markdown([*heads, "disk bytes per step", "disk ÷ all on"], rows, left=1),
+              f"The noise row's pairs: shares from {noise('grow')}."]
+    bad = {c: f for c, f in configs.items() if not f["switch_ok"]}
+    for config, f in bad.items():
+        lines.append(f"WARNING: {config}: a server did not run as switched (environ {f['environ']};"
+                     f" {', '.join(f['mismatches']) or 'the environment differs'}): its row measures something else.")
+    if not bad:
+        lines.append("Every server ran as switched: its /proc environ held its ACTAE_BENCH_WITHOUT, and what it"
+                     " wrote (chain hashes, deltas, the runs-page column, the inbox row, request metrics, spans)"
+                     " showed the feature off and every other one at work.")
+    return "\n".join(lines)
+
+
+def machine_meta() -> dict:
+    """When, on what, and which actae (its commit, +changes when actae.py differs from it)."""
+    cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                      if line.startswith("model name")), platform.processor())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = bool(subprocess.run(["git", "status", "--porcelain", "actae.py"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip())
+    return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{os.cpu_count()}-core {platform.machine()}", "cpu": cpu_model,
+            "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
+            "actae_commit": commit + ("+changes" if dirty else "")}
+
+
+def feature_docs_section(report: dict, tables: str) -> str:
+    m, others = report["meta"], report["feature_costs"]["other_cores_busy"]
+    return "\n".join([
+        f"Run of {m['date']} on {m['machine']} ({m['cpu']}), Python {m['python']}, SQLite {m['sqlite']}:"
+        f" `--feature-costs{' --quick' if m['quick'] else ''}` in {m['seconds']:.0f} s, actae `{m['actae_commit']}`;"
+        f" the machine's load average (1 minute) was {m['load_before'][0]:.2f} before it started, and during B1b"
+        f" other processes kept {others['median']:.2f} of its {os.cpu_count()} cores busy (median over the"
+        f" measurements; at most {others['max']:.2f}).",
+        "",
+        spaced(tables),
+    ])
+
+
+def feature_costs_only(args: argparse.Namespace) -> int:
+    """`bench.py --feature-costs [--quick]`: the feature costs alone, printed, written as
+    {"meta", "feature_costs", "rounds"} and, with --docs (a full run: by default), between the
+    feature-costs markers."""
+    plan = QUICK if args.quick else replace(Plan(), rounds=FEATURE_ROUNDS)
+    plan = replace(plan, **{k: getattr(args, k) for k in ("rounds", "run_steps") if getattr(args, k)})
+    if args.dir:
+        args.dir.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix="actae-bench-features-", dir=args.dir))
+    costs = FeatureCosts(plan, folder, keep=args.keep)
+    load, ticks, began = os.getloadavg(), machine_ticks(), time.monotonic()
+    try:
+        costs.start()
+        for number in range(1, plan.rounds + 1):
+            costs.run_round(number)
+    finally:
+        costs.stop()
+        if not args.keep:
+            shutil.rmtree(folder, ignore_errors=True)
+    report = {"meta": {**machine_meta(), "quick": args.quick, "seconds": round(time.monotonic() - began, 1),
+                       "plan": asdict(plan), "load_before": load, "load_after": os.getloadavg(),
+                       "machine_cores_busy": cores_busy(ticks, machine_ticks()),
+                       "folder": str(folder) if args.keep else None},
+              "feature_costs": summarise_features(costs), "rounds": costs.rounds}
+    json_path = args.json or DEFAULT_FEATURES_JSON
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    json_path.write_text(json.dumps(report, indent=2, default=str) + "\n")
+    tables = feature_tables(report["feature_costs"])
+    print(tables)
+    print(f"\nreport: {json_path}")
+    docs = args.docs or (None if args.quick else DEFAULT_DOCS)
+    if docs is not None:
+        write_docs(docs, feature_docs_section(report, tables), FEATURES_START, FEATURES_END)
+        print(f"tables: {docs}")
+    return 0
+
+
+# =============================================================================
 # Report
 # =============================================================================
 
@@ -2569,11 +3042,12 @@ def pg_table(postgresql: dict) -> list[str]:
     return lines
 
 
-def markdown(heads: list[str], rows: list[list[str]]) -> str:
+def markdown(heads: list[str], rows: list[list[str]], left: int = 2) -> str:
+    """A markdown table, its first `left` columns aligned left and the rest right."""
     widths = [max(len(str(r[i])) for r in [heads, *rows]) for i in range(len(heads))]
 
     def line(cells):
-        return "| " + " | ".join(str(c).ljust(w) if i < 2 else str(c).rjust(w)
+        return "| " + " | ".join(str(c).ljust(w) if i < left else str(c).rjust(w)
                                  for i, (c, w) in enumerate(zip(cells, widths))) + " |"
 
     return "\n".join([line(heads), "|" + "|".join("-" * (w + 2) for w in widths) + "|", *map(line, rows)])
@@ -2586,16 +3060,8 @@ def connection_errors(bench: Bench, name: str) -> int:
 
 
 def meta(bench: Bench, quick: bool, seconds: float) -> dict:
-    cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), platform.processor())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "actae.py"], cwd=ROOT, capture_output=True,
-                                text=True).stdout.strip())
     return {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "machine": f"{os.cpu_count()}-core {platform.machine()}", "cpu": cpu_model,
-        "python": platform.python_version(), "sqlite": sqlite3.sqlite_version,
-        "actae_commit": commit + ("+changes" if dirty else ""), "quick": quick, "seconds": round(seconds, 1),
+        **machine_meta(), "quick": quick, "seconds": round(seconds, 1),
         "plan": asdict(bench.plan), "workers": {name: w.info for name, w in bench.workers.items()},
         "rss_reset_worked": all(r.get("rss_reset") for r in bench.rounds),
         "ours_connection_errors": connection_errors(bench, "ours"),
@@ -2637,23 +3103,24 @@ def docs_section(report: dict, tables: str) -> str:
     ])
 
 
-def write_docs(path: Path, section: str) -> None:
-    """Put `section` between the markers of `path`, leaving every other byte as it was (someone
-    else may be writing the rest of the file); a file without the markers gets them at its end, a
-    missing one is created with a title. Written whole and renamed into place."""
-    block = f"{DOCS_START}\n{section}\n{DOCS_END}"
+def write_docs(path: Path, section: str, start_marker: str = DOCS_START, end_marker: str = DOCS_END) -> None:
+    """Put `section` between the markers of `path` (the bench's; --feature-costs has its own pair),
+    leaving every other byte as it was (someone else may be writing the rest of the file); a file
+    without the markers gets them at its end, a missing one is created with a title. Written whole
+    and renamed into place."""
+    block = f"{start_marker}\n{section}\n{end_marker}"
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         text = None
-    start = -1 if text is None else text.find(DOCS_START)
-    end = -1 if start < 0 else text.find(DOCS_END, start)
+    start = -1 if text is None else text.find(start_marker)
+    end = -1 if start < 0 else text.find(end_marker, start)
     if text is None:
         text = ("# Benchmarks\n\nThe tables of `python examples/bench.py`, written by the bench itself"
                 " (`--docs`): edit outside the markers, the next run replaces what is between them.\n\n"
                 f"{block}\n")
     elif end >= 0:
-        text = text[:start] + block + text[end + len(DOCS_END):]
+        text = text[:start] + block + text[end + len(end_marker):]
     else:
         text = text.rstrip("\n") + ("\n\n" if text.strip() else "") + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -2682,21 +3149,29 @@ def missing_peers() -> list[str]:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes, every figure, under a minute")
-    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, metavar="PATH",
-                        help=f"where the report goes (default {DEFAULT_JSON.relative_to(ROOT)})")
-    parser.add_argument("--rounds", type=int, help="rounds of B1a, B1b, B3 and the limits")
+    parser.add_argument("--json", type=Path, metavar="PATH",
+                        help=f"where the report goes (default {DEFAULT_JSON.relative_to(ROOT)}; with --feature-costs"
+                             f" {DEFAULT_FEATURES_JSON.relative_to(ROOT)})")
+    parser.add_argument("--rounds", type=int,
+                        help="rounds of B1a, B1b, B3 and the limits (--feature-costs: its rounds, default 6)")
     parser.add_argument("--steps", type=int, help="B1a: steps of the one run")
     parser.add_argument("--run-steps", type=int, help="B1b: steps of each of the 32 runs")
     parser.add_argument("--dir", type=Path, help="put the temporary folder (every database) here")
     parser.add_argument("--keep", action="store_true", help="keep the temporary folder")
-    parser.add_argument("--b5", action="store_true", help="run only B5 (many runs; needs no peers)")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--b5", action="store_true", help="run only B5 (many runs; needs no peers)")
+    only.add_argument("--feature-costs", action="store_true",
+                      help="run only the write path's feature costs: B1b and a growing state on a fresh server with"
+                           " each of actae.BENCH_FEATURES switched off in turn (ACTAE_BENCH_WITHOUT), beside all on;"
+                           " needs no peers")
     parser.add_argument("--baseline", nargs="?", const=BASELINE_AUTO, default=BASELINE_AUTO, metavar="REF",
                         help="also measure our server as of REF (a git worktree of it) in the same rounds, and"
                              " show ours / baseline; default, and with no REF: the newest tag, else the newest"
                              " commit before HEAD that changed actae.py; 'none' turns it off")
     parser.add_argument("--docs", type=Path, metavar="PATH",
                         help=f"write the tables between the bench markers of PATH (default for a full run:"
-                             f" {DEFAULT_DOCS.relative_to(ROOT)}; a --quick run writes none unless given)")
+                             f" {DEFAULT_DOCS.relative_to(ROOT)}; a --quick run writes none unless given);"
+                             f" --feature-costs writes its own, between the feature-costs markers")
     parser.add_argument("--postgres", metavar="URL",
                         help="also measure B1b on PostgreSQL: a maintenance-database URL whose user may"
                              " CREATE DATABASE (default $ACTAE_BENCH_DATABASE_URL, else $ACTAE_TEST_DATABASE_URL)")
@@ -2780,6 +3255,12 @@ def main(argv: Optional[list] = None) -> int:
         return serve_worker(args)
     if args.bare_server:
         return serve_bare()
+    if os.environ.pop(BENCH_WITHOUT_VAR, None) is not None:    # B5 loads through actae in this process
+        print(f"bench: ignoring {BENCH_WITHOUT_VAR} in this environment: the bench sets it per server"
+              f" (--feature-costs)", file=sys.stderr)
+    if args.feature_costs:
+        return feature_costs_only(args)
+    args.json = args.json or DEFAULT_JSON
     if args.b5:
         return b5_only(args)
     if missing := missing_peers():

@@ -17,12 +17,22 @@ The baseline row: by default every run also measures our server as of the newest
 newest commit before HEAD that changed actae.py, from a git worktree; every figure ours has (but
 the floors) must then have the baseline's value beside it, ours ÷ baseline and which way is better,
 in the table and in the report, and the worktree must be gone afterwards.
+
+--feature-costs (one quick round, about 20 s, no peers needed): the table's rows are "all on", all on
+against all on (the noise) and each of actae.BENCH_FEATURES off alone (spans beside all on, both
+exporting), each with its figures and its pair's ratio, saving and share; each server was started
+with its ACTAE_BENCH_WITHOUT (its /proc environ) whatever the bench's own environment holds, and ran
+as switched: the kept databases of chain off and deltas off hold no chain hash and no delta, all
+on's both. Its docs section has its own markers, which the full run's leaves alone.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
+import os
+import sqlite3
 import subprocess
 import sys
 
@@ -409,3 +419,122 @@ def test_b5_times_the_runs_list_the_filter_the_inbox_and_a_search_at_two_sizes(q
     for check in b5["ratios"].values():
         assert positive(check["value"]) and check["op"] == "<=" and isinstance(check["pass"], bool)
         assert check["label"] in stdout
+
+
+# --------------------------------------------------------------------------------------------
+# --feature-costs: B1b (and a growing state) with each write-path feature switched off in turn
+# --------------------------------------------------------------------------------------------
+
+FEATURE_CONFIGS = {"all on": "", "all on, again": "", "run-state": "run-state", "approvals": "approvals",
+                   "request-metrics": "request-metrics", "deltas": "deltas", "chain": "chain",
+                   "all on, exporting": "", "spans": "spans"}
+REFERENCES = ("all on", "all on, exporting")
+EXPORTING = ("all on, exporting", "spans")
+FEATURE_HEADS = ["feature switched off", "steps/s", "server CPU per write request (ms)", "÷ all on",
+                 "CPU saved per write (ms, all on minus off)", "share of a write (saved ÷ all on)"]
+
+
+@pytest.fixture(scope="module")
+def feature_run(tmp_path_factory):
+    """One `--feature-costs --quick` run of one round (about 20 s), its servers' data directories kept,
+    its tables written into a copy of docs/benchmarks.md; ACTAE_BENCH_WITHOUT=chain in the bench's own
+    environment must reach none of its servers (each gets its configuration's value)."""
+    folder = tmp_path_factory.mktemp("features")
+    out, docs = folder / "features.json", folder / "benchmarks.md"
+    docs.write_text((ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8"), encoding="utf-8")
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "bench.py"), "--feature-costs", "--quick",
+                           "--rounds", "1", "--json", str(out), "--docs", str(docs), "--dir", str(folder / "runs"),
+                           "--keep"],
+                          cwd=str(ROOT), capture_output=True, text=True, encoding="utf-8", timeout=300,
+                          env={**os.environ, "ACTAE_BENCH_WITHOUT": "chain"})
+    assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout}\n--- stderr\n{proc.stderr[-6000:]}"
+    return json.loads(out.read_text()), proc.stdout, proc.stderr, docs
+
+
+def test_feature_costs_rows_and_figures(feature_run):
+    report, stdout, _, _ = feature_run
+    import actae
+
+    fc = report["feature_costs"]
+    assert fc["features"] == list(actae.BENCH_FEATURES), "the bench's configurations follow actae.BENCH_FEATURES"
+    assert fc["delta_min_bytes"] == actae.DELTA_MIN_BYTES
+    assert list(fc["configs"]) == list(FEATURE_CONFIGS) and fc["rounds"] == 1
+    assert set(report["rounds"][0]["pairs"]) == set(FEATURE_CONFIGS) - set(REFERENCES)
+    rows = table_rows(stdout, "feature switched off")
+    grown = [c for c in FEATURE_CONFIGS if c not in EXPORTING]
+    assert [row[0] for row in rows] == [fc["configs"][c]["label"] for c in [*FEATURE_CONFIGS, *grown]], (
+        "the B1b table's rows, then the growing state's")
+    assert "What each write-path feature costs (B1b, SQLite)" in stdout and "WARNING" not in stdout
+    heads = next(line for line in stdout.splitlines() if line.startswith("| feature switched off"))
+    assert [cell.strip() for cell in heads.strip("|").split("|")] == FEATURE_HEADS
+    for i, (config, row) in enumerate(zip([*FEATURE_CONFIGS, *grown], rows)):
+        f = fc["configs"][config]
+        phase = f["b1b"] if i < len(FEATURE_CONFIGS) else f["grow"]
+        assert positive(phase["steps_per_s"]) and positive(phase["server_cpu_ms_per_write"]), (config, phase)
+        assert row[3] == bench.number(phase["cpu_over_all_on"]), (config, row)
+        if config in REFERENCES:          # every all-on server of the round, the reference of the others
+            assert f["compared_with"] is None and phase["cpu_over_all_on"] == 1 and row[4] == row[5] == "-"
+            assert f["servers"] == (1 if config in EXPORTING else len(grown) - 1), (config, f["servers"])
+            continue
+        assert f["compared_with"] == ("all on, exporting" if config in EXPORTING else "all on") and f["servers"] == 1
+        (ours,), (reference,) = phase["samples"]["server_cpu_ms_per_write"], phase["samples"]["all_on_server_cpu_ms_per_write"]
+        assert phase["cpu_over_all_on"] == pytest.approx(ours / reference), config
+        assert phase["cpu_saved_ms_per_write"] == pytest.approx(reference - ours), config
+        assert phase["share_of_a_write"] == pytest.approx((reference - ours) / reference), config
+        assert row[5] == f"{round(phase['share_of_a_write'] * 100, 1) or 0.0:.1f}%", (config, row)
+    for config in EXPORTING:
+        assert fc["configs"][config]["grow"] is None, "the exporting servers run B1b only"
+    assert fc["configs"]["deltas"]["grow"]["disk_over_all_on"] > 1.5, "states stored whole take more disk"
+
+
+def test_each_server_ran_with_its_switch(feature_run):
+    """The environment each server was started with (its /proc environ, as the bench read it), what
+    the bench saw each feature do, and the kept databases read here: chain off leaves every
+    chain_hash NULL, deltas off stores no state as a delta, where all on does both."""
+    report, _, stderr, _ = feature_run
+    fc, pairs = report["feature_costs"], report["rounds"][0]["pairs"]
+    assert "ignoring ACTAE_BENCH_WITHOUT" in stderr
+    for config, without in FEATURE_CONFIGS.items():
+        f = fc["configs"][config]
+        assert f["environ"] == [without] * f["servers"] and f["switch_ok"] and not f["mismatches"], (config, f)
+        for seen in f["seen"]:
+            for feature, at_work in seen.items():
+                if at_work is not None:
+                    assert at_work is (feature != without), (config, feature)
+            assert (seen["spans"] is None) is (config not in EXPORTING), config
+    assert [s["exported"] > 0 for s in fc["configs"]["all on, exporting"]["spans"]] == [True]
+    assert [s["exported"] for s in fc["configs"]["spans"]["spans"]] == [0]
+
+    def counts(server: dict) -> tuple:
+        database = f"file:{server['data_dir']}/actae.db?mode=ro"
+        with contextlib.closing(sqlite3.connect(database, uri=True)) as conn:
+            return conn.execute("SELECT COUNT(*), COUNT(chain_hash), (SELECT COUNT(*) FROM states"
+                                " WHERE delta_base IS NOT NULL) FROM events").fetchone()
+
+    events, hashed, deltas = counts(pairs["chain"]["off"])
+    assert events > 0 and hashed == 0 and deltas > 0, "chain off: events without a chain hash"
+    events, hashed, deltas = counts(pairs["deltas"]["off"])
+    assert hashed == events > 0 and deltas == 0, "deltas off: every state stored whole"
+    events, hashed, deltas = counts(pairs["chain"]["reference"])
+    assert hashed == events > 0 and deltas > 0, "all on, though the bench ran with ACTAE_BENCH_WITHOUT=chain"
+
+
+def test_feature_costs_write_their_own_docs_section(feature_run):
+    """--feature-costs writes between its own markers and leaves the bench's section as it was; the
+    full run's write_docs leaves the feature-costs section as it was."""
+    _, _, _, docs = feature_run
+    original = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    text = docs.read_text(encoding="utf-8")
+    start, end = text.index(bench.FEATURES_START), text.index(bench.FEATURES_END)
+    section = text[start + len(bench.FEATURES_START):end]
+    assert "What each write-path feature costs (B1b, SQLite)" in section and "--feature-costs --quick" in section
+
+    def bench_section(body: str) -> str:
+        return body[body.index(bench.DOCS_START):body.index(bench.DOCS_END)]
+
+    assert bench_section(text) == bench_section(original)
+    assert text[:text.index(bench.FEATURES_START)] == original[:original.index(bench.FEATURES_START)]
+    bench.write_docs(docs, "the full run's tables")
+    again = docs.read_text(encoding="utf-8")
+    assert f"{bench.DOCS_START}\nthe full run's tables\n{bench.DOCS_END}" in again
+    assert again[again.index(bench.FEATURES_START):again.index(bench.FEATURES_END)] == text[start:end]
