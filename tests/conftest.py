@@ -20,6 +20,7 @@ never from another test file):
 - HTTP: `http` (one urllib call), `api` (a path on a server, with its key), `ok`/`get_json` (a 200's
   body), `latest_cursor`, `post_streaming` (aiohttp), `port_of`; raw sockets: `RawHTTP` (answers read
   off one connection, `parse_head` for the head of one);
+- `Recording` (a connection that keeps the SQL a domain function sends, for the plan tests);
 - `run`, `client_for`/`using`/`using_async` (one SDK client for one call), the `server`,
   `make_client`, `with_client` and `unique` fixtures;
 - observability: `Collector` (a real OTLP/HTTP collector on loopback, keeping each span as a dict),
@@ -681,6 +682,24 @@ async def replay_all(client, channel) -> list:
         assert page[-1].cursor > cursor, "replay did not advance past the requested cursor"
         events += page
         cursor = page[-1].cursor
+
+
+# --------------------------------------------------------------------------------------------
+# The SQL a domain function sends (for EXPLAIN in the plan tests)
+# --------------------------------------------------------------------------------------------
+
+class Recording:
+    """A connection that keeps every (sql, args) a domain function sends; anything else goes to `conn`."""
+
+    def __init__(self, conn):
+        self.conn, self.dialect, self.sent = conn, conn.dialect, []
+
+    def execute(self, sql, args=()):
+        self.sent.append((sql, tuple(args)))
+        return self.conn.execute(sql, args)
+
+    def __getattr__(self, name):               # in_transaction, pipeline, states, ...
+        return getattr(self.conn, name)
 
 
 def session_log(events):

@@ -35,7 +35,7 @@ from typing import Callable, Optional
 
 import pytest
 
-from conftest import BACKEND, ROOT, ServerProcess, database_url_for, using
+from conftest import BACKEND, ROOT, Recording, ServerProcess, database_url_for, using
 
 sys.path.insert(0, str(ROOT))
 import actae  # noqa: E402  (its query functions, and the EXPLAIN of what they send)
@@ -233,20 +233,6 @@ def test_no_listed_index_is_unused():
 # --------------------------------------------------------------------------------------------
 # The plans of the query lines
 # --------------------------------------------------------------------------------------------
-
-class Recording:
-    """A connection that keeps every (sql, args) a domain function sends; anything else goes to `conn`."""
-
-    def __init__(self, conn):
-        self.conn, self.dialect, self.sent = conn, conn.dialect, []
-
-    def execute(self, sql, args=()):
-        self.sent.append((sql, tuple(args)))
-        return self.conn.execute(sql, args)
-
-    def __getattr__(self, name):               # in_transaction, pipeline, states, ...
-        return getattr(self.conn, name)
-
 
 def plan_lines(conn, sql: str, args: tuple) -> list:
     if conn.dialect is actae.SQLITE:

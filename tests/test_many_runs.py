@@ -20,7 +20,7 @@ from datetime import datetime, timezone
 import httpx
 import pytest
 
-from conftest import BACKEND, ROOT, ServerProcess, http, login, query_database, using
+from conftest import BACKEND, ROOT, Recording, ServerProcess, http, login, query_database, using
 
 sys.path.insert(0, str(ROOT))
 import actae  # noqa: E402  (its query functions and the EXPLAIN of what they send)
@@ -150,21 +150,6 @@ def test_a_deleted_latest_state_and_an_import_keep_the_columns(srv, kinds, tmp_p
                 == [("blocked", "approval.requested")])
         status, _, inbox = http("GET", f"{other.url}/api/v1/approvals?channel_id={waits}", key=other.key)
         assert [a["status"] for a in inbox["approvals"]] == ["pending"]
-
-
-class Recording:
-    """A connection that keeps every (sql, args) a domain function sends."""
-
-    def __init__(self, conn):
-        self.conn, self.dialect, self.sent = conn, conn.dialect, []
-
-    def execute(self, sql, args=()):
-        self.sent.append((sql, tuple(args)))
-        return self.conn.execute(sql, args)
-
-    @property
-    def in_transaction(self):
-        return self.conn.in_transaction
 
 
 def plan_lines(conn, sql: str, args: tuple) -> list:
