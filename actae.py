@@ -2847,6 +2847,7 @@ class SqliteConnection(sqlite3.Connection):
     dialect = SQLITE
     usable = True                    # a file: nothing to lose between statements
     states: Optional["StateCache"] = None   # its engine's cache of rebuilt states (see state_cache)
+    known_channels: Optional[set] = None    # no batch leaves an answer for later here (see Tx.later)
 
     def pipeline(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()     # a statement costs no round trip here
@@ -3067,7 +3068,7 @@ class Tx:
     def may_settle_later(self, channel_id: str) -> bool:
         """Whether a write to this channel may leave its answer to the end of the batch: the channel
         was seen on this engine (a first write creates it, which needs the answer at once)."""
-        known = getattr(self.conn, "known_channels", None)
+        known = self.conn.known_channels
         return self.later is not None and known is not None and channel_id in known
 
 
@@ -3406,8 +3407,6 @@ class PostgresEngine(Engine):
     def _run(self, pool: "psycopg_pool.ConnectionPool", fn: Callable, args: tuple):
         try:
             with pool.connection() as raw:
-                if len(self.known_channels) > KNOWN_CHANNELS_MAX:
-                    self.known_channels.clear()
                 return fn(PostgresConnection(raw, self.origin, self.states, self.known_channels), *args)
         except (psycopg.OperationalError, psycopg_pool.PoolTimeout) as exc:
             raise DatabaseUnavailable(f"PostgreSQL is unavailable: {first_line(exc)}") from exc
@@ -3833,8 +3832,10 @@ def bump_channel(tx: Tx, channel_id: str, insert: Callable[[], Optional[tuple]],
         bumped = insert()
     if bumped is None:
         raise channel_closed(channel_id)
-    known = getattr(tx.conn, "known_channels", None)
+    known = tx.conn.known_channels
     if known is not None:
+        if len(known) >= KNOWN_CHANNELS_MAX:
+            known.clear()                # a hint: forgetting costs the next write to each a round trip
         known.add(channel_id)
     return bumped
 
@@ -8105,9 +8106,8 @@ def after_page_token(token: str, time_column: str, id_column: str) -> tuple:
 def after_runs_token(token: str, alias: str) -> tuple:
     """Keyset pagination of runs, most recently active first: (SQL condition, *args) for the rows after
     an `<updated_at>|<id>` token. The activity second bounds the index range; the rest is exact."""
-    stamp, _, last_id = token.partition("|")
-    return (f"{alias}active_at <= ? AND ({alias}updated_at < ? OR ({alias}updated_at = ? AND {alias}id < ?))",
-            stamp[:ACTIVE_AT_CHARS], stamp, stamp, last_id)
+    after, *args = after_page_token(token, f"{alias}updated_at", f"{alias}id")
+    return (f"{alias}active_at <= ? AND {after}", token[:ACTIVE_AT_CHARS], *args)
 
 
 def by_activity(alias: str = "", descending: bool = False) -> str:
