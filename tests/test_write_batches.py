@@ -190,3 +190,45 @@ def test_the_app_lets_only_a_listed_write_alone_on_the_server_commit_on_its_loop
     assert lone(step) and not lone(prune)
     app.in_flight = 2                                      # another request, being answered or waiting to be
     assert not lone(step)
+
+
+def test_several_writers_take_each_channels_jobs_apart_and_in_order():
+    """PostgreSQL's two writers: a batch takes no job of a channel another batch in flight holds,
+    nor any later job of it (one channel's jobs keep their order); a job that names no channels waits
+    for the batches in flight; with nothing in flight, a batch is the queue's front as it came."""
+    def job(*channels):
+        return actae.Job(None, (), None, channels=None if channels == (None,) else channels)
+
+    queue = actae.WriteQueue(2)
+    a1, b1, a2, c1, anything, c2, b2 = job("a"), job("b"), job("a"), job("c"), job(None), job("c"), job("b")
+    for each in (a1, b1):
+        queue.put(each)
+    first = queue.take()
+    assert first == [a1, b1]
+    for each in (a2, c1, anything, c2, b2):
+        queue.put(each)
+    second = queue.take()                 # a2 waits for a1's batch; `anything` for every batch
+    assert second == [c1]
+    queue.done(first)
+    third = queue.take()
+    assert third == [a2]                   # c1's batch is still in flight: `anything` waits
+    queue.done(second)
+    queue.done(third)
+    assert queue.take() == [anything, c2, b2]   # nothing in flight: the front, in order
+    queue.put(None)
+    assert queue.take() is None
+
+
+def test_one_writer_batches_the_queue_front_and_runs_a_bare_job_alone():
+    queue = actae.WriteQueue(1)
+    jobs = [actae.Job(None, (), None) for _ in range(3)]
+    bare = actae.Job(None, (), None, bare=True)
+    for each in (jobs[0], jobs[1], bare, jobs[2]):
+        queue.put(each)
+    first = queue.take()
+    assert first == jobs[:2]
+    queue.done(first)
+    alone = queue.take()
+    assert alone == [bare]
+    queue.done(alone)
+    assert queue.take() == [jobs[2]]
