@@ -2138,7 +2138,7 @@ DROP INDEX channels_by_state;
 ALTER TABLE channels DROP COLUMN run_state;
 ALTER TABLE channels ADD COLUMN run_state TEXT GENERATED ALWAYS AS
     (actae_run_state(experiment_metadata, outcome, last_state_status, error_cursor, last_event_type)) STORED;
-CREATE INDEX channels_by_state ON channels (run_state, active_at, id)
+{CHANNELS_BY_STATE}
 """)
 
 
@@ -2541,6 +2541,10 @@ CREATE INDEX events_by_seq ON events USING brin (seq)
 """
 
 
+# The runs pages' status index since the activity second (migration 12; again where run_state is rebuilt).
+CHANNELS_BY_STATE = "CREATE INDEX channels_by_state ON channels (run_state, active_at, id)"
+
+
 def activity_second_schema(w: SchemaWords) -> str:
     return f"""
     -- A run's last activity is kept twice on its row: updated_at, exact, which writes set and no
@@ -2552,7 +2556,7 @@ def activity_second_schema(w: SchemaWords) -> str:
     DROP INDEX channels_by_activity;
     CREATE INDEX channels_by_activity ON channels (active_at, id);
     DROP INDEX channels_by_state;
-    CREATE INDEX channels_by_state ON channels (run_state, active_at, id);
+    {CHANNELS_BY_STATE};
     DROP INDEX channels_roots_by_activity;
     CREATE INDEX channels_roots_by_activity ON channels ({roots_index_key(w, "active_at")}) WHERE parent_id IS NULL;
     -- last_event_type now holds the last event's type only while it blocks the run (run_state reads
@@ -3965,32 +3969,21 @@ STATE_TYPES = {"cursor": "BIGINT", "state": "BYTEA", "delta_base": "BIGINT", "ch
                "ref_version": "BIGINT", "chain_bytes": "BIGINT", "base_bytes": "BIGINT"}
 
 
-@functools.lru_cache(maxsize=8)
-def next_state_sql(dialect: "Dialect", new_operation: bool) -> str:
+@functools.lru_cache(maxsize=16)
+def next_state_sql(dialect: "Dialect", new_operation: bool, strict: bool = False, facts: bool = False) -> str:
     """INSERT of the channel's next state version (arguments: STATE_COLUMNS' values, the channel id,
     and with `new_operation` the channel id and operation id again); returns the version, or nothing
-    when the channel is missing or closed, or the operation id is used on it."""
+    when the channel is missing or closed, or the operation id is used on it. `strict` (PostgreSQL,
+    see Later), it fails there instead (a NULL version), and with `facts` note_state_facts' UPDATE
+    rides in the same statement (its arguments first): one statement per state."""
     given = ", ".join(dialect.parameter(STATE_TYPES.get(column)) for column in STATE_COLUMNS)
-    return (f"INSERT INTO states ({', '.join(STATE_COLUMNS)}, version)"
-            f" SELECT {given}, {next_version_sql(dialect, new_operation)} RETURNING version")
-
-
-def next_version_sql(dialect: "Dialect", new_operation: bool) -> str:
     refuse_used = unused_operation("states") if new_operation else ""
-    return (f"{dialect.greatest}(c.state_version,"
-            " COALESCE((SELECT MAX(s.version) FROM states s WHERE s.channel_id = c.id), 0)) + 1"
-            f" FROM channels c WHERE c.id = ? AND c.closed_at IS NULL{refuse_used}")
-
-
-@functools.lru_cache(maxsize=8)
-def next_state_strict_sql(new_operation: bool, facts: bool) -> str:
-    """PostgreSQL, for an answer read later (see Later): next_state_sql's INSERT, failing (a NULL
-    version) where that one inserts nothing; with `facts`, note_state_facts' UPDATE rides in the same
-    statement (its arguments first), one statement per state."""
-    given = ", ".join(POSTGRES.parameter(STATE_TYPES.get(column)) for column in STATE_COLUMNS)
-    ride = f"WITH facts AS ({state_facts_sql(POSTGRES)}) " if facts else ""
-    return (f"{ride}INSERT INTO states ({', '.join(STATE_COLUMNS)}, version)"
-            f" VALUES ({given}, (SELECT {next_version_sql(POSTGRES, new_operation)})) RETURNING version")
+    version = (f"{dialect.greatest}(c.state_version,"
+               " COALESCE((SELECT MAX(s.version) FROM states s WHERE s.channel_id = c.id), 0)) + 1"
+               f" FROM channels c WHERE c.id = ? AND c.closed_at IS NULL{refuse_used}")
+    ride = f"WITH facts AS ({state_facts_sql(dialect)}) " if facts else ""
+    rows = f"VALUES ({given}, (SELECT {version}))" if strict else f"SELECT {given}, {version}"
+    return f"{ride}INSERT INTO states ({', '.join(STATE_COLUMNS)}, version) {rows} RETURNING version"
 
 
 def unused_operation(table: str) -> str:
@@ -4058,13 +4051,14 @@ def state_facts_sql(dialect: "Dialect") -> str:
 def note_state_facts(tx: Tx, channel_id: str, status: Optional[str]) -> None:
     """After a new state: its latest snapshot's status, and the run's activity when its second changed
     (a run's states alone keep its activity time at most a second behind; its events keep it exact)."""
-    if "run-state" in BENCH_WITHOUT:
-        return
-    tx.conn.execute(state_facts_sql(tx.conn.dialect), state_facts_args(tx, channel_id, status))
+    facts = state_facts_args(tx, channel_id, status)
+    if facts is not None:
+        tx.conn.execute(state_facts_sql(tx.conn.dialect), facts)
 
 
-def state_facts_args(tx: Tx, channel_id: str, status: Optional[str]) -> tuple:
-    return tx.ts, status, channel_id, tx.ts[:ACTIVE_AT_CHARS], status
+def state_facts_args(tx: Tx, channel_id: str, status: Optional[str]) -> Optional[tuple]:
+    """state_facts_sql's arguments, or None where the bench switched run-state upkeep off."""
+    return None if "run-state" in BENCH_WITHOUT else (tx.ts, status, channel_id, tx.ts[:ACTIVE_AT_CHARS], status)
 
 
 def ensure_channel(tx: Tx, channel_id: str) -> None:
@@ -4659,9 +4653,9 @@ def insert_state(tx: Tx, channel_id: str, cursor: int, stored: StoredState, sha:
     if checked:
         args += (channel_id, operation_id)
     if settle_later and tx.may_settle_later(channel_id):
-        facts = "run-state" not in BENCH_WITHOUT
-        before = state_facts_args(tx, channel_id, status) if facts else ()
-        later = Later(tx.conn.execute(next_state_strict_sql(checked, facts), before + args), lambda row: row[0])
+        facts = state_facts_args(tx, channel_id, status)
+        sql = next_state_sql(tx.conn.dialect, checked, strict=True, facts=facts is not None)
+        later = Later(tx.conn.execute(sql, (facts or ()) + args), lambda row: row[0])
         tx.later.append(later)
         return later
     sql = next_state_sql(tx.conn.dialect, checked)
