@@ -91,6 +91,43 @@ def test_a_replayed_operation_id_is_not_a_failure(conn):
     assert other.cursor == 2 and cursors(conn, "replay-run") == [1, 2]
 
 
+VALUES = ("text é ✓", 1, 70_000, 2**40, -(2**62), b"\x00\x01\xff", 1.25, None)
+
+
+def echo(tx: actae.Tx) -> tuple:
+    """The values read back inside a batch, as a job reads rows (by position and by column name)."""
+    row = tx.conn.execute("SELECT ? AS t, ? AS i2, ? AS i4, ? AS i8, ? AS neg, ? AS b, ? AS f, ? AS n", VALUES).fetchone()
+    return tuple(row), row["t"], row["b"]
+
+
+def test_values_read_back_in_a_batch_are_the_ones_read_outside(conn):
+    """A batch's statements may take another path to the database than a lone read (PostgreSQL
+    pipelines them): each value comes back as it went in, of the same type, either way."""
+    outside = tuple(conn.execute("SELECT ? AS t, ? AS i2, ? AS i4, ? AS i8, ? AS neg, ? AS b, ? AS f, ? AS n", VALUES).fetchone())
+    (together, _), (again, _) = actae.run_jobs(conn, [actae.Job(echo, (), None), actae.Job(echo, (), None)])
+    assert together == again == (VALUES, VALUES[0], VALUES[5])
+    assert outside == VALUES
+    assert [type(value) for value in together[0]] == [type(value) for value in VALUES]
+
+
+def test_a_read_between_sends_sees_the_batchs_own_writes(conn):
+    """A job reads what the jobs before it in the same batch wrote (a read waits for every answer
+    sent before it), and a job that fails after such a read fails alone."""
+    def write_then_read(tx: actae.Tx) -> list:
+        actae.append_event(tx, "read-run", "step", {"n": 2})
+        return cursors(tx.conn, "read-run")
+
+    def read_then_refuse(tx: actae.Tx) -> None:
+        assert cursors(tx.conn, "read-run") == [1, 2]
+        raise actae.Conflict("conflict", "refused after reading")
+
+    outcomes = actae.run_jobs(conn, [record("read-run", "first", 1), actae.Job(write_then_read, (), None),
+                                     actae.Job(read_then_refuse, (), None), record("read-run", "last", 3)])
+    assert outcomes[1][0] == [1, 2]
+    assert isinstance(outcomes[2][0], actae.Conflict) and outcomes[3][0].cursor == 3
+    assert cursors(conn, "read-run") == [1, 2, 3]
+
+
 # --- where a batch runs: a lone quick write on the event loop's thread, the rest on the writer's ---
 
 
@@ -193,9 +230,10 @@ def test_the_app_lets_only_a_listed_write_alone_on_the_server_commit_on_its_loop
 
 
 def test_several_writers_take_each_channels_jobs_apart_and_in_order():
-    """PostgreSQL's two writers: a batch takes no job of a channel another batch in flight holds,
-    nor any later job of it (one channel's jobs keep their order); a job that names no channels waits
-    for the batches in flight; with nothing in flight, a batch is the queue's front as it came."""
+    """Several writers (an engine may run more than one): a batch takes no job of a channel another
+    batch in flight holds, nor any later job of it (one channel's jobs keep their order); a job that
+    names no channels waits for the batches in flight; with nothing in flight, a batch is the queue's
+    front as it came."""
     def job(*channels):
         return actae.Job(None, (), None, channels=None if channels == (None,) else channels)
 
