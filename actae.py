@@ -3000,9 +3000,9 @@ def postgres_statement(sql: str, with_args: bool) -> tuple:
 
 
 @functools.lru_cache(maxsize=4096)
-def numbered_statement(sql: str) -> tuple:
+def numbered_statement(sql: str, with_args: bool) -> tuple:
     """(text with $1, $2 ... placeholders, as libpq takes it, UTF-8; row factory) of a domain statement."""
-    return postgres_sql(sql, True, numbered=True).encode(), postgres_statement(sql, True)[1]
+    return postgres_sql(sql, with_args, numbered=True).encode(), postgres_statement(sql, with_args)[1]
 
 
 def postgres_sql(sql: str, with_args: bool, numbered: bool = False) -> str:
@@ -3089,17 +3089,19 @@ class PqPipeline:
 
     def __init__(self, raw: "psycopg.Connection"):
         self.raw, self.pg = raw, raw.pgconn
-        self.prepared: dict = PREPARED_STATEMENTS.setdefault(raw, {})
+        known = PIPELINED_CONNECTIONS.get(raw)
+        if known is None:
+            known = PIPELINED_CONNECTIONS[raw] = PipelinedConnection()
+        self.prepared, self.loaders = known.prepared, known.loaders
         self.waiting: collections.deque = collections.deque()   # (prepared key | SYNC | None, answer)
         self.unsynced = False
         self.failure: Optional[BaseException] = None
-        self.loaders: dict = {}
         self.poll = select.poll()
         self.poll.register(self.pg.socket, select.POLLIN)
         self.pg.enter_pipeline_mode()
 
     def send(self, sql: str, args: Any) -> PqAnswer:
-        text, shape = numbered_statement(sql) if args else (sql.encode(), postgres_statement(sql, False)[1])
+        text, shape = numbered_statement(sql, bool(args))
         values, types, formats = [], [], []
         for value in args or ():
             sent, oid, binary = self.parameter(value)
@@ -3216,28 +3218,39 @@ class PqPipeline:
             kind = psycopg.DatabaseError
         return kind((result.error_message or b"").decode(errors="replace").strip())
 
-    def finish(self) -> None:
-        """Read every answer still due and leave pipeline mode; the first error, if any, raised."""
+    def drain(self) -> None:
+        """Read every answer still due (a statement's error is kept, not raised: only a lost
+        connection raises) and leave pipeline mode."""
         while self.waiting or self.unsynced:
             self.read_next()
         self.pg.exit_pipeline_mode()
+
+    def finish(self) -> None:
+        """drain(), then raise the first error, if any."""
+        self.drain()
         if self.failure is not None:
             raise self.failure
 
     def abandon(self) -> None:
-        """Leave pipeline mode after a failure (the caller rolls back), its answers read and dropped;
-        a connection that cannot be brought back to idle is closed, and its pool replaces it."""
+        """drain() after a failure (the caller rolls back); a connection that cannot be brought back
+        to idle is closed, and its pool replaces it."""
         try:
-            while self.waiting or self.unsynced:
-                self.read_next()         # a statement's error is kept, not raised: only a lost connection raises
-            self.pg.exit_pipeline_mode()
+            self.drain()
         except Exception:  # noqa: BLE001 - the caller's exception is the one that goes on
             self.raw.close()
 
 
-# Which statements a writer connection has prepared (PqPipeline), while the connection lives; their
-# names are unique in the process.
-PREPARED_STATEMENTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+@dataclass
+class PipelinedConnection:
+    """What a PqPipeline keeps of a connection between batches, while the connection lives: the
+    statements prepared on it ((text, parameter types) -> name, names unique in the process) and
+    how to load each result type."""
+
+    prepared: dict = field(default_factory=dict)
+    loaders: dict = field(default_factory=dict)
+
+
+PIPELINED_CONNECTIONS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 PREPARED_NAMES = itertools.count()
 
 
@@ -3795,9 +3808,9 @@ class WriteQueue:
     One writer (each engine's now) takes the jobs at the front, in the order they came: a bare job
     alone, None (stop) ends a batch. Several (PostgreSQL's batches on different channels can commit
     at once, so one batch's COMMIT could overlap the next one's statements) take only jobs whose
-    channels no batch in flight holds, and skip the others with every later job of their channels: one channel's jobs
-    are then written one batch after another, in the order they came, each batch committed and
-    handed back before the next begins. A batch with a job that names no channels runs with no other
+    channels no batch in flight holds, and skip the others with every later job of their channels:
+    one channel's jobs are then written one batch after another, in the order they came, each batch
+    committed and handed back before the next begins. A batch with a job that names no channels runs with no other
     beside it; a bare job runs alone."""
 
     def __init__(self, writers: int):
