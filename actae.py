@@ -186,6 +186,7 @@ LINEAGE_MAX_DEPTH = 64                 # forks of forks; every lineage walk stop
 ID_BATCH = 500                         # ids per query where a list of ids is looked up or deleted in batches
 DIFF_MAX_ENTRIES = 1000
 WRITE_BATCH_MAX = 256
+BATCH_TICK = timedelta(milliseconds=1)   # stored times' resolution: one writer's batches are at least this apart
 HERE_COMMIT_SECONDS_MAX = 0.002        # a lone write commits on the event loop's thread while commits take less
 WS_QUEUE_MAX = 10_000
 SESSION_COOKIE = "actae_session"
@@ -2920,6 +2921,7 @@ class SqliteConnection(sqlite3.Connection):
     usable = True                    # a file: nothing to lose between statements
     states: Optional["StateCache"] = None   # its engine's cache of rebuilt states (see state_cache)
     known_channels: Optional[set] = None    # no batch leaves an answer for later here (see Tx.later)
+    last_batch_at: Optional[datetime] = None    # see batch_instant
 
     def pipeline(self) -> contextlib.AbstractContextManager:
         return contextlib.nullcontext()     # a statement costs no round trip here
@@ -3266,6 +3268,7 @@ class PostgresConnection:
         self.origin = origin               # names this server in its NOTIFYs (see PostgresEngine.listen)
         self.known_channels = known_channels   # channels this engine wrote to (see Tx.may_settle_later)
         self.peers = peers                 # None (the command line): whoever listens is told
+        self.last_batch_at: Optional[datetime] = None    # see batch_instant
         self._pipe: Optional[PqPipeline] = None
 
     def execute(self, sql: str, args: Any = ()) -> Any:
@@ -3471,8 +3474,20 @@ class JobFailed(Exception):
         self.error = error
 
 
+def batch_instant(conn: Conn) -> datetime:
+    """The clock reading a batch stores: now, or a millisecond past the connection's previous batch
+    where the clock has not moved on a millisecond since (or was stepped back). Stored times have
+    millisecond resolution and the runs pages list by last activity, so two batches one after the
+    other on one writer never tie, and a later write never looks older."""
+    now, previous = utc_now(), conn.last_batch_at
+    if previous is not None and now < previous + BATCH_TICK:
+        now = previous + BATCH_TICK
+    conn.last_batch_at = now.replace(microsecond=now.microsecond // 1000 * 1000)
+    return now
+
+
 def run_jobs_together(conn: Conn, jobs: list) -> list:
-    now = utc_now()
+    now = batch_instant(conn)
     ts = iso(now)
     outcomes, txs = [], []
     try:
@@ -3529,7 +3544,7 @@ def run_jobs_isolated(conn: Conn, jobs: list) -> list:
     for statement, args in conn.dialect.begin_batch(jobs):
         conn.execute(statement, args)
     try:
-        now = utc_now()
+        now = batch_instant(conn)
         ts = iso(now)
         for job in jobs:
             tx = Tx(conn, now, ts)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sys
 import threading
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
@@ -92,6 +93,24 @@ def test_a_replayed_operation_id_is_not_a_failure(conn):
 
 
 VALUES = ("text é ✓", 1, 70_000, 2**40, -(2**62), b"\x00\x01\xff", 1.25, None)
+
+
+def stored_time(tx: actae.Tx) -> str:
+    return tx.ts
+
+
+def test_batches_one_after_another_store_later_times_even_within_a_millisecond(conn):
+    """Stored times have millisecond resolution and the runs pages list by last activity: two
+    batches in a row on one writer must not tie, however fast they commit."""
+    times = [actae.run_jobs(conn, [actae.Job(stored_time, (), None)])[0][0] for _ in range(50)]
+    assert times == sorted(set(times))
+
+
+def test_a_clock_stepped_back_never_makes_a_later_batch_look_older(conn):
+    conn.last_batch_at = datetime.now(timezone.utc) + timedelta(hours=1)
+    ahead = conn.last_batch_at.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    (later, _), = actae.run_jobs(conn, [actae.Job(stored_time, (), None)])
+    assert later > ahead
 
 
 def echo(tx: actae.Tx) -> tuple:
