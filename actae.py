@@ -142,7 +142,7 @@ __all__ = ["ActaeApp", "api_routes", "append_event", "APPROVAL_DECISIONS", "APPR
            "MAX_BODY_BYTES", "member_inbox", "MIGRATIONS", "next_wakeup_at", "OUTCOMES", "POSTGRES", "prune_runs",
            "put_metadata", "PutMetadata", "query_events", "record_event", "RecordEvent", "ReleaseNotice",
            "REPRODUCIBILITY_GRADES", "require_approval", "resolve_step", "Retention", "revoke_key", "run_jobs",
-           "runs_page", "serve", "Services", "Settings", "SQLITE", "state_row_at", "Tx", "usage_of",
+           "runs_page", "serve", "sql_list", "Services", "Settings", "SQLITE", "state_row_at", "Tx", "usage_of",
            "uvicorn_config", "WAKEUP_STATUSES", "WriteQueue", "__version__"]
 
 
@@ -2140,10 +2140,13 @@ BEGIN
 END $$;
 DROP INDEX channels_by_state;
 ALTER TABLE channels DROP COLUMN run_state;
-ALTER TABLE channels ADD COLUMN run_state TEXT GENERATED ALWAYS AS
-    (actae_run_state(experiment_metadata, outcome, last_state_status, error_cursor, last_event_type)) STORED;
+{RUN_STATE_BY_FUNCTION};
 {CHANNELS_BY_STATE}
 """)
+
+
+RUN_STATE_BY_FUNCTION = """ALTER TABLE channels ADD COLUMN run_state TEXT GENERATED ALWAYS AS
+    (actae_run_state(experiment_metadata, outcome, last_state_status, error_cursor, last_event_type)) STORED"""
 
 
 def migrate_run_facts(conn: "Conn") -> None:
@@ -2637,6 +2640,60 @@ EXECUTE FUNCTION actae_active_at()
 """
 
 
+# PostgreSQL checks every CHECK constraint of a table on every row an INSERT or UPDATE writes, and
+# builds each from its stored text again for every statement: on the channel's counter UPDATE and the
+# event's INSERT, about a tenth of the backend's CPU per event (perf: ExecConstraints, stringToNode).
+# A domain's constraint is checked only where a value is given to its column, and is built once per
+# connection: the same rules, paid only by the statements that set those columns (migration 16). The
+# run-state column, which reads outcome, is taken off and put back around the change of its type.
+CHECKS_AS_DOMAINS = f"""
+CREATE DOMAIN actae_flag AS BIGINT CHECK (VALUE IN (0, 1));
+CREATE DOMAIN actae_reproducibility AS TEXT CHECK (VALUE IN ({sql_list(REPRODUCIBILITY_GRADES)}));
+CREATE DOMAIN actae_outcome AS TEXT CHECK (VALUE IN ({sql_list(OUTCOMES)}));
+CREATE DOMAIN actae_step AS BIGINT CHECK (VALUE >= 1);
+DROP INDEX channels_by_state;
+ALTER TABLE channels DROP COLUMN run_state;
+ALTER TABLE channels DROP CONSTRAINT channels_restorable_check, ALTER COLUMN restorable TYPE actae_flag,
+    DROP CONSTRAINT channels_reproducibility_check, ALTER COLUMN reproducibility TYPE actae_reproducibility,
+    DROP CONSTRAINT channels_outcome_check, ALTER COLUMN outcome TYPE actae_outcome;
+{RUN_STATE_BY_FUNCTION};
+{CHANNELS_BY_STATE};
+ALTER TABLE events DROP CONSTRAINT events_step_number_check, ALTER COLUMN step_number TYPE actae_step
+"""
+
+
+# PostgreSQL computes a stored generated column again on every UPDATE of its row, and builds its
+# expression from the stored text for every statement: run_state, on every event's counter UPDATE,
+# parsed the run's metadata as JSON once more (perf: ExecComputeStoredGenerated, about a tenth of the
+# event statement's backend CPU, more with larger metadata). A trigger keeps it instead, called only
+# by an UPDATE that changes a column it reads (or sets the metadata, the outcome or the latest
+# snapshot's status at all, which few statements do); the same trigger keeps active_at, which had a
+# trigger of its own, so the counter UPDATE evaluates one WHEN (migration 17).
+RUN_STATE_BY_TRIGGER = f"""
+CREATE OR REPLACE FUNCTION actae_channel_facts() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.active_at := substr(NEW.updated_at, 1, {ACTIVE_AT_CHARS});
+    NEW.run_state := actae_run_state(NEW.experiment_metadata, NEW.outcome, NEW.last_state_status,
+                                     NEW.error_cursor, NEW.last_event_type);
+    RETURN NEW;
+END $$;
+DROP TRIGGER channels_active_at ON channels;
+DROP INDEX channels_by_state;
+ALTER TABLE channels DROP COLUMN run_state;
+ALTER TABLE channels ADD COLUMN run_state TEXT;
+UPDATE channels SET run_state = actae_run_state(experiment_metadata, outcome, last_state_status, error_cursor,
+                                                last_event_type);
+CREATE TRIGGER channels_facts_new BEFORE INSERT ON channels FOR EACH ROW EXECUTE FUNCTION actae_channel_facts();
+CREATE TRIGGER channels_facts BEFORE UPDATE OF updated_at, last_event_type, error_cursor ON channels FOR EACH ROW
+    WHEN (NEW.active_at IS DISTINCT FROM substr(NEW.updated_at, 1, {ACTIVE_AT_CHARS})
+          OR NEW.last_event_type IS DISTINCT FROM OLD.last_event_type OR NEW.error_cursor IS DISTINCT FROM OLD.error_cursor)
+    EXECUTE FUNCTION actae_channel_facts();
+CREATE TRIGGER channels_facts_given BEFORE UPDATE OF experiment_metadata, outcome, last_state_status ON channels
+    FOR EACH ROW EXECUTE FUNCTION actae_channel_facts();
+{CHANNELS_BY_STATE}
+"""
+
+
 # PostgreSQL: room on each channel page for a new row version, so the counter UPDATEs (which change
 # no indexed column now) stay heap-only: no index entry written per event.
 CHANNELS_FILLFACTOR = "ALTER TABLE channels SET (fillfactor = 70)"
@@ -2671,6 +2728,8 @@ MIGRATIONS = [
     Migration(13, only={"postgresql": CHAIN_FUNCTION_INLINED}),
     Migration(14, only={"postgresql": run_state_by_function}),
     Migration(15, only={"postgresql": ACTIVE_AT_TRIGGER_WHEN_MOVED}),
+    Migration(16, only={"postgresql": CHECKS_AS_DOMAINS}),
+    Migration(17, only={"postgresql": RUN_STATE_BY_TRIGGER}),
 ]
 
 
@@ -8390,8 +8449,8 @@ FLASH_VALUE_MAX = 256 * 1024
 
 
 
-# A run's status in one SQL expression over its own channels row: the generated column run_state (see
-# migrate_many_runs), so the runs list, its filter, the fork tree and the run page always agree, and
+# A run's status in one SQL expression over its own channels row: the column run_state (generated on
+# SQLite, kept by a trigger on PostgreSQL: RUN_STATE_BY_TRIGGER), so the runs list, its filter, the fork tree and the run page always agree, and
 # an index answers a status filter. Its inputs are columns the write path keeps: the SDK's status (a
 # field of a JSON column, per dialect), the outcome, the latest snapshot's status, the first error
 # event and the last event's type.

@@ -230,10 +230,18 @@ DOWNGRADE = {
                "ALTER TABLE channels DROP COLUMN last_event_type", "DROP TRIGGER channels_active_at",
                "DROP TRIGGER channels_active_at_new", "ALTER TABLE channels DROP COLUMN active_at",
                "PRAGMA user_version = 8"],
-    "postgresql": [*LATER, "DROP TRIGGER channels_active_at ON channels", "ALTER TABLE events DROP COLUMN seq", "DROP INDEX channels_by_state", "DROP INDEX channels_roots_by_activity",
+    "postgresql": [*LATER, "DROP TRIGGER channels_facts_new ON channels", "DROP TRIGGER channels_facts ON channels",
+                   "DROP TRIGGER channels_facts_given ON channels", "ALTER TABLE events DROP COLUMN seq", "DROP INDEX channels_by_state", "DROP INDEX channels_roots_by_activity",
                    "DROP INDEX channels_by_origin", "DROP TABLE approvals", "DROP TABLE bulk_forks",
                    "ALTER TABLE channels DROP COLUMN run_state, DROP COLUMN last_state_status,"
                    " DROP COLUMN error_cursor, DROP COLUMN last_event_type, DROP COLUMN active_at",
+                   # migration 16's domains back to the CHECK constraints the columns had
+                   "ALTER TABLE channels ALTER COLUMN restorable TYPE BIGINT, ADD CHECK (restorable IN (0, 1)),"
+                   " ALTER COLUMN reproducibility TYPE TEXT,"
+                   f" ADD CHECK (reproducibility IN ({actae.sql_list(actae.REPRODUCIBILITY_GRADES)})),"
+                   f" ALTER COLUMN outcome TYPE TEXT, ADD CHECK (outcome IN ({actae.sql_list(actae.OUTCOMES)}))",
+                   "ALTER TABLE events ALTER COLUMN step_number TYPE BIGINT, ADD CHECK (step_number >= 1)",
+                   "DROP DOMAIN actae_flag, actae_reproducibility, actae_outcome, actae_step",
                    "DELETE FROM actae_migrations WHERE version >= 5"],
 }
 

@@ -113,6 +113,23 @@ def test_a_clock_stepped_back_never_makes_a_later_batch_look_older(conn):
     assert later > ahead
 
 
+BROKEN_RULES = ["UPDATE channels SET outcome = 'bogus' WHERE id = 'rules-run'",
+                "UPDATE channels SET reproducibility = 'bogus' WHERE id = 'rules-run'",
+                "UPDATE channels SET restorable = 2 WHERE id = 'rules-run'",
+                "UPDATE events SET step_number = 0 WHERE channel_id = 'rules-run'"]
+
+
+@pytest.mark.parametrize("statement", BROKEN_RULES)
+def test_the_database_itself_refuses_a_value_outside_a_columns_rule(conn, statement):
+    """The rules hold below the domain code too (PostgreSQL keeps them as domains, SQLite as CHECKs)."""
+    actae.run_jobs(conn, [record("rules-run", "op-1", 1)])
+    (outcome, events), = actae.run_jobs(conn, [actae.Job(lambda tx: tx.conn.execute(statement), (), None)])
+    assert isinstance(outcome, Exception) and events is None
+    row = conn.execute("SELECT outcome, reproducibility, restorable FROM channels WHERE id = 'rules-run'").fetchone()
+    assert tuple(row) == (None, None, 0)
+    assert conn.execute("SELECT step_number FROM events WHERE channel_id = 'rules-run'").fetchone()[0] is None
+
+
 def echo(tx: actae.Tx) -> tuple:
     """The values read back inside a batch, as a job reads rows (by position and by column name)."""
     row = tx.conn.execute("SELECT ? AS t, ? AS i2, ? AS i4, ? AS i8, ? AS neg, ? AS b, ? AS f, ? AS n", VALUES).fetchone()
