@@ -133,9 +133,9 @@ except ImportError:                    # pragma: no cover - `--database postgres
 # What the tests, the examples and the executable use; every other name is the module's own.
 __all__ = ["ActaeApp", "api_routes", "append_event", "APPROVAL_DECISIONS", "APPROVAL_STATUSES", "backfill_chain",
            "BENCH_FEATURES", "blocked_attempts", "BLOCKING_EVENT_TYPES", "bulk_fork_candidates", "BulkForkFilter",
-           "canonical_json", "channel_by_id", "CIRCUIT_FAILURES", "CIRCUIT_OPEN_SECONDS", "CLAIM_OUTCOMES",
-           "configure_sqlite", "Conflict", "connect_sync", "CountingExporter", "create_app", "Database",
-           "DELTA_MIN_BYTES", "DOCUMENT_DEPTH_MAX", "EventQuery", "events_after_position", "EVERYWHERE",
+           "BATCH_LEAD_MAX", "canonical_json", "channel_by_id", "CIRCUIT_FAILURES", "CIRCUIT_OPEN_SECONDS",
+           "CLAIM_OUTCOMES", "configure_sqlite", "Conflict", "connect_sync", "CountingExporter", "create_app",
+           "Database", "DELTA_MIN_BYTES", "DOCUMENT_DEPTH_MAX", "EventQuery", "events_after_position", "EVERYWHERE",
            "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "failure_event_sql", "FAILURE_STATES", "FLEET_MANIFEST",
            "fleet_operation_routes", "free_dependents", "GROUP_MESSAGE_STATUSES", "is_failure_event", "Job",
            "LEDGER_OUTCOMES", "list_approvals", "list_executions", "list_forks", "Location", "main",
@@ -186,7 +186,8 @@ LINEAGE_MAX_DEPTH = 64                 # forks of forks; every lineage walk stop
 ID_BATCH = 500                         # ids per query where a list of ids is looked up or deleted in batches
 DIFF_MAX_ENTRIES = 1000
 WRITE_BATCH_MAX = 256
-BATCH_TICK = timedelta(milliseconds=1)   # stored times' resolution: one writer's batches are at least this apart
+BATCH_TICK = timedelta(milliseconds=1)       # stored times' resolution: a writer's batches this apart,
+BATCH_LEAD_MAX = timedelta(milliseconds=10)   # and at most this far ahead of the clock (batch_instant)
 HERE_COMMIT_SECONDS_MAX = 0.002        # a lone write commits on the event loop's thread while commits take less
 WS_QUEUE_MAX = 10_000
 SESSION_COOKIE = "actae_session"
@@ -2686,7 +2687,8 @@ UPDATE channels SET run_state = actae_run_state(experiment_metadata, outcome, la
 CREATE TRIGGER channels_facts_new BEFORE INSERT ON channels FOR EACH ROW EXECUTE FUNCTION actae_channel_facts();
 CREATE TRIGGER channels_facts BEFORE UPDATE OF updated_at, last_event_type, error_cursor ON channels FOR EACH ROW
     WHEN (NEW.active_at IS DISTINCT FROM substr(NEW.updated_at, 1, {ACTIVE_AT_CHARS})
-          OR NEW.last_event_type IS DISTINCT FROM OLD.last_event_type OR NEW.error_cursor IS DISTINCT FROM OLD.error_cursor)
+          OR NEW.last_event_type IS DISTINCT FROM OLD.last_event_type
+          OR NEW.error_cursor IS DISTINCT FROM OLD.error_cursor)
     EXECUTE FUNCTION actae_channel_facts();
 CREATE TRIGGER channels_facts_given BEFORE UPDATE OF experiment_metadata, outcome, last_state_status ON channels
     FOR EACH ROW EXECUTE FUNCTION actae_channel_facts();
@@ -3535,12 +3537,14 @@ class JobFailed(Exception):
 
 def batch_instant(conn: Conn) -> datetime:
     """The clock reading a batch stores: now, or a millisecond past the connection's previous batch
-    where the clock has not moved on a millisecond since (or was stepped back). Stored times have
-    millisecond resolution and the runs pages list by last activity, so two batches one after the
-    other on one writer never tie, and a later write never looks older."""
+    where the clock has not moved on a millisecond since. Stored times have millisecond resolution
+    and the runs pages list by last activity, so batches one after the other on one writer do not tie
+    (the SDK's next write often commits within the millisecond). Never more than BATCH_LEAD_MAX ahead
+    of the clock: leases, expiries and retention read these times against the clock, and only a
+    writer committing over a thousand batches a second for a while would reach it."""
     now, previous = utc_now(), conn.last_batch_at
     if previous is not None and now < previous + BATCH_TICK:
-        now = previous + BATCH_TICK
+        now = min(previous + BATCH_TICK, now + BATCH_LEAD_MAX)
     conn.last_batch_at = now.replace(microsecond=now.microsecond // 1000 * 1000)
     return now
 
@@ -8450,10 +8454,10 @@ FLASH_VALUE_MAX = 256 * 1024
 
 
 # A run's status in one SQL expression over its own channels row: the column run_state (generated on
-# SQLite, kept by a trigger on PostgreSQL: RUN_STATE_BY_TRIGGER), so the runs list, its filter, the fork tree and the run page always agree, and
-# an index answers a status filter. Its inputs are columns the write path keeps: the SDK's status (a
-# field of a JSON column, per dialect), the outcome, the latest snapshot's status, the first error
-# event and the last event's type.
+# SQLite, kept by a trigger on PostgreSQL: RUN_STATE_BY_TRIGGER), so the runs list, its filter, the
+# fork tree and the run page always agree, and an index answers a status filter. Its inputs are
+# columns the write path keeps: the SDK's status (a field of a JSON column, per dialect), the outcome,
+# the latest snapshot's status, the first error event and the last event's type.
 def run_state_sql(dialect: Dialect, sdk_status: Optional[str] = None) -> str:
     """A run's state from its row's columns; `sdk_status`: an expression for the SDK's status, when
     not read out of experiment_metadata here."""
