@@ -2103,7 +2103,8 @@ def run_facts(w: SchemaWords) -> str:
 
 # The first runs page lists roots by last activity, from an index of the roots only (a fork's events
 # do not touch it). SQLite's planner takes it with parent_id in front (its IS NULL is an equality
-# there, and it would otherwise prefer channels_by_parent and sort); PostgreSQL's orders only without.
+# there, and it preferred channels_by_parent and a sort while that held the roots); PostgreSQL's
+# orders only without.
 # (The key's time column was updated_at until the activity second; see activity_second_schema.)
 def roots_index_key(w: SchemaWords, time_column: str) -> str:
     return {"sqlite": f"parent_id, {time_column}, id", "postgresql": f"{time_column}, id"}[w.name]
@@ -2533,6 +2534,19 @@ def sparse_state_indexes(w: SchemaWords) -> str:
     """
 
 
+def fork_only_channel_indexes(w: SchemaWords) -> str:
+    return """
+    -- A root's parent is NULL and its origin is itself: the indexes that find forks (by parent; under
+    -- their root, for the first runs page) hold forks alone, so a new run writes two index pages
+    -- fewer. Every lookup names a parent, which implies one, or asks for a root's forks by parent_id
+    -- IS NOT NULL (fork_group).
+    DROP INDEX channels_by_parent;
+    CREATE INDEX channels_by_parent ON channels (parent_id) WHERE parent_id IS NOT NULL;
+    DROP INDEX channels_by_origin;
+    CREATE INDEX channels_by_origin ON channels (origin_id, created_at, id) WHERE parent_id IS NOT NULL
+    """
+
+
 def migrate_failure_rule(conn: "Conn") -> None:
     """The runs stored before the failure rule took every `*.error` and `*.failed` event (see
     is_failure_event): their first failure event noted again, so they show as they would now."""
@@ -2732,6 +2746,7 @@ MIGRATIONS = [
     Migration(15, only={"postgresql": ACTIVE_AT_TRIGGER_WHEN_MOVED}),
     Migration(16, only={"postgresql": CHECKS_AS_DOMAINS}),
     Migration(17, only={"postgresql": RUN_STATE_BY_TRIGGER}),
+    Migration(18, fork_only_channel_indexes),
 ]
 
 
@@ -8664,10 +8679,10 @@ def listed_run(conn: Conn, row: Row, depth: int = 0) -> dict:
 
 def fork_group(conn: Conn, root_id: str) -> tuple:
     """A root's descendants in tree order (each with its depth), at most GROUP_FORKS_MAX; and how many in all."""
-    rows = conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.origin_id = ? AND c.id <> ?"
-                        " ORDER BY c.created_at, c.id LIMIT ?", (root_id, root_id, GROUP_FORKS_MAX)).fetchall()
-    total = conn.execute("SELECT COUNT(*) FROM channels WHERE origin_id = ? AND id <> ?",
-                         (root_id, root_id)).fetchone()[0]
+    rows = conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.origin_id = ? AND c.parent_id IS NOT NULL"
+                        " ORDER BY c.created_at, c.id LIMIT ?", (root_id, GROUP_FORKS_MAX)).fetchall()
+    total = conn.execute("SELECT COUNT(*) FROM channels WHERE origin_id = ? AND parent_id IS NOT NULL",
+                         (root_id,)).fetchone()[0]
     children: dict = {}
     for r in rows:
         children.setdefault(r["parent_id"], []).append(r)
