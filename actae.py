@@ -2147,8 +2147,16 @@ ALTER TABLE channels DROP COLUMN run_state;
 """)
 
 
-RUN_STATE_BY_FUNCTION = """ALTER TABLE channels ADD COLUMN run_state TEXT GENERATED ALWAYS AS
-    (actae_run_state(experiment_metadata, outcome, last_state_status, error_cursor, last_event_type)) STORED"""
+# actae_run_state's arguments: the columns of a channel's row its state is computed from.
+RUN_STATE_INPUTS = ("experiment_metadata", "outcome", "last_state_status", "error_cursor", "last_event_type")
+
+
+def run_state_call(row: str = "") -> str:
+    """actae_run_state over RUN_STATE_INPUTS, each read from `row` (e.g. "NEW.") or the table."""
+    return f"actae_run_state({', '.join(row + column for column in RUN_STATE_INPUTS)})"
+
+
+RUN_STATE_BY_FUNCTION = f"ALTER TABLE channels ADD COLUMN run_state TEXT GENERATED ALWAYS AS ({run_state_call()}) STORED"
 
 
 def migrate_run_facts(conn: "Conn") -> None:
@@ -2688,16 +2696,15 @@ RUN_STATE_BY_TRIGGER = f"""
 CREATE OR REPLACE FUNCTION actae_channel_facts() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     NEW.active_at := substr(NEW.updated_at, 1, {ACTIVE_AT_CHARS});
-    NEW.run_state := actae_run_state(NEW.experiment_metadata, NEW.outcome, NEW.last_state_status,
-                                     NEW.error_cursor, NEW.last_event_type);
+    NEW.run_state := {run_state_call("NEW.")};
     RETURN NEW;
 END $$;
 DROP TRIGGER channels_active_at ON channels;
+DROP FUNCTION actae_active_at();
 DROP INDEX channels_by_state;
 ALTER TABLE channels DROP COLUMN run_state;
 ALTER TABLE channels ADD COLUMN run_state TEXT;
-UPDATE channels SET run_state = actae_run_state(experiment_metadata, outcome, last_state_status, error_cursor,
-                                                last_event_type);
+UPDATE channels SET run_state = {run_state_call()};
 CREATE TRIGGER channels_facts_new BEFORE INSERT ON channels FOR EACH ROW EXECUTE FUNCTION actae_channel_facts();
 CREATE TRIGGER channels_facts BEFORE UPDATE OF updated_at, last_event_type, error_cursor ON channels FOR EACH ROW
     WHEN (NEW.active_at IS DISTINCT FROM substr(NEW.updated_at, 1, {ACTIVE_AT_CHARS})
