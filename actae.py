@@ -142,7 +142,7 @@ __all__ = ["ActaeApp", "api_routes", "append_event", "APPROVAL_DECISIONS", "APPR
            "MAX_BODY_BYTES", "member_inbox", "MIGRATIONS", "next_wakeup_at", "OUTCOMES", "POSTGRES", "prune_runs",
            "put_metadata", "PutMetadata", "query_events", "record_event", "RecordEvent", "ReleaseNotice",
            "REPRODUCIBILITY_GRADES", "require_approval", "resolve_step", "Retention", "revoke_key", "run_jobs",
-           "runs_page", "serve", "sql_list", "Services", "Settings", "SQLITE", "state_row_at", "Tx", "usage_of",
+           "runs_page", "serve", "sql_list", "verify_chain", "Services", "Settings", "SQLITE", "state_row_at", "Tx", "usage_of",
            "uvicorn_config", "WAKEUP_STATUSES", "WriteQueue", "__version__"]
 
 
@@ -2087,8 +2087,8 @@ def run_script(conn: "Conn", script: str) -> None:
         conn.execute(statement)
 
 
-# What a runs page shows per run lives on the channel row, kept there by the write path (the
-# counter UPDATEs of append_event and insert_state), so listing, filtering and selecting runs costs
+# What a runs page shows per run lives on the channel row, kept there by the write path (the facts
+# UPDATEs after append_event and insert_state), so listing, filtering and selecting runs costs
 # one page of an index, not a pass over every run.
 def run_facts(w: SchemaWords) -> str:
     # The type of the event at last_cursor; the first failure event (is_failure_event); the latest snapshot's
@@ -2460,7 +2460,7 @@ CHAIN_FUNCTION = f"""
 
 # The planner inlines an IMMUTABLE SQL function only when its body is immutable too, and convert_to
 # is STABLE: declared IMMUTABLE, actae_chain ran through the SQL-function executor once per event
-# (about 30 µs of the backend's CPU). STABLE, it is inlined into the counter UPDATE.
+# (about 30 µs of the backend's CPU). STABLE, it is inlined into the statement that appends the event.
 CHAIN_FUNCTION_INLINED = "ALTER FUNCTION actae_chain(TEXT, TEXT, BIGINT, TEXT) STABLE"
 
 
@@ -2552,6 +2552,18 @@ def fork_only_channel_indexes(w: SchemaWords) -> str:
     CREATE INDEX channels_by_parent ON channels (parent_id) WHERE parent_id IS NOT NULL;
     DROP INDEX channels_by_origin;
     CREATE INDEX channels_by_origin ON channels (origin_id, created_at, id) WHERE parent_id IS NOT NULL
+    """
+
+
+def heads_from_events(w: SchemaWords) -> str:
+    return """
+    -- A channel's last cursor and chain head are its last event's, read off the events' primary key
+    -- (CHANNEL_HEAD), as a state's version is: appending an event writes no channel row, one page
+    -- fewer per commit. What the row keeps is the chain a channel's own events go on from (a fork's:
+    -- its parent's hash at the boundary), which the old head column holds for a channel with no event
+    -- of its own, and which its last event's hash supersedes for every other.
+    ALTER TABLE channels RENAME COLUMN chain_head TO chain_base;
+    ALTER TABLE channels DROP COLUMN last_cursor
     """
 
 
@@ -2754,6 +2766,7 @@ MIGRATIONS = [
     Migration(16, only={"postgresql": CHECKS_AS_DOMAINS}),
     Migration(17, only={"postgresql": RUN_STATE_BY_TRIGGER}),
     Migration(18, fork_only_channel_indexes),
+    Migration(19, heads_from_events),
 ]
 
 
@@ -2783,8 +2796,6 @@ class Dialect:
     pipelined: ClassVar[bool] = False
     like: ClassVar[str]                  # case-insensitive (for ASCII) LIKE
     greatest: ClassVar[str]              # the larger of two values
-    # Whether an UPDATE that leaves a row's indexed values as they were writes no index entry
-    heap_only_updates: ClassVar[bool] = False
     differs: ClassVar[str]               # NULL-safe inequality: `a {differs} b` is true when NULL meets a value
 
     def json_text(self, column: str, key: str) -> str:
@@ -2811,35 +2822,6 @@ class Dialect:
 
     def announce(self, conn: "Conn", events: list) -> None:
         """Tell other servers, inside the transaction, which channels got events (no-op on SQLite)."""
-
-    def bump_and_insert(self, conn: "Conn", update: str, args: tuple, row: CounterRow, values: tuple) -> Optional[tuple]:
-        """Run the counter `update` (no RETURNING clause) and insert `row` with `values` and the
-        counters it returned; the counters, or None when the UPDATE matched nothing (and nothing
-        was inserted)."""
-        bumped = conn.execute(counter_update_sql(row, update), args).fetchone()
-        if bumped is None:
-            return None
-        counters = tuple(bumped)
-        conn.execute(row.values_sql, values + counters)
-        return counters
-
-
-@dataclass(frozen=True, eq=False)        # eq=False: hashed by identity, as the SQL cache needs
-class CounterRow:
-    """A row that takes a channel counter: the counter UPDATE returns `counters` (its RETURNING
-    columns, e.g. the new cursor and chain hash), which fill `counter_columns` of the new row in
-    `table`; the other `columns` come from the caller. `types` names the SQL type of the columns
-    that are not TEXT (PostgreSQL types a parameter of INSERT ... SELECT as text otherwise)."""
-
-    table: str
-    columns: tuple
-    counters: tuple
-    counter_columns: tuple
-    types: dict
-
-    @functools.cached_property
-    def values_sql(self) -> str:
-        return insert_sql(self.table, self.columns + self.counter_columns)
 
 
 class SqliteDialect(Dialect):
@@ -2912,7 +2894,6 @@ class PostgresDialect(Dialect):
     pipelined = True
     like = "ILIKE"
     greatest = "GREATEST"
-    heap_only_updates = True
     differs = "IS DISTINCT FROM"
     event_position = "seq"
 
@@ -2940,16 +2921,6 @@ class PostgresDialect(Dialect):
     def is_unique_violation(self, exc: BaseException) -> bool:
         return isinstance(exc, psycopg.errors.UniqueViolation)
 
-    def bump_and_insert(self, conn: "Conn", update: str, args: tuple, row: CounterRow, values: tuple) -> Optional[tuple]:
-        bumped = self.send_bump(conn, update, args, row, values).fetchone()
-        return None if bumped is None else tuple(bumped)
-
-    def send_bump(self, conn: "Conn", update: str, args: tuple, row: CounterRow, values: tuple,
-                  strict: bool = False) -> Any:
-        """The counter UPDATE and the INSERT of its row as one statement (a statement is a round trip's
-        worth of client and server work, and an SDK step is two of these); its cursor, unread."""
-        return conn.execute(counter_insert_sql(row, update, strict), args + values)
-
     def announce(self, conn: "Conn", events: list) -> None:
         if conn.peers is not None and not conn.peers.present:
             return
@@ -2966,23 +2937,6 @@ class PostgresDialect(Dialect):
 
 
 SQLITE, POSTGRES = SqliteDialect(), PostgresDialect()
-
-
-@functools.lru_cache(maxsize=64)
-def counter_update_sql(row: CounterRow, update: str) -> str:
-    return f"{update} RETURNING {', '.join(row.counters)}"
-
-
-@functools.lru_cache(maxsize=64)
-def counter_insert_sql(row: CounterRow, update: str, strict: bool = False) -> str:
-    """PostgreSQL: the counter UPDATE and the INSERT of its row as one statement. Where the UPDATE
-    finds no row, it inserts nothing; `strict` (see Later), it fails: the row's counters are NULL."""
-    given = ", ".join(POSTGRES.parameter(row.types.get(column)) for column in row.columns)
-    counters = (f"VALUES ({given}, {', '.join(f'(SELECT {c} FROM bumped)' for c in row.counters)})" if strict
-                else f"SELECT {given}, {', '.join(row.counters)} FROM bumped")
-    return (f"WITH bumped AS ({counter_update_sql(row, update)})"
-            f" INSERT INTO {row.table} ({', '.join(row.columns + row.counter_columns)})"
-            f" {counters} RETURNING {', '.join(row.counter_columns)}")
 
 
 def notify_chunks(lines: list) -> list:
@@ -4202,9 +4156,25 @@ def rows_where(conn: Conn, table: str, order_by: str, **columns: Any) -> list:
     return conn.execute(f"SELECT * FROM {table} WHERE {where} ORDER BY {order_by}", tuple(columns.values())).fetchall()
 
 
+# A channel's row as every reader sees it: its columns, and its last cursor and chain head, which are
+# its last event's (see heads_from_events). `c` is the channel's row.
+CHANNEL_HEAD = ("COALESCE((SELECT MAX(h.cursor) FROM events h WHERE h.channel_id = c.id), 0) AS last_cursor,"
+                " COALESCE((SELECT h.chain_hash FROM events h WHERE h.channel_id = c.id ORDER BY h.cursor DESC LIMIT 1),"
+                " c.chain_base) AS chain_head")
+CHANNEL_ROW = f"SELECT c.*, {CHANNEL_HEAD} FROM channels c"
+CHANNEL_BY_ID = f"{CHANNEL_ROW} WHERE c.id = ?"
+
+
+def activity_sql(alias: str) -> str:
+    """SQL for a run's exact last activity: its row's updated_at (which events move only when its
+    second changes, see event_facts_sql; other writes set it exactly) or its last event's time,
+    whichever is later. `alias` names the channels table, with its dot."""
+    last = f"(SELECT e.created_at FROM events e WHERE e.channel_id = {alias}id ORDER BY e.cursor DESC LIMIT 1)"
+    return f"(CASE WHEN {last} > {alias}updated_at THEN {last} ELSE {alias}updated_at END)"
+
+
 def channel_by_id(conn: Conn, channel_id: str) -> Optional[Row]:
-    # row_where(conn, "channels", id=...) spelled out: every write asks it, so no SQL is built per call.
-    return conn.execute("SELECT * FROM channels WHERE id = ?", (channel_id,)).fetchone()
+    return conn.execute(CHANNEL_BY_ID, (channel_id,)).fetchone()
 
 
 def events_after(conn: Conn, channel_id: str, after: int, limit: int, *, event_type: Optional[str] = None,
@@ -4243,7 +4213,8 @@ def refresh_run_facts(conn: Conn, channel_id: Optional[str] = None) -> None:
     conn.execute(
         "UPDATE channels SET"
         " last_event_type = (SELECT e.type FROM events e WHERE e.channel_id = channels.id"
-        f" AND e.cursor = channels.last_cursor AND e.type IN ({sql_list(BLOCKING_EVENT_TYPES)})),"
+        " AND e.cursor = (SELECT MAX(m.cursor) FROM events m WHERE m.channel_id = channels.id)"
+        f" AND e.type IN ({sql_list(BLOCKING_EVENT_TYPES)})),"
         " error_cursor = (SELECT MIN(e.cursor) FROM events e WHERE e.channel_id = channels.id"
         f" AND {failure_event_sql(conn.dialect, 'e.type')}),"
         " last_state_status = (SELECT s.status FROM states s WHERE s.channel_id = channels.id"
@@ -4336,6 +4307,12 @@ def require_channel(conn: Conn, channel_id: str) -> Row:
     return present(channel_by_id(conn, channel_id), lambda: NotFound(f"channel {channel_id} not found"))
 
 
+def returned_row(cursor: Any) -> Optional[tuple]:
+    """The one row a statement's RETURNING answered, as a tuple; None when it wrote nothing."""
+    row = cursor.fetchone()
+    return None if row is None else tuple(row)
+
+
 def bump_channel(tx: Tx, channel_id: str, insert: Callable[[], Optional[tuple]],
                  used: Optional[Callable[[], bool]] = None) -> Optional[tuple]:
     """Run `insert`, which writes a row numbered by its channel (an event, a state) and returns its
@@ -4359,11 +4336,17 @@ def bump_channel(tx: Tx, channel_id: str, insert: Callable[[], Optional[tuple]],
     return bumped
 
 
-# The row the channel's counters make room for: an event takes the next cursor and the chain.
-EVENT_ROW = CounterRow(
-    "events", ("channel_id", "id", "type", "payload", "actor", "agent_id", "user_id", "metadata", "operation_id",
-               "request_hash", "step_number", "depends_on", "dependencies", "created_at"),
-    ("last_cursor", "chain_head"), ("cursor", "chain_hash"), {"step_number": "BIGINT"})
+# An event's columns the caller gives; its cursor and chain hash come from its channel's last event.
+EVENT_COLUMNS = ("channel_id", "id", "type", "payload", "actor", "agent_id", "user_id", "metadata", "operation_id",
+                 "request_hash", "step_number", "depends_on", "dependencies", "created_at")
+EVENT_TYPES = {"step_number": "BIGINT"}
+
+# A channel's last event, as the next one needs it: its cursor (0 before the first) and the chain hash
+# it goes on from (before the first: the chain the channel starts from, see heads_from_events); one
+# seek of the events' primary key. `c` is the channel's row; the caller adds the WHERE.
+LAST_EVENT = ("SELECT COALESCE(h.cursor, 0) AS cursor, COALESCE(h.chain_hash, c.chain_base) AS chain FROM channels c"
+              " LEFT JOIN events h ON h.channel_id = c.id"
+              " AND h.cursor = (SELECT MAX(m.cursor) FROM events m WHERE m.channel_id = c.id)")
 
 # A state's version is the next above every version its channel has had: above the greatest stored,
 # and above the channel's state_version, which keeps the greatest one ever deleted (see
@@ -4393,59 +4376,58 @@ def next_state_sql(dialect: "Dialect", new_operation: bool, strict: bool = False
 
 
 def unused_operation(table: str) -> str:
-    """The WHERE clause a counter UPDATE adds so that it allocates nothing for an operation id
+    """The WHERE clause a numbered INSERT adds so that it allocates nothing for an operation id
     already used on the channel: the common case (a new operation) then costs no lookup."""
     return f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE channel_id = ? AND operation_id = ?)"
 
 
-# The event counter UPDATE: it allocates the cursor and extends the chain (in SET, columns are the
-# old row's), and sets the exact activity time, which no index holds; with `new_operation` it also
-# refuses an operation id the channel has used. Where a row version whose indexed values are
-# unchanged costs no index entry (PostgreSQL's heap-only update), it also keeps the run-state facts
-# (note_event_facts), one statement fewer per event; SQLite rewrites the index pages of every column
-# an UPDATE names, so there the facts go apart, and only when they change.
-@functools.lru_cache(maxsize=8)
-def event_counter_sql(dialect: "Dialect", new_operation: bool) -> str:
-    facts = (", last_event_type = ?, error_cursor = COALESCE(error_cursor,"
-             " CASE WHEN CAST(? AS INTEGER) = 1 THEN last_cursor + 1 END)") if dialect.heap_only_updates else ""
-    return ("UPDATE channels SET last_cursor = last_cursor + 1,"
-            f" chain_head = actae_chain(chain_head, ?, last_cursor + 1, ?), updated_at = ?{facts}"
-            " WHERE id = ? AND closed_at IS NULL" + (unused_operation("events") if new_operation else ""))
+@functools.lru_cache(maxsize=16)
+def next_event_sql(dialect: "Dialect", new_operation: bool, strict: bool = False, facts: bool = False) -> str:
+    """INSERT of the channel's next event (arguments: the channel id, with `new_operation` the channel
+    id and operation id again, EVENT_COLUMNS' values, then the chain step's head and tail); returns
+    its cursor and chain hash, or nothing when the channel is missing or closed, or the operation id
+    is used on it. `strict` (PostgreSQL, see Later), it fails there instead (a NULL cursor), and with
+    `facts` event_facts_sql's UPDATE rides in the same statement (its arguments first): one statement
+    per event."""
+    given = ", ".join(dialect.parameter(EVENT_TYPES.get(column)) for column in EVENT_COLUMNS)
+    refuse_used = unused_operation("events") if new_operation else ""
+    ride = f"facts AS ({event_facts_sql(dialect, True)}), " if facts else ""
+    last = f"WITH {ride}last AS ({LAST_EVENT} WHERE c.id = ? AND c.closed_at IS NULL{refuse_used})"
+    cursor, chain = "last.cursor + 1", "actae_chain(last.chain, ?, last.cursor + 1, ?)"
+    rows = (f"VALUES ({given}, (SELECT {cursor} FROM last), (SELECT {chain} FROM last))" if strict
+            else f"SELECT {given}, {cursor}, {chain} FROM last")
+    return (f"{last} INSERT INTO events ({', '.join(EVENT_COLUMNS)}, cursor, chain_hash) {rows}"
+            " RETURNING cursor, chain_hash")
 
 
-def event_counter_args(tx: Tx, channel_id: str, event_type: str, head: str, tail: str) -> tuple:
-    if not tx.conn.dialect.heap_only_updates:
-        return head, tail, tx.ts, channel_id
-    if "run-state" in BENCH_WITHOUT:
-        return head, tail, tx.ts, None, 0, channel_id
-    waiting = event_type if event_type in BLOCKING_EVENT_TYPES else None
-    return head, tail, tx.ts, waiting, int(is_failure_event(event_type)), channel_id
-
-
-# What the runs pages' indexes hold of a run (the columns its run_state is computed from, and its
-# activity second, which a trigger keeps: see activity_second_schema) is written apart from the
-# counters, and only when it changes: SQLite rewrites an index page for every UPDATE that names one
-# of the index's columns, changed or not (and PostgreSQL writes an index entry for every row version
-# whose indexed columns changed). A run's events and states within one second, none of them failing
-# or blocking, then write the channel row alone.
+# What a run's row holds of its events: their activity second (updated_at, from which a trigger keeps
+# active_at, see activity_second_schema), the type of the last one while it blocks the run (else
+# NULL: run_state reads no more of it) and the first failure's cursor. The row is written only when
+# one of them changes: SQLite rewrites an index page for every UPDATE that names one of the index's
+# columns, changed or not, and PostgreSQL writes a row version; an UPDATE that matches no row writes
+# nothing. A run's events within one second, none of them failing or blocking, then write no channel
+# row at all. `ride`: the UPDATE rides in the event's INSERT (a data-modifying WITH on PostgreSQL),
+# and does not see that event, so the failure's cursor is the one after the channel's last.
 @functools.lru_cache(maxsize=4)
-def event_facts_sql(dialect: "Dialect", failure: bool) -> str:
-    if failure:                                     # rare: always written
-        return "UPDATE channels SET last_event_type = ?, error_cursor = COALESCE(error_cursor, last_cursor) WHERE id = ?"
-    return f"UPDATE channels SET last_event_type = ? WHERE id = ? AND last_event_type {dialect.differs} ?"
+def event_facts_sql(dialect: "Dialect", ride: bool = False) -> str:
+    failure_at = ("COALESCE((SELECT MAX(e.cursor) FROM events e WHERE e.channel_id = channels.id), 0)"
+                  + (" + 1" if ride else ""))
+    return ("UPDATE channels SET updated_at = ?, last_event_type = ?, error_cursor = COALESCE(error_cursor,"
+            f" CASE WHEN CAST(? AS INTEGER) = 1 THEN {failure_at} END) WHERE id = ? AND (active_at {dialect.differs} ?"
+            f" OR last_event_type {dialect.differs} ? OR (CAST(? AS INTEGER) = 1 AND error_cursor IS NULL))")
+
+
+def event_facts_args(tx: Tx, channel_id: str, event_type: str) -> tuple:
+    """event_facts_sql's arguments (where the bench switched run-state upkeep off: the activity alone)."""
+    waiting, failure = None, 0
+    if "run-state" not in BENCH_WITHOUT:
+        waiting, failure = (event_type if event_type in BLOCKING_EVENT_TYPES else None), int(is_failure_event(event_type))
+    return tx.ts, waiting, failure, channel_id, tx.ts[:ACTIVE_AT_CHARS], waiting, failure
 
 
 def note_event_facts(tx: Tx, channel_id: str, event_type: str) -> None:
-    """After a new event: its type while it blocks the run (else NULL: run_state reads no more of it),
-    and the run's first failure's cursor (the channel's last, the event's own). Where the counter
-    keeps them (event_counter_sql), nothing."""
-    if "run-state" in BENCH_WITHOUT or tx.conn.dialect.heap_only_updates:
-        return
-    waiting = event_type if event_type in BLOCKING_EVENT_TYPES else None
-    if is_failure_event(event_type):
-        tx.conn.execute(event_facts_sql(tx.conn.dialect, True), (waiting, channel_id))
-    else:
-        tx.conn.execute(event_facts_sql(tx.conn.dialect, False), (waiting, channel_id, waiting))
+    """After a new event: its facts on the channel's row, where they changed (event_facts_sql)."""
+    tx.conn.execute(event_facts_sql(tx.conn.dialect), event_facts_args(tx, channel_id, event_type))
 
 
 @functools.lru_cache(maxsize=4)
@@ -4456,7 +4438,7 @@ def state_facts_sql(dialect: "Dialect") -> str:
 
 def note_state_facts(tx: Tx, channel_id: str, status: Optional[str]) -> None:
     """After a new state: its latest snapshot's status, and the run's activity when its second changed
-    (a run's states alone keep its activity time at most a second behind; its events keep it exact)."""
+    (a run's states keep its activity time to the second, as its events do: see event_facts_sql)."""
     facts = state_facts_args(tx, channel_id, status)
     if facts is not None:
         tx.conn.execute(state_facts_sql(tx.conn.dialect), facts)
@@ -4503,14 +4485,13 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
         agent_id=agent_id, user_id=user_id, metadata_text=metadata_text, step_number=step_number,
         depends_on=depends_on, timestamp=tx.ts)
     checked = new_operation and operation_id is not None
-    sql = event_counter_sql(tx.conn.dialect, checked)
-    args, used = event_counter_args(tx, channel_id, event_type, head, tail), None
+    key, used = (channel_id,), None
     if checked:
-        args += (channel_id, operation_id)
+        key += (channel_id, operation_id)
         used = lambda: event_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
     values = (channel_id, event_id, event_type, payload_text, actor, agent_id, user_id, metadata_text,
               operation_id, hashed, step_number, depends_on, dump(dependencies), tx.ts)
-    dialect, hooks = tx.conn.dialect, EVENT_HOOKS.get(event_type)
+    args, dialect, hooks = key + values + (head, tail), tx.conn.dialect, EVENT_HOOKS.get(event_type)
 
     def event_at(counters: tuple) -> Event:
         cursor, chain_hash = counters
@@ -4518,13 +4499,15 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
                      channel_cursor=cursor, timestamp=tx.ts, agent_id=agent_id, user_id=user_id, metadata=metadata,
                      depends_on=depends_on, step_number=step_number, chain_hash=chain_hash)
     if settle_later and hooks is None and tx.may_settle_later(channel_id):
-        later = Later(dialect.send_bump(tx.conn, sql, args, EVENT_ROW, values, strict=True), event_at)
+        facts = event_facts_args(tx, channel_id, event_type)
+        sql = next_event_sql(dialect, checked, strict=True, facts=True)
+        later = Later(tx.conn.execute(sql, facts + args), event_at)
         tx.later.append(later)
         tx.events.append(later)
-        note_event_facts(tx, channel_id, event_type)
         keep_usage(tx.conn, channel_id, None, payload, metadata)
         return later
-    bumped = bump_channel(tx, channel_id, lambda: dialect.bump_and_insert(tx.conn, sql, args, EVENT_ROW, values), used)
+    sql = next_event_sql(dialect, checked)
+    bumped = bump_channel(tx, channel_id, lambda: returned_row(tx.conn.execute(sql, args)), used)
     if bumped is None:
         return None
     event = event_at(bumped)
@@ -4543,7 +4526,7 @@ def keep_usage(conn: Conn, channel_id: str, cursor: Optional[int], payload: Any,
     channel appended last (one whose answer is not read yet)."""
     usage = usage_of(payload, metadata)
     if usage is not None:
-        at = "?" if cursor is not None else "(SELECT last_cursor FROM channels WHERE id = ?)"
+        at = "?" if cursor is not None else "(SELECT MAX(cursor) FROM events WHERE channel_id = ?)"
         conn.execute("INSERT INTO step_usage (channel_id, cursor, input_tokens, output_tokens, cost, model, duration_ms)"
                      f" VALUES (?, {at}, ?, ?, ?, ?, ?)",
                      (channel_id, channel_id if cursor is None else cursor, usage.get("input_tokens"),
@@ -5188,12 +5171,12 @@ def put_metadata(tx: Tx, channel_id: str, changes: PutMetadata) -> ChannelMetada
 
 
 def list_channels(conn: Conn) -> list:
-    return [r["id"] for r in conn.execute(f"SELECT id FROM channels ORDER BY {by_activity('', True)}").fetchall()]
+    return [r["id"] for r in conn.execute(f"SELECT c.id FROM channels c ORDER BY {by_activity('c.', True)}").fetchall()]
 
 
 def list_forks(conn: Conn, channel_id: str) -> list[ChannelMetadata]:
     require_channel(conn, channel_id)
-    rows = conn.execute("SELECT * FROM channels WHERE parent_id = ? ORDER BY created_at, id", (channel_id,)).fetchall()
+    rows = conn.execute(f"{CHANNEL_ROW} WHERE c.parent_id = ? ORDER BY c.created_at, c.id", (channel_id,)).fetchall()
     return [metadata_of(r) for r in rows]
 
 
@@ -5308,7 +5291,7 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
     source_id, child_id, at_cursor = req.source_channel_id, req.new_channel_id, req.at_cursor
     hashed = request_hash({k: v for k, v in msgspec.structs.asdict(req).items() if k != "operation_id"})
     if req.operation_id is not None:
-        earlier = conn.execute("SELECT * FROM channels WHERE fork_operation_id = ?", (req.operation_id,)).fetchone()
+        earlier = conn.execute(f"{CHANNEL_ROW} WHERE c.fork_operation_id = ?", (req.operation_id,)).fetchone()
         if earlier is not None:
             require_same_request(earlier["fork_request_hash"], hashed, req.operation_id, "fork")
             return receipt_of(earlier, replayed=True)
@@ -5343,7 +5326,7 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
         "INSERT INTO channels (id, parent_id, origin_id, created_at, updated_at, display_name, reason,"
         " experiment_metadata, forked_at, requested_cursor, resolved_cursor, resolved_event_id, forked_at_step,"
         " source_state_version, source_state_sha256, restorable, manifest, reproducibility, tool_policies,"
-        " fork_operation_id, fork_request_hash, chain_head)"
+        " fork_operation_id, fork_request_hash, chain_base)"
         " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         (child_id, source_id, source["origin_id"], tx.ts, tx.ts, req.display_name, req.reason,
          dump(req.experiment_metadata), tx.ts, at_cursor, resolved, resolved_event_id,
@@ -8496,12 +8479,12 @@ def run_state_sql(dialect: Dialect, sdk_status: Optional[str] = None) -> str:
 
 
 # What a listed run's row carries: the channel (with run_state) and a few lookups by its own key.
-RUN_COLUMNS = ("c.*,"                   # run_state among them
+RUN_COLUMNS = (f"c.*, {CHANNEL_HEAD}, {activity_sql('c.')} AS active_time,"   # run_state among them
                " (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id AND e.step_number IS NOT NULL)"
                " AS last_step,"
                " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks,"
                " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = 1) AS first_event_at,"
-               " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = c.last_cursor)"
+               " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id ORDER BY e.cursor DESC LIMIT 1)"
                " AS last_event_at")
 
 
@@ -8637,15 +8620,17 @@ def after_page_token(token: str, time_column: str, id_column: str) -> tuple:
 def after_runs_token(token: str, alias: str) -> tuple:
     """Keyset pagination of runs, most recently active first: (SQL condition, *args) for the rows after
     an `<updated_at>|<id>` token. The activity second bounds the index range; the rest is exact."""
-    after, *args = after_page_token(token, f"{alias}updated_at", f"{alias}id")
+    after, *args = after_page_token(token, activity_sql(alias), f"{alias}id")
     return (f"{alias}active_at <= ? AND {after}", token[:ACTIVE_AT_CHARS], *args)
 
 
 def by_activity(alias: str = "", descending: bool = False) -> str:
-    """ORDER BY for runs by last activity: the indexed second, then the exact time (ties within the
-    second, unindexed), then the id. The same order as by the exact time: the second is its prefix."""
+    """ORDER BY for runs by last activity: the indexed second, then the exact time (activity_sql; ties
+    within the second, unindexed), then the id. The same order as by the exact time: the second is its
+    prefix. With no `alias`, of rows that carry the exact time as active_time (merged pages)."""
     way = " DESC" if descending else ""
-    return ", ".join(f"{alias}{column}{way}" for column in ("active_at", "updated_at", "id"))
+    exact = activity_sql(alias) if alias else "active_time"
+    return ", ".join(f"{column}{way}" for column in (f"{alias}active_at", exact, f"{alias}id"))
 
 
 def runs_by_activity_sql(where: "Where", descending: bool = False) -> str:
@@ -8668,7 +8653,7 @@ def run_summary(row: Row, last_own_step: Optional[int], fork_count: int) -> dict
         "channel_id": row["id"], "display_name": row["display_name"] or row["id"],
         "status": meta.get("status") or "recorded",
         "step_count": max(last_own_step or 0, (row["forked_at_step"] or 0) if row["parent_id"] else 0),
-        "event_count": row["last_cursor"], "last_activity": row["updated_at"], "outcome": row["outcome"],
+        "event_count": row["last_cursor"], "last_activity": row["active_time"], "outcome": row["outcome"],
         "fork_count": fork_count, "parent_channel_id": row["parent_id"], "origin_run_id": row["origin_id"],
         "forked_at_step": row["forked_at_step"] if row["parent_id"] else None,
         "closed_at": row["closed_at"],
@@ -8737,7 +8722,7 @@ def runs_page(conn: Conn, q: str, status: str, after: Optional[str]) -> tuple:
                                             else ([], 0))
         everyone += run["group"]
     mark_shared_names(everyone)
-    return runs, next_page_token(rows, "updated_at")
+    return runs, next_page_token(rows, "active_time")
 
 
 def deletion_plan(conn: Conn, channel_id: str) -> dict:
@@ -8745,7 +8730,7 @@ def deletion_plan(conn: Conn, channel_id: str) -> dict:
     row = require_channel(conn, channel_id)
     doomed = conn.execute(
         "WITH RECURSIVE tree(id) AS (SELECT CAST(? AS TEXT) UNION ALL SELECT k.id FROM channels k JOIN tree t ON k.parent_id = t.id)"
-        " SELECT c.id, c.display_name, c.last_cursor FROM channels c JOIN tree t ON c.id = t.id ORDER BY c.created_at",
+        f" SELECT c.id, c.display_name, {CHANNEL_HEAD} FROM channels c JOIN tree t ON c.id = t.id ORDER BY c.created_at",
         (channel_id,)).fetchall()
     executions = conn.execute(
         "WITH RECURSIVE tree(id) AS (SELECT CAST(? AS TEXT) UNION ALL SELECT k.id FROM channels k JOIN tree t ON k.parent_id = t.id)"
@@ -8957,7 +8942,7 @@ def run_page(conn: Conn, channel_id: str, start: int, event_type: str = "") -> d
                 "status": shown_status(run_state), "sdk_status": meta.get("status"),
                 "metadata": metadata_of(row), "params": meta.get("params"),
                 "intervention": meta.get("intervention"),
-                "duration_ms": millis_between(row["first_event_at"], row["updated_at"])},
+                "duration_ms": millis_between(row["first_event_at"], row["active_time"])},
         "failure": failure.as_json() if failure else None,
         "receipt": receipt_of(row) if row["parent_id"] else None,
         "saving": fork_saving(conn, channel_id) if row["parent_id"] else None,
@@ -11351,10 +11336,10 @@ def bulk_fork_candidates(conn: Conn, selection: BulkForkFilter, reach: Reach = E
         where = Where().add("c.run_state = ?", state).within(reach, "c.id")
         if selection.since:             # the second bounds the index range, the time is exact
             since = iso(selection.since)
-            where.add("c.active_at >= ? AND c.updated_at >= ?", since[:ACTIVE_AT_CHARS], since)
+            where.add(f"c.active_at >= ? AND {activity_sql('c.')} >= ?", since[:ACTIVE_AT_CHARS], since)
         if selection.until:
             until = iso(selection.until)
-            where.add("c.active_at <= ? AND c.updated_at <= ?", until[:ACTIVE_AT_CHARS], until)
+            where.add(f"c.active_at <= ? AND {activity_sql('c.')} <= ?", until[:ACTIVE_AT_CHARS], until)
         if selection.channel_prefix:
             where.add("substr(c.id, 1, ?) = ?", len(selection.channel_prefix), selection.channel_prefix)
         if selection.channel_ids:
@@ -11556,8 +11541,9 @@ def plan_prune(conn: Conn, req: Prune, now: datetime) -> PrunePlan:
     cutoffs, ts = prune_cutoffs(req, now), iso(now)
     latest = max(c for c in cutoffs if c is not None)
     with read_snapshot(conn):
-        rows = conn.execute("SELECT id, parent_id, run_state, updated_at FROM channels"
-                            f" WHERE active_at <= ? AND updated_at < ? ORDER BY {by_activity()}",
+        # A run's age is its row's activity: to the second, which is all a cutoff in days asks of it.
+        rows = conn.execute("SELECT c.id, c.parent_id, c.run_state, c.updated_at FROM channels c"
+                            f" WHERE c.active_at <= ? AND c.updated_at < ? ORDER BY {by_activity('c.')}",
                             (latest[:ACTIVE_AT_CHARS], latest)).fetchall()
         eligible = {r["id"]: r for r in rows if prune_eligible(r, req, cutoffs)}
         guarded: dict = {}
@@ -11794,7 +11780,7 @@ def matching_run_ids(conn: Conn, q: str, status: str) -> list:
             like = conn.dialect.like
             where.add(f"(c.id {like} ? OR c.display_name {like} ?)", f"%{q}%", f"%{q}%")
         where.add_if(state, "c.run_state = ?")
-        pages.append((f"SELECT c.id, c.active_at, c.updated_at FROM channels c{where}"
+        pages.append((f"SELECT c.id, c.active_at, {activity_sql('c.')} AS active_time FROM channels c{where}"
                       f" ORDER BY {by_activity('c.', True)} LIMIT ?", [*where.args, BULK_FORK_MAX + 1]))
     return [r["id"] for r in union_of_pages(conn, pages, by_activity("", True), BULK_FORK_MAX + 1)]
 
@@ -11811,7 +11797,7 @@ def storage_page(conn: Conn) -> dict:
     """The database's size, and the runs that hold the most and that were idle the longest."""
     sqlite = conn.dialect is SQLITE
     free = sqlite_pragma(conn, "freelist_count") * sqlite_pragma(conn, "page_size") if sqlite else None
-    counted = conn.execute("SELECT COUNT(*), COALESCE(SUM(last_cursor), 0) FROM channels").fetchone()
+    counted = conn.execute("SELECT (SELECT COUNT(*) FROM channels), (SELECT COUNT(*) FROM events)").fetchone()
     pending = conn.execute("SELECT COUNT(*) FROM approvals WHERE status = 'pending'").fetchone()[0]
 
     def listed(sql: str) -> list:
@@ -11823,12 +11809,14 @@ def storage_page(conn: Conn) -> dict:
                 " FROM states WHERE channel_id = ?), (SELECT COUNT(*) FROM states WHERE channel_id = ?)",
                 (row["id"],) * 3).fetchone()
             runs.append({"channel_id": row["id"], "events": row["last_cursor"], "states": held[2],
-                         "bytes": int(held[0]) + int(held[1]), "last_activity": row["updated_at"]})
+                         "bytes": int(held[0]) + int(held[1]), "last_activity": row["active_time"]})
         return runs
     return {"backend": "sqlite" if sqlite else "postgresql", "bytes": database_bytes(conn), "free_bytes": free,
             "runs": counted[0], "events": int(counted[1]), "pending_approvals": pending,
-            "largest": listed("SELECT id, last_cursor, updated_at FROM channels ORDER BY last_cursor DESC, id LIMIT ?"),
-            "oldest": listed(f"SELECT id, last_cursor, updated_at FROM channels ORDER BY {by_activity()} LIMIT ?"),
+            "largest": listed(f"SELECT c.id, {CHANNEL_HEAD}, {activity_sql('c.')} AS active_time FROM channels c"
+                              " ORDER BY last_cursor DESC, c.id LIMIT ?"),
+            "oldest": listed(f"SELECT c.id, {CHANNEL_HEAD}, {activity_sql('c.')} AS active_time FROM channels c"
+                             f" ORDER BY {by_activity('c.')} LIMIT ?"),
             "space": "" if sqlite else POSTGRES_SPACE}
 
 
@@ -12153,6 +12141,7 @@ class ExportLine(Struct, kw_only=True, forbid_unknown_fields=True, tag_field="ki
     TABLE: ClassVar[str]
     JSON_TEXTS: ClassVar[dict] = {}        # column holding JSON text -> the shape of the value it holds
     FLAGS: ClassVar[tuple] = ()            # boolean columns (0/1 in the database)
+    DERIVED: ClassVar[tuple] = ()          # fields the database derives from other rows: not stored
 
 
 class ChannelLine(ExportLine, tag="channel"):
@@ -12160,6 +12149,7 @@ class ChannelLine(ExportLine, tag="channel"):
     JSON_TEXTS: ClassVar[dict] = {"experiment_metadata": dict[str, Any], "manifest": dict[str, Any],
                                   "tool_policies": ToolPolicies}
     FLAGS: ClassVar[tuple] = ("restorable",)
+    DERIVED: ClassVar[tuple] = ("last_cursor", "chain_head")      # its last event's (CHANNEL_HEAD)
     id: ChannelId
     parent_id: Optional[ChannelId]
     origin_id: ChannelId
@@ -12591,6 +12581,8 @@ def check_ids_free(conn: Conn, runs: list) -> None:
 def insert_line(tx: Tx, line: ExportLine, **columns) -> None:
     values = msgspec.structs.asdict(line)
     values.update({name: int(values[name]) for name in line.FLAGS}, **columns)
+    for name in line.DERIVED:
+        del values[name]
     tx.conn.execute(insert_sql(line.TABLE, tuple(values)), tuple(values.values()))
 
 
@@ -12628,6 +12620,9 @@ def import_runs(tx: Tx, file: ExportFile) -> Imported:
     check_ids_free(tx.conn, new)
     for run in new:
         insert_run(tx, run)
+    for run in new:                                     # a fork's chain goes on from its parent's, maybe in the file
+        tx.conn.execute("UPDATE channels SET chain_base = (SELECT e.chain_hash FROM events e WHERE e.channel_id ="
+                        " channels.parent_id AND e.cursor = channels.resolved_cursor) WHERE id = ?", (run.channel.id,))
         refresh_run_facts(tx.conn, run.channel.id)      # what the write path would have kept on the row
         index_usage(tx.conn, run.channel.id)
         for reindex in RUN_REINDEXERS:

@@ -38,7 +38,7 @@ def reference_state_sql(sdk: str) -> str:
       OR (SELECT s.status FROM states s WHERE s.channel_id = c.id ORDER BY s.version DESC LIMIT 1) IN {FAILED}
       OR EXISTS (SELECT 1 FROM events e WHERE {FAILURE_EVENT} AND e.channel_id = c.id) THEN 'failed'
     WHEN COALESCE({sdk}, '') <> 'completed'
-      AND (SELECT e.type FROM events e WHERE e.channel_id = c.id AND e.cursor = c.last_cursor) IN ({BLOCKING})
+      AND (SELECT e.type FROM events e WHERE e.channel_id = c.id ORDER BY e.cursor DESC LIMIT 1) IN ({BLOCKING})
       THEN 'blocked'
     ELSE COALESCE({sdk}, 'recorded') END"""
 
@@ -215,7 +215,13 @@ def page_twins(srv, channels: list) -> dict:
 
 
 # Back to a database made before migration 9 (many runs): what 9 and every later one added goes.
-LATER = ["DROP INDEX events_blocked", "CREATE INDEX events_by_type ON events (type, created_at)",
+# Before migration 19 the row kept its channel's last cursor and chain head.
+HEADS = ["ALTER TABLE channels RENAME COLUMN chain_base TO chain_head",
+         "ALTER TABLE channels ADD COLUMN last_cursor BIGINT NOT NULL DEFAULT 0",
+         "UPDATE channels SET last_cursor = COALESCE((SELECT MAX(e.cursor) FROM events e WHERE e.channel_id = channels.id), 0),"
+         " chain_head = COALESCE((SELECT e.chain_hash FROM events e WHERE e.channel_id = channels.id"
+         " ORDER BY e.cursor DESC LIMIT 1), chain_head)"]
+LATER = [*HEADS, "DROP INDEX events_blocked", "CREATE INDEX events_by_type ON events (type, created_at)",
          "DROP INDEX events_operation", "CREATE UNIQUE INDEX events_operation ON events (channel_id, operation_id)",
          "DROP INDEX events_by_step", "CREATE INDEX events_by_step ON events (channel_id, step_number, cursor)",
          "DROP INDEX channels_fork_operation",

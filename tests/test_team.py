@@ -443,7 +443,13 @@ def test_the_chain_is_built_for_events_written_before_it_existed(tmp_path):
                                   separators=(",", ":"))
             db.execute("UPDATE events SET chain_hash = NULL, payload = ? WHERE channel_id = ? AND cursor = ?",
                        (unsorted, channel, cursor))
-        db.execute("UPDATE channels SET chain_head = NULL")
+        # and its channel rows kept the chain head and the last cursor (before migration 19)
+        db.execute("ALTER TABLE channels RENAME COLUMN chain_base TO chain_head")
+        db.execute("ALTER TABLE channels ADD COLUMN last_cursor INTEGER NOT NULL DEFAULT 0")
+        db.execute("UPDATE channels SET chain_head = NULL, last_cursor ="
+                   " (SELECT COUNT(*) FROM events e WHERE e.channel_id = channels.id)")
+        (version,) = db.execute("PRAGMA user_version").fetchone()
+        db.execute(f"PRAGMA user_version = {version - 1}")   # so the restart runs migration 19 again
     db.close()
     import actae                                              # the upgrade step itself, as migrate_sqlite runs it
     conn = sqlite3.connect(tmp_path / "actae.db", isolation_level=None)

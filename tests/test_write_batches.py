@@ -92,6 +92,39 @@ def test_a_replayed_operation_id_is_not_a_failure(conn):
     assert other.cursor == 2 and cursors(conn, "replay-run") == [1, 2]
 
 
+def event_of_type(channel: str, operation: str, event_type: str) -> actae.Job:
+    body = actae.RecordEvent(channel_id=channel, event_type=event_type, payload={}, operation_id=operation)
+    return actae.Job(actae.record_event, (body,), None)
+
+
+def stored_row(conn, channel: str) -> tuple:
+    return tuple(conn.execute("SELECT * FROM channels WHERE id = ?", (channel,)).fetchone())
+
+
+def test_an_event_within_its_runs_second_writes_no_row_of_the_run(conn, monkeypatch):
+    """A run's event count, chain head and exact last activity are its last event's, read off the
+    events; the run's row holds what changes at most once a second (the activity's second) or
+    rarely (a blocking or failing event), so an ordinary event within the second leaves it as it was:
+    one page fewer per commit. The clock is held inside one second; batches step a millisecond each."""
+    monkeypatch.setattr(actae, "utc_now", lambda: datetime(2030, 1, 2, 3, 4, 5, 100_000, tzinfo=timezone.utc))
+    (first, _), = actae.run_jobs(conn, [record("quiet-run", "q1", 1)])
+    quiet = stored_row(conn, "quiet-run")
+    (second, _), = actae.run_jobs(conn, [record("quiet-run", "q2", 2)])
+    (third, _), = actae.run_jobs(conn, [record("quiet-run", "q3", 3)])
+    assert stored_row(conn, "quiet-run") == quiet
+    row = actae.channel_by_id(conn, "quiet-run")
+    assert (row["last_cursor"], row["chain_head"]) == (3, third.chain_hash)
+    assert (first.cursor, second.cursor) == (1, 2) and first.timestamp < second.timestamp < third.timestamp
+    assert actae.verify_chain(conn, "quiet-run").ok
+    (blocked, _), = actae.run_jobs(conn, [event_of_type("quiet-run", "q4", "approval.requested")])
+    assert actae.channel_by_id(conn, "quiet-run")["run_state"] == "blocked"     # a fact changed: written
+    actae.run_jobs(conn, [record("quiet-run", "q5", 5)])
+    assert actae.channel_by_id(conn, "quiet-run")["run_state"] == "recorded"    # and written back
+    (failed, _), = actae.run_jobs(conn, [event_of_type("quiet-run", "q6", "agent.error")])
+    row = actae.channel_by_id(conn, "quiet-run")
+    assert (row["run_state"], row["error_cursor"], row["last_cursor"]) == ("failed", failed.cursor, 6)
+
+
 VALUES = ("text é ✓", 1, 70_000, 2**40, -(2**62), b"\x00\x01\xff", 1.25, None)
 
 
