@@ -449,7 +449,7 @@ def test_the_chain_is_built_for_events_written_before_it_existed(tmp_path):
         db.execute("UPDATE channels SET chain_head = NULL, last_cursor ="
                    " (SELECT COUNT(*) FROM events e WHERE e.channel_id = channels.id)")
         (version,) = db.execute("PRAGMA user_version").fetchone()
-        db.execute(f"PRAGMA user_version = {version - 1}")   # so the restart runs migration 19 again
+        db.execute(f"PRAGMA user_version = {version - 1}")   # so the restart runs migration 19 (the last) again
     db.close()
     import actae                                              # the upgrade step itself, as migrate_sqlite runs it
     conn = sqlite3.connect(tmp_path / "actae.db", isolation_level=None)
