@@ -4163,11 +4163,16 @@ def rows_where(conn: Conn, table: str, order_by: str, **columns: Any) -> list:
     return conn.execute(f"SELECT * FROM {table} WHERE {where} ORDER BY {order_by}", tuple(columns.values())).fetchall()
 
 
+def last_event_value(column: str, alias: str) -> str:
+    """SQL for one column of a channel's last event (NULL before its first); `alias` names the
+    channels table, with its dot."""
+    return f"(SELECT e.{column} FROM events e WHERE e.channel_id = {alias}id ORDER BY e.cursor DESC LIMIT 1)"
+
+
 # A channel's row as every reader sees it: its columns, and its last cursor and chain head, which are
-# its last event's (see heads_from_events). `c` is the channel's row.
-CHANNEL_HEAD = ("COALESCE((SELECT MAX(h.cursor) FROM events h WHERE h.channel_id = c.id), 0) AS last_cursor,"
-                " COALESCE((SELECT h.chain_hash FROM events h WHERE h.channel_id = c.id ORDER BY h.cursor DESC LIMIT 1),"
-                " c.chain_base) AS chain_head")
+# its last event's (see heads_from_events). `c` is the channel's row. Lists need the cursor alone.
+LAST_CURSOR = "COALESCE((SELECT MAX(h.cursor) FROM events h WHERE h.channel_id = c.id), 0) AS last_cursor"
+CHANNEL_HEAD = f"{LAST_CURSOR}, COALESCE({last_event_value('chain_hash', 'c.')}, c.chain_base) AS chain_head"
 CHANNEL_ROW = f"SELECT c.*, {CHANNEL_HEAD} FROM channels c"
 CHANNEL_BY_ID = f"{CHANNEL_ROW} WHERE c.id = ?"
 
@@ -4176,7 +4181,7 @@ def activity_sql(alias: str) -> str:
     """SQL for a run's exact last activity: its row's updated_at (which events move only when its
     second changes, see event_facts_sql; other writes set it exactly) or its last event's time,
     whichever is later. `alias` names the channels table, with its dot."""
-    last = f"(SELECT e.created_at FROM events e WHERE e.channel_id = {alias}id ORDER BY e.cursor DESC LIMIT 1)"
+    last = last_event_value("created_at", alias)
     return f"(CASE WHEN {last} > {alias}updated_at THEN {last} ELSE {alias}updated_at END)"
 
 
@@ -8487,13 +8492,12 @@ def run_state_sql(dialect: Dialect, sdk_status: Optional[str] = None) -> str:
 
 
 # What a listed run's row carries: the channel (with run_state) and a few lookups by its own key.
-RUN_COLUMNS = (f"c.*, {CHANNEL_HEAD}, {activity_sql('c.')} AS active_time,"   # run_state among them
+RUN_COLUMNS = (f"c.*, {LAST_CURSOR}, {activity_sql('c.')} AS active_time,"   # run_state among them
                " (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id AND e.step_number IS NOT NULL)"
                " AS last_step,"
                " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks,"
                " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = 1) AS first_event_at,"
-               " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id ORDER BY e.cursor DESC LIMIT 1)"
-               " AS last_event_at")
+               f" {last_event_value('created_at', 'c.')} AS last_event_at")
 
 
 def shown_status(run_state: Any) -> str:
@@ -8738,7 +8742,7 @@ def deletion_plan(conn: Conn, channel_id: str) -> dict:
     row = require_channel(conn, channel_id)
     doomed = conn.execute(
         "WITH RECURSIVE tree(id) AS (SELECT CAST(? AS TEXT) UNION ALL SELECT k.id FROM channels k JOIN tree t ON k.parent_id = t.id)"
-        f" SELECT c.id, c.display_name, {CHANNEL_HEAD} FROM channels c JOIN tree t ON c.id = t.id ORDER BY c.created_at",
+        f" SELECT c.id, c.display_name, {LAST_CURSOR} FROM channels c JOIN tree t ON c.id = t.id ORDER BY c.created_at",
         (channel_id,)).fetchall()
     executions = conn.execute(
         "WITH RECURSIVE tree(id) AS (SELECT CAST(? AS TEXT) UNION ALL SELECT k.id FROM channels k JOIN tree t ON k.parent_id = t.id)"
@@ -11821,9 +11825,9 @@ def storage_page(conn: Conn) -> dict:
         return runs
     return {"backend": "sqlite" if sqlite else "postgresql", "bytes": database_bytes(conn), "free_bytes": free,
             "runs": counted[0], "events": int(counted[1]), "pending_approvals": pending,
-            "largest": listed(f"SELECT c.id, {CHANNEL_HEAD}, {activity_sql('c.')} AS active_time FROM channels c"
+            "largest": listed(f"SELECT c.id, {LAST_CURSOR}, {activity_sql('c.')} AS active_time FROM channels c"
                               " ORDER BY last_cursor DESC, c.id LIMIT ?"),
-            "oldest": listed(f"SELECT c.id, {CHANNEL_HEAD}, {activity_sql('c.')} AS active_time FROM channels c"
+            "oldest": listed(f"SELECT c.id, {LAST_CURSOR}, {activity_sql('c.')} AS active_time FROM channels c"
                              f" ORDER BY {by_activity('c.')} LIMIT ?"),
             "space": "" if sqlite else POSTGRES_SPACE}
 
