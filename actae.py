@@ -75,6 +75,7 @@ import functools
 import gzip
 import hashlib
 import hmac
+import http.client
 import itertools
 import json
 import logging
@@ -181,6 +182,7 @@ REPLAY_LIMIT_MAX = 1000                # clamped, never rejected
 EXECUTIONS_LIMIT_MAX = 100
 LEASE_DEFAULT, LEASE_MIN, LEASE_MAX = 60, 1, 86400
 INT64_MAX = 2**63 - 1                  # SQLite's INTEGER (and PostgreSQL's BIGINT) range
+USAGE_COUNT_MAX = 10**15               # a step's token count above this is no count (and sums stay exact)
 KEY_NAME_MAX_BYTES = 512
 LINEAGE_MAX_DEPTH = 64                 # forks of forks; every lineage walk stops here
 ID_BATCH = 500                         # ids per query where a list of ids is looked up or deleted in batches
@@ -440,7 +442,7 @@ def usage_of(payload: Any, metadata: Any) -> Optional[dict]:
                 break
             if kind is int and isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 19:
                 value = int(value)
-            if kind is int and isinstance(value, int) and 0 <= value <= INT64_MAX:
+            if kind is int and isinstance(value, int) and 0 <= value <= USAGE_COUNT_MAX:
                 found[figure] = value
                 break
             if kind is str and isinstance(value, str):
@@ -469,6 +471,21 @@ def parse_iso(text: str) -> datetime:
         return moment.astimezone(timezone.utc)
     except (ValueError, AttributeError, OverflowError):      # OverflowError: year 1 or 9999 moved to UTC
         raise BadRequest(f"not an RFC 3339 timestamp: {text!r:.80}")
+
+
+def stored_instant(text: Any) -> Optional[datetime]:
+    """A stored timestamp as an instant, or None when it is not one (a damaged row): whatever reads
+    what is stored shows such a value as missing instead of failing."""
+    try:
+        return parse_iso(text)
+    except BadRequest:
+        return None
+
+
+def seconds_since(stamp: Optional[str], now: float) -> float:
+    """Seconds from a stored instant to `now` (a Unix time); 0 for none, or a damaged one."""
+    moment = stored_instant(stamp) if stamp else None
+    return max(0.0, now - moment.timestamp()) if moment else 0.0
 
 
 def uuid7() -> str:
@@ -1176,6 +1193,10 @@ def check_documents(record: Struct, *, measure: bool) -> None:
             if problem:
                 raise BadRequest(f"{name} {problem}")
             if measure and len(msgspec.json.encode(value)) > MAX_DOCUMENT_BYTES:
+                raise TooLarge(f"{name} is larger than {MAX_DOCUMENT_BYTES} bytes")
+        elif measure and isinstance(value, str) and len(value) > MAX_DOCUMENT_BYTES // 4:
+            # A bare string is a document too (a payload or a state may be one); short ones cost nothing.
+            if len(msgspec.json.encode(value)) > MAX_DOCUMENT_BYTES:
                 raise TooLarge(f"{name} is larger than {MAX_DOCUMENT_BYTES} bytes")
 
 
@@ -2767,6 +2788,7 @@ MIGRATIONS = [
     Migration(17, only={"postgresql": RUN_STATE_BY_TRIGGER}),
     Migration(18, fork_only_channel_indexes),
     Migration(19, heads_from_events),
+    Migration(20),                                        # enrollments' failed tries (Fleet)
 ]
 
 
@@ -4658,9 +4680,11 @@ def latest_cursor(conn: Conn, channel_id: str) -> Optional[int]:
     return row["last_cursor"] if row is not None and row["last_cursor"] > 0 else None
 
 
-def causal_graph(conn: Conn, event_id: str, max_nodes: int) -> CausalGraph:
-    """Bounded ancestry walk over `depends_on` and the recorded `dependencies` edges."""
-    root = present(row_where(conn, "events", id=event_id), lambda: NotFound(f"event {event_id} not found"))
+def causal_graph(conn: Conn, event_id: str, max_nodes: int, reach: "Reach") -> CausalGraph:
+    """Bounded ancestry walk over `depends_on` and the recorded `dependencies` edges, among the runs
+    `reach` sees: an edge into a run it may not read stays an edge to an event that is not there,
+    exactly as an edge to an id that never existed."""
+    root = present(visible_event(conn, event_id, reach), lambda: NotFound(f"event {event_id} not found"))
     seen, order, edges, frontier, truncated = {root["id"]: root}, [root], [], [root], False
     while frontier:
         row = frontier.pop(0)
@@ -4675,13 +4699,19 @@ def causal_graph(conn: Conn, event_id: str, max_nodes: int) -> CausalGraph:
             if len(order) >= max_nodes:
                 truncated = True
                 continue
-            parent = row_where(conn, "events", id=parent_id)
+            parent = visible_event(conn, parent_id, reach)
             if parent is not None:
                 seen[parent_id] = parent
                 order.append(parent)
                 frontier.append(parent)
     return CausalGraph(root_event_id=root["id"], events=[event_of(r) for r in order], dependencies=edges,
                        truncated=truncated)
+
+
+def visible_event(conn: Conn, event_id: str, reach: "Reach") -> Optional[Row]:
+    """The event row with this id, if it lies in a run `reach` sees."""
+    row = row_where(conn, "events", id=event_id)
+    return row if row is not None and reach.sees(row["channel_id"]) else None
 
 
 def verify_chain(conn: Conn, channel_id: str) -> ChainCheck:
@@ -5187,9 +5217,11 @@ def list_channels(conn: Conn) -> list:
     return [r["id"] for r in conn.execute(f"SELECT c.id FROM channels c ORDER BY {by_activity('c.', True)}").fetchall()]
 
 
-def list_forks(conn: Conn, channel_id: str) -> list[ChannelMetadata]:
+def list_forks(conn: Conn, channel_id: str, reach: "Reach") -> list[ChannelMetadata]:
+    """The run's direct forks that `reach` sees, oldest first."""
     require_channel(conn, channel_id)
-    rows = conn.execute(f"{CHANNEL_ROW} WHERE c.parent_id = ? ORDER BY c.created_at, c.id", (channel_id,)).fetchall()
+    where = Where().add("c.parent_id = ?", channel_id).within(reach, "c.id")
+    rows = conn.execute(f"{CHANNEL_ROW}{where} ORDER BY c.created_at, c.id", where.args).fetchall()
     return [metadata_of(r) for r in rows]
 
 
@@ -5365,7 +5397,9 @@ def stretch_row(conn: Conn, channel_id: str, upto: Optional[int]) -> Row:
     return conn.execute(
         "SELECT COUNT(*) AS n, COUNT(CASE WHEN e.step_number IS NOT NULL OR u.cursor IS NOT NULL THEN 1 END) AS steps,"
         " COUNT(CASE WHEN e.step_number IS NOT NULL AND u.cursor IS NULL THEN 1 END) AS unknown,"
-        " COALESCE(SUM(u.input_tokens), 0) AS tin, COALESCE(SUM(u.output_tokens), 0) AS tout, SUM(u.cost) AS cost,"
+        # Summed as floating point (SQLite) or numeric (PostgreSQL): 64-bit counts never overflow a sum.
+        " COALESCE(SUM(u.input_tokens * 1.0), 0) AS tin, COALESCE(SUM(u.output_tokens * 1.0), 0) AS tout,"
+        " SUM(u.cost) AS cost,"
         " MIN(e.created_at) AS first, MAX(e.created_at) AS last FROM events e LEFT JOIN step_usage u"
         f" ON u.channel_id = e.channel_id AND u.cursor = e.cursor WHERE e.channel_id = ?{limit}", args).fetchone()
 
@@ -5381,8 +5415,7 @@ def spend_of(conn: Conn, stretches: list) -> Spend:
         input_tokens, output_tokens = input_tokens + int(row["tin"]), output_tokens + int(row["tout"])
         if row["cost"] is not None:
             cost = (cost or 0.0) + float(row["cost"])
-        if row["first"] and row["last"]:
-            wall += (parse_iso(row["last"]) - parse_iso(row["first"])).total_seconds()
+        wall += (millis_between(row["first"], row["last"]) or 0) / 1000
     return Spend(steps=steps, steps_without_usage=without, input_tokens=input_tokens, output_tokens=output_tokens,
                  cost=None if cost is None else round(cost, 9), wall_seconds=round(wall, 6))
 
@@ -5399,11 +5432,11 @@ def fork_saving(conn: Conn, channel_id: str) -> Optional[ForkSaving]:
                       tail=spend_of(conn, [(channel_id, None)]))
 
 
-def savings_of(conn: Conn, channel_id: str, reach: Optional["Reach"] = None) -> Savings:
+def savings_of(conn: Conn, channel_id: str, reach: "Reach") -> Savings:
     """GET /channels/{id}/savings: the run's own saving as a fork, and its forks' (those `reach` sees)
     with their totals."""
     require_channel(conn, channel_id)
-    forks = [fork_saving(conn, child) for child in (reach or EVERYWHERE).seen(child_ids(conn, channel_id))]
+    forks = [fork_saving(conn, child) for child in child_ids(conn, channel_id, reach)]
     totals = {"steps": 0, "steps_without_usage": 0, "input_tokens": 0, "output_tokens": 0, "wall_seconds": 0.0}
     cost = None
     for fork in forks:
@@ -5415,41 +5448,51 @@ def savings_of(conn: Conn, channel_id: str, reach: Optional["Reach"] = None) -> 
                    forks_saved=Spend(**totals, cost=cost))
 
 
-def lineage_tree(conn: Conn, channel_id: str) -> ForkTree:
-    """The whole fork tree a channel belongs to, from its root."""
-    return fork_tree(conn, require_channel(conn, channel_id)["origin_id"])
+def lineage_tree(conn: Conn, channel_id: str, reach: "Reach") -> ForkTree:
+    """The fork tree a channel belongs to as `reach` sees it: from its highest ancestor reached through
+    runs it sees (the root, for a credential that reads the whole line)."""
+    top = channel_id
+    for row, _ in lineage(conn, channel_id)[1:]:
+        if not reach.sees(row["id"]):
+            break
+        top = row["id"]
+    return fork_tree(conn, top, reach)
 
 
-def descendants(conn: Conn, channel_id: str) -> list:
-    """Every fork below a channel (forks of forks too), each after its parent: depth first, oldest first."""
+def descendants(conn: Conn, channel_id: str, reach: Optional["Reach"] = None) -> list:
+    """Every fork below a channel (forks of forks too) that `reach` sees, when given, each after its
+    parent: depth first, oldest first."""
     found, pending = [], [(channel_id, 0)]
     while pending:
         parent, depth = pending.pop()
         if parent != channel_id:
             found.append(parent)
         if depth < LINEAGE_MAX_DEPTH:
-            pending.extend((child, depth + 1) for child in reversed(child_ids(conn, parent)))
+            pending.extend((child, depth + 1) for child in reversed(child_ids(conn, parent, reach)))
     return found
 
 
-def child_ids(conn: Conn, channel_id: str) -> list:
-    """The channel's own forks, oldest first."""
-    return [r["id"] for r in conn.execute("SELECT id FROM channels WHERE parent_id = ? ORDER BY created_at, id",
-                                          (channel_id,))]
+def child_ids(conn: Conn, channel_id: str, reach: Optional["Reach"] = None) -> list:
+    """The channel's own forks (those `reach` sees, when given), oldest first."""
+    where = Where().add("parent_id = ?", channel_id)
+    if reach is not None:
+        where.within(reach, "id")
+    return [r["id"] for r in conn.execute(f"SELECT id FROM channels{where} ORDER BY created_at, id", where.args)]
 
 
-def fork_tree(conn: Conn, channel_id: str, depth: int = 0) -> ForkTree:
-    """A channel and all its descendants, each with where it forked and how far it got."""
+def fork_tree(conn: Conn, channel_id: str, reach: "Reach", depth: int = 0) -> ForkTree:
+    """A channel and its descendants that `reach` sees (a fork it may not read is left out with its
+    own forks), each with where it forked and how far it got."""
     row = require_channel(conn, channel_id)
     meta = experiment_of(row)
-    children = child_ids(conn, channel_id)
+    children = child_ids(conn, channel_id, reach)
     return ForkTree(
         channel_id=row["id"], display_name=row["display_name"], reason=row["reason"],
         parent_channel_id=row["parent_id"], forked_at_cursor=row["resolved_cursor"],
         forked_at_step=row["forked_at_step"] if row["parent_id"] else None,
         event_count=row["last_cursor"], latest_cursor=row["last_cursor"] or None,
         status=meta.get("status"), outcome=row["outcome"],
-        children=[fork_tree(conn, c, depth + 1) for c in children] if depth < LINEAGE_MAX_DEPTH else [])
+        children=[fork_tree(conn, c, reach, depth + 1) for c in children] if depth < LINEAGE_MAX_DEPTH else [])
 
 
 # =============================================================================
@@ -5532,7 +5575,9 @@ def channel_executions(conn: Conn, channel_id: str) -> list[Execution]:
     return [execution_of(r) for r in rows_where(conn, "executions", "created_at, id", channel_id=channel_id)]
 
 
-def decision_trail(conn: Conn, channel_id: str) -> Trail:
+def decision_trail(conn: Conn, channel_id: str, reach: "Reach") -> Trail:
+    """A run's ancestry (an ancestor `reach` does not see keeps its id, which the fork's own record
+    holds, and nothing else of its own), the state it forked from, and its tool executions."""
     chain = lineage(conn, channel_id)
     row = chain[0][0]
     boundary = None
@@ -5543,14 +5588,15 @@ def decision_trail(conn: Conn, channel_id: str) -> Trail:
     return Trail(
         channel_id=channel_id, origin_run_id=row["origin_id"],
         ancestry=[Ancestor(channel_id=r["id"], parent_channel_id=r["parent_id"], forked_at_cursor=r["resolved_cursor"],
-                           display_name=r["display_name"], reason=r["reason"]) for r, _ in chain],
+                           display_name=r["display_name"] if reach.sees(r["id"]) else None,
+                           reason=r["reason"] if reach.sees(r["id"]) else None) for r, _ in chain],
         boundary=boundary, executions=channel_executions(conn, channel_id))
 
 
 def run_figures(conn: Conn, channel_id: str, tool_calls: int) -> RunFigures:
     row = stretch_row(conn, channel_id, None)              # usage as the one rule kept it (usage_of)
     cost = 0 if row["cost"] is None else round(float(row["cost"]), 9)
-    duration = (parse_iso(row["last"]) - parse_iso(row["first"])).total_seconds() if row["first"] else 0.0
+    duration = (millis_between(row["first"], row["last"]) or 0) / 1000
     return RunFigures(event_count=row["n"], step_count=row["steps"], tool_calls=tool_calls, duration_seconds=duration,
                       tokens=int(row["tin"]) + int(row["tout"]), cost=cost)
 
@@ -7052,7 +7098,7 @@ async def api_events_transition(request: Request, body: Transition) -> Transitio
 
 async def api_events_causal_graph(request: Request, path, query: CausalQuery) -> CausalGraph:
     """The events an event depends on (depends_on and recorded dependencies), walked back to max_nodes."""
-    return await db_of(request).read(causal_graph, path.event_id, query.max_nodes)
+    return await db_of(request).read(causal_graph, path.event_id, query.max_nodes, request.state.principal.reach)
 
 
 async def api_state_save(request: Request, path, body: SaveState) -> SavedState:
@@ -7099,8 +7145,7 @@ async def api_channels_metadata_put(request: Request, path, body: PutMetadata) -
 
 async def api_channels_forks(request: Request, path) -> Forks:
     """The direct forks of a run that this credential may read."""
-    forks = await db_of(request).read(list_forks, path.channel_id)
-    return Forks(forks=request.state.principal.reach.seen(forks, lambda fork: fork.channel_id))
+    return Forks(forks=await db_of(request).read(list_forks, path.channel_id, request.state.principal.reach))
 
 
 async def api_channels_step(request: Request, path) -> StepLocation:
@@ -7131,7 +7176,7 @@ async def api_channels_savings(request: Request, path) -> Savings:
 
 async def api_channels_fork_tree(request: Request, path) -> ForkTree:
     """A run and all its forks, forks of forks too, each with where it forked and how far it got."""
-    return await db_of(request).read(fork_tree, path.channel_id)
+    return await db_of(request).read(fork_tree, path.channel_id, request.state.principal.reach)
 
 
 async def api_channels_diff(request: Request, query: PairQuery) -> ChannelDiff:
@@ -7146,7 +7191,7 @@ async def api_channels_compare(request: Request, query: PairQuery) -> Comparison
 
 async def api_channels_trail(request: Request, path) -> Trail:
     """A run's decision trail: its ancestry, the state it forked from and the tool executions on it."""
-    return await db_of(request).read(decision_trail, path.channel_id)
+    return await db_of(request).read(decision_trail, path.channel_id, request.state.principal.reach)
 
 
 async def api_channels_outcome(request: Request, path, body: SetOutcome) -> OutcomeAnswer:
@@ -8513,9 +8558,11 @@ def listed_states(status: str) -> tuple:
 
 
 def millis_between(earlier: Optional[str], later: Optional[str]) -> Optional[int]:
-    if not earlier or not later:
+    """Milliseconds between two stored instants; None when either is missing or damaged."""
+    start, end = stored_instant(earlier), stored_instant(later)
+    if start is None or end is None:
         return None
-    return max(0, round((parse_iso(later) - parse_iso(earlier)).total_seconds() * 1000))
+    return max(0, round((end - start).total_seconds() * 1000))
 
 
 # --- failures: why a run went wrong, and the step a fork should keep -------------------
@@ -8937,7 +8984,7 @@ def default_fork_name(conn: Conn, channel_id: str, fork_count: int) -> str:
     return f"{stem}-fork-{uuid.uuid4().hex[:8]}"
 
 
-def run_page(conn: Conn, channel_id: str, start: int, event_type: str = "") -> dict:
+def run_page(conn: Conn, channel_id: str, start: int, event_type: str, reach: "Reach") -> dict:
     """Everything the run page shows; the timeline is one page of TIMELINE_PAGE_SIZE events."""
     row = fetch_or_raise(conn, lambda: NotFound(f"channel {channel_id} not found"),
                          f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.id = ?", channel_id)
@@ -8945,7 +8992,7 @@ def run_page(conn: Conn, channel_id: str, start: int, event_type: str = "") -> d
     run_state = row["run_state"]
     failure = run_failure(conn, row, run_state)
     items, more = timeline(conn, row, start, event_type, failure)
-    forks = [msgspec.structs.asdict(f) for f in list_forks(conn, channel_id)]
+    forks = [msgspec.structs.asdict(f) for f in list_forks(conn, channel_id, reach)]
     for f in forks:
         em = f["experiment_metadata"] if isinstance(f["experiment_metadata"], dict) else {}
         f["forked_at_step"] = em.get("forked_at_step")
@@ -9026,9 +9073,9 @@ def experiments_of_run(conn: Conn, channel_id: str) -> list:
         " ORDER BY e.created_at DESC", (channel_id, channel_id))]
 
 
-def tree_page(conn: Conn, channel_id: str) -> dict:
+def tree_page(conn: Conn, channel_id: str, reach: "Reach") -> dict:
     """The fork tree with each run's status as the runs list shows it, and the picture of its branches."""
-    root = msgspec.to_builtins(lineage_tree(conn, channel_id))     # nodes gain what the page shows
+    root = msgspec.to_builtins(lineage_tree(conn, channel_id, reach))     # nodes gain what the page shows
     nodes, stack = [], [root]
     while stack:
         node = stack.pop()
@@ -9370,7 +9417,7 @@ def fork_form_values(request: Request, data: dict, flash: Optional[dict]) -> dic
 async def run_context(request: Request, channel_id: str, jump_error: Optional[str] = None) -> dict:
     query = page_query(request, RunPageQuery)
     start, event_type = query.start, query.type
-    data = await db_of(request).read(run_page, channel_id, start, event_type)
+    data = await db_of(request).read(run_page, channel_id, start, event_type, request.state.principal.reach)
     total, more = data.pop("total"), data.pop("more")
     page = {**timeline_links(channel_id, start, total, event_type, more), "start": data.pop("start"),
             "end": data.pop("end"), "total": data["run"]["event_count"], "filtered": bool(event_type)}
@@ -9436,7 +9483,7 @@ async def page_experiment_promote(request: Request) -> Response:
 
 async def page_tree(request: Request) -> Response:
     channel_id = path_channel(request)
-    data = await db_of(request).read(tree_page, channel_id)
+    data = await db_of(request).read(tree_page, channel_id, request.state.principal.reach)
     return render(request, "tree.html", {"title": f"Fork tree of {channel_id}", **data, "current": channel_id})
 
 
@@ -11261,7 +11308,8 @@ def approval_status(row: Row, now: str) -> str:
 
 
 def approval_of(row: Row, now: datetime) -> Approval:
-    age = max(0.0, (now - parse_iso(row["requested_at"])).total_seconds())
+    requested = stored_instant(row["requested_at"])
+    age = max(0.0, (now - requested).total_seconds()) if requested else 0.0
     return Approval(request_id=row["request_id"], channel_id=row["channel_id"], summary=row["summary"],
                     details=load(row["details"]), requester=row["requester"], requested_at=row["requested_at"],
                     timeout_at=row["timeout_at"], age_seconds=round(age, 3), status=approval_status(row, iso(now)),
@@ -12302,10 +12350,12 @@ class Exported:
 # --- export ---------------------------------------------------------------------------------
 
 
-def exported_channels(conn: Conn, channel_id: str, with_forks: bool) -> list:
-    """The channel's ancestors (root first), the channel, and with `with_forks` all its descendants."""
+def exported_channels(conn: Conn, channel_id: str, with_forks: bool, reach: "Reach") -> list:
+    """The channel's ancestors (root first: its history lives in them), the channel, and with
+    `with_forks` its descendants that `reach` sees (a fork it may not read is not there for it, nor
+    are that fork's own forks)."""
     lineage_ids = [row["id"] for row, _ in reversed(lineage(conn, channel_id))]
-    return lineage_ids + (descendants(conn, channel_id) if with_forks else [])
+    return lineage_ids + (descendants(conn, channel_id, reach) if with_forks else [])
 
 
 def state_text(conn: Conn, row: Row) -> Optional[str]:
@@ -12338,10 +12388,10 @@ def stored_run(conn: Conn, channel_id: str) -> RunRows:
     return run
 
 
-def export_run(conn: Conn, channel_id: str, with_forks: bool) -> Exported:
+def export_run(conn: Conn, channel_id: str, with_forks: bool, reach: "Reach") -> Exported:
     """`actae export` and GET /channels/{id}/export: the file's bytes, and which channels it holds."""
     with read_snapshot(conn):
-        runs = [stored_run(conn, c) for c in exported_channels(conn, channel_id, with_forks)]
+        runs = [stored_run(conn, c) for c in exported_channels(conn, channel_id, with_forks, reach)]
     rows = [row for run in runs for row in run.rows()]
     counts = ExportCounts(channels=len(runs), events=sum(len(r.events) for r in runs),
                           states=sum(len(r.states) for r in runs), executions=sum(len(r.executions) for r in runs))
@@ -12381,7 +12431,10 @@ def read_header(text: str) -> ExportHeader:
 
 
 def json_text_value(text: str, kind: Any, what: str) -> Any:
-    """The value a JSON text column holds: strict JSON of the expected shape, at most 64 levels deep."""
+    """The value a JSON text column holds: strict JSON of the expected shape, at most 64 levels deep,
+    no larger than the record path takes (MAX_DOCUMENT_BYTES)."""
+    if len(text) > MAX_DOCUMENT_BYTES and len(text.encode("utf-8")) > MAX_DOCUMENT_BYTES:
+        raise TooLarge(f"{what} is larger than {MAX_DOCUMENT_BYTES} bytes, which no write takes")
     value = decode_json(text, kind, what)
     problem = document_problem(value)
     if problem:
@@ -12397,8 +12450,16 @@ def check_state_hash(line: StateLine, number: int) -> None:
                          "sha256 (the line was changed after export)")
 
 
+@functools.cache
+def stamp_fields(kind: type) -> tuple:
+    """The fields of a line that hold a stored timestamp (Stamp)."""
+    hints = typing.get_type_hints(kind, include_extras=True)
+    return tuple(name for name in kind.__struct_fields__ if hints[name] in (Stamp, Optional[Stamp]))
+
+
 def read_line(text: str, number: int) -> ExportLine:
-    """One row line, decoded and checked on its own: types, lengths, JSON texts, no NUL."""
+    """One row line, decoded and checked on its own as the record path checks a write: types, lengths,
+    real instants, JSON texts measured (strings too) and an event's payload in canonical form, no NUL."""
     if not text.strip():
         raise BadRequest(f"line {number} is empty; each line after the header is one row")
     line = decode_json(text, RowLine, f"line {number}")
@@ -12406,9 +12467,17 @@ def read_line(text: str, number: int) -> ExportLine:
         value = getattr(line, name)
         if isinstance(value, str) and "\x00" in value:
             raise BadRequest(f"line {number}: {name} contains a NUL character, which cannot be stored")
+    for name in stamp_fields(type(line)):
+        value = getattr(line, name)
+        if value is not None and stored_instant(value) is None:
+            raise BadRequest(f"line {number}: {name} {value!r:.40} is not a real instant (RFC 3339 UTC)")
     for name, kind in line.JSON_TEXTS.items():
         if getattr(line, name) is not None:
-            json_text_value(getattr(line, name), kind, f"{name} on line {number}")
+            value = json_text_value(getattr(line, name), kind, f"{name} on line {number}")
+            if name == "payload" and canonical_json(value) != line.payload:
+                # The chain hashes the stored text; the documented offline check hashes its canonical form.
+                raise BadRequest(f"line {number}: payload is not in canonical JSON form (keys sorted, no spaces),"
+                                 " as every stored payload is")
     if isinstance(line, StateLine):
         check_state_hash(line, number)
     return line
@@ -12572,22 +12641,24 @@ def taken_ids(conn: Conn, table: str, ids: list) -> dict:
     return taken
 
 
-def check_ids_free(conn: Conn, runs: list) -> None:
-    """The new channels' event and ledger ids (unique across the server) and fork operation ids are unused."""
+def check_ids_free(conn: Conn, runs: list, reach: "Reach") -> None:
+    """The new channels' event and ledger ids (unique across the server) and fork operation ids are
+    unused; a conflict names the channel holding one only to a credential that reads it."""
     for table, kind, attribute in (("events", "event", "events"), ("executions", "execution", "executions")):
         where = {row.id: (run, key) for run in runs for key, row in getattr(run, attribute).items()}
         for row_id, other in taken_ids(conn, table, list(where)).items():
             run, key = where[row_id]
+            holder = f"channel {other}" if reach.sees(other) else "another channel"
             raise Conflict("channel_conflict", f"line {run.lines[(kind, key)]}: {kind} {row_id} already exists on this "
-                                               f"server, in channel {other}; nothing was imported")
+                                               f"server, in {holder}; nothing was imported")
     for run in runs:
         if run.channel.fork_operation_id is not None:
             other = conn.execute("SELECT id FROM channels WHERE fork_operation_id = ?",
                                  (run.channel.fork_operation_id,)).fetchone()
             if other is not None:
+                holder = f"channel {other['id']}" if reach.sees(other["id"]) else "another channel"
                 raise Conflict("channel_conflict", f"line {run.line}: fork operation id {run.channel.fork_operation_id}"
-                                                   f" already names channel {other['id']} on this server; nothing was "
-                                                   "imported")
+                                                   f" already names {holder} on this server; nothing was imported")
 
 
 def insert_line(tx: Tx, line: ExportLine, **columns) -> None:
@@ -12621,7 +12692,7 @@ def check_imported_chain(conn: Conn, run: RunRows, file: ExportFile) -> None:
                          "event; nothing was imported")
 
 
-def import_runs(tx: Tx, file: ExportFile) -> Imported:
+def import_runs(tx: Tx, file: ExportFile, reach: "Reach") -> Imported:
     """POST /import and `actae import`: the file's new channels, all in this one transaction.
 
     A channel already here with the same rows is left as it is (importing a file twice changes
@@ -12629,7 +12700,7 @@ def import_runs(tx: Tx, file: ExportFile) -> Imported:
     channel uses; a chain that does not verify once written refuses it (400).
     """
     new = [run for run in file.runs if not already_here(tx.conn, run)]
-    check_ids_free(tx.conn, new)
+    check_ids_free(tx.conn, new, reach)
     for run in new:
         insert_run(tx, run)
     for run in new:                                     # a fork's chain goes on from its parent's, maybe in the file
@@ -12654,7 +12725,7 @@ def import_runs(tx: Tx, file: ExportFile) -> Imported:
 
 async def api_channels_export(request: Request, path, query: ExportQuery) -> Response:
     """Export a run with its ancestors (with_forks: and every fork below it) as a JSON Lines file."""
-    exported = await db_of(request).read(export_run, path.channel_id, query.with_forks)
+    exported = await db_of(request).read(export_run, path.channel_id, query.with_forks, request.state.principal.reach)
     for channel_id in exported.channel_ids:
         request.state.principal.require("read", channel_id)
     return Response(exported.data, media_type=EXPORT_MEDIA_TYPE,
@@ -12663,12 +12734,12 @@ async def api_channels_export(request: Request, path, query: ExportQuery) -> Res
 
 async def api_import(request: Request, body: ExportFile) -> Imported:
     """Import the runs of an export file: every channel in it, or nothing (already-present ones unchanged)."""
-    return await db_of(request).write(import_runs, body)
+    return await db_of(request).write(import_runs, body, request.state.principal.reach)
 
 
 def export_command(args: argparse.Namespace, location: Location) -> int:
     """`actae export CHANNEL [--with-forks] > run.jsonl`."""
-    exported = read_once(location, export_run, valid_channel(args.channel_id, "CHANNEL"), args.with_forks)
+    exported = read_once(location, export_run, valid_channel(args.channel_id, "CHANNEL"), args.with_forks, EVERYWHERE)
     sys.stdout.buffer.write(exported.data)
     sys.stdout.flush()
     return 0
@@ -12680,7 +12751,7 @@ def import_command(args: argparse.Namespace, location: Location) -> int:
         raw = sys.stdin.buffer.read() if args.file == "-" else Path(args.file).read_bytes()
     except OSError as exc:
         raise SystemExit(f"actae: cannot read {args.file}: {exc.strerror}")
-    answer = write_once(location, import_runs, parse_export(raw))
+    answer = write_once(location, import_runs, parse_export(raw), EVERYWHERE)
     if args.json:
         print_json(answer)
         return 0
@@ -12940,10 +13011,10 @@ class LiveFigures:
         yield GaugeMetricFamily("actae_approvals_pending", "approval.requested events with no approval.decided"
                                 " or approval.expired of the same request_id", value=stored["approvals"])
         yield GaugeMetricFamily("actae_approval_oldest_pending_age_seconds", "Age of the oldest pending approval",
-                                value=max(0.0, now - parse_iso(oldest).timestamp()) if oldest else 0.0)
+                                value=seconds_since(oldest, now))
         yield GaugeMetricFamily("actae_wakeups_due", "Pending wake-ups whose time has come", value=stored["wakeups"])
         yield GaugeMetricFamily("actae_wakeup_oldest_lateness_seconds", "How late the oldest due wake-up is",
-                                value=max(0.0, now - parse_iso(due).timestamp()) if due else 0.0)
+                                value=seconds_since(due, now))
         yield GaugeMetricFamily("actae_database_size_bytes", "Size of the database", value=stored["size"])
 
 
@@ -13917,12 +13988,20 @@ def fleet_cipher(data_dir: Path) -> Any:
     from cryptography.fernet import Fernet        # imported here: only the fleet needs it
 
     path = Path(data_dir) / FLEET_KEY_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return Fernet(path.read_bytes().strip())
-    with os.fdopen(fd, "wb") as out:
-        out.write(Fernet.generate_key())
+    if not path.exists():
+        # Written whole under another name, then linked into place: a second process starting at the
+        # same moment finds no file or the whole key, never a half-written one (the first link wins).
+        draft = path.with_name(f".{FLEET_KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(Fernet.generate_key())
+                out.flush()
+                os.fsync(out.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(draft, path)
+        finally:
+            draft.unlink()
     return Fernet(path.read_bytes().strip())
 
 
@@ -15090,6 +15169,9 @@ FLEET_STREAMS = [Endpoint("WS", "/v1/organizations/{organization_id}/events/stre
 
 ENROLLMENT_PREFIX = "en-"
 ENROLLMENT_MINUTES = 60.0              # how long an enrollment token waits for its one use, by default
+ENROLL_TRIES_MAX = 5                   # failed enrollments a token survives: it is spent at the fifth
+HOST_NAME_MAX, HOST_LABEL_MAX = 253, 63                # DNS's bounds on a name and on each of its labels
+VERSION_TEXT = re.compile(r"\d{1,6}(\.\d{1,6}){0,3}([-+][0-9A-Za-z.+-]{1,40})?\Z")
 FLEET_LINK = "fleet_link"              # the settings row an enrolled instance keeps its link in
 RELEASE_CHECK_SECONDS = 6 * 3600       # how often an enrolled instance asks its gateway's version
 
@@ -15135,6 +15217,14 @@ class LinkState(Answer):
     enrolled: bool
 
 
+def enrollment_tries_schema(w: SchemaWords) -> str:
+    return """
+    -- Failed enrollments with the token (an instance that did not answer, or answered as another):
+    -- at ENROLL_TRIES_MAX the token is spent.
+    ALTER TABLE fleet_enrollments ADD COLUMN failed_tries INTEGER NOT NULL DEFAULT 0
+    """
+
+
 def enrollment_schema(w: SchemaWords) -> str:
     return """
     -- One-use, expiring enrollment tokens (`actae enrollment create`), by hash; `scopes` is what the
@@ -15173,13 +15263,60 @@ def usable_enrollment(conn: Conn, token: str, now: str) -> Row:
         raise Unauthorized(f"this enrollment token was used already (at {row['used_at']}): each enrolls one instance")
     if row["expires_at"] <= now:
         raise Unauthorized(f"this enrollment token expired at {row['expires_at']}: ask for a new one")
+    if row["failed_tries"] >= ENROLL_TRIES_MAX:
+        raise Unauthorized(f"this enrollment token is spent: {ENROLL_TRIES_MAX} enrollments with it failed")
     return row
+
+
+def count_failed_try(tx: Tx, token: str) -> None:
+    tx.conn.execute("UPDATE fleet_enrollments SET failed_tries = failed_tries + 1 WHERE token_hash = ?",
+                    (key_hash(token),))
+
+
+def refuse_registered(conn: Conn, instance_id: str) -> None:
+    """Enrollment registers an instance, never replaces one: an id already here is refused."""
+    if fleet_instance_by_id(conn, instance_id) is not None:
+        raise Conflict("instance_conflict", f"an instance with id {instance_id} is registered here already: an "
+                                            "instance enrolls once (its admin can `actae instance remove` it first)")
+
+
+def enroll_base_url(text: str) -> str:
+    """The instance's base URL as the gateway will call it, rebuilt from its scheme, host and port alone
+    (every path below it is ours); BadRequest for anything else."""
+    try:
+        parts = urlsplit(text)
+        host, port = parts.hostname or "", parts.port
+    except ValueError:
+        raise BadRequest("url is not a URL: give the instance's base URL, such as http://10.0.0.5:8002") from None
+    if (parts.scheme not in ("http", "https") or not host or parts.username is not None or parts.password is not None
+            or parts.path not in ("", "/") or parts.query or parts.fragment or "?" in text or "#" in text):
+        raise BadRequest("url must be the instance's base URL, scheme, host and port only (such as "
+                         "http://10.0.0.5:8002): no path, query, fragment or user")
+    labels = host.rstrip(".").split(".")
+    if (not host.isascii() or len(host) > HOST_NAME_MAX
+            or (":" not in host and any(not 0 < len(label) <= HOST_LABEL_MAX for label in labels))):
+        raise BadRequest(f"url's host is not a host name (at most {HOST_NAME_MAX} ASCII characters, labels of 1 to "
+                         f"{HOST_LABEL_MAX})")
+    return f"{parts.scheme}://{f'[{host}]' if ':' in host else host}{'' if port is None else f':{port}'}"
+
+
+def printable_key(key: str) -> str:
+    """A key that can travel in a header: printable ASCII (an Actae key is), else BadRequest."""
+    if not (key.isascii() and key.isprintable()):
+        raise BadRequest("key must be printable ASCII, as an Actae API key is")
+    return key
+
+
+def bounded_version(text: Any) -> Optional[str]:
+    """A version a gateway sent back, if it is one (digits and dots, a short suffix); None otherwise."""
+    return text if isinstance(text, str) and VERSION_TEXT.match(text) else None
 
 
 def register_enrolled(tx: Tx, token: str, info: Instance, name: str, url: str, ciphertext: str, prefix: str,
                       link: str) -> None:
     """Take the token (once) and register the instance as `instance add` would, with its link's hash."""
     usable_enrollment(tx.conn, token, tx.ts)
+    refuse_registered(tx.conn, info.instance_id)
     tx.conn.execute("UPDATE fleet_enrollments SET used_at = ?, instance_id = ? WHERE token_hash = ?",
                     (tx.ts, info.instance_id, key_hash(token)))
     add_instance(tx, info.instance_id, name, url, ciphertext, prefix, None)
@@ -15209,22 +15346,27 @@ async def api_fleet_enrollment_inspect(request: Request, body: EnrollmentToken) 
 
 async def api_fleet_enroll(request: Request, body: EnrollRequest) -> Enrolled:
     """Register the instance at `url`, which answers with `key`, by a one-use enrollment token."""
-    app = request.app
-    await db_of(request).read(usable_enrollment, body.token, iso(utc_now()))
-    url = body.url.rstrip("/")
+    app, db = request.app, db_of(request)
+    await db.read(usable_enrollment, body.token, iso(utc_now()))
+    url, key = enroll_base_url(body.url), printable_key(body.key)
     fleet = app.services.region(FleetState)
     try:
         info = await asyncio.get_running_loop().run_in_executor(
-            fleet.http, instance_info, url, body.key, app.services.settings.fleet_timeout)
-    except BadRequest as exc:
+            fleet.http, instance_info, url, key, app.services.settings.fleet_timeout)
+        if not (0 < len(info.instance_id) <= 128 and info.instance_id.isascii() and info.instance_id.isprintable()):
+            raise BadRequest(f"{url} does not answer like an Actae server")
+        if info.instance_id == app.services.instance_id:
+            raise BadRequest("that is this gateway itself: it is always an instance of its own fleet")
+        await db.read(refuse_registered, info.instance_id)
+    except (BadRequest, Conflict) as exc:
+        await db.write(count_failed_try, body.token)     # a token is no free probe of other hosts
+        if isinstance(exc, Conflict):
+            raise
         raise BadRequest(f"{exc.message} (the gateway must reach the instance at the URL it gives: --url)") from None
-    if info.instance_id == app.services.instance_id:
-        raise BadRequest("that is this gateway itself: it is always an instance of its own fleet")
     cipher = fleet.directory.cipher or await asyncio.to_thread(fleet_cipher, fleet.directory.data_dir)
-    ciphertext = cipher.encrypt(body.key.encode("utf-8")).decode("ascii")
+    ciphertext = cipher.encrypt(key.encode("utf-8")).decode("ascii")
     link = secrets.token_urlsafe(32)
-    await db_of(request).write(register_enrolled, body.token, info, body.name or urlsplit(url).netloc, url, ciphertext,
-                               body.key[:7], link)
+    await db.write(register_enrolled, body.token, info, body.name or urlsplit(url).netloc, url, ciphertext, key[:7], link)
     return Enrolled(organization_id=app.services.settings.organization, gateway_instance_id=app.services.instance_id,
                     gateway_version=__version__, instance_id=info.instance_id, link=link)
 
@@ -15297,22 +15439,68 @@ def enroll_command(args: argparse.Namespace, location: Location) -> int:
     if link:
         raise SystemExit(f"actae: already enrolled at {link['gateway']}: run `{program_name()} unenroll` first")
     gateway = args.gateway.rstrip("/")
-    allowed = post_json(gateway + "/api/v1/fleet/enrollments/inspect", {"token": args.token})
-    organization = allowed["organization_id"]
-    made = write_once(location, create_key, f"fleet:{organization}", allowed["permissions"], None)
+    allowed = gateway_answer(post_json(gateway + "/api/v1/fleet/enrollments/inspect", {"token": args.token}),
+                             GatewayEnrollment)
+    organization, scopes = allowed.organization_id, scopes_of(allowed.permissions)
+    agree_to_scopes(args, organization, scopes)
+    made = write_once(location, create_key, f"fleet:{organization}", scopes, None)
     try:
-        enrolled = post_json(gateway + "/api/v1/fleet/enroll", {"token": args.token, "url": args.url.rstrip("/"),
-                                                                "key": made.key, "name": args.name})
+        enrolled = gateway_answer(post_json(gateway + "/api/v1/fleet/enroll",
+                                            {"token": args.token, "url": args.url.rstrip("/"), "key": made.key,
+                                             "name": args.name}), GatewayEnrolled)
     except SystemExit:
         write_once(location, revoke_key, made.id)      # no gateway holds it: it goes again
         raise
     write_once(location, keep_fleet_link, {"gateway": gateway, "organization_id": organization,
-                                           "instance_id": enrolled["instance_id"], "key_id": made.id,
-                                           "link": enrolled["link"], "enrolled_at": iso(utc_now()),
-                                           "gateway_version": enrolled["gateway_version"]})
-    print(f"Enrolled in organisation {organization} at {gateway} as instance {enrolled['instance_id']}"
+                                           "instance_id": enrolled.instance_id, "key_id": made.id,
+                                           "link": enrolled.link, "enrolled_at": iso(utc_now()),
+                                           "gateway_version": bounded_version(enrolled.gateway_version)})
+    print(f"Enrolled in organisation {organization} at {gateway} as instance {enrolled.instance_id}"
           f" (the gateway holds key {made.id}: {scopes_text(made.scopes)})")
     return 0
+
+
+# What a gateway answers `actae enroll`, bounded before anything of it is stored or shown.
+GatewayText = Annotated[str, Meta(min_length=1, max_length=256, pattern=r"^[\x21-\x7e]+$")]
+
+
+class GatewayPermissions(Struct, kw_only=True):
+    read: Annotated[list[GatewayText], Meta(max_length=64)] = []
+    write: Annotated[list[GatewayText], Meta(max_length=64)] = []
+    delete: Annotated[list[GatewayText], Meta(max_length=64)] = []
+    admin: Annotated[list[GatewayText], Meta(max_length=64)] = []
+
+
+class GatewayEnrollment(Struct, kw_only=True):
+    organization_id: GatewayText
+    permissions: GatewayPermissions
+
+
+class GatewayEnrolled(Struct, kw_only=True):
+    instance_id: GatewayText
+    link: GatewayText
+    gateway_version: str = ""                          # kept only if bounded_version takes it
+
+
+def gateway_answer(answer: dict, kind: type) -> Any:
+    try:
+        return msgspec.convert(answer, kind)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"actae: the gateway's answer is not one this server takes ({exc})")
+
+
+def agree_to_scopes(args: argparse.Namespace, organization: str, scopes: dict) -> None:
+    """Show the scopes the gateway's key would carry; mint it only on --yes or a typed yes."""
+    print(f"Organisation {organization}'s gateway asks for a key of this instance with: "
+          f"{scopes_text(permissions_of(scopes))}")
+    if scopes["admin"]:
+        print("  It asks for ADMIN: the gateway could make and revoke this instance's keys.")
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise SystemExit("actae: no key made: run again with --yes to accept these scopes")
+    if input("Make that key and enroll? [y/N] ").strip().lower() not in ("y", "yes"):
+        raise SystemExit("actae: no key made, not enrolled")
 
 
 def unenroll(location: Location, link: Optional[dict]) -> int:
@@ -15346,6 +15534,8 @@ def add_enrollment_commands(commands: Any, common: argparse.ArgumentParser, scop
                         help="where the gateway reaches this instance (default: %(default)s)")
     enroll.add_argument("--name", help="what the gateway calls it (default: its host and port)")
     enroll.add_argument("--status", action="store_true", help="show the link, if any, and exit")
+    enroll.add_argument("--yes", action="store_true",
+                        help="accept the scopes the gateway asks for without being asked (they are printed)")
     add_command(commands, "unenroll", enroll_command, [common], "leave the gateway: revoke the key it holds and tell it")
 
 
@@ -15394,7 +15584,7 @@ class ReleaseNotice:
                     http_exchange, "POST", link["gateway"] + "/api/v1/fleet/link", {"content-type": "application/json"},
                     msgspec.json.encode({"instance_id": link["instance_id"], "link": link["link"]}), 10.0)
                 if status == 200:
-                    self.gateway_version = msgspec.json.decode(data, type=LinkState).gateway_version
+                    self.gateway_version = bounded_version(msgspec.json.decode(data, type=LinkState).gateway_version)
             except (OSError, msgspec.DecodeError, msgspec.ValidationError):
                 pass                                   # asked again at the next check
             await asyncio.sleep(RELEASE_CHECK_SECONDS)
@@ -15416,6 +15606,7 @@ def release_notice(services: Services) -> Optional[str]:
 
 
 schema_step(13, enrollment_schema)
+schema_step(24, enrollment_tries_schema)
 ROUTE_LISTS.append(ENROLLMENT_ROUTES)
 APP_INSTALLERS.append(install_release_notice)
 PAGE_NOTICES.append(release_notice)
@@ -15538,17 +15729,14 @@ def add_fleet_commands(commands: Any, common: argparse.ArgumentParser, scoped: a
 
 def instance_info(url: str, key: str, timeout: float = 10.0) -> Instance:
     """What a remote server says of itself at /api/v1/instance with `key`; BadRequest says why it cannot."""
+    # One fixed sentence per failure: what the far end sent back is never repeated to the caller.
     try:
         status, data = http_exchange("GET", url + "/api/v1/instance", {"x-api-key": key, "accept": "application/json"},
                                      None, timeout)
-    except OSError as exc:
-        raise BadRequest(f"cannot reach {url}: {getattr(exc, 'reason', exc)}") from None
+    except (OSError, ValueError, http.client.HTTPException):
+        raise BadRequest(f"cannot reach {url}") from None
     if status != 200:
-        try:
-            message = msgspec.json.decode(data).get("error")
-        except (msgspec.DecodeError, AttributeError):
-            message = data[:200].decode("utf-8", "replace")
-        raise BadRequest(f"{url}/api/v1/instance answered {status} with that key: {message}")
+        raise BadRequest(f"{url}/api/v1/instance answered HTTP {status} with that key")
     try:
         return msgspec.json.decode(data, type=Instance)
     except (msgspec.DecodeError, msgspec.ValidationError):

@@ -21,7 +21,9 @@ def enrollment(gateway, *flags) -> str:
 
 
 def enroll(instance, *args, check=True):
-    return cli("enroll", *args, data_dir=instance.data_dir, check=check)
+    """`actae enroll ...`; a token's enrollment accepts the scopes it prints (--yes: no terminal here)."""
+    accept = ("--yes",) if args and not args[0].startswith("--") else ()
+    return cli("enroll", *args, *accept, data_dir=instance.data_dir, check=check)
 
 
 def test_enroll_answer_through_the_gateway_then_unenroll(tmp_path):

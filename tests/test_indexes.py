@@ -113,7 +113,7 @@ INDEX_USES = {
     # channels
     "channels_pkey": constraint("a run id names one run"),
     "channels_fork_operation": constraint("a fork operation id names one fork: a retried fork gets the same child"),
-    "channels_by_parent": query("a run's forks (list_forks)", lambda c: actae.list_forks(c, RUN)),
+    "channels_by_parent": query("a run's forks (list_forks)", lambda c: actae.list_forks(c, RUN, actae.EVERYWHERE)),
     "channels_by_activity": query("the runs page's search (runs_page q=)", lambda c: actae.runs_page(c, "idx", "", None)),
     "channels_by_state": query("the runs page's status filter", lambda c: actae.runs_page(c, "", "failed", None)),
     "channels_roots_by_activity": query("the first runs page: roots", lambda c: actae.runs_page(c, "", "", None)),
