@@ -137,7 +137,7 @@ __all__ = ["ActaeApp", "api_routes", "append_event", "APPROVAL_DECISIONS", "APPR
            "BATCH_LEAD_MAX", "canonical_json", "channel_by_id", "CIRCUIT_FAILURES", "CIRCUIT_OPEN_SECONDS",
            "CLAIM_OUTCOMES", "configure_sqlite", "Conflict", "connect_sync", "CountingExporter", "create_app",
            "Database", "DELTA_MIN_BYTES", "DOCUMENT_DEPTH_MAX", "EventQuery", "events_after_position", "EVERYWHERE",
-           "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "failure_event_sql", "FAILURE_STATES", "FLEET_MANIFEST",
+           "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "app_endpoints", "page_routes", "failure_event_sql", "FAILURE_STATES", "FLEET_MANIFEST",
            "fleet_operation_routes", "free_dependents", "GROUP_MESSAGE_STATUSES", "is_failure_event", "Job",
            "LEDGER_OUTCOMES", "list_approvals", "list_executions", "list_forks", "Location", "main",
            "MAX_BODY_BYTES", "member_inbox", "MIGRATIONS", "next_wakeup_at", "OUTCOMES", "POSTGRES", "prune_runs",
@@ -191,7 +191,11 @@ WRITE_BATCH_MAX = 256
 BATCH_TICK = timedelta(milliseconds=1)       # stored times' resolution: a writer's batches this apart,
 BATCH_LEAD_MAX = timedelta(milliseconds=10)   # and at most this far ahead of the clock (batch_instant)
 HERE_COMMIT_SECONDS_MAX = 0.002        # a lone write commits on the event loop's thread while commits take less
-WS_QUEUE_MAX = 10_000
+WS_QUEUE_MAX = 10_000                  # frames one WebSocket subscriber may leave unsent
+WS_BACKLOG_BYTES = 8 * 1024 * 1024     # and bytes: past either, it is cut off (1013) and catches up on reconnect
+CREDENTIAL_CHECK_SECONDS = 0.5         # an open stream's credential is checked again this often
+STREAM_RETRY_SECONDS_MAX = 2.0         # a stream waiting for the database asks again at most this far apart
+STREAM_IDLE_CHECK_SECONDS = 0.25       # an idle NDJSON stream looks this often whether it was ended
 SESSION_COOKIE = "actae_session"
 SESSION_MAX_AGE = 7 * 24 * 3600
 KEY_REFRESH_SECONDS = 1.0              # a key revoked by another process stops working within this
@@ -5352,6 +5356,9 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
     if child_id == source_id:
         raise BadRequest("new_channel_id must differ from source_channel_id")
     source = require_channel(conn, source_id)
+    if at_cursor > source["last_cursor"]:
+        raise BadRequest(f"at_cursor {at_cursor} is past the end of {source_id}, whose last cursor is "
+                         f"{source['last_cursor']}: a fork's boundary lies within its source's history")
     if len(lineage(conn, source_id)) > LINEAGE_MAX_DEPTH:
         raise Conflict("channel_conflict", f"{source_id} is already {LINEAGE_MAX_DEPTH} forks deep; fork an ancestor")
     check_guards(conn, source_id, req.expected_version, req.expected_cursor)
@@ -6909,8 +6916,9 @@ class KeyRing:
     on it. A change made by this server calls `reload` itself and takes effect at once.
     """
 
-    def __init__(self, db: Database):
+    def __init__(self, db: Database, on_revoked: Callable[[], None] = lambda: None):
         self.db = db
+        self.on_revoked = on_revoked     # a key that worked is gone: the open streams are checked at once
         self.by_hash: dict = {}
         self.by_key: dict = {}           # keys seen since the last reload: no hashing per request
         self.loaded_at = -math.inf
@@ -6918,9 +6926,11 @@ class KeyRing:
 
     async def reload(self) -> None:
         rows = await self.db.read(active_keys)
-        self.by_hash = {hashed: key_principal(row) for hashed, row in rows.items()}
+        before, self.by_hash = self.by_hash, {hashed: key_principal(row) for hashed, row in rows.items()}
         self.by_key = {}
         self.loaded_at = time.monotonic()
+        if before.keys() - self.by_hash.keys() or any(self.by_hash[h] != p for h, p in before.items() if h in self.by_hash):
+            self.on_revoked()
 
     async def fresh(self, max_age: float) -> None:
         if time.monotonic() - self.loaded_at > max_age:
@@ -8153,26 +8163,22 @@ def broadcast_frame(topic: str, event: Event, position: Optional[int] = None) ->
     return frame
 
 
-async def follow_instance(db: "Database", hub: "Hub", reach: "Reach", position: Optional[int],
-                          send: Callable) -> None:
-    """`await send(position, event)` for every event of every channel `reach` sees, in commit order,
-    from after `position` (None: from now on), until cancelled. Read from the log, woken by each
-    commit (this server's, or another's notice), so nothing is missed, reordered or sent twice, and
-    a stream that resumes at its last position goes on exactly there."""
-    wake = asyncio.Event()
-    hub.followers.add(wake)
-    try:
-        if position is None:
-            position = await db.read(latest_position)
-        while True:
-            wake.clear()
-            batch = await db.read(events_after_position, position, reach, REPLAY_LIMIT_MAX)
-            for position, event in batch:
-                await send(position, event)
-            if len(batch) < REPLAY_LIMIT_MAX:
-                await wait_for_commit(wake, db.location.shared)
-    finally:
-        hub.followers.discard(wake)
+def broadcast_text(topic: str, event: Event, position: Optional[int] = None) -> str:
+    """A broadcast frame encoded once: every subscriber it goes to holds this one text."""
+    return msgspec.json.encode(broadcast_frame(topic, event, position)).decode("utf-8")
+
+
+async def read_until_answered(db: "Database", fn: Callable, *args) -> Any:
+    """db.read for a stream: while the database is unavailable (PostgreSQL restarting), ask again after
+    a growing pause, so an open stream resumes where it was instead of ending."""
+    pause = 0.1
+    while True:
+        try:
+            return await db.read(fn, *args)
+        except DatabaseUnavailable as exc:
+            log.warning("a stream waits for the database: %s", exc.message)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, STREAM_RETRY_SECONDS_MAX)
 
 
 # Where servers share a database, a stream of every channel also reads again after this long without
@@ -8187,6 +8193,54 @@ async def wait_for_commit(wake: asyncio.Event, shared: bool) -> None:
         return
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(wake.wait(), FOLLOW_POLL_SECONDS)
+
+
+class Outbox:
+    """What one subscriber has not been sent yet, bounded in bytes (WS_BACKLOG_BYTES) and in frames
+    (WS_QUEUE_MAX). A frame is shared by every subscriber it goes to (encoded once), so a backlog holds
+    references and its bound counts their sizes. Live delivery never waits (`offer`: False past the
+    bounds); a catch-up the client asked for waits for room (`put`)."""
+
+    def __init__(self, limit_bytes: int = WS_BACKLOG_BYTES, limit_frames: int = WS_QUEUE_MAX):
+        self.items: collections.deque = collections.deque()
+        self.bytes = 0
+        self.limit_bytes, self.limit_frames = limit_bytes, limit_frames
+        self._ready, self._room = asyncio.Event(), asyncio.Event()
+        self._room.set()
+
+    def offer(self, item: Any, size: int) -> bool:
+        if self.items and (self.bytes + size > self.limit_bytes or len(self.items) >= self.limit_frames):
+            return False
+        self._add(item, size)
+        return True
+
+    async def put(self, item: Any, size: int) -> None:
+        while self.items and not self._roomy():
+            self._room.clear()
+            await self._room.wait()
+        self._add(item, size)
+
+    async def get(self) -> Any:
+        while not self.items:
+            self._ready.clear()
+            await self._ready.wait()
+        item, size = self.items.popleft()
+        self.bytes -= size
+        if self._roomy():
+            self._room.set()
+        return item
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.bytes = 0
+
+    def _roomy(self) -> bool:
+        return self.bytes < self.limit_bytes // 2 and len(self.items) < self.limit_frames // 2
+
+    def _add(self, item: Any, size: int) -> None:
+        self.items.append((item, size))
+        self.bytes += size
+        self._ready.set()
 
 
 @dataclass
@@ -8205,37 +8259,53 @@ class WsConnection:
         self.hub = hub
         self.id = str(uuid.uuid4())
         self.subscriptions: dict = {}
-        self.outbox: asyncio.Queue = asyncio.Queue(maxsize=WS_QUEUE_MAX)
+        self.outbox = Outbox()
         self.pump_task: Optional[asyncio.Task] = None
         self.cut = False
+        self.ended: Optional[str] = None     # why the server closed it (its credential no longer holds)
         self.key: Optional[str] = None
         self.principal: Optional[Principal] = None   # re-read on every frame: revoking a key ends it
         self.following: Optional[asyncio.Task] = None   # its subscription to every channel (follow_instance)
 
     def send(self, frame: dict) -> None:
-        """Queue a frame; a client too slow to drain WS_QUEUE_MAX frames is cut off (it catches up on reconnect)."""
-        if self.cut:
-            return
-        try:
-            self.outbox.put_nowait(frame)
-        except asyncio.QueueFull:
+        """Queue a frame of its own (an answer, an error)."""
+        text = msgspec.json.encode(frame).decode("utf-8")
+        self.offer(text, len(text))
+
+    def send_event(self, event: Event, position: Optional[int], text: str) -> None:
+        """Live delivery of a broadcast frame's `text`, shared with every subscriber it goes to."""
+        self.offer(text, len(text))
+
+    async def send_event_paced(self, event: Event, position: Optional[int]) -> None:
+        """Catch-up waits for room in the backlog instead of dropping a client that asked for history.
+        If the client goes away meanwhile, the pump dies and ws_endpoint cancels this wait."""
+        text = broadcast_text(event.channel_id, event, position)
+        await self.outbox.put(text, len(text))
+
+    def offer(self, item: Any, size: int) -> None:
+        """A client too slow to drain WS_BACKLOG_BYTES (or WS_QUEUE_MAX frames) is cut off: it catches
+        up on reconnect, and what it had not read is let go at once."""
+        if not self.cut and self.ended is None and not self.outbox.offer(item, size):
             self.cut_off()
 
     def cut_off(self) -> None:
         self.cut = True
+        self.outbox.clear()
         self.hub.dropped += 1
         self.hub.leave(self)
         if self.pump_task is not None:
             self.pump_task.cancel()          # ws_endpoint then closes the socket with 1013 (try again later)
 
-    async def send_paced(self, frame: dict) -> None:
-        """Catch-up replay waits for room in the queue instead of dropping a client that asked for history.
+    def end(self, reason: str) -> None:
+        """Close it from the server's side, saying why (a revoked or expired credential)."""
+        if self.ended is None and not self.cut:
+            self.ended = reason
+            self.outbox.clear()
+            self.hub.leave(self)
+            if self.pump_task is not None:
+                self.pump_task.cancel()      # ws_endpoint sends the reason, then closes with 1008
 
-        If the client goes away meanwhile, the pump dies and ws_endpoint cancels this wait.
-        """
-        await self.outbox.put(frame)
-
-    def deliver(self, topic: str, event: dict, *, echo: bool = True) -> None:
+    def deliver(self, topic: str, event: Event, text: Optional[str] = None, *, echo: bool = True) -> None:
         """Send the event if it is the next one; a later one means another server's commit has not
         been heard yet: the hub reads the missing ones from the table instead."""
         sub = self.subscriptions.get(topic)
@@ -8253,45 +8323,187 @@ class WsConnection:
             if event.id in sub.own:
                 sub.own.discard(event.id)
             else:
-                self.send(broadcast_frame(topic, event))
+                self.send_event(event, None, text or broadcast_text(topic, event))
         elif event.cursor > sub.last_cursor:
             self.hub.fill(topic)
 
     async def pump(self) -> None:
         while True:
-            frame = await self.outbox.get()
-            await self.websocket.send_text(msgspec.json.encode(frame).decode("utf-8"))
+            await self.websocket.send_text(await self.outbox.get())
             self.hub.messages_sent += 1
+
+
+@dataclass(eq=False)
+class Follower:
+    """One stream of every channel `reach` sees: caught up from the log, then fed by the InstanceFeed."""
+
+    reach: "Reach"
+    position: int                          # the last position it was given (or had nothing to give)
+    conn: WsConnection
+    live: bool = False
+    covers_from: Optional[int] = None      # the feed's position when it joined: all after reaches it
+    buffered: list = field(default_factory=list)   # [(position, event, text)] the feed gave while it caught up
+
+
+class InstanceFeed:
+    """The one reader of every channel's new events for the streams of every channel (topic "*"):
+    after each commit it reads the log once, encodes each frame once, and hands it to every follower
+    whose reach sees its channel. So a commit costs one read whatever the number of such streams, and
+    none of it happens on the writer."""
+
+    def __init__(self, db: "Database"):
+        self.db = db
+        self.position: Optional[int] = None
+        self.followers: set = set()
+        self.wake = asyncio.Event()
+        self.task: Optional[asyncio.Task] = None
+
+    def join(self, follower: Follower) -> None:
+        """Take `follower` on at once; it gets what the feed reads from now on (buffered until it is live)."""
+        follower.covers_from = self.position
+        self.followers.add(follower)
+        if self.task is None:
+            self.position = None
+            self.task = asyncio.get_running_loop().create_task(self.run())
+
+    def leave(self, follower: Follower) -> None:
+        self.followers.discard(follower)
+
+    async def run(self) -> None:
+        try:
+            self.position = await read_until_answered(self.db, latest_position)
+            while self.followers:
+                for follower in self.followers:
+                    if follower.covers_from is None:
+                        follower.covers_from = self.position
+                self.wake.clear()
+                batch = await read_until_answered(self.db, events_after_position, self.position, EVERYWHERE,
+                                                  REPLAY_LIMIT_MAX)
+                for position, event in batch:
+                    self.hand_out(position, event)
+                    self.position = position
+                if len(batch) < REPLAY_LIMIT_MAX:
+                    await wait_for_commit(self.wake, self.db.location.shared)
+        finally:
+            self.task = None
+
+    def hand_out(self, position: int, event: Event) -> None:
+        text = None
+        for follower in list(self.followers):
+            if position <= follower.position or not follower.reach.sees(event.channel_id):
+                continue
+            text = text or broadcast_text(event.channel_id, event, position)
+            if follower.live:
+                follower.position = position
+                follower.conn.send_event(event, position, text)
+            elif len(follower.buffered) >= WS_QUEUE_MAX:
+                follower.conn.cut_off()
+            else:
+                follower.buffered.append((position, event, text))
+
+
+async def follow_instance(db: "Database", hub: "Hub", reach: "Reach", position: Optional[int],
+                          conn: WsConnection) -> None:
+    """Every event of every channel `reach` sees, in commit order, after `position` (None: from now
+    on), to `conn`, until cancelled. It joins the hub's feed first (what the feed reads from then on
+    waits for it), catches up from the log until it has read past where the feed stood, then takes
+    the feed's frames: nothing is missed, reordered or sent twice, and a stream that resumes at its
+    last position goes on exactly there."""
+    follower = Follower(reach, await read_until_answered(db, latest_position) if position is None else position, conn)
+    hub.feed.join(follower)
+    try:
+        while True:
+            ceiling = await read_until_answered(db, latest_position)
+            while True:
+                batch = await read_until_answered(db, events_after_position, follower.position, reach, REPLAY_LIMIT_MAX)
+                for at, event in batch:
+                    await conn.send_event_paced(event, at)
+                    follower.position = at
+                if len(batch) < REPLAY_LIMIT_MAX:
+                    break
+            # Every position up to `ceiling` was visible to that read, so none of them is left for it.
+            follower.position = max(follower.position, ceiling)
+            if follower.covers_from is not None and ceiling >= follower.covers_from:
+                break
+            await asyncio.sleep(0.01)          # the feed is reading where it starts: once more after it
+        for at, event, text in follower.buffered:
+            if at > follower.position:
+                follower.position = at
+                conn.send_event(event, at, text)
+        follower.buffered.clear()
+        follower.live = True
+        await asyncio.Event().wait()          # the feed delivers from here on, until cancelled
+    finally:
+        hub.feed.leave(follower)
+
+
+@dataclass(eq=False)
+class Guard:
+    """An open stream, and how to tell that the credential it was opened with still holds."""
+
+    credential: str                        # one check a round per credential, however many streams
+    check: Callable[[], Any]               # awaitable; raises Unauthorized once the credential does not hold
+    end: Callable[[str], None]             # closes the stream, saying why
 
 
 class Hub:
     """Who listens to which channel. Fed by this server's commits (in cursor order), and on
     PostgreSQL by other servers' notifications, which only say "channel X reached cursor N": the
-    events themselves are read from the table, after each subscriber's last cursor."""
+    events themselves are read from the table, after each subscriber's last cursor.
 
-    def __init__(self, db: Database):
+    The writer only hands a committed batch over (on_commit); the fan-out to subscribers runs on
+    the hub's own task, each frame encoded once for all of them. Every open stream is guarded: its
+    credential is checked again every CREDENTIAL_CHECK_SECONDS (at once when a key is revoked here),
+    and a stream whose credential no longer holds is closed."""
+
+    def __init__(self, db: "Database"):
         self.db = db
         self.connections: set = set()
         self.topics: dict = {}
+        self.feed = InstanceFeed(db)
+        self.guards: set = set()
+        self._committed: collections.deque = collections.deque()   # (events, exclude) not yet fanned out
+        self._fan_out_wake = asyncio.Event()
+        self._recheck = asyncio.Event()
+        self._tasks: list = []
         self._filling: dict = {}             # topic -> the task reading its missed events
         self._refill: set = set()            # topics told of more while their task was reading
-        self.followers: set = set()          # the wake-ups of the streams of every channel (follow_instance)
         self.messages_sent = self.messages_received = self.dropped = 0
 
-    def wake_followers(self) -> None:
-        for wake in self.followers:
-            wake.set()
+    def start(self, credential_ring: "KeyRing") -> None:
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self.fan_out()), loop.create_task(self.watch_credentials(credential_ring))]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def on_commit(self, events: list, exclude: Optional[WsConnection]) -> None:
-        if self.followers:
-            self.wake_followers()
-        for event in events:
-            for conn in list(self.topics.get(event.channel_id, ())):
-                conn.deliver(event.channel_id, event, echo=conn is not exclude)
+        """This server committed `events` (on the event loop, from the writer): a constant cost here."""
+        if self.feed.followers:
+            self.feed.wake.set()
+        if self.topics:
+            self._committed.append((events, exclude))
+            self._fan_out_wake.set()
+
+    async def fan_out(self) -> None:
+        while True:
+            while not self._committed:
+                self._fan_out_wake.clear()
+                await self._fan_out_wake.wait()
+            events, exclude = self._committed.popleft()
+            for event in events:
+                listeners = self.topics.get(event.channel_id)
+                if listeners:
+                    text = broadcast_text(event.channel_id, event)
+                    for conn in list(listeners):
+                        conn.deliver(event.channel_id, event, text, echo=conn is not exclude)
+            await asyncio.sleep(0)           # a long run of batches lets the rest of the server in
 
     def on_notify(self, channel_id: Optional[str], cursor: Optional[int]) -> None:
         """Another server committed up to `cursor` on `channel_id` (None, None: maybe missed anything)."""
-        self.wake_followers()
+        self.feed.wake.set()
         for topic in ([channel_id] if channel_id is not None else list(self.topics)):
             subs = [c.subscriptions[topic] for c in self.topics.get(topic, ()) if topic in c.subscriptions]
             if any(not sub.catching_up and (cursor is None or sub.last_cursor < cursor) for sub in subs):
@@ -8312,7 +8524,7 @@ class Hub:
                 live = [sub.last_cursor for sub in subs if not sub.catching_up]
                 if not live:
                     return
-                batch = await self.db.read(replay_events, topic, min(live), REPLAY_LIMIT_MAX)
+                batch = await read_until_answered(self.db, replay_events, topic, min(live), REPLAY_LIMIT_MAX)
                 for event in batch:
                     for conn in list(self.topics.get(topic, ())):
                         conn.deliver(topic, event)
@@ -8343,20 +8555,55 @@ class Hub:
             conn.following.cancel()
         self.connections.discard(conn)
 
+    def guard(self, guard: Guard) -> Guard:
+        self.guards.add(guard)
+        return guard
+
+    def unguard(self, guard: Optional[Guard]) -> None:
+        self.guards.discard(guard)
+
+    def recheck(self) -> None:
+        """A credential was revoked here: check every open stream now, not at the next round."""
+        self._recheck.set()
+
+    async def watch_credentials(self, keys: "KeyRing") -> None:
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._recheck.wait(), CREDENTIAL_CHECK_SECONDS)
+            self._recheck.clear()
+            if self.guards:
+                await self.check_guards(keys)
+
+    async def check_guards(self, keys: "KeyRing") -> None:
+        try:
+            await keys.fresh(CREDENTIAL_CHECK_SECONDS)    # another server's revocation is seen within the round
+        except DatabaseUnavailable:
+            return                                        # unknown is not revoked: the next round asks again
+        verdicts: dict = {}
+        for guard in list(self.guards):
+            if guard.credential not in verdicts:
+                try:
+                    await guard.check()
+                    verdicts[guard.credential] = None
+                except Unauthorized as exc:
+                    verdicts[guard.credential] = exc.message
+                except Exception:  # noqa: BLE001 - a database hiccup is no revocation
+                    verdicts[guard.credential] = None
+            if verdicts[guard.credential] is not None and guard in self.guards:
+                self.guards.discard(guard)
+                guard.end(verdicts[guard.credential])
+
 
 async def ws_subscribe_all(conn: WsConnection, db: Database, frame: SubscribeFrame) -> None:
     """Topic "*": every channel the key may read, in commit order, after position `cursor` (or from now);
     each broadcast frame carries its `position`. The key's reach is the one it had when it subscribed."""
     if conn.following is not None:
         conn.following.cancel()
-    latest = await db.read(latest_position)
+    latest = await read_until_answered(db, latest_position)
     conn.send({"type": "subscription", "event": "subscribed", "topic": ALL_CHANNELS, "cursor": latest,
                "payload": {"topic": ALL_CHANNELS, "cursor": latest}})
-
-    async def send(position: int, event: Event) -> None:
-        await conn.send_paced(broadcast_frame(event.channel_id, event, position))
     conn.following = asyncio.create_task(follow_instance(db, conn.hub, conn.principal.reach,
-                                                         latest if frame.cursor is None else frame.cursor, send))
+                                                         latest if frame.cursor is None else frame.cursor, conn))
 
 
 async def ws_subscribe(conn: WsConnection, db: Database, frame: SubscribeFrame) -> None:
@@ -8377,7 +8624,7 @@ async def ws_subscribe(conn: WsConnection, db: Database, frame: SubscribeFrame) 
             batch = await db.read(replay_events, topic, sub.last_cursor, REPLAY_LIMIT_MAX)
             for event in batch:
                 sub.last_cursor = event.cursor
-                await conn.send_paced(broadcast_frame(topic, event))
+                await conn.send_event_paced(event, None)
             if len(batch) < REPLAY_LIMIT_MAX:
                 break
     sub.catching_up = False
@@ -8427,19 +8674,20 @@ async def ws_endpoint(websocket: WebSocket) -> None:
     if not await ws_authenticate(websocket, conn, app):
         return
     hub.connections.add(conn)
+    guard = hub.guard(Guard(conn.key, lambda: check_key(app, conn.key), conn.end))
     conn.pump_task = asyncio.create_task(conn.pump())
     reader = asyncio.create_task(ws_read_frames(conn, db))
     try:
-        # Whichever ends first (client gone, send failed, client cut off) ends the other.
+        # Whichever ends first (client gone, send failed, client cut off, credential ended) ends the other.
         await asyncio.wait({conn.pump_task, reader}, return_when=asyncio.FIRST_COMPLETED)
     finally:
+        hub.unguard(guard)
         hub.leave(conn)
         for task in (conn.pump_task, reader):
             task.cancel()
         await asyncio.gather(conn.pump_task, reader, return_exceptions=True)
-        if conn.cut:
-            with contextlib.suppress(Exception):
-                await websocket.close(code=1013)
+        if conn.cut or conn.ended is not None:
+            await close_stream_socket(websocket, conn.ended, conn.cut)
 
 
 async def ws_read_frames(conn: WsConnection, db: Database) -> None:
@@ -8455,7 +8703,7 @@ async def ws_read_frames(conn: WsConnection, db: Database) -> None:
         try:                            # a key revoked (or expired) stops working here too
             conn.principal = await check_key(conn.websocket.app, conn.key)
         except Unauthorized as exc:
-            conn.send({"type": "error", "message": exc.message})
+            conn.end(exc.message)
             return
         await ws_handle_frame(conn, db, message["text"])
 
@@ -10472,10 +10720,10 @@ def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: O
     db.channels_of = channels_written
     hub = Hub(db)
     db.on_commit, db.on_notify = hub.on_commit, hub.on_notify
-    services = Services(db=db, hub=hub, keys=KeyRing(db), settings=settings, scheduler=Scheduler(db),
+    services = Services(db=db, hub=hub, keys=KeyRing(db, hub.recheck), settings=settings, scheduler=Scheduler(db),
                         templates=template_env(), flash=FlashStore(), hosts=served_hosts(settings), data_dir=data_dir,
                         token_secret=token_secret(data_dir), env_key=env_key or None, openapi=openapi_document(api_routes()))
-    starting, stopping = [services.scheduler.start], [services.scheduler.stop]
+    starting, stopping = [services.scheduler.start, lambda: hub.start(services.keys)], [services.scheduler.stop, hub.stop]
     for install in APP_INSTALLERS:
         started, stopped = install(services, region_options)
         starting += started
@@ -14950,21 +15198,28 @@ def fleet_ws_frame(event: dict) -> dict:
 
 
 class FleetStreamConnection(WsConnection):
-    """A gateway stream's subscription to this server's hub: only events go out, as fleet events."""
+    """A gateway stream's subscription to this server's hub: only events go out, as fleet events
+    (the stream's own pump sends them)."""
 
     def __init__(self, websocket: Any, hub: Hub, instance_id: str, principal: Principal):
         super().__init__(websocket, hub)
         self.instance_id, self.principal = instance_id, principal
 
     def send(self, frame: dict) -> None:
-        event = fleet_stream_event(frame, self.instance_id)
-        if event is not None:
-            super().send(fleet_ws_frame(event))
+        """A fleet stream carries events only, not the hub's answers to a subscription."""
 
-    async def send_paced(self, frame: dict) -> None:
-        event = fleet_stream_event(frame, self.instance_id)
-        if event is not None:
-            await super().send_paced(fleet_ws_frame(event))
+    def send_event(self, event: Event, position: Optional[int], text: str) -> None:
+        self.offer(self.fleet_frame(event, position), len(text))
+
+    async def send_event_paced(self, event: Event, position: Optional[int]) -> None:
+        frame = self.fleet_frame(event, position)
+        await self.outbox.put(frame, len(msgspec.json.encode(frame)))
+
+    def fleet_frame(self, event: Event, position: Optional[int]) -> dict:
+        fleet_event = {**msgspec.structs.asdict(event), "event_type": event.type, "instance_id": self.instance_id}
+        if position is not None:
+            fleet_event["position"] = position
+        return fleet_ws_frame(fleet_event)
 
 
 async def recv_frame(ws: Any, timeout: float) -> dict:
@@ -15020,27 +15275,28 @@ async def open_fleet_stream(app: "ActaeApp", principal: Principal, target: Targe
     """Subscribe to `channel_id` of the target from `cursor` (None: to every channel the principal
     may read, from a position); (the queue its fleet frames arrive on as dicts, the tasks feeding
     it). Raises (403, 502, ...) before anything is open when it cannot be."""
-    queue: asyncio.Queue = asyncio.Queue(maxsize=WS_QUEUE_MAX)
     reach = principal.reach
     if channel_id is not None:
         principal.require("read", channel_id)
     if target.remote is None:
         conn = FleetStreamConnection(sink, app.services.hub, target.instance_id, principal)
-        conn.outbox = queue                # its frames wait here for the stream's own pump
         if channel_id is None:             # every channel it may read, as /ws topic "*" follows them
             await ws_subscribe_all(conn, app.services.db, SubscribeFrame(topic=ALL_CHANNELS, cursor=cursor))
-            return queue, [conn.following], conn
+            return conn.outbox, [conn.following], conn
 
         async def subscribed() -> None:
             await ws_subscribe(conn, app.services.db, SubscribeFrame(topic=channel_id, cursor=cursor))
             await asyncio.Event().wait()   # then live delivery goes on until the stream ends
         subscribing = asyncio.create_task(subscribed())
         await asyncio.sleep(0)         # ws_subscribe watches the topic before its first wait: nothing is missed
-        return queue, [subscribing], conn
+        return conn.outbox, [subscribing], conn
+
+    outbox = Outbox()
 
     async def emit(event: dict) -> None:
         if reach.sees(event["channel_id"]):          # the remote's key may see more than the token
-            await queue.put(fleet_ws_frame(event))
+            frame = fleet_ws_frame(event)
+            await outbox.put(frame, len(msgspec.json.encode(frame)))
     ready = asyncio.get_running_loop().create_future()
     upstream = asyncio.create_task(remote_events(app, target.remote, channel_id, cursor, emit, ready))
     try:
@@ -15051,7 +15307,7 @@ async def open_fleet_stream(app: "ActaeApp", principal: Principal, target: Targe
     except BaseException:
         upstream.cancel()
         raise
-    return queue, [upstream], None
+    return outbox, [upstream], None
 
 
 async def close_fleet_stream(app: "ActaeApp", tasks: list, conn: Optional[FleetStreamConnection]) -> None:
@@ -15060,6 +15316,17 @@ async def close_fleet_stream(app: "ActaeApp", tasks: list, conn: Optional[FleetS
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def close_stream_socket(websocket: WebSocket, revoked: Optional[str], cut: bool) -> None:
+    """Close a stream's socket saying why: its credential no longer holds (an error frame, then 1008),
+    the client was too slow for its backlog (1013: try again later, from where it was), or it is done."""
+    with contextlib.suppress(Exception):
+        if revoked is not None:
+            await websocket.send_text(json.dumps({"type": "error", "message": revoked, "status": "unauthorized"}))
+            await websocket.close(code=1008, reason=revoked.encode("utf-8")[:120].decode("utf-8", "ignore"))
+        else:
+            await websocket.close(code=1013 if cut else 1000)
 
 
 async def deny_websocket(websocket: WebSocket, exc: ActaeError) -> None:
@@ -15093,29 +15360,41 @@ async def fleet_stream_endpoint(websocket: WebSocket) -> None:
         channel_id = query.channel_id or ticket["channel_id"]       # None: every channel it may read
         cursor = query.resume_cursor if query.resume_cursor is not None else ticket["resume_cursor"]
         target = await fleet_target(app, ticket["instance_id"])
-        queue, tasks, conn = await open_fleet_stream(app, principal, target, channel_id, cursor, websocket)
+        outbox, tasks, conn = await open_fleet_stream(app, principal, target, channel_id, cursor, websocket)
     except ActaeError as exc:
         await deny_websocket(websocket, exc)
         return
+    ended: list = []
+    running: list = []
+
+    def end(reason: str) -> None:
+        ended.append(reason)
+        for task in running[:1]:
+            task.cancel()                  # the pump: the stream closes, saying why
+    guard = app.services.hub.guard(Guard(
+        f"org-token:{ticket['org_token_id']}",
+        lambda: org_token_principal(app, ticket["org_token_id"], organization, load(ticket["scopes"])), end))
     try:
         await websocket.accept()
 
         async def pump() -> None:
             while True:
-                await websocket.send_text(json.dumps(await queue.get()))
+                await websocket.send_text(json.dumps(await outbox.get()))
 
         async def until_closed() -> None:
             while (await websocket.receive())["type"] != "websocket.disconnect":
                 pass
-        running = [asyncio.create_task(pump()), asyncio.create_task(until_closed()), *tasks]
+        running[:] = [asyncio.create_task(pump()), asyncio.create_task(until_closed()), *tasks]
         if conn is not None:
-            conn.pump_task = running[0]    # a client too slow for WS_QUEUE_MAX events is cut off, as on /ws
+            conn.pump_task = running[0]    # a client too slow for its backlog is cut off, as on /ws
+        if ended:
+            running[0].cancel()
         await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
         tasks = running
     finally:
+        app.services.hub.unguard(guard)
         await close_fleet_stream(app, tasks, conn)
-        with contextlib.suppress(Exception):
-            await websocket.close()
+        await close_stream_socket(websocket, ended[0] if ended else None, conn is not None and conn.cut)
 
 
 async def fleet_ndjson_stream(request: Request) -> Response:
@@ -15133,21 +15412,32 @@ async def fleet_ndjson_stream(request: Request) -> Response:
         cursor = query.cursor if query.cursor is not None else query.resume_cursor
         instance_id = request.headers.get("x-actae-instance-id") or query.instance_id or app.services.instance_id
         target = await fleet_target(app, instance_id)
-        queue, tasks, conn = await open_fleet_stream(app, principal, target, query.channel_id, cursor, None)
+        outbox, tasks, conn = await open_fleet_stream(app, principal, target, query.channel_id, cursor, None)
     except ActaeError as exc:
         return fleet_error(exc)
+    ended: list = []
+    guard = app.services.hub.guard(Guard(f"fleet-token:{token}", lambda: check_fleet_token(app, token), ended.append))
 
     async def lines():
+        # The stream ends with a last line {"type": "error", ...} when its token no longer holds, when
+        # the client was too slow for its backlog, or when the remote's stream ended.
         try:
-            while not (conn is not None and conn.cut):      # too slow for WS_QUEUE_MAX events: the stream ends
+            while True:
+                if ended or (conn is not None and conn.cut):
+                    reason = ended[0] if ended else "too slow: the backlog passed its bound; resume from the last position"
+                    yield msgspec.json.encode({"type": "error", "error": reason}) + b"\n"
+                    return
                 try:
-                    frame = await asyncio.wait_for(queue.get(), 1.0)
+                    frame = await asyncio.wait_for(outbox.get(), STREAM_IDLE_CHECK_SECONDS)
                 except asyncio.TimeoutError:
                     if all(task.done() for task in tasks):
-                        return                                # the remote's stream ended
+                        yield msgspec.json.encode({"type": "error", "error": "the instance's stream ended: resume "
+                                                                             "from the last position"}) + b"\n"
+                        return
                     continue
                 yield msgspec.json.encode(frame["event"]) + b"\n"
         finally:
+            app.services.hub.unguard(guard)
             await close_fleet_stream(app, tasks, conn)
     return StreamingResponse(lines(), media_type="application/x-ndjson",
                              headers={"content-encoding": "identity", "cache-control": "no-store"})
