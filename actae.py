@@ -3774,6 +3774,7 @@ class SqliteEngine(Engine):
 
 
 POSTGRES_RECONNECT_SECONDS = 1.0
+POSTGRES_IDLE_CHECK_SECONDS = 1.0      # a pooled connection idle this long is asked whether it still works
 KNOWN_CHANNELS_MAX = 100_000
 
 
@@ -3814,10 +3815,21 @@ class PostgresEngine(Engine):
                              loop.run_in_executor(self._reader_threads, self._reader_pool.wait))
 
     def _pool(self, size: int, name: str) -> "psycopg_pool.ConnectionPool":
-        # A connection the server lost (a restart, a network cut) is replaced by the pool; the
-        # batch that met it fails (503), and nothing of it was committed.
+        # A connection the server lost (a restart, a network cut) is replaced by the pool. One that sat
+        # idle for POSTGRES_IDLE_CHECK_SECONDS is asked first (one round trip; a busy server pays
+        # nothing), so the first write after a restart goes to a fresh connection instead of failing;
+        # a batch that still meets a lost connection fails (503), and nothing of it was committed.
+        returned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+        def note_return(conn: "psycopg.Connection") -> None:
+            returned[conn] = time.monotonic()
+
+        def check_if_idle(conn: "psycopg.Connection") -> None:
+            if time.monotonic() - returned.get(conn, -math.inf) > POSTGRES_IDLE_CHECK_SECONDS:
+                psycopg_pool.ConnectionPool.check_connection(conn)
         return psycopg_pool.ConnectionPool(self.url, min_size=size, max_size=size, name=name, open=True,
-                                           configure=configure_postgres, reconnect_timeout=3600)
+                                           configure=configure_postgres, check=check_if_idle, reset=note_return,
+                                           reconnect_timeout=3600)
 
     def _run(self, pool: "psycopg_pool.ConnectionPool", fn: Callable, args: tuple):
         try:
@@ -5356,14 +5368,16 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
     if child_id == source_id:
         raise BadRequest("new_channel_id must differ from source_channel_id")
     source = require_channel(conn, source_id)
-    if at_cursor > source["last_cursor"]:
-        raise BadRequest(f"at_cursor {at_cursor} is past the end of {source_id}, whose last cursor is "
-                         f"{source['last_cursor']}: a fork's boundary lies within its source's history")
     if len(lineage(conn, source_id)) > LINEAGE_MAX_DEPTH:
         raise Conflict("channel_conflict", f"{source_id} is already {LINEAGE_MAX_DEPTH} forks deep; fork an ancestor")
     check_guards(conn, source_id, req.expected_version, req.expected_cursor)
 
-    snapshot = state_row_at(conn, source_id, at_cursor or None)
+    # The boundary lies within the source's history as it is now: a snapshot saved at a cursor past
+    # its last event would make the fork inherit whatever the source records next.
+    last = source["last_cursor"]
+    snapshot = state_row_at(conn, source_id, min(at_cursor, last) if at_cursor else None)
+    if snapshot is not None and snapshot["cursor"] > last:
+        snapshot = state_row_at(conn, source_id, last)
     if snapshot is None and at_cursor > 0:
         raise Conflict("snapshot_boundary_required",
                        f"no state snapshot of {source_id} at or before cursor {at_cursor}; fork at a "
