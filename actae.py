@@ -549,6 +549,18 @@ def load(text: Optional[str]) -> Any:
     return None if text is None else json.loads(text)
 
 
+DAMAGED = "this stored value does not parse as JSON: it was changed outside Actae"
+
+
+def load_stored(text: Optional[str]) -> Any:
+    """A stored JSON column for reading: one that no longer parses (a row edited by hand) reads as
+    {"actae_damaged": ...}, so the list or page showing it renders the rest."""
+    try:
+        return load(text)
+    except ValueError:
+        return {"actae_damaged": DAMAGED}
+
+
 STATE_PACK_MIN = 256                   # shorter states are stored as text: compression would not pay
 
 
@@ -4594,9 +4606,9 @@ def index_usage(conn: Conn, channel_id: Optional[str] = None) -> None:
 
 
 def event_of(row: Row) -> Event:
-    return Event(id=row["id"], channel_id=row["channel_id"], type=row["type"], payload=load(row["payload"]),
+    return Event(id=row["id"], channel_id=row["channel_id"], type=row["type"], payload=load_stored(row["payload"]),
                  actor=row["actor"], cursor=row["cursor"], channel_cursor=row["cursor"], timestamp=row["created_at"],
-                 agent_id=row["agent_id"], user_id=row["user_id"], metadata=load(row["metadata"]),
+                 agent_id=row["agent_id"], user_id=row["user_id"], metadata=load_stored(row["metadata"]),
                  depends_on=row["depends_on"], step_number=row["step_number"], chain_hash=row["chain_hash"])
 
 
@@ -5196,7 +5208,7 @@ def delete_state_version(tx: Tx, channel_id: str, version: int) -> DeletedCount:
 
 def experiment_of(row: Row) -> dict:
     """The SDK's experiment_metadata of a channel, {} when it has none."""
-    meta = load(row["experiment_metadata"])
+    meta = load_stored(row["experiment_metadata"])
     return meta if isinstance(meta, dict) else {}
 
 
@@ -5204,7 +5216,7 @@ def metadata_of(row: Row) -> ChannelMetadata:
     return ChannelMetadata(
         channel_id=row["id"], parent_channel_id=row["parent_id"], origin_run_id=row["origin_id"],
         forked_at_cursor=row["resolved_cursor"], forked_at=row["forked_at"] or row["created_at"],
-        display_name=row["display_name"], reason=row["reason"], experiment_metadata=load(row["experiment_metadata"]),
+        display_name=row["display_name"], reason=row["reason"], experiment_metadata=load_stored(row["experiment_metadata"]),
         requested_at_cursor=row["requested_cursor"], resolved_cursor=row["resolved_cursor"],
         resolved_state_cursor=row["resolved_cursor"], resolved_event_id=row["resolved_event_id"],
         source_state_version=row["source_state_version"], source_state_sha256=row["source_state_sha256"],
@@ -9400,8 +9412,17 @@ def ledger_page(conn: Conn, filters: dict, before: Optional[str]) -> tuple:
 # Dashboard: page handlers (rendering, sign-in, forms; one per page)
 # =============================================================================
 
+PAGE_JSON_CHARS = 16 * 1024               # of one document shown on a page; the API has it whole
+
+
 def pretty_json(value: Any) -> str:
-    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    """A document as a page shows it: indented, and cut at PAGE_JSON_CHARS (a run of large payloads
+    makes a page of a bounded size; the whole document is one API call away)."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    if len(text) <= PAGE_JSON_CHARS:
+        return text
+    return (f"{text[:PAGE_JSON_CHARS]}\n… {len(text) - PAGE_JSON_CHARS:,} more characters not shown here:"
+            " the API answers the whole document")
 
 
 def _json_leaf(value: Any) -> str:
