@@ -16060,8 +16060,8 @@ def instance_info(url: str, key: str, timeout: float = 10.0) -> Instance:
                                      None, timeout)
     except (OSError, ValueError, http.client.HTTPException):
         raise BadRequest(f"cannot reach {url}") from None
-    if status != 200:
-        raise BadRequest(f"{url}/api/v1/instance answered HTTP {status} with that key")
+    if status != 200:                       # its status is not repeated either: no probe of what answers there
+        raise BadRequest(f"{url} did not answer /api/v1/instance with that key as an Actae server does")
     try:
         return msgspec.json.decode(data, type=Instance)
     except (msgspec.DecodeError, msgspec.ValidationError):
