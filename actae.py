@@ -3827,17 +3827,21 @@ class PostgresEngine(Engine):
                              loop.run_in_executor(self._reader_threads, self._reader_pool.wait))
 
     def _pool(self, size: int, name: str) -> "psycopg_pool.ConnectionPool":
-        # A connection the server lost (a restart, a network cut) is replaced by the pool. One that sat
-        # idle for POSTGRES_IDLE_CHECK_SECONDS is asked first (one round trip; a busy server pays
-        # nothing), so the first write after a restart goes to a fresh connection instead of failing;
-        # a batch that still meets a lost connection fails (503), and nothing of it was committed.
+        # A connection the server lost (a restart, a network cut) is replaced by the pool. Before each
+        # use it is looked at (a restart leaves its goodbye to read), and one idle for
+        # POSTGRES_IDLE_CHECK_SECONDS is also asked (one round trip; a busy server pays nothing), so
+        # the first write after a restart goes to a fresh connection instead of failing; a batch that
+        # still meets a lost connection fails (503), and nothing of it was committed.
         returned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
         def note_return(conn: "psycopg.Connection") -> None:
             returned[conn] = time.monotonic()
 
         def check_if_idle(conn: "psycopg.Connection") -> None:
-            if time.monotonic() - returned.get(conn, -math.inf) > POSTGRES_IDLE_CHECK_SECONDS:
+            # An idle connection has nothing to read; one whose server went away (a restart) has its
+            # goodbye or its end waiting (one syscall tells): then, or after a while idle, ask it.
+            if (select.select([conn.fileno()], [], [], 0)[0]
+                    or time.monotonic() - returned.get(conn, -math.inf) > POSTGRES_IDLE_CHECK_SECONDS):
                 psycopg_pool.ConnectionPool.check_connection(conn)
         return psycopg_pool.ConnectionPool(self.url, min_size=size, max_size=size, name=name, open=True,
                                            configure=configure_postgres, check=check_if_idle, reset=note_return,
