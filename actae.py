@@ -137,7 +137,7 @@ __all__ = ["ActaeApp", "api_routes", "append_event", "APPROVAL_DECISIONS", "APPR
            "BATCH_LEAD_MAX", "canonical_json", "channel_by_id", "CIRCUIT_FAILURES", "CIRCUIT_OPEN_SECONDS",
            "CLAIM_OUTCOMES", "configure_sqlite", "Conflict", "connect_sync", "CountingExporter", "create_app",
            "Database", "DELTA_MIN_BYTES", "DOCUMENT_DEPTH_MAX", "EventQuery", "events_after_position", "EVERYWHERE",
-           "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "app_endpoints", "page_routes", "failure_event_sql", "FAILURE_STATES", "FLEET_MANIFEST",
+           "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "app_endpoints", "page_routes", "WS_BACKLOG_BYTES", "failure_event_sql", "FAILURE_STATES", "FLEET_MANIFEST",
            "fleet_operation_routes", "free_dependents", "GROUP_MESSAGE_STATUSES", "is_failure_event", "Job",
            "LEDGER_OUTCOMES", "list_approvals", "list_executions", "list_forks", "Location", "main",
            "MAX_BODY_BYTES", "member_inbox", "MIGRATIONS", "next_wakeup_at", "OUTCOMES", "POSTGRES", "prune_runs",
@@ -8694,6 +8694,17 @@ async def ws_authenticate(websocket: WebSocket, conn: WsConnection, app) -> bool
     return True
 
 
+async def close_stream_socket(websocket: WebSocket, revoked: Optional[str], cut: bool) -> None:
+    """Close a stream's socket saying why: its credential no longer holds (an error frame, then 1008),
+    the client was too slow for its backlog (1013: try again later, from where it was), or it is done."""
+    with contextlib.suppress(Exception):
+        if revoked is not None:
+            await websocket.send_text(json.dumps({"type": "error", "message": revoked, "status": "unauthorized"}))
+            await websocket.close(code=1008, reason=revoked.encode("utf-8")[:120].decode("utf-8", "ignore"))
+        else:
+            await websocket.close(code=1013 if cut else 1000)
+
+
 async def ws_endpoint(websocket: WebSocket) -> None:
     """GET /ws. The SDK's handshake carries no credentials: the first frame authenticates."""
     app, hub, db = websocket.app, websocket.app.services.hub, websocket.app.services.db
@@ -15355,17 +15366,6 @@ async def close_fleet_stream(app: "ActaeApp", tasks: list, conn: Optional[FleetS
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def close_stream_socket(websocket: WebSocket, revoked: Optional[str], cut: bool) -> None:
-    """Close a stream's socket saying why: its credential no longer holds (an error frame, then 1008),
-    the client was too slow for its backlog (1013: try again later, from where it was), or it is done."""
-    with contextlib.suppress(Exception):
-        if revoked is not None:
-            await websocket.send_text(json.dumps({"type": "error", "message": revoked, "status": "unauthorized"}))
-            await websocket.close(code=1008, reason=revoked.encode("utf-8")[:120].decode("utf-8", "ignore"))
-        else:
-            await websocket.close(code=1013 if cut else 1000)
 
 
 async def deny_websocket(websocket: WebSocket, exc: ActaeError) -> None:
