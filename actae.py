@@ -14500,9 +14500,11 @@ async def check_org_token(app: "ActaeApp", token: str) -> dict:
     return row
 
 
-async def org_token_principal(app: "ActaeApp", token_id: int, organization_id: str, fleet_scopes: Any) -> FleetPrincipal:
-    """The principal of a fleet token (or ticket) made from organisation token `token_id`, while that lives."""
-    row = live_org_token((await app.services.region(FleetState).directory.fresh()).tokens_by_id.get(token_id))
+async def org_token_principal(app: "ActaeApp", token_id: int, organization_id: str, fleet_scopes: Any,
+                              max_age: float = FLEET_REFRESH_SECONDS) -> FleetPrincipal:
+    """The principal of a fleet token (or ticket) made from organisation token `token_id`, while that
+    lives (as the directory read at most `max_age` seconds ago says)."""
+    row = live_org_token((await app.services.region(FleetState).directory.fresh(max_age)).tokens_by_id.get(token_id))
     if row is None:
         raise Unauthorized("the organisation token behind this fleet token was revoked or expired")
     if organization_id != app.services.settings.organization:
@@ -14511,12 +14513,12 @@ async def org_token_principal(app: "ActaeApp", token_id: int, organization_id: s
     return fleet_principal(row, organization_id, fleet_scopes)
 
 
-async def check_fleet_token(app: "ActaeApp", token: str) -> FleetPrincipal:
+async def check_fleet_token(app: "ActaeApp", token: str, max_age: float = FLEET_REFRESH_SECONDS) -> FleetPrincipal:
     claims = fleet_token_claims(app.services.token_secret, token, time.time())
     if claims is None:
         raise Unauthorized("invalid or expired fleet token: exchange the organisation token again"
                            " (POST /api/v1/fleet/token)")
-    return await org_token_principal(app, claims["otk"], claims["org"], claims["scp"])
+    return await org_token_principal(app, claims["otk"], claims["org"], claims["scp"], max_age)
 
 
 async def fleet_authenticate(request: Request, route: Api) -> FleetPrincipal:
@@ -15412,7 +15414,8 @@ async def fleet_stream_endpoint(websocket: WebSocket) -> None:
             task.cancel()                  # the pump: the stream closes, saying why
     guard = app.services.hub.guard(Guard(
         f"org-token:{ticket['org_token_id']}",
-        lambda: org_token_principal(app, ticket["org_token_id"], organization, load(ticket["scopes"])), end))
+        lambda: org_token_principal(app, ticket["org_token_id"], organization, load(ticket["scopes"]),
+                                    CREDENTIAL_CHECK_SECONDS), end))
     try:
         await websocket.accept()
 
@@ -15455,7 +15458,8 @@ async def fleet_ndjson_stream(request: Request) -> Response:
     except ActaeError as exc:
         return fleet_error(exc)
     ended: list = []
-    guard = app.services.hub.guard(Guard(f"fleet-token:{token}", lambda: check_fleet_token(app, token), ended.append))
+    guard = app.services.hub.guard(Guard(f"fleet-token:{token}", lambda: check_fleet_token(app, token, CREDENTIAL_CHECK_SECONDS),
+                                         ended.append))
 
     async def lines():
         # The stream ends with a last line {"type": "error", ...} when its token no longer holds, when
