@@ -9014,7 +9014,13 @@ def listed_run(conn: Conn, row: Row, depth: int = 0) -> dict:
     return {**run_summary(row, row["last_step"], row["forks"]), "status": shown_status(row["run_state"]),
             "sdk_status": experiment_of(row).get("status"),
             "failure": failure.as_json() if failure else None, "depth": depth,
-            "duration_ms": millis_between(row["first_event_at"], row["last_event_at"])}
+            "duration_ms": millis_between(row["first_event_at"], row["last_event_at"]),
+            "damaged": damaged_stamps(row, ("first_event_at", "last_event_at", "active_time"))}
+
+
+def damaged_stamps(row: Row, columns: tuple) -> list:
+    """The columns of a row whose stored time is not an instant (a row edited by hand): shown, not fatal."""
+    return [name for name in columns if row[name] and stored_instant(row[name]) is None]
 
 
 def fork_group(conn: Conn, root_id: str) -> tuple:

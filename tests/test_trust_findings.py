@@ -332,7 +332,7 @@ def test_a_failed_enroll_fetch_never_repeats_the_instance_s_text(fleet):
 
 
 def test_a_failed_enroll_fetch_answers_one_fixed_sentence(fleet):
-    """DESIGN 6: "a failure of the fetch answers one fixed sentence": the same words whatever the
+    """A failure of the fetch answers one fixed sentence: the same words whatever the
     instance answered (its status included), the URL aside."""
     answers = failed_fetches(fleet)
     for status, answer in answers:
@@ -424,7 +424,7 @@ def test_an_export_with_forks_refused_for_an_unreadable_fork_does_not_name_it(sr
     fork(srv, root, theirs, 1)
     reader = new_key(srv, read=[f"pub-{t}*"])
     status, _, body = api(srv, "GET", f"/api/v1/channels/{root}/export?with_forks=true", key=reader, decode=False)
-    # DESIGN 8 says 403; a file without the fork (as if it did not exist) names it no more: either will do.
+    # A refusal (403) or a file without the fork (as if it did not exist): either names it no more.
     assert status in (200, 403), (status, body[:300])
     assert theirs.encode() not in body, f"the answer ({status}) names the unreadable fork: {body[:300]!r}"
     if status == 200:
