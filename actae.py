@@ -132,19 +132,20 @@ except ImportError:                    # pragma: no cover - `--database postgres
 
 
 # What the tests, the examples and the executable use; every other name is the module's own.
-__all__ = ["ActaeApp", "api_routes", "append_event", "APPROVAL_DECISIONS", "APPROVAL_STATUSES", "backfill_chain",
-           "BENCH_FEATURES", "blocked_attempts", "BLOCKING_EVENT_TYPES", "bulk_fork_candidates", "BulkForkFilter",
-           "BATCH_LEAD_MAX", "canonical_json", "channel_by_id", "CIRCUIT_FAILURES", "CIRCUIT_OPEN_SECONDS",
-           "CLAIM_OUTCOMES", "configure_sqlite", "Conflict", "connect_sync", "CountingExporter", "create_app",
-           "Database", "DELTA_MIN_BYTES", "DOCUMENT_DEPTH_MAX", "EventQuery", "events_after_position", "EVERYWHERE",
-           "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "app_endpoints", "page_routes", "WS_BACKLOG_BYTES", "failure_event_sql", "FAILURE_STATES", "FLEET_MANIFEST",
-           "fleet_operation_routes", "free_dependents", "GROUP_MESSAGE_STATUSES", "is_failure_event", "Job",
-           "LEDGER_OUTCOMES", "list_approvals", "list_executions", "list_forks", "Location", "main",
-           "MAX_BODY_BYTES", "member_inbox", "MIGRATIONS", "next_wakeup_at", "OUTCOMES", "POSTGRES", "prune_runs",
-           "put_metadata", "PutMetadata", "query_events", "record_event", "RecordEvent", "ReleaseNotice",
-           "REPRODUCIBILITY_GRADES", "require_approval", "resolve_step", "Retention", "revoke_key", "run_jobs",
-           "runs_page", "serve", "sql_list", "verify_chain", "Services", "Settings", "SQLITE", "state_row_at", "Tx", "usage_of",
-           "uvicorn_config", "WAKEUP_STATUSES", "WriteQueue", "__version__"]
+__all__ = ["ActaeApp", "api_routes", "app_endpoints", "append_event", "APPROVAL_DECISIONS", "APPROVAL_STATUSES",
+           "backfill_chain", "BENCH_FEATURES", "blocked_attempts", "BLOCKING_EVENT_TYPES", "bulk_fork_candidates",
+           "BulkForkFilter", "BATCH_LEAD_MAX", "canonical_json", "channel_by_id", "CIRCUIT_FAILURES",
+           "CIRCUIT_OPEN_SECONDS", "CLAIM_OUTCOMES", "configure_sqlite", "Conflict", "connect_sync",
+           "CountingExporter", "create_app", "Database", "DELTA_MIN_BYTES", "DOCUMENT_DEPTH_MAX", "EventQuery",
+           "events_after_position", "EVERYWHERE", "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "failure_event_sql",
+           "FAILURE_STATES", "FLEET_MANIFEST", "fleet_operation_routes", "free_dependents", "GROUP_MESSAGE_STATUSES",
+           "is_failure_event", "Job", "LEDGER_OUTCOMES", "list_approvals", "list_executions", "list_forks",
+           "Location", "main", "MAX_BODY_BYTES", "member_inbox", "MIGRATIONS", "next_wakeup_at", "OUTCOMES",
+           "page_routes", "POSTGRES", "prune_runs", "put_metadata", "PutMetadata", "query_events", "record_event",
+           "RecordEvent", "ReleaseNotice", "REPRODUCIBILITY_GRADES", "require_approval", "resolve_step", "Retention",
+           "revoke_key", "run_jobs", "runs_page", "serve", "sql_list", "verify_chain", "Services", "Settings",
+           "SQLITE", "state_row_at", "Tx", "usage_of", "uvicorn_config", "WAKEUP_STATUSES", "WriteQueue",
+           "WS_BACKLOG_BYTES", "__version__"]
 
 
 def bundle_dir() -> Optional[Path]:
@@ -5723,10 +5724,11 @@ def promote_channel(tx: Tx, child_id: str) -> Promotion:
                      state_version=version)
 
 
-def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> DeletedChannels:
+def delete_channel(tx: Tx, channel_id: str, recursive: bool, reach: "Reach") -> DeletedChannels:
     """Delete a run: its events, states, ledger rows and experiment memberships; its pending
     wake-ups are cancelled. Forks of it go too with recursive=true, else it is refused, and so is
-    a run that a consumer group or an execution group still works on (delete those first).
+    a run that a consumer group or an execution group still works on (delete those first). Every
+    fork deleted with it must be one `reach` may delete; a refusal names only the forks it reads.
     """
     require_channel(tx.conn, channel_id)
     users = [f"consumer group {r[0]}" for r in tx.conn.execute(
@@ -5735,13 +5737,16 @@ def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> DeletedChannels:
         "SELECT group_id, member_id FROM execution_group_members WHERE channel_id = ?", (channel_id,))]
     if users:
         raise Conflict("channel_conflict", f"channel {channel_id} is in use by {', '.join(users)}")
-    children = [r["id"] for r in tx.conn.execute("SELECT id FROM channels WHERE parent_id = ?", (channel_id,))]
+    children = child_ids(tx.conn, channel_id)
     if children and not recursive:
-        raise Conflict("channel_conflict", f"channel {channel_id} has forks ({', '.join(children)}); "
+        raise Conflict("channel_conflict", f"channel {channel_id} has forks ({named_runs(children, reach)}); "
                                            "delete with recursive=true")
+    barred = [run for run in descendants(tx.conn, channel_id) if not reach.removes(run)] if children else []
+    if barred:
+        raise Forbidden(f"channel {channel_id} has forks this credential may not delete ({named_runs(barred, reach)})")
     deleted = []
     for child in children:
-        deleted += delete_channel(tx, child, True).deleted
+        deleted += delete_channel(tx, child, True, reach).deleted
     for table in ("events", "states", "executions", "approvals", "step_usage"):
         tx.conn.execute(f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,))
     tx.conn.execute("DELETE FROM experiment_members WHERE channel_id = ?", (channel_id,))
@@ -5750,6 +5755,13 @@ def delete_channel(tx: Tx, channel_id: str, recursive: bool) -> DeletedChannels:
     tx.conn.execute("DELETE FROM channels WHERE id = ?", (channel_id,))
     tx.after_commit.append(lambda: state_cache(tx.conn).forget_channel(channel_id))
     return DeletedChannels(deleted=deleted + [channel_id])
+
+
+def named_runs(runs: list, reach: "Reach") -> str:
+    """Runs as an error names them: those `reach` reads by id, the others only counted."""
+    seen = reach.seen(runs)
+    hidden = len(runs) - len(seen)
+    return ", ".join(seen + ([f"{hidden} it may not read"] if hidden else []))
 
 
 def experiment_answer(conn: Conn, row: Row) -> Experiment:
@@ -6548,12 +6560,16 @@ class Reach:
 
     read: tuple                        # patterns of the SDK's grammar (see pattern_matches)
     write: tuple
+    delete: tuple = ()
 
     def sees(self, channel_id: str) -> bool:
         return any(pattern_matches(p, channel_id) for p in self.read)
 
     def changes(self, channel_id: str) -> bool:
         return any(pattern_matches(p, channel_id) for p in self.write)
+
+    def removes(self, channel_id: str) -> bool:
+        return any(pattern_matches(p, channel_id) for p in self.delete)
 
     @property
     def sees_all(self) -> bool:
@@ -6583,7 +6599,7 @@ class Reach:
         return (f"({' OR '.join(clauses)})", args) if clauses else ("1 = 0", [])
 
 
-EVERYWHERE = Reach(("*",), ("*",))      # the command line's and the admin's
+EVERYWHERE = Reach(("*",), ("*",), ("*",))      # the command line's and the admin's
 
 
 def pattern_matches(pattern: str, channel_id: str) -> bool:
@@ -6625,7 +6641,8 @@ class Principal:
 
     @property
     def reach(self) -> Reach:
-        return Reach(read=(*self.scopes["read"], *self.scopes["admin"]), write=(*self.scopes["write"], *self.scopes["admin"]))
+        return Reach(read=(*self.scopes["read"], *self.scopes["admin"]), write=(*self.scopes["write"], *self.scopes["admin"]),
+                     delete=(*self.scopes["delete"], *self.scopes["admin"]))
 
     def can_everywhere(self, action: str) -> bool:
         return "*" in self.scopes[action] or "*" in self.scopes["admin"]
@@ -7246,7 +7263,7 @@ async def api_channels_promote(request: Request, path, body: Empty) -> Promotion
 
 async def api_channels_delete(request: Request, path, query: DeleteQuery) -> DeletedChannels:
     """Delete a run with its events, states and ledger rows (recursive: its forks too)."""
-    return await db_of(request).write(delete_channel, path.channel_id, query.recursive)
+    return await db_of(request).write(delete_channel, path.channel_id, query.recursive, request.state.principal.reach)
 
 
 async def api_channels_close(request: Request, path, body: Empty) -> Closed:
@@ -8373,6 +8390,7 @@ class Follower:
     live: bool = False
     covers_from: Optional[int] = None      # the feed's position when it joined: all after reaches it
     buffered: list = field(default_factory=list)   # [(position, event, text)] the feed gave while it caught up
+    buffered_bytes: int = 0
 
 
 class InstanceFeed:
@@ -8414,6 +8432,10 @@ class InstanceFeed:
                     self.position = position
                 if len(batch) < REPLAY_LIMIT_MAX:
                     await wait_for_commit(self.wake, self.db.location.shared)
+        except Exception:  # noqa: BLE001 - its followers are cut off, to resume from where they were
+            log.exception("the feed of every channel's events failed")
+            for follower in list(self.followers):
+                follower.conn.cut_off()
         finally:
             self.task = None
 
@@ -8426,10 +8448,11 @@ class InstanceFeed:
             if follower.live:
                 follower.position = position
                 follower.conn.send_event(event, position, text)
-            elif len(follower.buffered) >= WS_QUEUE_MAX:
+            elif len(follower.buffered) >= WS_QUEUE_MAX or follower.buffered_bytes + len(text) > WS_BACKLOG_BYTES:
                 follower.conn.cut_off()
             else:
                 follower.buffered.append((position, event, text))
+                follower.buffered_bytes += len(text)
 
 
 async def follow_instance(db: "Database", hub: "Hub", reach: "Reach", position: Optional[int],
@@ -9079,8 +9102,9 @@ def runs_page(conn: Conn, q: str, status: str, after: Optional[str]) -> tuple:
     return runs, next_page_token(rows, "active_time")
 
 
-def deletion_plan(conn: Conn, channel_id: str) -> dict:
-    """The run and every fork below it: what deleting it removes."""
+def deletion_plan(conn: Conn, channel_id: str, reach: "Reach") -> dict:
+    """The run and every fork below it: what deleting it removes (the runs `reach` reads by name, the
+    others counted: a deletion that would take one the credential may not delete is refused)."""
     row = require_channel(conn, channel_id)
     doomed = conn.execute(
         "WITH RECURSIVE tree(id) AS (SELECT CAST(? AS TEXT) UNION ALL SELECT k.id FROM channels k JOIN tree t ON k.parent_id = t.id)"
@@ -9091,7 +9115,8 @@ def deletion_plan(conn: Conn, channel_id: str) -> dict:
         " SELECT COUNT(*) FROM executions x JOIN tree t ON x.channel_id = t.id", (channel_id,)).fetchone()[0]
     return {"channel_id": channel_id, "display_name": row["display_name"] or channel_id,
             "runs": [{"channel_id": r["id"], "display_name": r["display_name"] or r["id"],
-                      "event_count": r["last_cursor"]} for r in doomed],
+                      "event_count": r["last_cursor"]} for r in doomed if reach.sees(r["id"])],
+            "hidden": sum(1 for r in doomed if not reach.sees(r["id"])),
             "event_count": sum(r["last_cursor"] for r in doomed), "execution_count": executions}
 
 
@@ -9953,7 +9978,7 @@ async def page_fork(request: Request) -> Response:
 
 async def page_delete_confirm(request: Request) -> Response:
     channel_id = path_channel(request)
-    plan = await db_of(request).read(deletion_plan, channel_id)
+    plan = await db_of(request).read(deletion_plan, channel_id, request.state.principal.reach)
     flash = flash_store(request.app).get(page_query(request, FlashQuery).error)
     return render(request, "delete.html", {"title": f"Delete {channel_id}", "plan": plan,
                                            "error": flash["error"] if flash else None})
@@ -9966,8 +9991,8 @@ async def page_delete(request: Request) -> Response:
     if form.get("confirm") != channel_id:
         return RedirectResponse(f"/runs/{channel_id}/delete", status_code=303)
     try:
-        result = await db_of(request).write(delete_channel, channel_id, True)
-    except Conflict as exc:
+        result = await db_of(request).write(delete_channel, channel_id, True, request.state.principal.reach)
+    except (Conflict, Forbidden) as exc:
         flash_id = flash_store(request.app).put({"error": exc.message})
         return RedirectResponse(f"/runs/{channel_id}/delete?{urlencode({'error': flash_id})}", status_code=303)
     query = urlencode({"deleted": channel_id, "count": len(result.deleted)})
@@ -11978,7 +12003,7 @@ def prune_runs(tx: Tx, ids: list, req: Prune, now: str) -> tuple:
             kept.append(KeptRun(channel_id=run_id, reason=reason))
             continue
         add_rows(total, row["last_cursor"], run_rows(conn, run_id))
-        delete_channel(tx, run_id, False)
+        delete_channel(tx, run_id, False, EVERYWHERE)
         conn.execute("DELETE FROM wakeups WHERE channel_id = ?", (run_id,))
         deleted.append(run_id)
     return deleted, kept, total

@@ -448,6 +448,21 @@ def test_an_import_colliding_with_an_unreadable_run_does_not_name_it(srv):
     assert http("GET", srv.url + f"/api/v1/channels/{mine}/metadata", key=srv.key)[0] == 404
 
 
+def test_deleting_a_run_never_names_or_deletes_a_fork_the_key_may_not_touch(srv):
+    t = tag()
+    root, theirs = f"pub-{t}", f"hid-{t}"
+    event = record(srv, root, "agent.step", {"n": 1}, step=1)
+    save_state(srv, root, event["cursor"], {"n": 1})
+    fork(srv, root, theirs, event["cursor"])
+    owner = new_key(srv, read=[f"pub-{t}*"], write=[f"pub-{t}*"], delete=[f"pub-{t}*"])
+    status, _, answer = http("DELETE", srv.url + f"/api/v1/channels/{root}", key=owner)
+    assert status == 409 and theirs not in json.dumps(answer), (status, answer)
+    status, _, answer = http("DELETE", srv.url + f"/api/v1/channels/{root}?recursive=true", key=owner)
+    assert status == 403 and theirs not in json.dumps(answer), (status, answer)
+    for run in (root, theirs):                                  # nothing went
+        assert http("GET", srv.url + f"/api/v1/channels/{run}/metadata", key=srv.key)[0] == 200
+
+
 # --- 10 (a). a gateway's version of 5,000 digits never breaks a page ---------------------------------------
 
 def test_a_huge_gateway_version_never_makes_a_page_answer_500(tmp_path):
