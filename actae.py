@@ -1957,14 +1957,19 @@ class Preferences(Answer):
 # --- this server ------------------------------------------------------------------------------------
 
 
+# What a server says of itself, bounded: a gateway decodes a remote's answer with this record, and
+# shows and stores what it says (a remote's 5,000-digit version is refused, never rendered).
+ShortText = Annotated[str, Meta(max_length=64)]
+
+
 class Instance(Answer):
-    version: str
-    api_version: str
-    instance_id: str
+    version: ShortText
+    api_version: ShortText
+    instance_id: Annotated[str, Meta(min_length=1, max_length=128)]
     backend: Literal["sqlite", "postgresql"]
-    started_at: str
+    started_at: ShortText
     uptime_seconds: int
-    features: list[str]
+    features: Annotated[list[ShortText], Meta(max_length=256)]
     open_signup: bool
 
 
