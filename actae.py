@@ -139,13 +139,13 @@ __all__ = ["ActaeApp", "api_routes", "app_endpoints", "append_event", "APPROVAL_
            "CountingExporter", "create_app", "Database", "DELTA_MIN_BYTES", "DOCUMENT_DEPTH_MAX", "EventQuery",
            "events_after_position", "EVERYWHERE", "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "failure_event_sql",
            "FAILURE_STATES", "FLEET_MANIFEST", "fleet_operation_routes", "free_dependents", "GROUP_MESSAGE_STATUSES",
-           "is_failure_event", "Job", "LEDGER_OUTCOMES", "list_approvals", "list_executions", "list_forks",
-           "Location", "main", "MAX_BODY_BYTES", "member_inbox", "MIGRATIONS", "next_wakeup_at", "OUTCOMES",
-           "page_routes", "POSTGRES", "prune_runs", "put_metadata", "PutMetadata", "query_events", "record_event",
-           "RecordEvent", "ReleaseNotice", "REPRODUCIBILITY_GRADES", "require_approval", "resolve_step", "Retention",
-           "revoke_key", "run_jobs", "runs_page", "serve", "sql_list", "verify_chain", "Services", "Settings",
-           "SQLITE", "state_row_at", "Tx", "usage_of", "uvicorn_config", "WAKEUP_STATUSES", "WriteQueue",
-           "WS_BACKLOG_BYTES", "__version__"]
+           "heads_from_events", "is_failure_event", "Job", "LEDGER_OUTCOMES", "list_approvals", "list_executions",
+           "list_forks", "Location", "main", "MAX_BODY_BYTES", "member_inbox", "MIGRATIONS", "next_wakeup_at",
+           "OUTCOMES", "page_routes", "POSTGRES", "prune_runs", "put_metadata", "PutMetadata", "query_events",
+           "record_event", "RecordEvent", "ReleaseNotice", "REPRODUCIBILITY_GRADES", "require_approval",
+           "resolve_step", "Retention", "revoke_key", "run_jobs", "runs_page", "serve", "sql_list", "verify_chain",
+           "Services", "Settings", "SQLITE", "state_row_at", "Tx", "usage_of", "uvicorn_config", "WAKEUP_STATUSES",
+           "WriteQueue", "WS_BACKLOG_BYTES", "__version__"]
 
 
 def bundle_dir() -> Optional[Path]:
@@ -15588,9 +15588,13 @@ class LinkState(Answer):
 
 def enrollment_tries_schema(w: SchemaWords) -> str:
     return """
-    -- Failed enrollments with the token (an instance that did not answer, or answered as another):
-    -- at ENROLL_TRIES_MAX the token is spent.
-    ALTER TABLE fleet_enrollments ADD COLUMN failed_tries INTEGER NOT NULL DEFAULT 0
+    -- Failed enrollments with a token (an instance that did not answer, or answered as another):
+    -- at ENROLL_TRIES_MAX the token is spent. A table of its own, made only where it is missing, so
+    -- running this step again changes nothing.
+    CREATE TABLE IF NOT EXISTS fleet_enrollment_failures (
+        token_hash   TEXT PRIMARY KEY,
+        tries        INTEGER NOT NULL
+    )
     """
 
 
@@ -15625,7 +15629,9 @@ def create_enrollment(tx: Tx, name: str, scopes: dict, minutes: float) -> tuple:
 
 def usable_enrollment(conn: Conn, token: str, now: str) -> Row:
     """The enrollment a token names, refused with why when it cannot be used (unknown, used, expired)."""
-    row = conn.execute("SELECT * FROM fleet_enrollments WHERE token_hash = ?", (key_hash(token),)).fetchone()
+    row = conn.execute("SELECT e.*, COALESCE(f.tries, 0) AS failed_tries FROM fleet_enrollments e"
+                       " LEFT JOIN fleet_enrollment_failures f ON f.token_hash = e.token_hash WHERE e.token_hash = ?",
+                       (key_hash(token),)).fetchone()
     if row is None:
         raise Unauthorized("unknown enrollment token: ask the gateway's admin for one (actae enrollment create)")
     if row["used_at"] is not None:
@@ -15638,7 +15644,8 @@ def usable_enrollment(conn: Conn, token: str, now: str) -> Row:
 
 
 def count_failed_try(tx: Tx, token: str) -> None:
-    tx.conn.execute("UPDATE fleet_enrollments SET failed_tries = failed_tries + 1 WHERE token_hash = ?",
+    tx.conn.execute("INSERT INTO fleet_enrollment_failures (token_hash, tries) VALUES (?, 1)"
+                    " ON CONFLICT (token_hash) DO UPDATE SET tries = fleet_enrollment_failures.tries + 1",
                     (key_hash(token),))
 
 
