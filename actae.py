@@ -22,7 +22,7 @@ Request records — every body, query string, path and frame (the dashboard's to
 Response records — every API answer, declared once; /openapi.json documents them
 Schema and migrations — one template per table, rendered for each backend (SQLite, PostgreSQL), append-only
 Storage — the connection interface, one Dialect per backend, SQLite's and PostgreSQL's connections
-Database — the one writer path (group commit), the engines, the Backend chosen in backend_for
+Database — the one writer path (group commit), the engines, backend_for, the app factory's CommitPolicy
 Store — the queries more than one place needs, one named function each
 Domain: channels, events, state — append_event (cursor, chain, EVENT_HOOKS), snapshots, metadata, steps
 Domain: forks — copy-on-write forks, receipts, the fork tree, what a fork saved (usage kept per step)
@@ -36,7 +36,7 @@ Domain: principals, API keys, accounts, login tokens, dashboard sessions — in 
 Authentication — the key ring, token and session checks, same-origin and form tokens
 HTTP API: handlers — one per route, named after it, returning its response record
 HTTP API: the route table — API_ROUTES and api_routes(), scopes, authorization, the OpenAPI document
-WebSocket — /ws: in-band auth, subscribe with catch-up, publish with ack
+WebSocket — /ws: in-band auth, catch-up, shared frames bounded in bytes, one feed for "*", guarded credentials
 Dashboard: data for the pages — reads that build what each page shows
 Dashboard: page handlers — rendering, sign-in, the fork and delete forms, keys, experiments side by side
 Connections — BoundedHttp: each request's head and body bounded, in front of uvicorn's own protocol
@@ -135,7 +135,7 @@ except ImportError:                    # pragma: no cover - `--database postgres
 __all__ = ["ActaeApp", "api_routes", "app_endpoints", "append_event", "APPROVAL_DECISIONS", "APPROVAL_STATUSES",
            "backfill_chain", "BENCH_FEATURES", "blocked_attempts", "BLOCKING_EVENT_TYPES", "bulk_fork_candidates",
            "BulkForkFilter", "BATCH_LEAD_MAX", "canonical_json", "channel_by_id", "CIRCUIT_FAILURES",
-           "CIRCUIT_OPEN_SECONDS", "CLAIM_OUTCOMES", "configure_sqlite", "Conflict", "connect_sync",
+           "CIRCUIT_OPEN_SECONDS", "CLAIM_OUTCOMES", "CommitPolicy", "configure_sqlite", "Conflict", "connect_sync",
            "CountingExporter", "create_app", "Database", "DELTA_MIN_BYTES", "DOCUMENT_DEPTH_MAX", "EventQuery",
            "events_after_position", "EVERYWHERE", "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "failure_event_sql",
            "FAILURE_STATES", "FLEET_MANIFEST", "fleet_operation_routes", "free_dependents", "GROUP_MESSAGE_STATUSES",
@@ -4008,6 +4008,16 @@ class WriteQueue:
         return {channel for job in batch for channel in job.channels}
 
 
+@dataclass(frozen=True)
+class CommitPolicy:
+    """What the writer asks of whoever it serves, given when the Database is built (by the app
+    factory; storage knows nothing of HTTP): whether a job alone on the server may commit on the
+    event loop's thread, and which runs a job changes (None: it may change any)."""
+
+    alone: Callable[[Job], bool] = lambda job: False
+    channels_of: Callable[[Job], Optional[tuple]] = lambda job: None
+
+
 class Database:
     """The only code that touches the database.
 
@@ -4022,16 +4032,13 @@ class Database:
     channels other servers wrote to (PostgreSQL only).
     """
 
-    def __init__(self, location: Location):
+    def __init__(self, location: Location, policy: CommitPolicy = CommitPolicy()):
         self.location = location
+        self.policy = policy
         self.engine = backend_for(location).engine(location)
         self._jobs = WriteQueue(self.engine.writers)
         self._here: Optional[Callable] = None     # the engine's on_writer_here (None: always the writer's thread)
         self._loop: Optional[asyncio.AbstractEventLoop] = None
-        # whether a job may commit on the event loop's thread when it is alone (create_app says which)
-        self.lone_write_here: Callable[[Job], bool] = lambda job: False
-        # the channels a job changes, or None (create_app says which; read where servers share a database)
-        self.channels_of: Callable[[Job], Optional[tuple]] = lambda job: None
         self.last_batch_seconds = math.inf
         self.here_seconds_max = HERE_COMMIT_SECONDS_MAX   # a batch quicker than this lets the next lone one commit here
         self._writer_tasks: list = []
@@ -4085,19 +4092,19 @@ class Database:
             raise ShuttingDown()
         job.future = self._loop.create_future()
         if self.location.shared and not job.bare:
-            job.channels = self.channels_of(job)
+            job.channels = self.policy.channels_of(job)
         if not self._committed_here(job):
             self._jobs.put(job)
         return await job.future
 
     def _committed_here(self, job: Job) -> bool:
         """Commit `job` alone on this (the event loop's) thread when that costs nobody a wait: nothing
-        queued or being written, nothing else in flight (`lone_write_here`), the last batch quick.
+        queued or being written, nothing else in flight (`policy.alone`), the last batch quick.
         A lone request then skips two thread switches (a tenth of its time on a two-core VM); the
         loop waits on the disk meanwhile, which is why a slow commit sends the next ones to the
         writer's thread until one is quick again."""
         if (self._here is None or job.bare or self.last_batch_seconds > self.here_seconds_max
-                or not self.lone_write_here(job)):
+                or not self.policy.alone(job)):
             return False
         batch = self._jobs.take_alone(job)
         if batch is None:
@@ -10802,8 +10809,10 @@ def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: O
     `region_options` go to the regions that take them (`otlp=` turns on trace export)."""
     data_dir = Path(data_dir)
     data_dir.mkdir(parents=True, exist_ok=True)
-    db = Database(Location(data_dir, database_url))
-    db.channels_of = channels_written
+    # A lone SDK write commits on the event loop's thread while no other request waits (the app,
+    # built below, counts them; the policy is asked only once it serves).
+    db = Database(Location(data_dir, database_url), CommitPolicy(
+        alone=lambda job: job.work in LONE_WRITES and app.requests_in_flight() <= 1, channels_of=channels_written))
     hub = Hub(db)
     db.on_commit, db.on_notify = hub.on_commit, hub.on_notify
     services = Services(db=db, hub=hub, keys=KeyRing(db, hub.recheck), settings=settings, scheduler=Scheduler(db),
@@ -10829,7 +10838,6 @@ def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: O
             await db.close()
 
     app = ActaeApp(services, app_endpoints(), lifespan)
-    db.lone_write_here = lambda job: job.work in LONE_WRITES and app.requests_in_flight() <= 1
     return app
 
 

@@ -212,8 +212,7 @@ def thread_name(tx: actae.Tx) -> str:
 
 
 async def opened(tmp_path, lone) -> actae.Database:
-    db = await actae.Database(actae.Location(tmp_path, database_url_for(tmp_path))).open()
-    db.lone_write_here = lone
+    db = await actae.Database(actae.Location(tmp_path, database_url_for(tmp_path)), actae.CommitPolicy(alone=lone)).open()
     db.here_seconds_max = 1.0          # what counts as a quick batch, for a test on a busy machine
     return db
 
@@ -294,7 +293,7 @@ def test_requests_in_flight_together_are_committed_together(server, unique):
 
 def test_the_app_lets_only_a_listed_write_alone_on_the_server_commit_on_its_loop(tmp_path):
     app = actae.create_app(tmp_path, database_url=database_url_for(tmp_path))
-    lone = app.services.db.lone_write_here
+    lone = app.services.db.policy.alone
     step = record("c", "op", 1)
     prune = actae.Job(actae.prune_runs, (), None)
     assert lone(step) and not lone(prune)                  # nothing else in flight: an SDK step may, a prune never
