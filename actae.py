@@ -6965,6 +6965,36 @@ def session_principal(conn: Conn, session_id: str, now: str, env_key: bool) -> O
 # Authentication: API keys for the API, server-side sessions for the dashboard
 # =============================================================================
 
+@dataclass
+class RequestContext:
+    """What the request path learns of one request, for what runs after it: a typed record in the
+    ASGI scope (context_of), made on first use."""
+
+    principal: Optional["Principal"] = None        # who asks (None: a public route, or no key where one is optional)
+    user: Optional[Any] = None                     # the account a Bearer login token names (UserInfo)
+    bearer: Optional[str] = None                   # that login token
+    session_id: Optional[str] = None               # the dashboard session of the request's cookie
+    logged_in: bool = False
+    csrf_token: str = ""                           # the session's form token, for the page's forms
+    form: Optional[dict] = None                    # the request's form fields, read once
+    org_token: Optional[Row] = None                # the organisation token of a fleet token exchange
+    error_shape: Optional[Callable[["ActaeError"], Response]] = None   # a region's own error body
+
+
+def context_of(request: Any) -> RequestContext:
+    """The context of a request (or WebSocket): one per ASGI scope, whichever Request object reads it."""
+    context = request.scope.get("actae")
+    if context is None:
+        context = request.scope["actae"] = RequestContext()
+    return context
+
+
+def reach_of(request: Any) -> "Reach":
+    """The runs the request's principal may read, change and delete: what every store function that
+    reads across runs is given."""
+    return context_of(request).principal.reach
+
+
 class KeyRing:
     """The valid API keys by hash, as principals, in memory: checking a key reads nothing from disk.
 
@@ -7070,7 +7100,7 @@ def form_token(session_id: str) -> str:
 
 async def current_session(request: Request) -> Optional[str]:
     """The session id of the request's cookie when it names a live session of a valid key or account;
-    sets request.state.principal to whom it acts for."""
+    sets its context's principal to whom it acts for."""
     session_id = request.cookies.get(SESSION_COOKIE)
     if not session_id:
         return None
@@ -7078,7 +7108,7 @@ async def current_session(request: Request) -> Optional[str]:
                                           bool(request.app.services.env_key))
     if principal is None:
         return None
-    request.state.principal = principal
+    context_of(request).principal = principal
     return session_id
 
 
@@ -7103,7 +7133,7 @@ def require_same_origin(request: Request) -> None:
 
 
 def require_form_token(request: Request, form: dict) -> None:
-    expected = form_token(request.state.session_id)
+    expected = form_token(context_of(request).session_id)
     if not same_secret(form.get("csrf_token", ""), expected):
         raise Forbidden("the form's token is missing or stale: reload the page and submit again")
 
@@ -7167,7 +7197,7 @@ async def api_events_transition(request: Request, body: Transition) -> Transitio
 
 async def api_events_causal_graph(request: Request, path, query: CausalQuery) -> CausalGraph:
     """The events an event depends on (depends_on and recorded dependencies), walked back to max_nodes."""
-    return await db_of(request).read(causal_graph, path.event_id, query.max_nodes, request.state.principal.reach)
+    return await db_of(request).read(causal_graph, path.event_id, query.max_nodes, reach_of(request))
 
 
 async def api_state_save(request: Request, path, body: SaveState) -> SavedState:
@@ -7198,7 +7228,7 @@ async def api_state_delete(request: Request, path) -> DeletedCount:
 
 async def api_channels_list(request: Request) -> ChannelIds:
     """List the channels this credential may read."""
-    return ChannelIds(channels=request.state.principal.reach.seen(await db_of(request).read(list_channels)))
+    return ChannelIds(channels=reach_of(request).seen(await db_of(request).read(list_channels)))
 
 
 async def api_channels_metadata(request: Request, path) -> ChannelMetadata:
@@ -7214,7 +7244,7 @@ async def api_channels_metadata_put(request: Request, path, body: PutMetadata) -
 
 async def api_channels_forks(request: Request, path) -> Forks:
     """The direct forks of a run that this credential may read."""
-    return Forks(forks=await db_of(request).read(list_forks, path.channel_id, request.state.principal.reach))
+    return Forks(forks=await db_of(request).read(list_forks, path.channel_id, reach_of(request)))
 
 
 async def api_channels_step(request: Request, path) -> StepLocation:
@@ -7240,12 +7270,12 @@ async def api_channels_receipt(request: Request, path) -> Receipt:
 
 async def api_channels_savings(request: Request, path) -> Savings:
     """What forking saved: the fork's inherited steps, tokens, cost and time, its tail's, and its forks'."""
-    return await db_of(request).read(savings_of, path.channel_id, request.state.principal.reach)
+    return await db_of(request).read(savings_of, path.channel_id, reach_of(request))
 
 
 async def api_channels_fork_tree(request: Request, path) -> ForkTree:
     """A run and all its forks, forks of forks too, each with where it forked and how far it got."""
-    return await db_of(request).read(fork_tree, path.channel_id, request.state.principal.reach)
+    return await db_of(request).read(fork_tree, path.channel_id, reach_of(request))
 
 
 async def api_channels_diff(request: Request, query: PairQuery) -> ChannelDiff:
@@ -7260,7 +7290,7 @@ async def api_channels_compare(request: Request, query: PairQuery) -> Comparison
 
 async def api_channels_trail(request: Request, path) -> Trail:
     """A run's decision trail: its ancestry, the state it forked from and the tool executions on it."""
-    return await db_of(request).read(decision_trail, path.channel_id, request.state.principal.reach)
+    return await db_of(request).read(decision_trail, path.channel_id, reach_of(request))
 
 
 async def api_channels_outcome(request: Request, path, body: SetOutcome) -> OutcomeAnswer:
@@ -7275,12 +7305,12 @@ async def api_channels_promote(request: Request, path, body: Empty) -> Promotion
 
 async def api_channels_delete(request: Request, path, query: DeleteQuery) -> DeletedChannels:
     """Delete a run with its events, states and ledger rows (recursive: its forks too)."""
-    return await db_of(request).write(delete_channel, path.channel_id, query.recursive, request.state.principal.reach)
+    return await db_of(request).write(delete_channel, path.channel_id, query.recursive, reach_of(request))
 
 
 async def api_channels_close(request: Request, path, body: Empty) -> Closed:
     """Close a run: it refuses new events and states (409 channel_closed); reads, forks and diffs go on."""
-    return await db_of(request).write(close_channel, path.channel_id, request.state.principal.actor)
+    return await db_of(request).write(close_channel, path.channel_id, context_of(request).principal.actor)
 
 
 async def api_events_verify(request: Request, path) -> ChainCheck:
@@ -7536,7 +7566,7 @@ async def readyz(request: Request) -> Health:
 
 async def api_auth_capabilities(request: Request) -> Capabilities:
     """The caller's true scopes and expiry, in the grammar the SDK's can_read/can_write evaluate."""
-    return request.state.principal.capabilities()
+    return context_of(request).principal.capabilities()
 
 
 INSTANCE_FEATURES = ["events", "state", "forks", "ledger", "scheduler", "consumer_groups", "execution_groups",
@@ -7573,7 +7603,7 @@ async def issue_token(request: Request, *, user_id: Optional[str] = None, key_ro
 
 async def api_auth_signup(request: Request, body: Signup) -> LoggedIn:
     """Create an account (an admin key is needed unless the server runs with --open-signup)."""
-    principal = request.state.principal
+    principal = context_of(request).principal
     if not request.app.services.settings.open_signup:
         if principal is None:
             raise Unauthorized("signup needs an admin key in x-api-key (or a server started with --open-signup)")
@@ -7624,7 +7654,7 @@ async def api_auth_config(request: Request) -> AuthConfig:
 
 
 def bearer_user(request: Request) -> UserInfo:
-    user = getattr(request.state, "user", None)
+    user = context_of(request).user
     if user is None:
         raise Unauthorized("send the login token as `authorization: Bearer <token>`")
     return user
@@ -7638,7 +7668,7 @@ async def api_auth_me(request: Request) -> Me:
 async def api_auth_logout(request: Request) -> Done:
     """End the Bearer token now."""
     bearer_user(request)
-    claims = token_claims(request.app.services.token_secret, request.state.bearer, utc_now())
+    claims = token_claims(request.app.services.token_secret, context_of(request).bearer, utc_now())
     if claims is None:                     # it expired since it was checked: nothing left to end
         raise Unauthorized("invalid, expired or logged-out token: log in again")
     await db_of(request).write(drop_token, claims["jti"])
@@ -7647,12 +7677,12 @@ async def api_auth_logout(request: Request) -> Done:
 
 async def api_preferences_get(request: Request) -> Preferences:
     """The caller's preferences document (the Bearer account's, else the key's)."""
-    return await db_of(request).read(get_preferences, request.state.principal.owner)
+    return await db_of(request).read(get_preferences, context_of(request).principal.owner)
 
 
 async def api_preferences_put(request: Request, body: PutPreferences) -> Preferences:
     """Replace the caller's preferences document."""
-    return await db_of(request).write(put_preferences, request.state.principal.owner, body.preferences)
+    return await db_of(request).write(put_preferences, context_of(request).principal.owner, body.preferences)
 
 
 async def api_keys_list(request: Request) -> Keys:
@@ -8131,8 +8161,9 @@ async def authenticate(request: Request, route: Api) -> Optional[Principal]:
     if route.auth in ("user", "bearer"):
         bearer = bearer_token(request)
         if bearer is not None:
-            principal, request.state.user = await check_token(request.app, bearer)
-            request.state.bearer = bearer
+            asked = context_of(request)
+            principal, asked.user = await check_token(request.app, bearer)
+            asked.bearer = bearer
             return principal
         if route.auth == "bearer":
             raise Unauthorized("send the login token as `authorization: Bearer <token>`")
@@ -8158,7 +8189,7 @@ async def channels_named(request: Request, where: str, parts: dict) -> list:
 
 async def authorize(request: Request, route: Api, parts: dict) -> None:
     """Forbidden (403) unless the principal's scopes cover every (action, channel) the route declares."""
-    principal = request.state.principal
+    principal = context_of(request).principal
     if principal is None:                  # optional auth: the handler decides
         return
     for action, where in route.scopes:
@@ -8190,7 +8221,7 @@ async def route_parts(request: Request, route: Api) -> dict:
 async def serve_route(request: Request, route: Api, principal: Optional[Principal]) -> Any:
     """A route's answer for `principal`: its records decoded, its scopes checked, its handler run.
     HTTP requests come here after their credential is checked; the fleet gateway calls it in process."""
-    request.state.principal = principal
+    context_of(request).principal = principal
     parts = await route_parts(request, route)
     if route.scopes:
         await authorize(request, route, parts)
@@ -8292,6 +8323,7 @@ class Outbox:
     def clear(self) -> None:
         self.items.clear()
         self.bytes = 0
+        self._room.set()
 
     def _roomy(self) -> bool:
         return self.bytes < self.limit_bytes // 2 and len(self.items) < self.limit_frames // 2
@@ -9559,13 +9591,12 @@ def render(request: Request, template: str, context: dict, status: int = 200) ->
     """A page, or its JSON twin with `?format=json` (the same context the template gets)."""
     if request.query_params.get("format") == "json":
         return Response(msgspec.json.encode(context), status_code=status, media_type="application/json")
-    # Every POST form carries the session's form token; the request state holds it once issued.
-    principal = getattr(request.state, "principal", None)
-    services = request.app.services
+    # Every POST form carries the session's form token; the request's context holds it once issued.
+    asked, services = context_of(request), request.app.services
     notices = [text for text in (notice(services) for notice in PAGE_NOTICES) if text]
     page = services.templates.get_template(template).render(
-        **context, version=__version__, notices=notices, logged_in=getattr(request.state, "logged_in", False),
-        csrf_token=getattr(request.state, "csrf_token", ""), is_admin=bool(principal and principal.is_admin))
+        **context, version=__version__, notices=notices, logged_in=asked.logged_in, csrf_token=asked.csrf_token,
+        is_admin=bool(asked.principal and asked.principal.is_admin))
     return HTMLResponse(page, status_code=status)
 
 
@@ -9580,8 +9611,8 @@ def dashboard(handler: Callable) -> Callable:
             if request.query_params.get("format") == "json":
                 raise Unauthorized("log in at /login first")
             return RedirectResponse("/login", status_code=303)
-        request.state.logged_in, request.state.session_id = True, session_id
-        request.state.csrf_token = form_token(session_id)
+        asked = context_of(request)
+        asked.logged_in, asked.session_id, asked.csrf_token = True, session_id, form_token(session_id)
         if request.method == "POST":
             require_same_origin(request)
             require_form_token(request, await read_form(request))
@@ -9592,11 +9623,11 @@ def dashboard(handler: Callable) -> Callable:
 
 async def read_form(request: Request) -> dict:
     """URL-encoded form fields (python-multipart is not needed for this one content type), read once."""
-    if not hasattr(request.state, "form"):
+    asked = context_of(request)
+    if asked.form is None:
         raw = await read_capped(request)
-        request.state.form = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace"),
-                                                           keep_blank_values=True).items()}
-    return request.state.form
+        asked.form = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True).items()}
+    return asked.form
 
 
 def path_channel(request: Request, name: str = "channel_id") -> str:
@@ -9677,7 +9708,7 @@ async def favicon(request: Request) -> Response:
 
 
 async def page_logout(request: Request) -> Response:
-    await db_of(request).write(close_session, request.state.session_id)
+    await db_of(request).write(close_session, context_of(request).session_id)
     response = RedirectResponse("/login", status_code=303)
     response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="strict")
     return response
@@ -9758,7 +9789,7 @@ def fork_form_values(request: Request, data: dict, flash: Optional[dict]) -> dic
 async def run_context(request: Request, channel_id: str, jump_error: Optional[str] = None) -> dict:
     query = page_query(request, RunPageQuery)
     start, event_type = query.start, query.type
-    data = await db_of(request).read(run_page, channel_id, start, event_type, request.state.principal.reach)
+    data = await db_of(request).read(run_page, channel_id, start, event_type, reach_of(request))
     total, more = data.pop("total"), data.pop("more")
     page = {**timeline_links(channel_id, start, total, event_type, more), "start": data.pop("start"),
             "end": data.pop("end"), "total": data["run"]["event_count"], "filtered": bool(event_type)}
@@ -9813,10 +9844,10 @@ async def page_experiment_promote(request: Request) -> Response:
     experiment = await db_of(request).read(get_experiment, group_id)
     if channel_id not in {m.channel_id for m in experiment.members}:
         raise BadRequest(f"run {channel_id} is not in experiment {experiment.name}")
-    request.state.principal.require("write", channel_id)
+    context_of(request).principal.require("write", channel_id)
     row = await db_of(request).read(channel_by_id, channel_id)
     if row is not None and row["parent_id"]:
-        request.state.principal.require("write", row["parent_id"])
+        context_of(request).principal.require("write", row["parent_id"])
     await db_of(request).write(promote_channel, channel_id)
     return RedirectResponse(f"/experiments/{quote_segment(group_id)}?{urlencode({'promoted': channel_id})}",
                             status_code=303)
@@ -9824,7 +9855,7 @@ async def page_experiment_promote(request: Request) -> Response:
 
 async def page_tree(request: Request) -> Response:
     channel_id = path_channel(request)
-    data = await db_of(request).read(tree_page, channel_id, request.state.principal.reach)
+    data = await db_of(request).read(tree_page, channel_id, reach_of(request))
     return render(request, "tree.html", {"title": f"Fork tree of {channel_id}", **data, "current": channel_id})
 
 
@@ -9974,7 +10005,7 @@ async def page_fork(request: Request) -> Response:
     try:
         req = await db_of(request).read(dashboard_fork_request, channel_id, form)
         for target in (req.source_channel_id, req.new_channel_id):
-            request.state.principal.require("write", target)
+            context_of(request).principal.require("write", target)
         await db_of(request).write(fork_channel, req)
     except ActaeError as exc:
         if isinstance(exc, NotFound) and not isinstance(exc, FormError):
@@ -9990,7 +10021,7 @@ async def page_fork(request: Request) -> Response:
 
 async def page_delete_confirm(request: Request) -> Response:
     channel_id = path_channel(request)
-    plan = await db_of(request).read(deletion_plan, channel_id, request.state.principal.reach)
+    plan = await db_of(request).read(deletion_plan, channel_id, reach_of(request))
     flash = flash_store(request.app).get(page_query(request, FlashQuery).error)
     return render(request, "delete.html", {"title": f"Delete {channel_id}", "plan": plan,
                                            "error": flash["error"] if flash else None})
@@ -10003,7 +10034,7 @@ async def page_delete(request: Request) -> Response:
     if form.get("confirm") != channel_id:
         return RedirectResponse(f"/runs/{channel_id}/delete", status_code=303)
     try:
-        result = await db_of(request).write(delete_channel, channel_id, True, request.state.principal.reach)
+        result = await db_of(request).write(delete_channel, channel_id, True, reach_of(request))
     except (Conflict, Forbidden) as exc:
         flash_id = flash_store(request.app).put({"error": exc.message})
         return RedirectResponse(f"/runs/{channel_id}/delete?{urlencode({'error': flash_id})}", status_code=303)
@@ -10012,7 +10043,7 @@ async def page_delete(request: Request) -> Response:
 
 
 def require_admin_page(request: Request) -> None:
-    if not request.state.principal.is_admin:
+    if not context_of(request).principal.is_admin:
         raise Forbidden("only an admin may manage keys")
 
 
@@ -10418,14 +10449,14 @@ class MethodNotAllowed(ActaeError, status=405, code="method_not_allowed"):
 def error_response(request: Request, exc: Exception) -> Response:
     """The one mapping of a failure to its HTTP answer, for every kind of route: an ActaeError is
     its status and `{"status": code, "error": message}` (a page gets the error page instead, a
-    region its own shape through `request.state.error_shape`); anything else is a bug, logged once
+    region its own shape through `context_of(request).error_shape`); anything else is a bug, logged once
     and answered as an Internal error, so the connection stays sound."""
     if isinstance(exc, ClientDisconnect):
         return Response(status_code=499)          # nobody is left to read it: not a bug, nothing to log
     if not isinstance(exc, ActaeError):
         log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
         exc = Internal(f"internal error ({type(exc).__name__}); the server log has the details")
-    shape = getattr(request.state, "error_shape", None)
+    shape = context_of(request).error_shape
     if shape is not None:
         return shape(exc)
     if is_page(request) and exc.status != 401:
@@ -12137,7 +12168,7 @@ class Retention:
 
 async def api_forks_bulk(request: Request, body: BulkFork) -> BulkForkAnswer:
     """Fork every selected run after its own last good step (dry_run: only say what would be forked)."""
-    reach = request.state.principal.reach
+    reach = reach_of(request)
     if body.dry_run:
         return await db_of(request).read(preview_bulk_fork, body, reach)
     return await db_of(request).write(bulk_fork, body, reach)
@@ -12152,7 +12183,7 @@ async def api_approvals_list(request: Request, query: ApprovalsQuery) -> Approva
 async def decide_for(request: Request, request_id: str, body: DecideApproval) -> ApprovalDecision:
     """Decide as the caller: write on the approval's run is checked on the run the id names (one id may
     be used on several runs, so the route table cannot look it up)."""
-    principal = request.state.principal
+    principal = context_of(request).principal
     row = await db_of(request).read(require_approval, request_id, body.channel_id, principal.reach)
     principal.require("write", row["channel_id"])
     return await db_of(request).write(decide_approval, request_id, row["channel_id"], body.decision, body.reason,
@@ -12261,7 +12292,7 @@ async def page_bulk_fork_form(request: Request) -> Response:
     try:
         context["runs"] = picked_runs(runs)
         req = bulk_fork_of_form(fields, context["runs"], True)
-        context["answer"] = await db.read(preview_bulk_fork, req, request.state.principal.reach)
+        context["answer"] = await db.read(preview_bulk_fork, req, reach_of(request))
     except BadRequest as exc:
         context["error"] = exc.message
         return render(request, "bulk_fork.html", context, status=400)
@@ -12280,7 +12311,7 @@ async def page_bulk_fork(request: Request) -> Response:
             "answer": BulkForkAnswer(forks=[], skipped=[], dry_run=True)}, status=400)
     if req.operation_id is None:
         raise BadRequest("the form has no operation id: open the bulk fork page again")
-    await db_of(request).write(bulk_fork, req, request.state.principal.reach)
+    await db_of(request).write(bulk_fork, req, reach_of(request))
     return RedirectResponse(f"/forks/bulk?{urlencode({'done': req.operation_id})}", status_code=303)
 
 
@@ -12311,7 +12342,7 @@ async def page_approval_decide(request: Request) -> Response:
 
 
 async def page_storage(request: Request) -> Response:
-    if not request.state.principal.is_admin:
+    if not context_of(request).principal.is_admin:
         raise Forbidden("only an admin may see the storage page")
     storage = await db_of(request).read(storage_page)
     storage["retain_days"] = request.app.services.region(Retention).retain_days
@@ -13067,16 +13098,16 @@ def import_runs(tx: Tx, file: ExportFile, reach: "Reach") -> Imported:
 
 async def api_channels_export(request: Request, path, query: ExportQuery) -> Response:
     """Export a run with its ancestors (with_forks: and every fork below it) as a JSON Lines file."""
-    exported = await db_of(request).read(export_run, path.channel_id, query.with_forks, request.state.principal.reach)
+    exported = await db_of(request).read(export_run, path.channel_id, query.with_forks, reach_of(request))
     for channel_id in exported.channel_ids:
-        request.state.principal.require("read", channel_id)
+        context_of(request).principal.require("read", channel_id)
     return Response(exported.data, media_type=EXPORT_MEDIA_TYPE,
                     headers={"content-disposition": f'attachment; filename="{path.channel_id}.jsonl"'})
 
 
 async def api_import(request: Request, body: ExportFile) -> Imported:
     """Import the runs of an export file: every channel in it, or nothing (already-present ones unchanged)."""
-    return await db_of(request).write(import_runs, body, request.state.principal.reach)
+    return await db_of(request).write(import_runs, body, reach_of(request))
 
 
 def export_command(args: argparse.Namespace, location: Location) -> int:
@@ -14573,7 +14604,7 @@ async def fleet_authenticate(request: Request, route: Api) -> FleetPrincipal:
         raise Unauthorized(f"send the {kind} as `authorization: Bearer <token>`")
     app = request.app
     if route.auth == "org":
-        row = request.state.org_token = await check_org_token(app, token)
+        row = context_of(request).org_token = await check_org_token(app, token)
         return fleet_principal(row, app.services.settings.organization, granted_scopes(org_grant(row["scopes"]), None))
     return await check_fleet_token(app, token)
 
@@ -14802,7 +14833,8 @@ async def fleet_dispatch(app: "ActaeApp", principal: FleetPrincipal, target: Tar
     request = internal_request(app, route, params, query, raw)
     if target.remote is None:
         if route.auth == "bearer":         # GET /auth/me: the organisation token, as a user without an address
-            request.state.user, request.state.bearer = principal.user(), None
+            asked = context_of(request)
+            asked.user, asked.bearer = principal.user(), None
         return await serve_route(request, route, principal)
     authorize_remote(principal, route, await route_parts(request, route))
     answer, data = await remote_dispatch(app, target.remote, route, request.url.path, query, raw, idempotency_key)
@@ -15097,7 +15129,7 @@ async def fleet_query(app: "ActaeApp", principal: FleetPrincipal, body: FleetQue
 
 def fleet_caller(request: Request, path: Any) -> FleetPrincipal:
     """The fleet token's principal, when the path names the organisation it and this gateway belong to."""
-    principal, organization = request.state.principal, request.app.services.settings.organization
+    principal, organization = context_of(request).principal, request.app.services.settings.organization
     if path.organization_id != organization:
         raise Forbidden(f"this gateway serves organisation {organization!r}, not {path.organization_id!r}")
     return principal
@@ -15110,7 +15142,7 @@ def local_instance(app: "ActaeApp") -> FleetInstance:
 
 async def fleet_token_exchange(request: Request, body: FleetTokenRequest) -> FleetToken:
     """Exchange an organisation token for a short-lived fleet token with the requested scopes it grants."""
-    row, settings = request.state.org_token, request.app.services.settings
+    row, settings = context_of(request).org_token, request.app.services.settings
     if body.organization_id not in (None, settings.organization):
         raise Forbidden(f"this gateway serves organisation {settings.organization!r}, not {body.organization_id!r}")
     scopes = granted_scopes(org_grant(row["scopes"]), body.scopes)
@@ -15247,7 +15279,7 @@ def fleet_endpoint(route: Api, endpoint: Callable) -> Callable:
     a direct route sent a fleet token (`authorization: Bearer`) is dispatched as a fleet command."""
     if is_fleet_path(route.path):
         async def gateway(request: Request) -> Response:
-            request.state.error_shape = fleet_error
+            context_of(request).error_shape = fleet_error
             return await endpoint(request)
         gateway.__name__ = endpoint.__name__
         return gateway
@@ -15256,7 +15288,7 @@ def fleet_endpoint(route: Api, endpoint: Callable) -> Callable:
         token = bearer_token(request)
         if token is None or not looks_like_fleet_token(token):
             return await endpoint(request)
-        request.state.error_shape = fleet_error
+        context_of(request).error_shape = fleet_error
         return api_response(await fleet_direct_call(request, route, token))
     direct.__name__ = endpoint.__name__
     return direct
@@ -16044,7 +16076,7 @@ def dataclasses_replace(value: Any, **changes) -> Any:
 
 
 async def page_fleet(request: Request) -> Response:
-    principal = request.state.principal
+    principal = context_of(request).principal
     if not principal.is_admin:
         raise Forbidden("only an admin may see the fleet")
     app = request.app
