@@ -66,8 +66,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Optional
@@ -80,8 +78,6 @@ ROOT = bench.ROOT
 DEFAULT_JSON = ROOT / "examples" / "out" / "bench-streams.json"
 DEFAULT_BASELINE = "cec2355"
 SYSTEMS = ("ours", "baseline")
-URL_LINE = re.compile(r"^Dashboard:\s+(http://\S+)")
-KEY_LINE = re.compile(r"^API key:\s+(\S+)")
 RECORD_PATH = "/api/v1/events/record"
 WARM_EVENTS = 5                        # untimed events per writer before any subscriber connects
 START_TIMEOUT = 60.0                   # a server's banner and /healthz; a subscriber process's "ready"
@@ -237,65 +233,14 @@ async def subscriber_main(url: str, key: str, count: int) -> int:
 # =============================================================================
 
 
-def server_env() -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in ("ACTAE_API_KEY", "ACTAE_DATA_DIR", "ACTAE_DATABASE_URL")}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
-class Server:
-    """`python <root>/actae.py --port 0 --data-dir DIR`, its output drained so it never blocks."""
-
-    def __init__(self, root: Path, data_dir: Path):
-        self.lines: list[str] = []
-        self.url: Optional[str] = None
-        self.key: Optional[str] = None
-        self._found = threading.Event()
-        self.proc = subprocess.Popen([sys.executable, str(root / "actae.py"), "--port", "0", "--data-dir", str(data_dir)],
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     text=True, env=server_env(), cwd=str(root), preexec_fn=die_with_parent)
-        threading.Thread(target=self._drain, daemon=True).start()
-
-    def _drain(self) -> None:
-        for line in self.proc.stdout:
-            line = line.rstrip("\n")
-            self.lines.append(line)
-            if (m := URL_LINE.match(line)) and self.url is None:
-                self.url = m.group(1).rstrip("/")
-            elif (m := KEY_LINE.match(line)) and self.url and self.key is None:
-                self.key = m.group(1)
-                self._found.set()
-        self._found.set()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def wait(self) -> "Server":
-        if not self._found.wait(START_TIMEOUT) or not self.url or not self.key:
-            raise RuntimeError("the server printed no URL/key lines:\n" + "\n".join(self.lines[-30:]))
-        if not self.key.startswith("sk-"):
-            raise RuntimeError(f"the server printed no new key: {self.key!r}")
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError("the server exited:\n" + "\n".join(self.lines[-30:]))
-            with contextlib.suppress(urllib.error.URLError, ConnectionError, OSError):
-                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
-                    if r.status == 200:
-                        return self
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server never answered /healthz:\n" + "\n".join(self.lines[-30:]))
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+def start_server(root: Path, data_dir: Path) -> "bench.Server":
+    """`python <root>/actae.py --port 0 --data-dir DIR` as bench.py starts its servers: output drained
+    so it never blocks, its URL and new key read off the lines it prints."""
+    server = bench.Server(f"actae ({root.name})", [sys.executable, str(root / "actae.py"), "--port", "0", "--data-dir",
+                                                    str(data_dir)], {"url": bench.URL_LINE, "key": bench.KEY_LINE},
+                          cwd=root).wait(START_TIMEOUT)
+    server.url, server.key = server.found["url"], server.found["key"]
+    return server
 
 
 class Subscribers:
@@ -444,7 +389,7 @@ class Bench:
         plan = self.plan
         data_dir = self.folder / f"data-{system}-{subscribers}-r{number}"
         source = hashlib.sha1((self.roots[system] / "actae.py").read_bytes()).hexdigest()[:12]
-        server = Server(self.roots[system], data_dir)
+        server = start_server(self.roots[system], data_dir)
         self.children.append(server)
         subs: Optional[Subscribers] = None
         try:

@@ -18,7 +18,8 @@ never from another test file):
   and `run_example` a user's program against a server, `import_example` an example as a module;
 - `poll(predicate, timeout)` waits for a condition instead of sleeping;
 - HTTP: `http` (one urllib call), `api` (a path on a server, with its key), `ok`/`get_json` (a 200's
-  body), `latest_cursor`, `post_streaming` (aiohttp), `port_of`; raw sockets: `RawHTTP` (answers read
+  body), `latest_cursor`, `record`/`save_state`/`fork`/`new_key` (a run's rows and a scoped key, with a
+  server's own key), `post_streaming` (aiohttp), `port_of`; raw sockets: `RawHTTP` (answers read
   off one connection, `parse_head` for the head of one);
 - `Recording` (a connection that keeps the SQL a domain function sends, for the plan tests);
 - `run`, `client_for`/`using`/`using_async` (one SDK client for one call), the `server`,
@@ -472,6 +473,44 @@ def get_json(server, path):
 def latest_cursor(server, channel):
     """The channel's latest cursor (None when it has no events), from GET /api/v1/events/cursor."""
     return get_json(server, f"/api/v1/events/cursor/{channel}")["latest_cursor"]
+
+
+# --------------------------------------------------------------------------------------------
+# A run's rows over raw HTTP, with a server's own (admin) key unless another is given
+# --------------------------------------------------------------------------------------------
+
+def record(srv, channel, event_type="step", payload=None, *, step=None, dependencies=None, key=None) -> dict:
+    """POST /api/v1/events/record; the stored event (a refusal fails the test)."""
+    body = {"channel_id": channel, "event_type": event_type, "payload": payload if payload is not None else {}}
+    if step is not None:
+        body["step_number"] = step
+    if dependencies is not None:
+        body["dependencies"] = dependencies
+    status, _, answer = http("POST", srv.url + "/api/v1/events/record", key=key or srv.key, body=body)
+    assert status == 200, answer
+    return answer["event"]
+
+
+def save_state(srv, channel, cursor, state) -> None:
+    status, _, answer = http("POST", srv.url + f"/api/v1/state/{channel}", key=srv.key,
+                             body={"cursor": cursor, "state": state})
+    assert status == 200, answer
+
+
+def fork(srv, source, new, cursor, **extra) -> dict:
+    """POST /api/v1/channels/fork at `cursor`; the receipt."""
+    status, _, answer = http("POST", srv.url + "/api/v1/channels/fork", key=srv.key,
+                             body={"source_channel_id": source, "new_channel_id": new, "at_cursor": cursor, **extra})
+    assert status == 200, answer
+    return answer
+
+
+def new_key(srv, **scopes) -> str:
+    """A new key with these scopes (`read=[...]`, `write=[...]`, ...), made with the server's key."""
+    status, _, answer = http("POST", srv.url + "/api/v1/keys", key=srv.key,
+                             body={"name": f"k-{secrets.token_hex(3)}", "scopes": scopes})
+    assert status == 200, answer
+    return answer["key"]
 
 
 def post_streaming(url, key, raw, *, chunked):

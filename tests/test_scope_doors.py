@@ -34,7 +34,8 @@ import uuid
 
 import pytest
 
-from conftest import ACTAE_PY, ROOT, ServerProcess, cli, http, instance_id, org_token, poll, run, start_fleet, using
+from conftest import (ACTAE_PY, ROOT, ServerProcess, cli, fork, http, instance_id, new_key, org_token, poll, record, run,
+                      save_state, start_fleet, using)
 
 ORG = "local"
 OPS = "/v1/organizations/{org}/instances/{instance}/ops/actae.api.v1.{op}"
@@ -42,35 +43,6 @@ READ_SCOPES = ["events:read", "state:read", "channels:read", "payloads:read"]
 
 
 # --- helpers ------------------------------------------------------------------------------------------
-
-def record(srv, channel, event_type="x", payload=None, step=None, key=None):
-    body = {"channel_id": channel, "event_type": event_type, "payload": payload if payload is not None else {}}
-    if step is not None:
-        body["step_number"] = step
-    status, _, answer = http("POST", srv.url + "/api/v1/events/record", key=key or srv.key, body=body)
-    assert status == 200, answer
-    return answer["event"]
-
-
-def save_state(srv, channel, cursor, state):
-    status, _, answer = http("POST", srv.url + f"/api/v1/state/{channel}", key=srv.key,
-                             body={"cursor": cursor, "state": state})
-    assert status == 200, answer
-
-
-def fork(srv, source, new, cursor):
-    status, _, answer = http("POST", srv.url + "/api/v1/channels/fork", key=srv.key,
-                             body={"source_channel_id": source, "new_channel_id": new, "at_cursor": cursor})
-    assert status == 200, answer
-    return answer
-
-
-def new_key(srv, **scopes):
-    status, _, answer = http("POST", srv.url + "/api/v1/keys", key=srv.key,
-                             body={"name": f"k-{uuid.uuid4().hex[:6]}", "scopes": scopes})
-    assert status == 200, answer
-    return answer["key"]
-
 
 def fleet_token(gateway, organisation_token, scopes=READ_SCOPES) -> str:
     status, _, answer = http("POST", gateway.url + "/api/v1/fleet/token",

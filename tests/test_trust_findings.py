@@ -36,12 +36,16 @@ from conftest import (
     api,
     cli,
     dashboard_cookie,
+    fork,
     get_json,
     http,
     instance_id,
+    new_key,
     org_token,
     poll,
     query_database,
+    record,
+    save_state,
     start_fleet,
 )
 
@@ -123,37 +127,6 @@ class Fake:
 
 
 # --- helpers -----------------------------------------------------------------------------------------------
-
-def record(srv, channel, event_type="step", payload=None, *, step=None, dependencies=None, key=None):
-    body = {"channel_id": channel, "event_type": event_type, "payload": payload if payload is not None else {}}
-    if step is not None:
-        body["step_number"] = step
-    if dependencies is not None:
-        body["dependencies"] = dependencies
-    status, _, answer = http("POST", srv.url + "/api/v1/events/record", key=key or srv.key, body=body)
-    assert status == 200, answer
-    return answer["event"]
-
-
-def save_state(srv, channel, cursor, state):
-    status, _, answer = http("POST", srv.url + f"/api/v1/state/{channel}", key=srv.key,
-                             body={"cursor": cursor, "state": state})
-    assert status == 200, answer
-
-
-def fork(srv, source, new, cursor, **extra):
-    status, _, answer = http("POST", srv.url + "/api/v1/channels/fork", key=srv.key,
-                             body={"source_channel_id": source, "new_channel_id": new, "at_cursor": cursor, **extra})
-    assert status == 200, answer
-    return answer
-
-
-def new_key(srv, **scopes) -> str:
-    status, _, answer = http("POST", srv.url + "/api/v1/keys", key=srv.key,
-                             body={"name": f"k-{uuid.uuid4().hex[:6]}", "scopes": scopes})
-    assert status == 200, answer
-    return answer["key"]
-
 
 def tag() -> str:
     return uuid.uuid4().hex[:8]
