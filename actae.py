@@ -10537,7 +10537,8 @@ def note_request(services: "Services", route: str, method: str, status: int, sec
     """A finished request: one access line (the route's template, never its values: no key or ticket
     in a query string reaches the log; who asked, by name), then whoever listens (metrics)."""
     if ACCESS_LINES:
-        principal = (scope or {}).get("state", {}).get("principal")
+        context = (scope or {}).get("actae")
+        principal = context.principal if context is not None else None
         ACCESS_LINES[0].add((time.time(), method, route, status, seconds,
                              principal.actor if principal is not None else "-"))
     for hear in REQUEST_OBSERVERS:

@@ -172,6 +172,7 @@ INDEX_USES = {
     "org_tokens_token_hash_key": constraint("a token's hash names one organisation token"),
     "fleet_tickets_pkey": constraint("a ticket's hash names one stream ticket (used once)"),
     "fleet_enrollments_pkey": constraint("an enrollment token's hash names one enrollment (used once)"),
+    "fleet_enrollment_failures_pkey": constraint("one count of failed enrollments per enrollment token"),
     # PostgreSQL's migration bookkeeping (SQLite counts with PRAGMA user_version)
     "actae_migrations_pkey": constraint("a schema version is recorded once", only=PG),
 }
