@@ -132,20 +132,22 @@ except ImportError:                    # pragma: no cover - `--database postgres
 
 
 # What the tests, the examples and the executable use; every other name is the module's own.
-__all__ = ["ActaeApp", "api_routes", "app_endpoints", "append_event", "APPROVAL_DECISIONS", "APPROVAL_STATUSES",
-           "backfill_chain", "BENCH_FEATURES", "blocked_attempts", "BLOCKING_EVENT_TYPES", "bulk_fork_candidates",
-           "BulkForkFilter", "BATCH_LEAD_MAX", "canonical_json", "channel_by_id", "CIRCUIT_FAILURES",
-           "CIRCUIT_OPEN_SECONDS", "CLAIM_OUTCOMES", "CommitPolicy", "configure_sqlite", "Conflict", "connect_sync",
-           "CountingExporter", "create_app", "Database", "DELTA_MIN_BYTES", "DOCUMENT_DEPTH_MAX", "EventQuery",
+__all__ = ["ActaeApp", "ACTIVE_AT_CHARS", "api_routes", "app_endpoints", "append_event", "APPROVAL_DECISIONS",
+           "APPROVAL_INDEXED", "APPROVAL_STATUSES", "backfill_chain", "BATCH_LEAD_MAX", "blocked_attempts",
+           "BLOCKING_EVENT_TYPES", "bulk_fork_candidates", "BulkForkFilter", "canonical_json", "chain_parts",
+           "chain_step", "channel_by_id", "CIRCUIT_FAILURES", "CIRCUIT_OPEN_SECONDS", "CLAIM_OUTCOMES",
+           "CommitPolicy", "configure_sqlite", "Conflict", "connect_sync", "CountingExporter", "create_app",
+           "Database", "DELTA_MIN_BYTES", "DOCUMENT_DEPTH_MAX", "event_facts_args", "EVENT_HOOKS", "EventQuery",
            "events_after_position", "EVERYWHERE", "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "failure_event_sql",
            "FAILURE_STATES", "FLEET_MANIFEST", "fleet_operation_routes", "free_dependents", "GROUP_MESSAGE_STATUSES",
-           "heads_from_events", "is_failure_event", "Job", "LEDGER_OUTCOMES", "list_approvals", "list_executions",
-           "list_forks", "Location", "main", "MAX_BODY_BYTES", "member_inbox", "MIGRATIONS", "next_wakeup_at",
-           "OUTCOMES", "page_routes", "POSTGRES", "prune_runs", "put_metadata", "PutMetadata", "query_events",
-           "record_event", "RecordEvent", "ReleaseNotice", "REPRODUCIBILITY_GRADES", "require_approval",
-           "resolve_step", "Retention", "revoke_key", "run_jobs", "runs_page", "serve", "sql_list", "verify_chain",
-           "Services", "Settings", "SQLITE", "state_row_at", "Tx", "usage_of", "uvicorn_config", "WAKEUP_STATUSES",
-           "WriteQueue", "WS_BACKLOG_BYTES", "__version__"]
+           "heads_from_events", "index_approval_event", "is_failure_event", "Job", "LEDGER_OUTCOMES",
+           "list_approvals", "list_executions", "list_forks", "Location", "main", "MAX_BODY_BYTES", "member_inbox",
+           "Metrics", "MIGRATIONS", "next_wakeup_at", "observe_request", "OUTCOMES", "page_routes", "POSTGRES",
+           "prune_runs", "put_metadata", "PutMetadata", "query_events", "record_event", "RecordEvent",
+           "ReleaseNotice", "REPRODUCIBILITY_GRADES", "REQUEST_OBSERVERS", "require_approval", "resolve_step",
+           "Retention", "revoke_key", "run_jobs", "runs_page", "serve", "Services", "Settings", "sql_list", "SQLITE",
+           "state_facts_args", "state_row_at", "TraceExport", "Tx", "usage_of", "uvicorn_config", "verify_chain",
+           "WAKEUP_STATUSES", "WriteQueue", "WS_BACKLOG_BYTES", "__version__"]
 
 
 def bundle_dir() -> Optional[Path]:
@@ -240,25 +242,6 @@ CONTEXT_EXACT_KEYS = ("model", "environment", "dependencies", "seed")
 
 
 log = logging.getLogger("actae")
-
-# The write path's features examples/bench.py switches off one at a time to measure what each costs
-# (--feature-costs): ACTAE_BENCH_WITHOUT=run-state,approvals,... in the server's environment. A
-# benchmark's switch, not a user's option: with a feature off the server keeps less than it promises
-# (no chain to verify, no inbox, no metrics, ...). Read once, at import.
-BENCH_FEATURES = ("run-state", "approvals", "request-metrics", "deltas", "chain", "spans")
-
-
-def bench_without() -> frozenset:
-    named = frozenset(filter(None, (part.strip() for part in os.environ.get("ACTAE_BENCH_WITHOUT", "").split(","))))
-    unknown = sorted(named - set(BENCH_FEATURES))
-    if unknown:
-        raise SystemExit(f"actae: ACTAE_BENCH_WITHOUT names {', '.join(unknown)}; the features are "
-                         f"{', '.join(BENCH_FEATURES)}")
-    return named
-
-
-BENCH_WITHOUT = bench_without()
-
 
 @dataclass(frozen=True)
 class Settings:
@@ -616,11 +599,6 @@ def chain_parts(*, channel_id: str, event_id: str, event_type: str, payload_text
             f'"payload":{payload_text or "null"},"step_number":{text(step_number)},"timestamp":{text(timestamp)},'
             f'"type":{text(event_type)},"user_id":{text(user_id)}}}')
     return head, tail
-
-
-def unchained(previous: Optional[str], head: str, cursor: int, tail: str) -> None:
-    """The chain step with the chain switched off (BENCH_WITHOUT): no hash."""
-    return None
 
 
 def chain_step(previous: Optional[str], head: str, cursor: int, tail: str) -> str:
@@ -3024,7 +3002,7 @@ def configure_sqlite(conn: Conn) -> None:
     conn.row_factory = sqlite3.Row
     # The chain hash is computed inside the UPDATE that allocates the cursor (see append_event);
     # PostgreSQL has it as a SQL function (its first migration).
-    conn.create_function("actae_chain", 4, unchained if "chain" in BENCH_WITHOUT else chain_step, deterministic=True)
+    conn.create_function("actae_chain", 4, chain_step, deterministic=True)
 
 
 def user_version(number: int) -> str:
@@ -4498,10 +4476,8 @@ def event_facts_sql(dialect: "Dialect", ride: bool = False) -> str:
 
 
 def event_facts_args(tx: Tx, channel_id: str, event_type: str) -> tuple:
-    """event_facts_sql's arguments (where the bench switched run-state upkeep off: the activity alone)."""
-    waiting, failure = None, 0
-    if "run-state" not in BENCH_WITHOUT:
-        waiting, failure = (event_type if event_type in BLOCKING_EVENT_TYPES else None), int(is_failure_event(event_type))
+    """event_facts_sql's arguments: the run's activity, the blocking event's type, whether it failed."""
+    waiting, failure = (event_type if event_type in BLOCKING_EVENT_TYPES else None), int(is_failure_event(event_type))
     return tx.ts, waiting, failure, channel_id, tx.ts[:ACTIVE_AT_CHARS], waiting, failure
 
 
@@ -4525,8 +4501,8 @@ def note_state_facts(tx: Tx, channel_id: str, status: Optional[str]) -> None:
 
 
 def state_facts_args(tx: Tx, channel_id: str, status: Optional[str]) -> Optional[tuple]:
-    """state_facts_sql's arguments, or None where the bench switched run-state upkeep off."""
-    return None if "run-state" in BENCH_WITHOUT else (tx.ts, status, channel_id, tx.ts[:ACTIVE_AT_CHARS], status)
+    """state_facts_sql's arguments (None: nothing to keep; examples/bench_without.py prices run-state so)."""
+    return tx.ts, status, channel_id, tx.ts[:ACTIVE_AT_CHARS], status
 
 
 def ensure_channel(tx: Tx, channel_id: str) -> None:
@@ -4560,7 +4536,7 @@ def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, acto
         depends_on = next((d.get("event_id") for d in dependencies if isinstance(d, dict) and d.get("event_id")), None)
     payload_text = canonical_dump(payload) if payload_text is None else payload_text
     metadata_text = canonical_dump(metadata)
-    head, tail = ("", "") if "chain" in BENCH_WITHOUT else chain_parts(
+    head, tail = chain_parts(
         channel_id=channel_id, event_id=event_id, event_type=event_type, payload_text=payload_text, actor=actor,
         agent_id=agent_id, user_id=user_id, metadata_text=metadata_text, step_number=step_number,
         depends_on=depends_on, timestamp=tx.ts)
@@ -5001,7 +4977,7 @@ def whole_copy(conn: Conn, row: Row) -> StoredState:
 
 def encode_state(conn: Conn, channel_id: str, value: Any, text: Optional[str]) -> StoredState:
     """How to store `value` (whose JSON is `text`; None for a null state) as the channel's next version."""
-    if text is None or len(text) < DELTA_MIN_BYTES or "deltas" in BENCH_WITHOUT:
+    if text is None or len(text) < DELTA_MIN_BYTES:
         return whole_state(conn, value, text)
     latest = state_row_at(conn, channel_id, None)
     if latest is None:
@@ -12515,8 +12491,7 @@ ROUTE_LISTS.append(MANY_RUNS_ROUTES)
 PAGE_LISTS.append([("GET", "/forks/bulk", page_bulk_fork_form), ("POST", "/forks/bulk", page_bulk_fork),
                    ("GET", "/approvals", page_approvals), ("POST", "/approvals/{request_id}/decide", page_approval_decide),
                    ("GET", "/storage", page_storage)])
-if "approvals" not in BENCH_WITHOUT:
-    on_events(APPROVAL_INDEXED, index_approval_event)
+on_events(APPROVAL_INDEXED, index_approval_event)
 RUN_REINDEXERS.append(reindex_approvals)
 APP_INSTALLERS.append(install_retention)
 SERVE_FLAGS.append(add_retention_flag)
@@ -13900,8 +13875,8 @@ def fork_savings(conn: Conn, channel_ids: list) -> list:
 def observer(metrics: Metrics, traces: Optional[TraceExport]) -> Callable:
     """Database.on_batch: count the batch, and hand its events to the live export."""
     def on_batch(jobs: list, outcomes: list, seconds: float) -> None:
-        ended = [] if "request-metrics" in BENCH_WITHOUT else metrics.observe_batch(jobs, outcomes, seconds)
-        if traces is not None and "spans" not in BENCH_WITHOUT:
+        ended = metrics.observe_batch(jobs, outcomes, seconds)
+        if traces is not None:
             events = [event for _, events in outcomes if events for event in events]
             if events or ended:
                 traces.committed(events, ended)
@@ -14002,8 +13977,7 @@ OBSERVABILITY_ROUTES = [
 ]
 ROUTE_LISTS.append(OBSERVABILITY_ROUTES)
 APP_INSTALLERS.append(install_observability)
-if "request-metrics" not in BENCH_WITHOUT:
-    REQUEST_OBSERVERS.append(observe_request)
+REQUEST_OBSERVERS.append(observe_request)
 SERVE_FLAGS.append(add_otlp_flag)
 OPTION_READERS.append(otlp_option_of)
 BANNER_LINES.append(traces_banner)

@@ -55,9 +55,10 @@ between the markers <!-- bench:start --> and <!-- bench:end -->, leaving the res
 is (a file without them gets them appended; a missing one is created with a title).
 
 --feature-costs (with --quick: small sizes; --rounds, --run-steps) measures only what each feature of
-the write path costs, switched off in turn through the server's benchmark switch, ACTAE_BENCH_WITHOUT
-(a comma list from actae.BENCH_FEATURES in the server's environment; not a user's option: a server
-without a feature keeps less than it promises). It is not part of the full run, which it would make
+the write path costs, switched off in turn from outside the server: every server of it runs as
+examples/bench_without.py, which imports actae, takes out the features ACTAE_BENCH_WITHOUT names (a
+comma list of its FEATURES, in that server's environment) and runs actae's main(). The server has no
+such switch: a server without a feature keeps less than it promises. It is not part of the full run, which it would make
 about 8 minutes longer. Its report goes to examples/out/bench-feature-costs.json unless --json says
 otherwise, and its tables between <!-- feature-costs:start --> and <!-- feature-costs:end --> (--docs
 as above), which the full run's --docs leaves as they are. See "Feature costs" below.
@@ -179,9 +180,9 @@ Feature costs (--feature-costs)
   configurations   "all on" and each of run-state, approvals, request-metrics, deltas and chain off
                    alone, on servers that do not export; "spans" off beside "all on, exporting", both
                    exporting to a loopback collector that answers ok (span building does nothing on a
-                   server that does not export); and all on beside all on, the noise row. The bench's
-                   own environment never passes ACTAE_BENCH_WITHOUT on: every server gets it from the
-                   bench ("" for all on).
+                   server that does not export); and all on beside all on, the noise row. Every
+                   server, all on too, is examples/bench_without.py; the bench's own environment never
+                   passes ACTAE_BENCH_WITHOUT on: every server gets it from the bench ("" for all on).
   measurement      each round, in an order that rotates, each configuration is paired with all on:
                    two fresh SQLite servers started together (data directories in the temporary
                    folder), an untimed warm-up of 10 steps per run on each, then B1b (32 AgentSessions
@@ -275,10 +276,11 @@ BASELINE_AUTO = "auto"                  # --baseline without a REF (and its abse
 BASELINE_OFF = "none"
 DEFAULT_DOCS = ROOT / "docs" / "benchmarks.md"
 DOCS_START, DOCS_END = "<!-- bench:start -->", "<!-- bench:end -->"
-# --feature-costs: the write path's features the server switches off for a benchmark (actae.BENCH_FEATURES,
-# named in its environment's ACTAE_BENCH_WITHOUT), each off alone on a fresh server, beside all on.
+# --feature-costs: the write path's features examples/bench_without.py takes out of a server (its FEATURES,
+# named in that server's ACTAE_BENCH_WITHOUT), each off alone on a fresh server, beside all on.
 BENCH_WITHOUT_VAR = "ACTAE_BENCH_WITHOUT"
-BENCH_FEATURES = ("run-state", "approvals", "request-metrics", "deltas", "chain", "spans")
+BENCH_WITHOUT_PY = ROOT / "examples" / "bench_without.py"
+BENCH_FEATURES = ("run-state", "approvals", "request-metrics", "deltas", "chain", "spans")   # bench_without.FEATURES
 ALL_ON, ALL_ON_EXPORTING = "all on", "all on, exporting"
 NOISE = "all on, again"                 # all on paired with all on: what a feature that costs nothing measures as
 # configuration -> the feature its server runs without (None: every feature on); the last two export
@@ -2333,7 +2335,7 @@ class FeatureCosts:
             for role, name in configs.items():
                 without = FEATURE_CONFIGS[name]
                 data_dir = self.folder / f"features-{tag}-{re.sub(r'[^a-z]+', '-', config)}-{role}"
-                argv = [sys.executable, str(ROOT / "actae.py"), "--port", "0", "--data-dir", str(data_dir),
+                argv = [sys.executable, str(BENCH_WITHOUT_PY), "--port", "0", "--data-dir", str(data_dir),
                         *(["--otlp-endpoint", self.collector.url] if exporting else [])]
                 servers[role] = Server(f"actae without {without or 'nothing'}", argv,
                                        {"url": URL_LINE, "key": KEY_LINE}, env={BENCH_WITHOUT_VAR: without or ""})
@@ -3162,7 +3164,7 @@ def build_parser() -> argparse.ArgumentParser:
     only.add_argument("--b5", action="store_true", help="run only B5 (many runs; needs no peers)")
     only.add_argument("--feature-costs", action="store_true",
                       help="run only the write path's feature costs: B1b and a growing state on a fresh server with"
-                           " each of actae.BENCH_FEATURES switched off in turn (ACTAE_BENCH_WITHOUT), beside all on;"
+                           " each of bench_without.py's FEATURES switched off in turn (ACTAE_BENCH_WITHOUT), beside all on;"
                            " needs no peers")
     parser.add_argument("--baseline", nargs="?", const=BASELINE_AUTO, default=BASELINE_AUTO, metavar="REF",
                         help="also measure our server as of REF (a git worktree of it) in the same rounds, and"
@@ -3255,7 +3257,7 @@ def main(argv: Optional[list] = None) -> int:
         return serve_worker(args)
     if args.bare_server:
         return serve_bare()
-    if os.environ.pop(BENCH_WITHOUT_VAR, None) is not None:    # B5 loads through actae in this process
+    if os.environ.pop(BENCH_WITHOUT_VAR, None) is not None:    # only --feature-costs' servers take it
         print(f"bench: ignoring {BENCH_WITHOUT_VAR} in this environment: the bench sets it per server"
               f" (--feature-costs)", file=sys.stderr)
     if args.feature_costs:

@@ -19,7 +19,7 @@ the floors) must then have the baseline's value beside it, ours ÷ baseline and 
 in the table and in the report, and the worktree must be gone afterwards.
 
 --feature-costs (one quick round, about 20 s, no peers needed): the table's rows are "all on", all on
-against all on (the noise) and each of actae.BENCH_FEATURES off alone (spans beside all on, both
+against all on (the noise) and each of examples/bench_without.py's FEATURES off alone (spans beside all on, both
 exporting), each with its figures and its pair's ratio, saving and share; each server was started
 with its ACTAE_BENCH_WITHOUT (its /proc environ) whatever the bench's own environment holds, and ran
 as switched: the kept databases of chain off and deltas off hold no chain hash and no delta, all
@@ -456,7 +456,8 @@ def test_feature_costs_rows_and_figures(feature_run):
     import actae
 
     fc = report["feature_costs"]
-    assert fc["features"] == list(actae.BENCH_FEATURES), "the bench's configurations follow actae.BENCH_FEATURES"
+    launcher = import_example("bench_without.py")
+    assert fc["features"] == list(launcher.FEATURES), "the bench's configurations follow bench_without.py's FEATURES"
     assert fc["delta_min_bytes"] == actae.DELTA_MIN_BYTES
     assert list(fc["configs"]) == list(FEATURE_CONFIGS) and fc["rounds"] == 1
     assert set(report["rounds"][0]["pairs"]) == set(FEATURE_CONFIGS) - set(REFERENCES)

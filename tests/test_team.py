@@ -427,16 +427,16 @@ def test_editing_one_stored_byte_is_reported_at_that_cursor(team):
     assert verify(team, "tamper-early")["ok"] is True        # forked before it
 
 
-@pytest.mark.skipif(BACKEND == "postgresql",
-                    reason="rewrites an actae.db SQLite file into the pre-chain schema and runs the SQLite "
-                           "upgrade step (actae.backfill_chain on a sqlite3 connection); a PostgreSQL "
-                           "database never predates the event chain")
 def heads_step() -> int:
     """The step (PRAGMA user_version) of migration 19, which takes the chain head off the channel row."""
     import actae
     return next(number for number, step in enumerate(actae.MIGRATIONS, start=1) if step.schema is actae.heads_from_events)
 
 
+@pytest.mark.skipif(BACKEND == "postgresql",
+                    reason="rewrites an actae.db SQLite file into the pre-chain schema and runs the SQLite "
+                           "upgrade step (actae.backfill_chain on a sqlite3 connection); a PostgreSQL "
+                           "database never predates the event chain")
 def test_the_chain_is_built_for_events_written_before_it_existed(tmp_path):
     """A database from before the chain migration verifies after the upgrade."""
     with ServerProcess(tmp_path).start() as first:
