@@ -616,9 +616,13 @@ def test_two_first_instance_adds_at_once_never_read_a_half_written_fleet_key(tmp
                                  "--key", "sk-first-0123456789", "--data-dir", str(data_dir)],
                                 env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
+            # The first has begun its key file (the file itself, or the draft it fills before linking it
+            # into place) and is inside the slow generator when the second starts.
             deadline = time.monotonic() + 20
-            while not key_file.exists() and slow.poll() is None and time.monotonic() < deadline:
+            while (not any("fleet_key" in path.name for path in data_dir.iterdir()) and slow.poll() is None
+                   and time.monotonic() < deadline):
                 time.sleep(0.01)
+            assert slow.poll() is None, "the first `instance add` ended before the second could start beside it"
             fast = cli("instance", "add", second.url, "--key", "sk-second-0123456789", data_dir=data_dir,
                        check=False)
             slow_output, _ = slow.communicate(timeout=60)
