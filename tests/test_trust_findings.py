@@ -560,6 +560,19 @@ def test_a_bare_string_payload_or_state_over_1_MiB_is_refused_with_413(srv):
     assert status != 200 or not versions.get("versions"), versions
 
 
+def test_a_run_of_large_payloads_makes_a_run_page_of_a_bounded_size(srv):
+    """Each document a page shows is cut at 16 KiB (the API answers it whole): a run of 900 KB
+    payloads, eight of them, made a page of over 7 MB; it is well under one now."""
+    run = f"big-page-{tag()}"
+    for step in range(1, 9):
+        record(srv, run, "agent.step", {"text": f"{step}" + "x" * 900_000}, step=step)
+    status, _, body = http("GET", srv.url + f"/runs/{run}", headers={"cookie": dashboard_cookie(srv)}, decode=False)
+    assert status == 200 and b"more characters not shown here" in body
+    assert len(body) < 1_000_000, f"the run page is {len(body):,} bytes"
+    status, _, answer = http("GET", srv.url + f"/api/v1/events/replay/{run}", key=srv.key)
+    assert status == 200 and len(answer["events"][0]["payload"]["text"]) == 900_001
+
+
 # --- 10 (d). a fork's boundary lies within its source's history -------------------------------------------
 
 def test_a_fork_never_takes_a_boundary_past_its_source_s_last_event(srv):
