@@ -17,7 +17,7 @@ of its own. A name is defined before the sections that read it at import time.
 Constants and vocabulary — limits, file names; run, execution, claim, ledger and failure states, grades, each once
 Errors — ActaeError and its family; error_response (the request path) maps each to its HTTP answer, once
 Small helpers — time, ids, canonical JSON, the event chain's hash
-Hooks — the lists a region appends itself to (schema parts, event hooks, routes, pages, installers, commands)
+Hooks — the lists a region appends itself to (schema parts, event hooks, deleters, routes, pages, installers, commands)
 Request records — every body, query string, path and frame (the dashboard's too), decoded once
 Response records — every API answer, declared once; /openapi.json documents them
 Schema and migrations — one template per table, rendered for each backend (SQLite, PostgreSQL), append-only
@@ -649,6 +649,8 @@ EVENT_HOOKS: dict[str, list[Callable[[Tx, Event], None]]] = {}
 # `reindex(conn, channel_id)` after a run's events were written without append_event (an import):
 # what the event hooks would have kept for them.
 RUN_REINDEXERS: list[Callable[[Conn, str], None]] = []
+# `delete(tx, channel_id)` inside the transaction that deletes a run: the rows a region keeps of it.
+RUN_DELETERS: list[Callable[[Tx, str], None]] = []
 # The HTTP API: each region's list of Api routes, after the core's (the one table: api_routes()).
 ROUTE_LISTS: list[list[Api]] = []
 # The dashboard: each region's list of (method, path, handler) pages, after the core's.
@@ -5735,8 +5737,10 @@ def delete_channel(tx: Tx, channel_id: str, recursive: bool, reach: "Reach") -> 
     deleted = []
     for child in children:
         deleted += delete_channel(tx, child, True, reach).deleted
-    for table in ("events", "states", "executions", "approvals", "step_usage"):
+    for table in ("events", "states", "executions", "step_usage"):
         tx.conn.execute(f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,))
+    for delete in RUN_DELETERS:
+        delete(tx, channel_id)
     tx.conn.execute("DELETE FROM experiment_members WHERE channel_id = ?", (channel_id,))
     tx.conn.execute("UPDATE wakeups SET status = 'cancelled', error = 'channel deleted'"
                     " WHERE channel_id = ? AND status = 'pending'", (channel_id,))
@@ -11650,6 +11654,11 @@ def reindex_approvals(conn: Conn, channel_id: Optional[str] = None) -> None:
                        row["created_at"])
 
 
+def delete_approvals(tx: Tx, channel_id: str) -> None:
+    """A run deleted: its requests leave the inbox with it."""
+    tx.conn.execute("DELETE FROM approvals WHERE channel_id = ?", (channel_id,))
+
+
 def approval_status(row: Row, now: str) -> str:
     """pending, decided or expired: a pending request past its timeout is expired."""
     if row["status"] == "pending" and row["timeout_at"] is not None and row["timeout_at"] <= now:
@@ -12493,6 +12502,7 @@ PAGE_LISTS.append([("GET", "/forks/bulk", page_bulk_fork_form), ("POST", "/forks
                    ("GET", "/storage", page_storage)])
 on_events(APPROVAL_INDEXED, index_approval_event)
 RUN_REINDEXERS.append(reindex_approvals)
+RUN_DELETERS.append(delete_approvals)
 APP_INSTALLERS.append(install_retention)
 SERVE_FLAGS.append(add_retention_flag)
 SETTINGS_READERS.append(retention_settings_of)
