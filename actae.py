@@ -8570,12 +8570,15 @@ class Hub:
                 self._fan_out_wake.clear()
                 await self._fan_out_wake.wait()
             events, exclude = self._committed.popleft()
-            for event in events:
-                listeners = self.topics.get(event.channel_id)
-                if listeners:
-                    text = broadcast_text(event.channel_id, event)
-                    for conn in list(listeners):
-                        conn.deliver(event.channel_id, event, text, echo=conn is not exclude)
+            try:
+                for event in events:
+                    listeners = self.topics.get(event.channel_id)
+                    if listeners:
+                        text = broadcast_text(event.channel_id, event)
+                        for conn in list(listeners):
+                            conn.deliver(event.channel_id, event, text, echo=conn is not exclude)
+            except Exception:  # noqa: BLE001 - one bad batch must not end delivery for every subscriber
+                log.exception("delivering committed events to subscribers failed")
             await asyncio.sleep(0)           # a long run of batches lets the rest of the server in
 
     def on_notify(self, channel_id: Optional[str], cursor: Optional[int]) -> None:
@@ -8649,7 +8652,10 @@ class Hub:
                 await asyncio.wait_for(self._recheck.wait(), CREDENTIAL_CHECK_SECONDS)
             self._recheck.clear()
             if self.guards:
-                await self.check_guards(keys)
+                try:
+                    await self.check_guards(keys)
+                except Exception:  # noqa: BLE001 - the next round checks again
+                    log.exception("checking open streams' credentials failed")
 
     async def check_guards(self, keys: "KeyRing") -> None:
         try:
