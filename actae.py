@@ -8557,9 +8557,16 @@ class Hub:
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def on_commit(self, events: list, exclude: Optional[WsConnection]) -> None:
-        """This server committed `events` (on the event loop, from the writer): a constant cost here."""
+        """This server committed `events` (on the event loop, from the writer): a constant cost here.
+        The publisher's own events are marked at once, not on the fan-out's turn: a read of missed
+        events (another server's notice) may reach its connection first, and must not echo them."""
         if self.feed.followers:
             self.feed.wake.set()
+        if exclude is not None:
+            for event in events:
+                sub = exclude.subscriptions.get(event.channel_id)
+                if sub is not None:
+                    sub.own.add(event.id)
         if self.topics:
             self._committed.append((events, exclude))
             self._fan_out_wake.set()
