@@ -5735,8 +5735,8 @@ def delete_channel(tx: Tx, channel_id: str, recursive: bool, reach: "Reach") -> 
     if barred:
         raise Forbidden(f"channel {channel_id} has forks this credential may not delete ({named_runs(barred, reach)})")
     deleted = []
-    for child in children:
-        deleted += delete_channel(tx, child, True, reach).deleted
+    for child in children:                 # every fork below was checked against `reach` just above
+        deleted += delete_channel(tx, child, True, EVERYWHERE).deleted
     for table in ("events", "states", "executions", "step_usage"):
         tx.conn.execute(f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,))
     for delete in RUN_DELETERS:
