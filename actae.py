@@ -11,44 +11,61 @@ It prints the dashboard URL and, on first start, a one-time API key for the SDK:
     from actae_client import ActaeClient, AgentSession
     client = ActaeClient(endpoint="http://127.0.0.1:8002", api_key="sk-...")
 
-The map: the core first, in layers, then one region per capability, each section under a banner
-of its own. A name is defined before the sections that read it at import time.
+The map: the kernel first, then the regions. The kernel holds what every capability needs and
+nothing more; it names no region. Each region holds one capability whole (its records, queries,
+domain functions, handlers, routes, pages and commands, under banners of its own) and plugs into
+the kernel through one `declare(Region(...))` at its end; the regions come in dependency order. A
+name is defined before the sections that read it at import time.
 
+Kernel
 Constants and vocabulary — limits, file names; run, execution, claim, ledger and failure states, grades, each once
 Errors — ActaeError and its family; error_response (the request path) maps each to its HTTP answer, once
 Small helpers — time, ids, canonical JSON, the event chain's hash
-Hooks — the lists a region appends itself to (schema parts, event hooks, deleters, routes, pages, installers, commands)
-Request records — every body, query string, path and frame (the dashboard's too), decoded once
-Response records — every API answer, declared once; /openapi.json documents them
-Schema and migrations — one template per table, rendered for each backend (SQLite, PostgreSQL), append-only
-Storage — the connection interface, one Dialect per backend, SQLite's and PostgreSQL's connections
+Regions — the Region record a capability declares once; the hooks the kernel builds from the declared ones
+Request records — the bodies, queries and frames more than one region (or the kernel) decodes
+Response records — the answers more than one region (or the kernel) gives; /openapi.json documents them all
+Schema and migrations — the schema's one numbered history (the tables written before regions were; a region adds its parts by number)
+Storage — the connection interface, one Dialect per backend, SQLite's and PostgreSQL's connections, the state cache
 Database — the one writer path (group commit), the engines, backend_for, the app factory's CommitPolicy
-Store — the queries more than one place needs, one named function each
-Domain: channels, events, state — append_event (cursor, chain, EVENT_HOOKS), snapshots, metadata, steps
-Domain: forks — copy-on-write forks, receipts, the fork tree, what a fork saved (usage kept per step)
-Domain: diff, compare, trail, outcome, promote, delete, experiments
-Domain: the execution ledger and fork tool policies — claims, leases, replay, block
-Domain: scheduled wake-ups — stored wake-ups and the write that fires them
-Scheduler — the task that fires due wake-ups, across restarts
-Domain: consumer groups — at-least-once workers on one channel
-Domain: execution groups — fenced member leases, durable messages, group forks
-Domain: principals, API keys, accounts, login tokens, dashboard sessions — in the core: every door asks them
+Store — the queries more than one region (or the kernel's streams) needs, one named function each
+Principals — API keys, accounts, login tokens, dashboard sessions: in the kernel, as every door asks them
 Authentication — the key ring, token and session checks, same-origin and form tokens
-HTTP API: handlers — one per route, named after it, returning its response record
-HTTP API: the route table — API_ROUTES and api_routes(), scopes, authorization, the OpenAPI document
-WebSocket — /ws: in-band auth, catch-up, shared frames bounded in bytes, one feed for "*", guarded credentials
-Dashboard: data for the pages — reads that build what each page shows
-Dashboard: page handlers — rendering, sign-in, the fork and delete forms, keys, experiments side by side
+HTTP API: the kernel's handlers — health, the instance, sign-in, preferences, keys, the OpenAPI document
+HTTP API: the route table — Api, scopes, authorization, api_routes(), the OpenAPI document
+Streams — the hub: in-band auth, shared frames bounded in bytes, one feed for "*", guarded credentials
+Dashboard — rendering, sign-in, the keys and API pages, the forms' checks
 Connections — BoundedHttp: each request's head and body bounded, in front of uvicorn's own protocol
 The request path — ActaeApp, a plain ASGI app: Host check, routes, errors, gzip, headers, request notes, once
-App factory — Services and create_app: the route table, the regions' installers, the lifespan
+App factory — Services and create_app: the regions' hooks, the commit policy, the installers, the lifespan
 Command line — main(): serve, key, user, and the regions' subcommands
 
+Regions
+Runs: records — region: channels, events and state; the bodies and answers only it uses
+Runs: channels, events and state — append_event (cursor, chain, the regions' event hooks), snapshots, metadata, steps, delete
+Runs: the failure rule, runs by activity — what the runs list and a run's page show (the other regions read them here)
+Runs: handlers, routes, pages and the /ws stream — the SDK's events and state, the runs pages, the WebSocket
+Forks: records — region: copy-on-write forks
+Forks: copy-on-write forks — receipts, the fork tree, what a fork saved (usage kept per step)
+Forks: handlers, routes, the tree page and the fork form
+Diff and outcome: records — region: diff, compare, trail, outcome, promote
+Diff and outcome: diff, compare — the decision trail, outcome, promote
+Diff and outcome: handlers, routes and the diff page
+Ledger: records — region: the execution ledger and fork tool policies
+Ledger: the execution ledger — claims, leases, replay, block, fork tool policies
+Ledger: handlers, routes and the ledger page
+Wake-ups: records — region: scheduled wake-ups
+Wake-ups: stored wake-ups — the write that fires them, the scheduler task (one per app), across restarts
+Wake-ups: handlers and routes
+Groups: records — region: consumer groups and execution groups
+Groups: consumer groups — at-least-once workers on one channel
+Groups: execution groups — fenced member leases, durable messages, group forks
+Groups: handlers and routes
+Experiments — region: named groups of runs, ranked by score, side by side on a page, the winner promoted
 Many runs: records and schema — region: the approvals inbox, bulk fork, retention; their records and tables
 Many runs: the approvals inbox — the index of approval events (an event hook), listing, deciding
 Many runs: bulk fork from failure — select by status, fork each run after its own last good step
 Many runs: retention — prune whole runs that nothing needs, return the space, the daily prune
-Many runs: handlers, routes, pages and commands — and how the region plugs into the core
+Many runs: handlers, routes, pages and commands — and its Region
 Moving runs: export and import — region: JSON Lines files of a run and its lineage
 Moving runs: routes and commands — over HTTP and from the command line
 Observability: metrics — region: Prometheus /metrics, one registry per app, the stored-data gauges
@@ -59,7 +76,7 @@ Fleet: remote instances, organisation tokens — keys encrypted beside the datab
 Fleet: the gateway's manifest, dispatch — local in process, remote over HTTP; keyset queries; the handlers
 Fleet: event streams — the ticketed WebSocket and the NDJSON stream, local or relayed
 Fleet: enrollment — an instance links itself to a gateway (enrollment tokens, enroll, unenroll, the release notice)
-Fleet: routes, the Fleet page and commands — instance, org-token, and how the region plugs in
+Fleet: routes, the Fleet page and commands — instance, org-token, and its Region
 """
 from __future__ import annotations
 
@@ -107,7 +124,7 @@ import msgspec
 import prometheus_client
 import uvicorn
 import httptools
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import ClientDisconnect, HTTPConnection, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import compile_path
 from starlette.staticfiles import StaticFiles
@@ -115,7 +132,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from starlette.websockets import WebSocket
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 # Traces: spans are built from the record (ReadableSpan) and sent by the SDK's batch processor
-# through its OTLP/HTTP exporter (see "Observability: traces and metrics").
+# through its OTLP/HTTP exporter (see "Observability: traces").
 from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
@@ -137,14 +154,14 @@ __all__ = ["ActaeApp", "ACTIVE_AT_CHARS", "api_routes", "app_endpoints", "append
            "BLOCKING_EVENT_TYPES", "bulk_fork_candidates", "BulkForkFilter", "canonical_json", "chain_parts",
            "chain_step", "channel_by_id", "CIRCUIT_FAILURES", "CIRCUIT_OPEN_SECONDS", "CLAIM_OUTCOMES",
            "CommitPolicy", "configure_sqlite", "Conflict", "connect_sync", "CountingExporter", "create_app",
-           "Database", "DELTA_MIN_BYTES", "DOCUMENT_DEPTH_MAX", "event_facts_args", "EVENT_HOOKS", "EventQuery",
+           "Database", "DELTA_MIN_BYTES", "DOCUMENT_DEPTH_MAX", "event_facts_args", "EventHook", "EventQuery",
            "events_after_position", "EVERYWHERE", "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "failure_event_sql",
            "FAILURE_STATES", "FLEET_MANIFEST", "fleet_operation_routes", "free_dependents", "GROUP_MESSAGE_STATUSES",
            "heads_from_events", "index_approval_event", "is_failure_event", "Job", "LEDGER_OUTCOMES",
            "list_approvals", "list_executions", "list_forks", "Location", "main", "MAX_BODY_BYTES", "member_inbox",
            "Metrics", "MIGRATIONS", "next_wakeup_at", "observe_request", "OUTCOMES", "page_routes", "POSTGRES",
            "prune_runs", "put_metadata", "PutMetadata", "query_events", "record_event", "RecordEvent",
-           "ReleaseNotice", "REPRODUCIBILITY_GRADES", "REQUEST_OBSERVERS", "require_approval", "resolve_step",
+           "Region", "REGIONS", "ReleaseNotice", "REPRODUCIBILITY_GRADES", "require_approval", "resolve_step",
            "Retention", "revoke_key", "run_jobs", "runs_page", "serve", "Services", "Settings", "sql_list", "SQLITE",
            "state_facts_args", "state_row_at", "TraceExport", "Tx", "usage_of", "uvicorn_config", "verify_chain",
            "WAKEUP_STATUSES", "WriteQueue", "WS_BACKLOG_BYTES", "__version__"]
@@ -171,6 +188,9 @@ __version__ = stamped_version() or "0.1.0"
 # =============================================================================
 # Constants and vocabulary
 # =============================================================================
+# A free JSON document (a payload, a state, metadata, a tool's result) as the SDK sent it: msgspec
+# decodes it to dict, list, str, int, float, bool or None, and nothing narrower can be said of it.
+Json = Any
 
 # A frozen executable unpacks its data into its bundle; from source, ui/ sits beside us.
 UI_DIR = (bundle_dir() or Path(__file__).resolve().parent) / "ui"
@@ -256,12 +276,6 @@ class Settings:
     max_header_bytes: int = 64 * 1024  # request line and headers
     max_headers: int = 100
     open_signup: bool = False          # anyone may create an account (else only an admin key may)
-    # The fleet gateway (see the Fleet sections): the organisation it serves and its bounds.
-    organization: str = "local"        # --organization: the id in /v1/organizations/{id}/...
-    fleet_token_ttl: float = 300.0     # seconds a fleet token (POST /api/v1/fleet/token) lives
-    fleet_ticket_ttl: float = 30.0     # seconds a stream ticket waits for its one use
-    fleet_timeout: float = 10.0        # seconds a remote instance has to answer one gateway request
-    retain_days: Optional[float] = None  # prune runs idle this many days, at start and then daily (None: never)
 
 
 # The run states that went wrong: a status filter's "failed" takes both, and so does a bulk fork.
@@ -299,6 +313,9 @@ SPEND_FIGURES = ("input_tokens", "output_tokens", "cost")
 SPEND_NAMES = frozenset(name for figure, names, _ in USAGE_NAMES if figure in SPEND_FIGURES for name in names)
 
 
+FAILED_STATE_STATUSES = ("failed", "error")
+
+
 # =============================================================================
 # Errors: one exception family, mapped to HTTP in one place (error_response)
 # =============================================================================
@@ -310,7 +327,7 @@ class ActaeError(Exception):
     status = 500
     code = "internal"
 
-    def __init_subclass__(cls, status: Optional[int] = None, code: Optional[str] = None, **kwargs: Any):
+    def __init_subclass__(cls, status: Optional[int] = None, code: Optional[str] = None, **kwargs: object):
         super().__init_subclass__(**kwargs)
         cls.status = status or cls.status
         cls.code = code or cls.code
@@ -399,7 +416,7 @@ def failure_event_sql(dialect: "Dialect", column: str) -> str:
     return f"({column} = 'error' OR (({ends}) AND {column} NOT IN ({sql_list(FAILURE_EVENT_EXCEPTIONS)})))"
 
 
-def usage_places(payload: Any, metadata: Any) -> list:
+def usage_places(payload: Json, metadata: Json) -> list:
     """Where a step's usage and gen_ai figures are looked for, in order (see USAGE_NAMES)."""
     places = []
     if isinstance(payload, dict):
@@ -413,7 +430,7 @@ def usage_places(payload: Any, metadata: Any) -> list:
     return places
 
 
-def usage_of(payload: Any, metadata: Any) -> Optional[dict]:
+def usage_of(payload: Json, metadata: Json) -> Optional[dict]:
     """A step's usage by the one rule (USAGE_NAMES): {figure: value} of those it names, None when it
     names no token count and no cost (its spend is unknown)."""
     places = usage_places(payload, metadata)
@@ -461,7 +478,7 @@ def parse_iso(text: str) -> datetime:
         raise BadRequest(f"not an RFC 3339 timestamp: {text!r:.80}")
 
 
-def stored_instant(text: Any) -> Optional[datetime]:
+def stored_instant(text: object) -> Optional[datetime]:
     """A stored timestamp as an instant, or None when it is not one (a damaged row): whatever reads
     what is stored shows such a value as missing instead of failing."""
     try:
@@ -484,11 +501,11 @@ def uuid7() -> str:
     return str(uuid.UUID(int=value))
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Json) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def canonical_json(value: Any) -> str:
+def canonical_json(value: Json) -> str:
     """Keys sorted, `,`/`:` separators, UTF-8 text (no ASCII escaping): the form we hash and document.
 
     It is json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False),
@@ -507,7 +524,7 @@ def canonical_json(value: Any) -> str:
     return out.decode("utf-8")
 
 
-def reference_canonical_json(value: Any) -> str:
+def reference_canonical_json(value: Json) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
@@ -524,19 +541,19 @@ def same_secret(given: str, expected: str) -> bool:
     return hmac.compare_digest(given.encode("utf-8", "surrogatepass"), expected.encode("utf-8", "surrogatepass"))
 
 
-def dump(value: Any) -> Optional[str]:
+def dump(value: Json) -> Optional[str]:
     """Serialise a stored JSON column (compact UTF-8, keys in the order given); None stays SQL NULL."""
     return None if value is None else msgspec.json.encode(value).decode("utf-8")
 
 
-def load(text: Optional[str]) -> Any:
+def load(text: Optional[str]) -> Json:
     return None if text is None else json.loads(text)
 
 
 DAMAGED = "this stored value does not parse as JSON: it was changed outside Actae"
 
 
-def load_stored(text: Optional[str]) -> Any:
+def load_stored(text: Optional[str]) -> Json:
     """A stored JSON column for reading: one that no longer parses (a row edited by hand) reads as
     {"actae_damaged": ...}, so the list or page showing it renders the rest."""
     try:
@@ -559,17 +576,17 @@ def pack_state(text: Optional[str]) -> Union[str, bytes, None]:
     return packed if len(packed) < len(raw) else text
 
 
-def load_state(stored: Union[str, bytes, None]) -> Any:
+def load_state(stored: Union[str, bytes, None]) -> Json:
     return json.loads(zlib.decompress(stored)) if isinstance(stored, bytes) else load(stored)
 
 
-def state_status(state: Any) -> Optional[str]:
+def state_status(state: Json) -> Optional[str]:
     """A snapshot's top-level "status", kept beside it so pages can filter without unpacking it."""
     status = state.get("status") if isinstance(state, dict) else None
     return status if isinstance(status, str) else None
 
 
-def canonical_dump(value: Any) -> Optional[str]:
+def canonical_dump(value: Json) -> Optional[str]:
     """A stored JSON column in canonical form, so the event chain can hash the stored text as it is."""
     return None if value is None else canonical_json(value)
 
@@ -610,7 +627,7 @@ def chain_step(previous: Optional[str], head: str, cursor: int, tail: str) -> st
     return digest.hexdigest()
 
 
-def row_chain_hash(previous: Optional[str], row: Any) -> str:
+def row_chain_hash(previous: Optional[str], row: Row) -> str:
     """The chain hash a stored event row (a Row or a dict of its columns) should carry, from its stored text."""
     head, tail = chain_parts(
         channel_id=row["channel_id"], event_id=row["id"], event_type=row["type"], payload_text=row["payload"],
@@ -624,71 +641,194 @@ def quote_segment(value: str) -> str:
     return urllib_quote(value, safe="")
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Json) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def valid_channel(value: Any, what: str = "channel_id") -> str:
+def valid_channel(value: Json, what: str = "channel_id") -> str:
     if not isinstance(value, str) or not CHANNEL_ID.fullmatch(value):
         raise BadRequest(f"{what} must be 1-256 characters of A-Z a-z 0-9 . _ : -, not . or .. (got {value!r:.80})")
     return value
 
 
+MISSING = object()
+
+
 # =============================================================================
-# Hooks: where the regions plug into the core
+# Regions: the one declaration by which a capability plugs into the kernel
 # =============================================================================
-# The core names no region. A region (below the command line) plugs itself in by appending to
-# these lists at import time; the core calls whatever is there. Delete a region and its
-# entries are simply absent: the core still runs.
+# The kernel names no region. A region (after the command line) ends with `declare(Region(...))`:
+# one record of everything it adds. create_app builds one app's hooks (Hooks) from the regions it
+# serves (every declared one unless `regions=` names fewer), so a region left out is simply absent.
+# Two things are the database's, not an app's: every declared region's schema is migrated, and its
+# rows of a deleted run are deleted, whichever regions an app serves, so a database served once
+# without a region is whole again when served with it.
 
-# Schema: the parts each migration number adds, in the order they were registered (the core's first).
-# `schema_step(n, part)` registers one; migrate_sqlite and migrate_postgres run every number in order.
-SCHEMA_PARTS: dict[int, list[tuple[Optional[Callable[[SchemaWords], str]], Optional[Callable[[Conn], None]]]]] = {}
-# append_event, in the event's own transaction: `hook(tx, event)` for the events of the types named.
-EVENT_HOOKS: dict[str, list[Callable[[Tx, Event], None]]] = {}
-# `reindex(conn, channel_id)` after a run's events were written without append_event (an import):
-# what the event hooks would have kept for them.
-RUN_REINDEXERS: list[Callable[[Conn, str], None]] = []
-# `delete(tx, channel_id)` inside the transaction that deletes a run: the rows a region keeps of it.
-RUN_DELETERS: list[Callable[[Tx, str], None]] = []
-# The HTTP API: each region's list of Api routes, after the core's (the one table: api_routes()).
-ROUTE_LISTS: list[list[Api]] = []
-# The dashboard: each region's list of (method, path, handler) pages, after the core's.
-PAGE_LISTS: list[list[tuple[str, str, Callable]]] = []
-# What is not an Api route nor a page: each region's list of Endpoints (streams, WebSockets).
-ENDPOINT_LISTS: list[list[Endpoint]] = []
-# `wrap(route, endpoint) -> endpoint` around every API route's endpoint (the fleet's bearer tokens).
-ENDPOINT_WRAPPERS: list[Callable[[Api, Callable], Callable]] = []
-# Api.auth kinds a region checks itself: `await check(request, route) -> Principal`.
-AUTHENTICATORS: dict[str, Callable[[Request, Api], typing.Awaitable[Principal]]] = {}
-# `observe(services, route, method, status, seconds)` for every finished request (note_request).
-REQUEST_OBSERVERS: list[Callable[[Services, str, str, int, float], None]] = []
-# `install(services, options) -> (starts, stops)`: a region's service, built with the app; `options`
-# are create_app's keywords the core does not take (`otlp=`). Starts run once the database is open,
-# stops before it closes.
-APP_INSTALLERS: list[Callable[[Services, dict], tuple[list[Callable], list[Callable]]]] = []
-# The command line: `add(commands, common, scoped)` adds a region's subcommands, each with
-# `set_defaults(run=...)`; `flag(parser)` adds a flag of `serve`; `read(args) -> dict` turns them into
-# Settings fields (SETTINGS_READERS) or create_app options (OPTION_READERS).
-COMMAND_ADDERS: list[Callable[[Any, argparse.ArgumentParser, argparse.ArgumentParser], None]] = []
-SERVE_FLAGS: list[Callable[[argparse.ArgumentParser], None]] = []
-SETTINGS_READERS: list[Callable[[argparse.Namespace], dict]] = []
-OPTION_READERS: list[Callable[[argparse.Namespace], dict]] = []
-# Before `serve` prints its banner: `line(settings, options) -> str | None`, one line each.
-BANNER_LINES: list[Callable[[Settings, dict], Optional[str]]] = []
-# A line every dashboard page shows at its top: `notice(services) -> str | None` (a release notice).
-PAGE_NOTICES: list[Callable[[Services], Optional[str]]] = []
+@dataclass(frozen=True)
+class SchemaPart:
+    """What a region adds to migration step `number` (see MIGRATIONS), after the kernel's part:
+    the SQL `schema(words)` renders for each backend, then `run(conn)`."""
+
+    number: int
+    schema: Optional[Callable[["SchemaWords"], str]] = None
+    run: Optional[Callable[["Conn"], None]] = None
 
 
-def schema_step(number: int, schema: Optional[Callable] = None, run: Optional[Callable] = None) -> None:
-    """Add to migration `number`: the SQL `schema(words)` renders for a backend, then `run(conn)`."""
-    SCHEMA_PARTS.setdefault(number, []).append((schema, run))
+@dataclass(frozen=True)
+class EventHook:
+    """`hook(tx, event)` inside append_event's transaction, for each event of these types."""
+
+    types: tuple[str, ...]
+    hook: Callable[["Tx", "Event"], None]
 
 
-def on_events(types: Any, hook: Callable) -> None:
-    """Run `hook(tx, event)` inside append_event's transaction for each event of these types."""
-    for event_type in types:
-        EVENT_HOOKS.setdefault(event_type, []).append(hook)
+@dataclass(frozen=True)
+class Installed:
+    """What a region's installer built into one app: its services (kept by their types: the app's
+    `services.region(Kind)`), what runs once the database is open, what runs before it closes, and
+    who hears each committed batch (its jobs, their outcomes, its seconds)."""
+
+    services: tuple[object, ...] = ()
+    starts: tuple[Callable, ...] = ()
+    stops: tuple[Callable, ...] = ()
+    on_batch: Optional[Callable[[list, list, float], None]] = None
+
+
+@dataclass(frozen=True)
+class NavLink:
+    """A link of the dashboard's top bar: its text, its page, the `active` name its page renders with,
+    and its place (the kernel's and the regions' links are shown by place)."""
+
+    label: str
+    path: str
+    active: str
+    place: int
+    admin: bool = False                         # shown to an admin only
+
+
+@dataclass(frozen=True)
+class Region:
+    """One capability's whole tie to the kernel, declared once. Every field is optional."""
+
+    name: str
+    features: tuple[str, ...] = ()              # what /api/v1/instance lists for it
+    schema: tuple[SchemaPart, ...] = ()
+    event_hooks: tuple[EventHook, ...] = ()
+    # `reindex(conn, channel_id)` after a run's events were written without append_event (an import):
+    # what the event hooks would have kept for them.
+    reindexers: tuple[Callable[["Conn", str], None], ...] = ()
+    # `delete(tx, channel_id)` inside the transaction that deletes a run: the rows the region keeps of it.
+    deleters: tuple[Callable[["Tx", str], None], ...] = ()
+    routes: tuple["Api", ...] = ()              # the HTTP API's routes, after the kernel's
+    pages: tuple[tuple[str, str, Callable], ...] = ()    # the dashboard's (method, path, handler)
+    endpoints: tuple["Endpoint", ...] = ()      # neither a route nor a page (streams, WebSockets)
+    # Paths answered with the JSON error body, not an error page (a trailing "/": every path under it).
+    json_paths: tuple[str, ...] = ()
+    wrappers: tuple[Callable[["Api", Callable], Callable], ...] = ()   # around every API route's endpoint
+    authenticators: tuple[tuple[str, Callable[["Request", "Api"], typing.Awaitable["Principal"]]], ...] = ()
+    # `observe(services, route, method, status, seconds)` for every finished request.
+    request_observers: tuple[Callable[["Services", str, str, int, float], None], ...] = ()
+    # `install(services, options) -> Installed`: its service in one app; `options` are create_app's
+    # keywords the kernel does not take (`otlp=`, `organization=`).
+    installers: tuple[Callable[["Services", dict], Installed], ...] = ()
+    # The command line: `add(commands, common, scoped)` adds its subcommands (each `set_defaults(run=...)`),
+    # `flag(parser)` a flag of `serve`, `read(args) -> dict` turns them into create_app's keywords.
+    commands: tuple[Callable[..., None], ...] = ()
+    serve_flags: tuple[Callable[[argparse.ArgumentParser], None], ...] = ()
+    options: tuple[Callable[[argparse.Namespace], dict], ...] = ()
+    banner_lines: tuple[Callable[[dict], Optional[str]], ...] = ()     # `line(options)`, before the key
+    page_notices: tuple[Callable[["Services"], Optional[str]], ...] = ()   # a line atop every page
+    nav: tuple[NavLink, ...] = ()               # its pages' links in the top bar
+    # What it adds to a run's page: `part(conn, channel_id) -> dict`, merged into the page's context.
+    run_page_parts: tuple[Callable[["Conn", str], dict], ...] = ()
+    # Its writes that are small, quick, and on the path of a run that waits for each (an SDK step, a
+    # fork, a ledger call): alone on the server, one of these commits on the event loop's thread.
+    lone_writes: tuple[Callable, ...] = ()
+    # Its writes that change only their own channels' rows (and read others' committed ones), each
+    # with `channels_of(*args)`: on PostgreSQL a batch of these locks those channels, not the instance
+    # (see POSTGRES_WRITE_LOCK). An event's hooks must then write rows of its channel only.
+    channel_writes: tuple[tuple[Callable, Callable[..., tuple]], ...] = ()
+
+
+# The kernel's links in the dashboard's top bar (a region adds its own: Region.nav).
+KERNEL_NAV = (NavLink("API", "/api", "api", place=60), NavLink("Keys", "/keys", "keys", place=70, admin=True))
+
+# Every declared region, in file (dependency) order.
+REGIONS: list[Region] = []
+
+
+def declare(region: Region) -> Region:
+    if any(known.name == region.name for known in REGIONS):
+        raise RuntimeError(f"region {region.name!r} is declared twice")
+    REGIONS.append(region)
+    return region
+
+
+@dataclass(frozen=True)
+class StoreHooks:
+    """What storage runs for the regions: event hooks and reindexers (the app's regions), deleters
+    (every declared region: its tables are there whether an app serves it or not)."""
+
+    events: dict[str, tuple[Callable[["Tx", "Event"], None], ...]]
+    reindexers: tuple[Callable[["Conn", str], None], ...]
+    deleters: tuple[Callable[["Tx", str], None], ...]
+
+
+@functools.lru_cache(maxsize=None)
+def store_hooks(regions: tuple[Region, ...], declared: tuple[Region, ...]) -> StoreHooks:
+    events: dict[str, tuple] = {}
+    for region in regions:
+        for event_hook in region.event_hooks:
+            for event_type in event_hook.types:
+                events[event_type] = events.get(event_type, ()) + (event_hook.hook,)
+    return StoreHooks(events=events, reindexers=tuple(r for region in regions for r in region.reindexers),
+                      deleters=tuple(d for region in declared for d in region.deleters))
+
+
+def declared_store_hooks() -> StoreHooks:
+    """The command line's (and any write outside an app's): every declared region's."""
+    return store_hooks(tuple(REGIONS), tuple(REGIONS))
+
+
+def schema_parts(number: int) -> list[SchemaPart]:
+    """What the declared regions add to migration step `number`, in declaration order."""
+    return [part for region in REGIONS for part in region.schema if part.number == number]
+
+
+@dataclass(frozen=True)
+class Hooks:
+    """One app's regions, and what the request path and the app factory read of them."""
+
+    regions: tuple[Region, ...]
+    store: StoreHooks
+    routes: tuple["Api", ...]
+    pages: tuple[tuple[str, str, Callable], ...]
+    endpoints: tuple["Endpoint", ...]
+    json_paths: tuple[str, ...]
+    features: tuple[str, ...]
+    wrappers: tuple[Callable, ...]
+    authenticators: dict[str, Callable]
+    request_observers: tuple[Callable, ...]
+    page_notices: tuple[Callable, ...]
+    nav: tuple[NavLink, ...]                    # the kernel's links and the regions', by place
+    run_page_parts: tuple[Callable, ...]
+    lone_writes: tuple[Callable, ...]
+    channel_writes: tuple[tuple[Callable, Callable], ...]
+
+
+def hooks_of(regions: Optional[typing.Sequence[Region]] = None) -> Hooks:
+    """The hooks of `regions` (by default every declared region)."""
+    chosen = tuple(REGIONS if regions is None else regions)
+
+    def every(name: str) -> tuple:
+        return tuple(item for region in chosen for item in getattr(region, name))
+    return Hooks(regions=chosen, store=store_hooks(chosen, tuple(REGIONS)), routes=every("routes"),
+                 pages=every("pages"), endpoints=every("endpoints"), json_paths=every("json_paths"),
+                 features=every("features"), wrappers=every("wrappers"), authenticators=dict(every("authenticators")),
+                 request_observers=every("request_observers"), page_notices=every("page_notices"),
+                 nav=tuple(sorted((*KERNEL_NAV, *every("nav")), key=lambda link: link.place)),
+                 run_page_parts=every("run_page_parts"), lone_writes=every("lone_writes"),
+                 channel_writes=every("channel_writes"))
 
 
 # =============================================================================
@@ -717,8 +857,8 @@ Name = Annotated[str, Meta(min_length=1, max_length=512)]          # event types
 Token = Annotated[str, Meta(max_length=512)]                       # operation ids, claim tokens
 Label = Annotated[str, Meta(max_length=4096)]                      # display names, actors, roles
 LongText = Annotated[str, Meta(max_length=MAX_DOCUMENT_BYTES)]     # reasons, messages, stack traces
-Document = Annotated[Any, Meta(description=f"any JSON value, at most {DOCUMENT_DEPTH_MAX} levels deep")]
-JsonObject = Annotated[dict[str, Any], Meta(description=f"a JSON object, at most {DOCUMENT_DEPTH_MAX} levels deep")]
+Document = Annotated[Json, Meta(description=f"any JSON value, at most {DOCUMENT_DEPTH_MAX} levels deep")]
+JsonObject = Annotated[dict[str, Json], Meta(description=f"a JSON object, at most {DOCUMENT_DEPTH_MAX} levels deep")]
 Timestamp = Annotated[datetime, Meta(tz=True, description="RFC 3339 with a zone (Z or +00:00)")]
 ToolPolicies = dict[Label, Literal[TOOL_POLICIES]]
 
@@ -778,13 +918,6 @@ class RecordEvent(EventFields, kw_only=True):
     dependencies: Optional[Annotated[list[dict[Label, Label]], Meta(max_length=LIST_MAX)]] = None
 
 
-class Transition(EventFields, kw_only=True):
-    type: Name
-    state: Document = None
-    expected_version: Optional[Count] = None
-    expected_cursor: Optional[Count] = None
-
-
 class EventQuery(ClampedLimit):
     channel_ids: Optional[Annotated[list[ChannelId], Meta(max_length=LIST_MAX)]] = None
     event_type: Optional[Name] = None
@@ -809,34 +942,6 @@ class SaveState(Idempotent, kw_only=True):
     expected_cursor: Optional[Count] = None
 
 
-class ReplayQuery(ClampedLimit):
-    cursor: Count = 0
-    event_type: Optional[Name] = None
-
-
-class CausalQuery(Record):
-    max_nodes: Limit = 1000
-
-    def __post_init__(self):
-        self.max_nodes = min(self.max_nodes, 10_000)
-
-
-class PageQuery(ClampedLimit):
-    offset: Count = 0
-
-
-# --- channels, forks, experiments ------------------------------------------------------
-
-
-class PutMetadata(Record):
-    """Only the keys present change (UNSET = absent; null clears)."""
-
-    channel_id: Optional[ChannelId] = None
-    display_name: Union[Label, None, UnsetType] = UNSET
-    reason: Union[LongText, None, UnsetType] = UNSET
-    experiment_metadata: Union[JsonObject, None, UnsetType] = UNSET
-
-
 class Fork(Idempotent, kw_only=True):
     """POST /channels/fork; the dashboard's fork form builds the same record."""
 
@@ -854,165 +959,6 @@ class Fork(Idempotent, kw_only=True):
     def __post_init__(self):
         super().__post_init__()
         self.tool_policies = self.tool_policies or None
-
-
-class PairQuery(Record):
-    left: ChannelId
-    right: ChannelId
-
-
-class DeleteQuery(Record):
-    recursive: bool = False
-
-
-class SetOutcome(Record):
-    outcome: Literal[OUTCOMES]
-    score: Optional[float] = None
-
-
-class CreateExperiment(Record):
-    name: Annotated[str, Meta(min_length=1, max_length=4096)]
-    description: Optional[LongText] = None
-    baseline_channel_id: Optional[ChannelId] = None
-
-
-class AddExperimentMember(Record):
-    channel_id: ChannelId
-    role: Optional[Label] = None
-    declared_delta: Optional[JsonObject] = None
-
-
-# --- the execution ledger ---------------------------------------------------------------
-
-
-class Claim(Record):
-    channel_id: ChannelId
-    key_name: Annotated[str, Meta(min_length=1, max_length=KEY_NAME_MAX_BYTES)]
-    tool_name: Name
-    params: Document = None
-    dedup_fields: Optional[Annotated[list[Label], Meta(max_length=LIST_MAX)]] = None
-    lease_seconds: Lease = LEASE_DEFAULT
-    emit_replay_event: bool = False
-    actor: Optional[Label] = None
-
-    def __post_init__(self):
-        if len(self.key_name.encode("utf-8", "surrogatepass")) > KEY_NAME_MAX_BYTES:   # bytes, not characters
-            raise ValueError(f"key_name must be at most {KEY_NAME_MAX_BYTES} bytes as UTF-8")
-
-
-class ClaimToken(Record):
-    claim_token: Optional[Token] = None
-
-
-class Complete(ClaimToken):
-    result: Document = None
-
-
-class Fail(ClaimToken):
-    message: Optional[LongText] = None
-    error_type: Optional[Label] = None
-    stack: Optional[LongText] = None
-
-
-class Heartbeat(ClaimToken):
-    lease_seconds: Optional[Lease] = None
-
-
-class ExecutionsQuery(Record):
-    channel_id: Optional[ChannelId] = None
-    limit: Annotated[int, Meta(ge=1, le=EXECUTIONS_LIMIT_MAX)] = 50
-
-
-# --- wake-ups ---------------------------------------------------------------------------
-
-
-class ScheduleWakeup(Record):
-    channel_id: ChannelId
-    run_at: Timestamp
-    payload: Optional[JsonObject] = None
-
-    def __post_init__(self):
-        check_utc(self.run_at)
-
-
-class WakeupsQuery(Record):
-    channel_id: Optional[ChannelId] = None
-    status: Optional[Literal[WAKEUP_STATUSES]] = None
-
-
-# --- consumer groups and execution groups ---------------------------------------------------
-
-
-class ChannelFilter(Record):
-    channel_id: Optional[ChannelId] = None
-
-
-class CreateConsumerGroup(Record):
-    group_id: ChannelId
-    channel_id: ChannelId
-    metadata: Optional[JsonObject] = None
-
-
-class Consumer(Record):
-    consumer_id: Name
-    lease_seconds: Lease = LEASE_DEFAULT
-
-
-class ClaimWork(ClampedLimit, kw_only=True):
-    consumer_id: Name
-
-
-class AckWork(Record):
-    consumer_id: Name
-    cursor: Count
-
-
-class CreateExecutionGroup(Record):
-    group_id: ChannelId
-    metadata: Optional[JsonObject] = None
-
-
-class AddGroupMember(Record):
-    member_id: ChannelId
-    channel_id: ChannelId
-    role: Optional[Label] = None
-    metadata: Optional[JsonObject] = None
-
-
-class LeaseClaim(Record):
-    owner_id: Name
-    lease_seconds: Lease = LEASE_DEFAULT
-
-
-class LeaseHolder(Record):
-    owner_id: Name
-    generation: Count
-    lease_seconds: Lease = LEASE_DEFAULT
-
-
-class SendMessage(Idempotent, kw_only=True):
-    from_member_id: ChannelId
-    to_member_id: ChannelId
-    type: Name
-    payload: Document = None
-    causal_context: Optional[JsonObject] = None
-
-
-class InboxQuery(ClampedLimit):
-    after: Optional[Id] = None
-
-
-class ForkExecutionGroup(Record):
-    fork_group_id: ChannelId
-    source_group_id: ChannelId
-    intervention_member_id: ChannelId
-    intervention_cursor: Count
-    member_policies: Optional[dict[ChannelId, Literal[MEMBER_POLICIES]]] = None
-    tool_policies: Optional[ToolPolicies] = None
-
-    def __post_init__(self):
-        self.member_policies = self.member_policies or {}
-        self.tool_policies = self.tool_policies or {}
 
 
 # --- keys, accounts, preferences --------------------------------------------------------------
@@ -1102,41 +1048,12 @@ class TimelineQuery(Record):
 PageText = Annotated[str, Meta(max_length=4096)]       # a page's free query text; the page checks what it means
 
 
-class RunsPageQuery(Record):
-    q: PageText = ""                  # a substring of the run's id or name
-    status: PageText = ""             # one of RUN_STATES ("failed": crashes too)
-    after: Optional[PageText] = None  # the next page's token
-    deleted: PageText = ""            # the run the delete just before removed
-    count: Count = 0                  # how many runs that delete removed
-
-
 class RunPageQuery(TimelineQuery):
     type: Annotated[str, Meta(max_length=256)] = ""     # only events of this type ("steps": only steps)
     step: Optional[Positive] = None                       # jump to this step
     fork_step: Optional[Positive] = None                  # open the fork form at this step
     fork_error: Optional[PageText] = None                 # the flash id of a refused fork form
     created: PageText = ""                                # "1" right after the fork was made
-
-
-class DiffPageQuery(Record):
-    left: PageText = ""
-    right: PageText = ""
-
-
-class LedgerPageQuery(Record):
-    channel_id: Optional[PageText] = None
-    tool: Optional[PageText] = None
-    status: Optional[PageText] = None       # one of EXECUTION_STATES
-    since: Optional[PageText] = None        # one of LEDGER_SINCE
-    before: Optional[PageText] = None       # the next page's token
-
-
-class FlashQuery(Record):
-    error: Optional[PageText] = None        # the flash id of a refused form
-
-
-class ExperimentPageQuery(Record):
-    promoted: PageText = ""                 # the fork just promoted from this page
 
 
 class ErrorBody(Struct):
@@ -1164,7 +1081,7 @@ def may_be_deep(raw: Union[bytes, str]) -> bool:
     return raw.count(square) + raw.count(curly) > DOCUMENT_DEPTH_MAX
 
 
-def document_problem(value: Any) -> Optional[str]:
+def document_problem(value: Json) -> Optional[str]:
     """Why a free-form JSON value cannot be stored (nested too deeply), or None.
 
     Its numbers are stored as written: a document's integers may exceed 64 bits and round-trip.
@@ -1202,7 +1119,7 @@ def decoder_for(kind: type) -> msgspec.json.Decoder:
     return msgspec.json.Decoder(kind)
 
 
-def decode_json(raw: bytes, kind: Any, what: str) -> Any:
+def decode_json(raw: bytes, kind: object, what: str) -> Json:
     """Strict JSON (no NaN, no lone surrogates, finite numbers) into `kind`; BadRequest otherwise."""
     try:
         return decoder_for(kind).decode(raw)
@@ -1231,7 +1148,7 @@ def decode_body(raw: bytes, kind: type, *, optional: bool = False) -> Struct:
     return record
 
 
-def decode_params(params: Any, kind: type, what: str) -> Struct:
+def decode_params(params: Json, kind: type, what: str) -> Struct:
     """Path or query parameters (strings) as a record; numbers and booleans are parsed from text."""
     try:
         return msgspec.convert(dict(params), kind, strict=False)
@@ -1281,7 +1198,7 @@ def path_record(path: str) -> Optional[type]:
 # Domain functions build these; `api_response` encodes them (msgspec, one path) and
 # /openapi.json documents each route's 2xx answer from the same declarations. Field names,
 # types and nullability are what the SDK reads: a field that is absent in some answers is
-# `UNSET` (left out), one that may be null is Optional. Free-form documents are `Any`.
+# `UNSET` (left out), one that may be null is Optional. Free-form documents are `Json`.
 
 class Answer(Struct, kw_only=True):
     """A response shape."""
@@ -1300,14 +1217,14 @@ class Event(Answer):
     id: str
     channel_id: str
     type: str
-    payload: Any
+    payload: Json
     actor: str
     cursor: int
     channel_cursor: int
     timestamp: str
     agent_id: Optional[str]
     user_id: Optional[str]
-    metadata: Any
+    metadata: Json
     depends_on: Optional[str]
     step_number: Optional[int]
     chain_hash: Optional[str]
@@ -1317,77 +1234,12 @@ class EventAnswer(Answer):
     event: Event
 
 
-class Events(Answer):
-    events: list[Event]
-
-
-class LatestCursor(Answer):
-    latest_cursor: Optional[int]
-
-
-class TransitionAnswer(Answer):
-    event: Event
-    state_version: int
-
-
-class ChainCheck(Answer):
-    """A run's recomputed hash chain: `ok`, or the first channel and cursor that do not hold."""
-
-    channel_id: str
-    ok: bool
-    valid: bool
-    verified_events: int
-    first_broken_channel_id: Optional[str]
-    first_broken_cursor: Optional[int]
-    head: Optional[str]
-    algorithm: str
-
-
-class CausalEdge(Answer):
-    event_id: str
-    depends_on_event_id: str
-    dependency_type: str
-
-
-class CausalGraph(Answer):
-    root_event_id: str
-    events: list[Event]
-    dependencies: list[CausalEdge]
-    truncated: bool
-
-
 class SavedState(Answer):
     version: int
 
 
-class StateAnswer(Answer):
-    """A snapshot; with none yet, `cursor` and `state` are null and `version` is absent."""
-
-    cursor: Optional[int]
-    state: Any
-    version: Union[int, UnsetType] = UNSET
-
-
-class StateVersion(Answer):
-    version: int
-    cursor: int
-    timestamp: str
-
-
-class StateVersions(Answer):
-    versions: list[StateVersion]
-
-
-class DeletedCount(Done, kw_only=True):
-    deleted: int
-
-
 class DeletedId(Done, kw_only=True):
     deleted: str
-
-
-class DeletedChannels(Done, kw_only=True):
-    deleted: list[str]
 
 
 # --- channels, forks, diffs -----------------------------------------------------------------
@@ -1407,7 +1259,7 @@ class ChannelMetadata(Answer):
     forked_at: str
     display_name: Optional[str]
     reason: Optional[str]
-    experiment_metadata: Any
+    experiment_metadata: Json
     requested_at_cursor: Optional[int]
     resolved_cursor: Optional[int]
     resolved_state_cursor: Optional[int]
@@ -1415,7 +1267,7 @@ class ChannelMetadata(Answer):
     source_state_version: Optional[int]
     source_state_sha256: Optional[str]
     restorable: bool
-    manifest: Any
+    manifest: Json
     reproducibility: Optional[str]
     tool_policies: Optional[dict[str, str]]
     outcome: Optional[str]
@@ -1444,226 +1296,13 @@ class Receipt(Answer):
     source_state_sha256: Optional[str]
     restorable: bool
     replayed: bool
-    manifest: Any
+    manifest: Json
     reproducibility: Optional[str]
     tool_policies: Optional[dict[str, str]]
     forked_at: Optional[str]
 
 
-class LastStep(Answer):
-    channel_id: str
-    last_step_number: int
-
-
-class StepLocation(Answer):
-    """Step n of a channel: the channel that recorded it (an ancestor for inherited steps) and where."""
-
-    channel_id: str
-    cursor: int
-    event_id: str
-    step_number: int
-
-
-class ForkTree(Answer):
-    """A channel and all its descendants, each with where it forked and how far it got."""
-
-    channel_id: str
-    display_name: Optional[str]
-    reason: Optional[str]
-    parent_channel_id: Optional[str]
-    forked_at_cursor: Optional[int]
-    forked_at_step: Optional[int]
-    event_count: int
-    latest_cursor: Optional[int]
-    status: Any
-    outcome: Optional[str]
-    children: list[ForkTree]
-
-
-class Spend(Answer):
-    """What a stretch of a run's steps spent: sums over the steps that recorded it. A step that
-    recorded no usage is counted in steps_without_usage, never as zero."""
-
-    steps: int
-    steps_without_usage: int
-    input_tokens: int
-    output_tokens: int
-    cost: Optional[float]              # None: no step in it recorded a cost
-    wall_seconds: float                # from its first event to its last
-
-
-class ForkSaving(Answer):
-    """A fork's inherited prefix (steps it did not run, or pay for, again) and its own tail."""
-
-    channel_id: str
-    parent_channel_id: str
-    forked_at_step: Optional[int]
-    saved: Spend
-    tail: Spend
-
-
-class Savings(Answer):
-    """What forking saved: this run's own (when it is a fork), and its forks' with their totals."""
-
-    channel_id: str
-    fork: Optional[ForkSaving]
-    forks: list[ForkSaving]
-    forks_saved: Spend
-
-
-class StateAt(Answer):
-    channel_id: str
-    cursor: Optional[int]
-    state: Any
-
-
-class Ancestor(Answer):
-    channel_id: str
-    parent_channel_id: Optional[str]
-    forked_at_cursor: Optional[int]
-    display_name: Optional[str]
-    reason: Optional[str]
-
-
-class DiffEntry(Answer):
-    path: list[str]
-    kind: Literal["added", "removed", "changed"]
-    left: Any
-    right: Any
-
-
-class ChannelDiff(Answer):
-    left_channel_id: str
-    right_channel_id: str
-    left: StateAt
-    right: StateAt
-    common: Optional[StateAt]
-    left_diverged_at_cursor: Optional[int]
-    right_diverged_at_cursor: Optional[int]
-    entries: list[DiffEntry]
-    truncated: bool
-    entry_count_total: int
-    max_entries: int
-
-
-class ToolSummary(Answer):
-    key_name: str
-    tool_name: str
-    status: str
-
-
-class ToolChange(Answer):
-    key_name: str
-    left: ToolSummary
-    right: ToolSummary
-
-
-class ToolDiff(Answer):
-    only_left: list[ToolSummary]
-    only_right: list[ToolSummary]
-    changed: list[ToolChange]
-
-
-class OutputDiff(Answer):
-    left: Any
-    right: Any
-    entries: list[DiffEntry]
-
-
-class RunFigures(Answer):
-    """Counts and duration of a run; tokens and cost summed from step payloads that report them."""
-
-    event_count: int
-    step_count: int
-    tool_calls: int
-    duration_seconds: float
-    tokens: float
-    cost: float
-
-
-class FiguresDiff(Answer):
-    left: RunFigures
-    right: RunFigures
-    delta: RunFigures
-
-
-class Comparison(Answer):
-    left_channel_id: str
-    right_channel_id: str
-    state_diff: ChannelDiff
-    manifest_diff: list[DiffEntry]
-    tool_diff: ToolDiff
-    output_diff: OutputDiff
-    metrics: FiguresDiff
-
-
-class OutcomeAnswer(Done, kw_only=True):
-    channel_id: str
-    outcome: Optional[str]
-    result_score: Optional[float]
-
-
-class Promotion(Done, kw_only=True):
-    replayed: bool
-    parent_channel_id: str
-    child_channel_id: str
-    event: Event
-    state_version: Optional[int]
-
-
-class Closed(Done, kw_only=True):
-    """A closed run; `event` (its `channel.closed`) only on the call that closed it."""
-
-    channel_id: str
-    closed_at: str
-    replayed: bool
-    event: Union[Event, UnsetType] = UNSET
-
-
-class ImportRows(Answer):
-    events: int
-    states: int
-    executions: int
-
-
-class Imported(Done, kw_only=True):
-    imported: list[str]
-    unchanged: list[str]
-    rows: ImportRows
-
-
 # --- experiments ---------------------------------------------------------------------------
-
-
-class ExperimentMember(Answer):
-    channel_id: str
-    role: Optional[str]
-    declared_delta: Any
-    result_score: Optional[float]
-    outcome: Optional[str]
-    added_at: str
-
-
-class Experiment(Answer):
-    id: str
-    group_id: str
-    name: str
-    description: Optional[str]
-    baseline_channel_id: Optional[str]
-    created_at: str
-    members: list[ExperimentMember]
-
-
-class Experiments(Answer):
-    experiments: list[Experiment]
-
-
-class RankedMember(ExperimentMember):
-    rank: int
-
-
-class RankedExperiment(Experiment):
-    ranking: list[RankedMember]
 
 
 # --- the execution ledger ------------------------------------------------------------------------
@@ -1682,21 +1321,13 @@ class Execution(Answer):
     started_event_id: Optional[str]
     completed_event_id: Optional[str]
     replay_emitted: bool
-    params: Any
-    result: Any
-    error: Any
+    params: Json
+    result: Json
+    error: Json
     inherited_from: Optional[str]
     created_at: str
     updated_at: str
     completed_at: Optional[str]
-
-
-class ExecutionAnswer(Answer):
-    execution: Execution
-
-
-class Executions(Answer):
-    executions: list[Execution]
 
 
 class Claimed(Answer):
@@ -1705,151 +1336,7 @@ class Claimed(Answer):
     status: Literal[CLAIM_OUTCOMES]
     execution: Execution
     claim_token: Union[str, UnsetType] = UNSET
-    result: Any = UNSET
-
-
-class Trail(Answer):
-    channel_id: str
-    origin_run_id: str
-    ancestry: list[Ancestor]
-    boundary: Optional[StateAt]
-    executions: list[Execution]
-
-
-# --- wake-ups and consumer groups ---------------------------------------------------------------
-
-
-class Wakeup(Answer):
-    id: str
-    channel_id: str
-    run_at: str
-    status: Literal[WAKEUP_STATUSES]
-    payload: Any
-    created_at: str
-    executed_at: Optional[str]
-    attempts: int
-    error: Optional[str]
-
-
-class Wakeups(Answer):
-    wakeups: list[Wakeup]
-
-
-class WakeupCancelled(Done, kw_only=True):
-    wakeup: Wakeup
-
-
-class ConsumerGroup(Answer):
-    group_id: str
-    channel_id: str
-    created_at: str
-    metadata: Any
-    committed_cursor: int
-
-
-class ConsumerGroups(Answer):
-    groups: list[ConsumerGroup]
-
-
-class Offset(Answer):
-    group_id: str
-    consumer_id: str
-    last_cursor: int
-    claimed_cursor: int
-    lease_until: str
-    updated_at: str
-
-
-class Offsets(Answer):
-    offsets: list[Offset]
-
-
-class Work(Answer):
-    group_id: str
-    consumer_id: str
-    events: list[Event]
-    lease_until: str
-
-
-# --- execution groups ------------------------------------------------------------------------------
-
-
-class ExecutionGroup(Answer):
-    group_id: str
-    status: str
-    metadata: Any
-    created_at: str
-    updated_at: str
-
-
-class ExecutionGroups(Answer):
-    groups: list[ExecutionGroup]
-
-
-class MemberLease(Answer):
-    group_id: str
-    member_id: str
-    owner_id: Optional[str]
-    generation: int
-    lease_until: Optional[str]
-
-
-class Member(MemberLease):
-    channel_id: str
-    role: Optional[str]
-    metadata: Any
-
-
-class Members(Answer):
-    members: list[Member]
-
-
-class Released(Done, kw_only=True):
-    member: Member
-
-
-class Message(Answer):
-    message_id: str
-    group_id: str
-    from_member_id: str
-    to_member_id: str
-    type: str
-    payload: Any
-    causal_context: Any
-    source_event_id: Optional[str]
-    delivery_event_id: Optional[str]
-    status: str
-    acknowledged_at: Optional[str]
-    created_at: str
-
-
-class Messages(Answer):
-    messages: list[Message]
-
-
-class ForkedMember(Answer):
-    policy: Literal[MEMBER_POLICIES]
-    source_channel_id: str
-    channel_id: str
-    receipt: Optional[Receipt]
-
-
-class GroupFork(Answer):
-    """A group fork's one receipt, stored as it was first answered."""
-
-    fork_group_id: str
-    source_group_id: str
-    intervention_member_id: str
-    intervention_cursor: int
-    member_policies: dict[str, Literal[MEMBER_POLICIES]]
-    tool_policies: Optional[dict[str, str]]
-    members: dict[str, ForkedMember]
-    promoted: list[str]
-    created_at: str
-
-
-class GroupForkAnswer(Answer):
-    fork: GroupFork
+    result: Json = UNSET
 
 
 # --- principals, keys, accounts -----------------------------------------------------------------
@@ -1930,7 +1417,7 @@ class AuthConfig(Answer):
 
 
 class Preferences(Answer):
-    preferences: dict[str, Any]
+    preferences: dict[str, Json]
     updated_at: Optional[str]
 
 
@@ -1984,33 +1471,14 @@ class Health(Answer):
     readiness_checks: Union[ReadinessChecks, UnsetType] = UNSET
 
 
-class BackPressure(Answer):
-    queue_limit: int
-    dropped_connections: int
-
-
-class WebSocketFigures(Answer):
-    connections: int
-    topics: int
-    messages_sent: int
-    messages_received: int
-    total_messages: int
-    back_pressure: BackPressure
-
-
-class DatabaseFigures(Answer):
-    write_batches: int
-    write_jobs: int
-
-
 class OpenApiDocument(Answer):
     """This server's OpenAPI 3.1 description: every path, body, query, answer and error shape."""
 
     openapi: str
-    info: dict[str, Any]
-    paths: dict[str, Any]
-    components: dict[str, Any]
-    security: list[dict[str, Any]]
+    info: dict[str, Json]
+    paths: dict[str, Json]
+    components: dict[str, Json]
+    security: list[dict[str, Json]]
 
 
 # =============================================================================
@@ -2081,19 +1549,25 @@ class Migration:
     the connection, for what SQL cannot compute), then what one backend alone needs (`only`: its name
     to SQL text or a function of the connection)."""
 
-    postgres: int                                       # its version in actae_migrations (see MIGRATIONS)
+    number: int                                         # its place in MIGRATIONS, from 1 (SQLite's user_version)
     schema: Optional[Callable[[SchemaWords], str]] = None
-    run: Optional[Callable[[Any], None]] = None
-    only: dict = field(default_factory=dict)
+    run: Optional[Callable[["Conn"], None]] = None
+    only: dict[str, Union[str, Callable[["Conn"], None]]] = field(default_factory=dict)
 
-    def parts(self, dialect: "Dialect", number: int) -> list:
-        """What step `number` runs on `dialect`'s backend, in order: SQL text, or functions of the
-        connection; the core's part first, then what the regions registered for it (SCHEMA_PARTS)."""
+    @property
+    def postgres(self) -> int:
+        """Its version in PostgreSQL's actae_migrations: steps 1-5 are version 1 (PostgreSQL started
+        there, in one script), every later step the next version of its own."""
+        return max(1, self.number - POSTGRES_FIRST_STEPS + 1)
+
+    def parts(self, dialect: "Dialect") -> list:
+        """What this step runs on `dialect`'s backend, in order: SQL text, or functions of the
+        connection; the core's part first, then what the declared regions add to it (Region.schema)."""
         words = schema_words(dialect)
         parts = ([self.schema(words)] if self.schema else []) + ([self.run] if self.run else []) + (
             [self.only[words.name]] if words.name in self.only else [])
-        for schema, run in SCHEMA_PARTS.get(number, ()):
-            parts += ([schema(words)] if schema else []) + ([run] if run else [])
+        for part in schema_parts(self.number):
+            parts += ([part.schema(words)] if part.schema else []) + ([part.run] if part.run else [])
         return parts
 
 
@@ -2278,130 +1752,6 @@ def base_schema(w: SchemaWords) -> str:
     );
     CREATE INDEX states_by_cursor ON states (channel_id, cursor, version);
     CREATE UNIQUE INDEX states_operation ON states (channel_id, operation_id);
-
-    -- The execution ledger: one row per (channel, key); the unique index is the idempotency.
-    CREATE TABLE executions (
-        id                  TEXT PRIMARY KEY,
-        channel_id          TEXT NOT NULL REFERENCES channels(id),
-        key_name            TEXT NOT NULL,
-        tool_name           TEXT NOT NULL,
-        request_hash        TEXT NOT NULL,
-        params              TEXT,
-        -- running: claimed, the token holder may complete it; completed: result stored, claims
-        -- replay it; failed (error stored) and cancelled (released by its owner): a claim takes it
-        -- over. The SDK's vocabulary also has interrupted and expired; this server never writes
-        -- them (a lapsed lease stays 'running' until someone reclaims it), but a claim would take
-        -- them over like 'failed'.
-        status              TEXT NOT NULL CHECK (status IN ({sql_list(EXECUTION_STATES)})),
-        claim_token         TEXT,
-        lease_seconds       {w.integer} NOT NULL,
-        lease_until         TEXT,
-        attempts            {w.integer} NOT NULL DEFAULT 0,
-        result              TEXT,
-        error               TEXT,
-        started_cursor      {w.integer},
-        completed_cursor    {w.integer},
-        started_event_id    TEXT,
-        completed_event_id  TEXT,
-        replay_emitted      {w.integer} NOT NULL DEFAULT 0 CHECK (replay_emitted IN (0, 1)),
-        inherited_from      TEXT,             -- ancestor execution replayed onto a fork
-        created_at          TEXT NOT NULL,
-        updated_at          TEXT NOT NULL,
-        completed_at        TEXT,
-        UNIQUE (channel_id, key_name)
-    );
-    CREATE INDEX executions_by_time ON executions (channel_id, created_at);
-
-    -- Scheduled wake-ups: at run_at a `scheduler.wakeup` event is appended to the channel.
-    CREATE TABLE wakeups (
-        id           TEXT PRIMARY KEY,
-        channel_id   TEXT NOT NULL,
-        run_at       TEXT NOT NULL,            -- normalised UTC, so it compares as text
-        status       TEXT NOT NULL CHECK (status IN ({sql_list(WAKEUP_STATUSES)})),
-        payload      TEXT,
-        attempts     {w.integer} NOT NULL DEFAULT 0,
-        error        TEXT,
-        created_at   TEXT NOT NULL,
-        executed_at  TEXT
-    );
-    CREATE INDEX wakeups_due ON wakeups (status, run_at);
-
-    -- Consumer groups: competing consumers share one channel; each claim reserves a cursor range.
-    CREATE TABLE consumer_groups (
-        id                TEXT PRIMARY KEY,
-        channel_id        TEXT NOT NULL,
-        metadata          TEXT,
-        committed_cursor  {w.integer} NOT NULL DEFAULT 0,   -- acked watermark: work at or below is done
-        created_at        TEXT NOT NULL
-    );
-    CREATE TABLE group_consumers (
-        group_id       TEXT NOT NULL REFERENCES consumer_groups(id),
-        consumer_id    TEXT NOT NULL,
-        lease_until    TEXT NOT NULL,
-        reserved_from  {w.integer} NOT NULL DEFAULT 0,     -- reservation is (reserved_from, claimed_cursor]
-        claimed_cursor {w.integer} NOT NULL DEFAULT 0,
-        acked_cursor   {w.integer} NOT NULL DEFAULT 0,     -- processed up to here within the reservation
-        updated_at     TEXT NOT NULL,
-        PRIMARY KEY (group_id, consumer_id)
-    );
-
-    -- Execution groups: members (each one channel), leased to one owner at a time, exchanging messages.
-    CREATE TABLE execution_groups (
-        id          TEXT PRIMARY KEY,
-        status      TEXT NOT NULL DEFAULT '{EXECUTION_GROUP_STATUSES[0]}'
-                        CHECK (status IN ({sql_list(EXECUTION_GROUP_STATUSES)})),
-        metadata    TEXT,
-        fork        TEXT,                      -- the group-fork receipt when this group is a fork
-        created_at  TEXT NOT NULL,
-        updated_at  TEXT NOT NULL
-    );
-    CREATE TABLE execution_group_members (
-        group_id     TEXT NOT NULL REFERENCES execution_groups(id),
-        member_id    TEXT NOT NULL,
-        channel_id   TEXT NOT NULL,
-        role         TEXT,
-        metadata     TEXT,
-        owner_id     TEXT,
-        generation   {w.integer} NOT NULL DEFAULT 0,   -- bumped by every claim: fences stale owners
-        lease_until  TEXT,
-        created_at   TEXT NOT NULL,
-        PRIMARY KEY (group_id, member_id)
-    );
-    CREATE TABLE group_messages (
-        seq                {w.serial},     -- delivery order
-        id                 TEXT NOT NULL UNIQUE,
-        group_id           TEXT NOT NULL REFERENCES execution_groups(id),
-        from_member_id     TEXT NOT NULL,
-        to_member_id       TEXT NOT NULL,
-        type               TEXT NOT NULL,
-        payload            TEXT,
-        causal_context     TEXT,
-        source_event_id    TEXT NOT NULL,
-        delivery_event_id  TEXT NOT NULL,
-        status             TEXT NOT NULL CHECK (status IN ({sql_list(GROUP_MESSAGE_STATUSES)})),
-        operation_id       TEXT,
-        request_hash       TEXT NOT NULL,
-        created_at         TEXT NOT NULL,
-        acknowledged_at    TEXT,
-        UNIQUE (group_id, operation_id)
-    );
-    CREATE INDEX group_messages_inbox ON group_messages (group_id, to_member_id, seq);
-
-    CREATE TABLE experiments (
-        id                   TEXT PRIMARY KEY,
-        name                 TEXT NOT NULL,
-        description          TEXT,
-        baseline_channel_id  TEXT,
-        created_at           TEXT NOT NULL
-    );
-    CREATE TABLE experiment_members (
-        experiment_id   TEXT NOT NULL REFERENCES experiments(id),
-        channel_id      TEXT NOT NULL,
-        role            TEXT NOT NULL,
-        declared_delta  TEXT,
-        added_at        TEXT NOT NULL,
-        PRIMARY KEY (experiment_id, channel_id)
-    );
     """
 
 
@@ -2417,9 +1767,6 @@ def sessions_schema(w: SchemaWords) -> str:
     );
     CREATE INDEX sessions_by_key ON sessions (key_ref);
     DELETE FROM settings WHERE name = 'session_secret';   -- the signed cookies it made are void
-
-    -- A consumer's own last acknowledged cursor (acked_cursor restarts with each reservation).
-    ALTER TABLE group_consumers ADD COLUMN last_acked_cursor {w.integer} NOT NULL DEFAULT 0;
     """
 
 
@@ -2606,7 +1953,7 @@ CREATE INDEX events_by_seq ON events USING brin (seq)
 """
 
 
-# The runs pages' status index since the activity second (migration 12; again where run_state is rebuilt).
+# The runs pages' status index since the activity second (step 16; again where run_state is rebuilt).
 CHANNELS_BY_STATE = "CREATE INDEX channels_by_state ON channels (run_state, active_at, id)"
 
 
@@ -2689,7 +2036,7 @@ FOR EACH ROW EXECUTE FUNCTION actae_active_at()
 
 # PostgreSQL called actae_active_at for every UPDATE of updated_at, so for every event (about 12 us of
 # the backend's CPU each); the trigger's WHEN, evaluated without a function call, leaves it to the
-# UPDATEs that move the second (migration 15).
+# UPDATEs that move the second (step 19).
 ACTIVE_AT_TRIGGER_WHEN_MOVED = f"""
 DROP TRIGGER IF EXISTS channels_active_at ON channels;
 CREATE TRIGGER channels_active_at BEFORE INSERT OR UPDATE OF updated_at ON channels
@@ -2702,7 +2049,7 @@ EXECUTE FUNCTION actae_active_at()
 # builds each from its stored text again for every statement: on the channel's counter UPDATE and the
 # event's INSERT, about a tenth of the backend's CPU per event (perf: ExecConstraints, stringToNode).
 # A domain's constraint is checked only where a value is given to its column, and is built once per
-# connection: the same rules, paid only by the statements that set those columns (migration 16). The
+# connection: the same rules, paid only by the statements that set those columns (step 20). The
 # run-state column, which reads outcome, is taken off and put back around the change of its type.
 CHECKS_AS_DOMAINS = f"""
 CREATE DOMAIN actae_flag AS BIGINT CHECK (VALUE IN (0, 1));
@@ -2726,7 +2073,7 @@ ALTER TABLE events DROP CONSTRAINT events_step_number_check, ALTER COLUMN step_n
 # event statement's backend CPU, more with larger metadata). A trigger keeps it instead, called only
 # by an UPDATE that changes a column it reads (or sets the metadata, the outcome or the latest
 # snapshot's status at all, which few statements do); the same trigger keeps active_at, which had a
-# trigger of its own, so the counter UPDATE evaluates one WHEN (migration 17).
+# trigger of its own, so the counter UPDATE evaluates one WHEN (step 21).
 RUN_STATE_BY_TRIGGER = f"""
 CREATE OR REPLACE FUNCTION actae_channel_facts() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -2757,41 +2104,63 @@ CREATE TRIGGER channels_facts_given BEFORE UPDATE OF experiment_metadata, outcom
 CHANNELS_FILLFACTOR = "ALTER TABLE channels SET (fillfactor = 70)"
 
 
-# The schema, step by step: append, never edit. SQLite runs every step, one transaction each, and
-# PRAGMA user_version counts them. PostgreSQL started later, at steps 1-5 in one script, and numbers
-# its versions (actae_migrations) apart: a step's `postgres` is the version it belongs to there, and
-# a database at version v has run every step whose `postgres` is at most v. Steps 1-5 are version 1;
-# every later step takes the next version of its own (sharing one would skip it on databases that
-# already recorded that version). A step one backend does not need is still a step on both: it runs
-# nothing there (`only`). A region adds its part to a step's number (schema_step), after the core's.
+# The schema, step by step: append, never edit. One numbering: a step's number is its place here,
+# and a region adds its part to a step by that number (a SchemaPart), after the kernel's. SQLite runs
+# every step, one transaction each, and PRAGMA user_version counts them. PostgreSQL started later, at
+# steps 1-5 in one script: there they are version 1 in actae_migrations and step n > 5 is version
+# n - 4 (Migration.postgres), each in one transaction. A step one backend does not need is still a
+# step on both: it runs nothing there (`only`).
+POSTGRES_FIRST_STEPS = 5
 MIGRATIONS = [
     Migration(1, base_schema),
-    Migration(1, sessions_schema),
-    Migration(1, accounts_schema, only={"postgresql": CHAIN_FUNCTION}),
-    Migration(1, only={"sqlite": backfill_chain}),        # PostgreSQL's events were chained from the first
-    Migration(1, step_lookup_schema, only={"sqlite": STATE_STATUS_BACKFILL}),
-    Migration(2, state_storage_schema),
-    Migration(3),                                         # the approvals' answers (Many runs)
-    Migration(4),                                         # the fleet's tables (Fleet)
-    Migration(5, run=migrate_run_facts),                  # and the approvals and bulk forks (Many runs)
-    Migration(6, only={"postgresql": EVENT_POSITIONS}),
-    Migration(7, run=migrate_failure_rule),
-    Migration(8, step_usage_schema),                      # filled by the step after enrollments
-    Migration(9),                                         # enrollments (Fleet)
-    Migration(10, step_usage_again, run=migrate_step_usage),   # reads every stored event once
-    Migration(11, sparse_state_indexes),
-    Migration(12, activity_second_schema, only={
+    Migration(2, sessions_schema),
+    Migration(3, accounts_schema, only={"postgresql": CHAIN_FUNCTION}),
+    Migration(4, only={"sqlite": backfill_chain}),        # PostgreSQL's events were chained from the first
+    Migration(5, step_lookup_schema, only={"sqlite": STATE_STATUS_BACKFILL}),
+    Migration(6, state_storage_schema),
+    Migration(7),                                         # the approvals' answers (Many runs)
+    Migration(8),                                         # the fleet's tables (Fleet)
+    Migration(9, run=migrate_run_facts),                  # and the approvals and bulk forks (Many runs)
+    Migration(10, only={"postgresql": EVENT_POSITIONS}),
+    Migration(11, run=migrate_failure_rule),
+    Migration(12, step_usage_schema),                      # filled by the step after enrollments
+    Migration(13),                                         # enrollments (Fleet)
+    Migration(14, step_usage_again, run=migrate_step_usage),   # reads every stored event once
+    Migration(15, sparse_state_indexes),
+    Migration(16, activity_second_schema, only={
         "sqlite": ACTIVE_AT_TRIGGERS["sqlite"],
         "postgresql": ";".join((ACTIVE_AT_TRIGGERS["postgresql"], CHANNELS_FILLFACTOR, EVENT_POSITIONS_BY_TRANSACTION))}),
-    Migration(13, only={"postgresql": CHAIN_FUNCTION_INLINED}),
-    Migration(14, only={"postgresql": run_state_by_function}),
-    Migration(15, only={"postgresql": ACTIVE_AT_TRIGGER_WHEN_MOVED}),
-    Migration(16, only={"postgresql": CHECKS_AS_DOMAINS}),
-    Migration(17, only={"postgresql": RUN_STATE_BY_TRIGGER}),
-    Migration(18, fork_only_channel_indexes),
-    Migration(19, heads_from_events),
-    Migration(20),                                        # enrollments' failed tries (Fleet)
+    Migration(17, only={"postgresql": CHAIN_FUNCTION_INLINED}),
+    Migration(18, only={"postgresql": run_state_by_function}),
+    Migration(19, only={"postgresql": ACTIVE_AT_TRIGGER_WHEN_MOVED}),
+    Migration(20, only={"postgresql": CHECKS_AS_DOMAINS}),
+    Migration(21, only={"postgresql": RUN_STATE_BY_TRIGGER}),
+    Migration(22, fork_only_channel_indexes),
+    Migration(23, heads_from_events),
+    Migration(24),                                        # enrollments' failed tries (Fleet)
 ]
+if [step.number for step in MIGRATIONS] != list(range(1, len(MIGRATIONS) + 1)):
+    raise RuntimeError("MIGRATIONS must be numbered 1, 2, 3, ... in order")
+
+
+# A run's status in one SQL expression over its own channels row: the column run_state (generated on
+# SQLite, kept by a trigger on PostgreSQL: RUN_STATE_BY_TRIGGER), so the runs list, its filter, the
+# fork tree and the run page always agree, and an index answers a status filter. Its inputs are
+# columns the write path keeps: the SDK's status (a field of a JSON column, per dialect), the outcome,
+# the latest snapshot's status, the first error event and the last event's type.
+def run_state_sql(dialect: Dialect, sdk_status: Optional[str] = None) -> str:
+    """A run's state from its row's columns; `sdk_status`: an expression for the SDK's status, when
+    not read out of experiment_metadata here."""
+    sdk_status = sdk_status or dialect.json_text("experiment_metadata", "status")
+    return f"""CASE
+    WHEN {sdk_status} = 'crashed' OR outcome = 'crashed' THEN 'crashed'
+    WHEN {sdk_status} IN ({sql_list(FAILED_STATE_STATUSES)})
+      OR last_state_status IN ({sql_list(FAILED_STATE_STATUSES)})
+      OR error_cursor IS NOT NULL
+      THEN 'failed'
+    WHEN COALESCE({sdk_status}, '') <> 'completed' AND last_event_type IN ({sql_list(BLOCKING_EVENT_TYPES)})
+      THEN 'blocked'
+    ELSE COALESCE({sdk_status}, 'recorded') END"""
 
 
 # =============================================================================
@@ -3014,12 +2383,12 @@ def user_version(number: int) -> str:
 def migrate_sqlite(conn: Conn) -> None:
     """Run the migrations this file has not run, each in one transaction; PRAGMA user_version counts them."""
     current = conn.execute("PRAGMA user_version").fetchone()[0]
-    for number, step in enumerate(MIGRATIONS[current:], start=current + 1):
+    for step in MIGRATIONS[current:]:
         conn.execute(SQLITE.begin_write[0])
         try:
-            for part in step.parts(SQLITE, number):
+            for part in step.parts(SQLITE):
                 part(conn) if callable(part) else run_script(conn, part)
-            conn.execute(user_version(number))
+            conn.execute(user_version(step.number))
             conn.execute(COMMIT)
         except BaseException:
             conn.execute(ROLLBACK)
@@ -3034,7 +2403,7 @@ class PostgresRow:
     def __init__(self, values: tuple, index: dict):
         self._values, self._index = values, index
 
-    def __getitem__(self, key: Union[int, str]) -> Any:
+    def __getitem__(self, key: Union[int, str]) -> object:
         return self._values[key if isinstance(key, int) else self._index[key]]
 
     def keys(self):
@@ -3056,7 +2425,7 @@ class RowShape:
     def __init__(self):
         self.index: Optional[dict] = None
 
-    def __call__(self, cursor: Any) -> Callable:
+    def __call__(self, cursor: "psycopg.Cursor") -> Callable:
         index = self.index
         if index is None:
             index = self.index = {column.name: i for i, column in enumerate(cursor.description or ())}
@@ -3170,7 +2539,7 @@ class PqPipeline:
         self.poll.register(self.pg.socket, select.POLLIN)
         self.pg.enter_pipeline_mode()
 
-    def send(self, sql: str, args: Any) -> PqAnswer:
+    def send(self, sql: str, args: typing.Sequence[object]) -> PqAnswer:
         text, shape = numbered_statement(sql, bool(args))
         values, types, formats = [], [], []
         for value in args or ():
@@ -3192,7 +2561,7 @@ class PqPipeline:
         self.pg.flush()                  # under way while Python builds the next statement
         return answer
 
-    def parameter(self, value: Any) -> tuple:
+    def parameter(self, value: object) -> tuple:
         """(bytes or None, type oid, format) of one parameter."""
         kind = type(value)
         if kind is str:
@@ -3245,7 +2614,7 @@ class PqPipeline:
             self.wait(select.POLLIN | select.POLLOUT)
             self.pg.consume_input()
 
-    def result(self) -> Any:
+    def result(self) -> "psycopg.pq.abc.PGresult":
         while self.pg.is_busy():
             self.wait(select.POLLIN)
             self.pg.consume_input()
@@ -3255,7 +2624,7 @@ class PqPipeline:
         self.poll.modify(self.pg.socket, events)
         self.poll.poll()
 
-    def rows(self, result: Any, shape: RowShape) -> list:
+    def rows(self, result: object, shape: RowShape) -> list:
         if result.status != psycopg.pq.ExecStatus.TUPLES_OK:
             return []
         columns = range(result.nfields)
@@ -3280,7 +2649,7 @@ class PqPipeline:
         return load
 
     @staticmethod
-    def error_of(result: Any) -> Exception:
+    def error_of(result: object) -> Exception:
         state = result.error_field(psycopg.pq.DiagnosticField.SQLSTATE)
         try:
             kind = psycopg.errors.lookup(state.decode()) if state else psycopg.DatabaseError
@@ -3339,7 +2708,7 @@ class PostgresConnection:
         self.last_batch_at: Optional[datetime] = None    # see batch_instant
         self._pipe: Optional[PqPipeline] = None
 
-    def execute(self, sql: str, args: Any = ()) -> Any:
+    def execute(self, sql: str, args: typing.Sequence[object] = ()) -> Cursor:
         if self._pipe is not None:
             return self._pipe.send(sql, args)
         text, shape = postgres_statement(sql, bool(args))
@@ -3381,6 +2750,14 @@ Conn = Union[SqliteConnection, PostgresConnection]   # what every domain functio
 Row = Union[sqlite3.Row, PostgresRow]                 # what it reads: row["column"], row[0], dict(row)
 
 
+class Cursor(typing.Protocol):
+    """What a statement answers on either backend: sqlite3's cursor, psycopg's, or a pipelined answer."""
+
+    def fetchone(self) -> Optional[Row]: ...
+
+    def fetchall(self) -> list: ...
+
+
 # A writer holds the one write lock for its transaction: if its server vanishes without closing
 # the connection (a machine gone, a network cut), PostgreSQL ends the transaction after this long
 # instead of waiting for TCP to notice, and the other servers write again. Our transactions never
@@ -3420,12 +2797,11 @@ def migrate_postgres(raw: "psycopg.Connection") -> None:
     try:
         raw.execute("CREATE TABLE IF NOT EXISTS actae_migrations (version BIGINT PRIMARY KEY, applied_at TEXT NOT NULL)")
         done = raw.execute("SELECT COALESCE(MAX(version), 0) FROM actae_migrations").fetchone()[0]
-        steps = list(enumerate(MIGRATIONS, start=1))
-        for version in sorted({step.postgres for _, step in steps if step.postgres > done}):
+        for version in sorted({step.postgres for step in MIGRATIONS if step.postgres > done}):
             with raw.transaction():
-                for number, step in steps:
+                for step in MIGRATIONS:
                     if step.postgres == version:
-                        for part in step.parts(POSTGRES, number):
+                        for part in step.parts(POSTGRES):
                             part(PostgresConnection(raw)) if callable(part) else raw.execute(part)
                 raw.execute("INSERT INTO actae_migrations (version, applied_at) VALUES (%s, %s)",
                             (version, iso(utc_now())))
@@ -3440,6 +2816,45 @@ def connect_postgres(url: str) -> PostgresConnection:
     check_postgres(raw)
     migrate_postgres(raw)
     return PostgresConnection(raw)
+
+
+STATE_CACHE_BYTES = 64 * 1024 * 1024   # rebuilt states kept in memory (by channel, version, sha256)
+
+
+class StateCache:
+    """Rebuilt states by (channel, version, sha256), least recently used first out, bounded in bytes.
+
+    Versions never change once committed, so an entry is never stale; only committed states are
+    put (readers see nothing else; writes put theirs after COMMIT). Callers never mutate a state."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.size = max_bytes, 0
+        self.entries: "collections.OrderedDict" = collections.OrderedDict()
+        self.lock = threading.Lock()
+
+    def get(self, key: tuple) -> Json:
+        with self.lock:
+            hit = self.entries.get(key)
+            if hit is None:
+                return MISSING
+            self.entries.move_to_end(key)
+            return hit[0]
+
+    def put(self, key: tuple, value: Json, size: int) -> None:
+        if size > self.max_bytes // 4:
+            return
+        with self.lock:
+            old = self.entries.pop(key, None)
+            self.size += size - (old[1] if old else 0)
+            self.entries[key] = (value, size)
+            while self.size > self.max_bytes:
+                _, (_, dropped) = self.entries.popitem(last=False)
+                self.size -= dropped
+
+    def forget_channel(self, channel_id: str) -> None:
+        with self.lock:
+            for key in [k for k in self.entries if k[0] == channel_id]:
+                self.size -= self.entries.pop(key)[1]
 
 
 # =============================================================================
@@ -3459,6 +2874,8 @@ class Tx:
     # Where statements cost a round trip (PostgreSQL) and the batch runs together: the answers a job
     # left for the batch to read after its COMMIT (see Later); None: every answer is read when sent.
     later: Optional[list] = None
+    # What the regions keep in a write's transaction (the app's; every declared region's by default).
+    hooks: StoreHooks = field(default_factory=lambda: declared_store_hooks())
 
     def may_settle_later(self, channel_id: str) -> bool:
         """Whether a write to this channel may leave its answer to the end of the batch: the channel
@@ -3476,7 +2893,7 @@ class Later:
 
     __slots__ = ("cursor", "make", "value")
 
-    def __init__(self, cursor: Any, make: Callable[[tuple], Any]):
+    def __init__(self, cursor: Cursor, make: Callable[[tuple], object]):
         self.cursor, self.make, self.value = cursor, make, MISSING
 
     def settle(self) -> None:
@@ -3486,7 +2903,7 @@ class Later:
         self.value = self.make(tuple(row))
 
 
-def settled(value: Any) -> Any:
+def settled(value: object) -> object:
     """`value`, or what it stands for when it is a Later."""
     return value.value if isinstance(value, Later) else value
 
@@ -3506,14 +2923,14 @@ class Job:
     work: Callable
     args: tuple
     future: asyncio.Future
-    exclude: Any = None              # a WebSocket connection that must not get its own events back
+    exclude: object = None              # a WebSocket connection that must not get its own events back
     bare: bool = False               # `work(conn, *args)` alone, outside any transaction (see Database.on_writer)
     # The channels it changes, when it changes no other row another channel's write could touch
     # (Database.channels_of says; PostgreSQL locks only these, see POSTGRES_WRITE_LOCK); None: any.
     channels: Optional[tuple] = None
 
 
-def run_jobs(conn: Conn, jobs: list) -> list:
+def run_jobs(conn: Conn, jobs: list, hooks: Optional[StoreHooks] = None) -> list:
     """Run write jobs in ONE transaction (one fsync, one commit); returns, per job, `(result, events)`
     or `(exception, None)`, and raises if the commit itself fails.
 
@@ -3521,17 +2938,19 @@ def run_jobs(conn: Conn, jobs: list) -> list:
     where a statement costs a round trip (PostgreSQL) pipelined, statements whose rows no job reads
     riding along with the next one that is read. Any failure in it rolls the whole batch back; a
     lone job's failure is then its outcome, and a batch runs again isolated, which gives each job
-    exactly the outcome it would have had alone.
+    exactly the outcome it would have had alone. `hooks`: what the regions keep in each job's
+    transaction (an app's; every declared region's by default).
     """
+    hooks = hooks or declared_store_hooks()
     try:
-        return run_jobs_together(conn, jobs)
+        return run_jobs_together(conn, jobs, hooks)
     except JobFailed as failed:
         if len(jobs) == 1 and not conn.dialect.pipelined:   # pipelined, an error may surface late: isolate
             return [(job_error(conn, failed.error), None)]
     except Exception:  # noqa: BLE001 - retried isolated below, which reports each job's own error
         if not conn.usable:
             raise          # the connection is gone: nothing committed, nothing to retry on
-    return run_jobs_isolated(conn, jobs)
+    return run_jobs_isolated(conn, jobs, hooks)
 
 
 class JobFailed(Exception):
@@ -3556,7 +2975,7 @@ def batch_instant(conn: Conn) -> datetime:
     return now
 
 
-def run_jobs_together(conn: Conn, jobs: list) -> list:
+def run_jobs_together(conn: Conn, jobs: list, hooks: StoreHooks) -> list:
     now = batch_instant(conn)
     ts = iso(now)
     outcomes, txs = [], []
@@ -3565,7 +2984,7 @@ def run_jobs_together(conn: Conn, jobs: list) -> list:
             for statement, args in conn.dialect.begin_batch(jobs):
                 conn.execute(statement, args)
             for job in jobs:
-                tx = Tx(conn, now, ts, later=[] if conn.dialect.pipelined else None)
+                tx = Tx(conn, now, ts, later=[] if conn.dialect.pipelined else None, hooks=hooks)
                 try:
                     outcomes.append((job.work(tx, *job.args), tx.events))
                 except Exception as exc:  # noqa: BLE001 - rolled back below, the caller decides
@@ -3608,7 +3027,7 @@ def job_error(conn: Conn, exc: Exception) -> Exception:
     return exc
 
 
-def run_jobs_isolated(conn: Conn, jobs: list) -> list:
+def run_jobs_isolated(conn: Conn, jobs: list, hooks: StoreHooks) -> list:
     """Each job in a savepoint, so one failure rolls back alone."""
     outcomes, txs = [], []
     for statement, args in conn.dialect.begin_batch(jobs):
@@ -3617,7 +3036,7 @@ def run_jobs_isolated(conn: Conn, jobs: list) -> list:
         now = batch_instant(conn)
         ts = iso(now)
         for job in jobs:
-            tx = Tx(conn, now, ts)
+            tx = Tx(conn, now, ts, hooks=hooks)
             conn.execute("SAVEPOINT job")
             try:
                 outcome = (job.work(tx, *job.args), tx.events)
@@ -3989,6 +3408,17 @@ class WriteQueue:
 
 
 @dataclass(frozen=True)
+class CommitListeners:
+    """Who hears the writer, given when the Database is built: `commits(events, exclude)` this server's
+    committed events, `notices(channel_id, cursor)` the channels other servers wrote to (PostgreSQL
+    only), `batches(jobs, outcomes, seconds)` every committed batch (the regions' metrics, traces)."""
+
+    commits: list[Callable[[list, object], None]] = field(default_factory=list)
+    notices: list[Callable[[Optional[str], Optional[int]], None]] = field(default_factory=list)
+    batches: list[Callable[[list, list, float], None]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
 class CommitPolicy:
     """What the writer asks of whoever it serves, given when the Database is built (by the app
     factory; storage knows nothing of HTTP): whether a job alone on the server may commit on the
@@ -4008,13 +3438,16 @@ class Database:
     crosses threads once each way, with no writer task on the event loop to wake in between; a quick
     write alone on the server does not cross at all (`_committed_here`).
     Reads: `await db.read(fn, *args)` runs `fn(conn, *args)` on a pooled reader connection.
-    `on_commit(events, exclude)` hears this server's commits; `on_notify(channel_id, cursor)` the
-    channels other servers wrote to (PostgreSQL only).
+    `listeners` hear its commits (CommitListeners); `hooks` are what the regions keep in a write's
+    transaction (StoreHooks: every declared region's unless the app factory says).
     """
 
-    def __init__(self, location: Location, policy: CommitPolicy = CommitPolicy()):
+    def __init__(self, location: Location, policy: CommitPolicy = CommitPolicy(),
+                 hooks: Optional[StoreHooks] = None, listeners: Optional[CommitListeners] = None):
         self.location = location
         self.policy = policy
+        self.hooks = hooks or declared_store_hooks()
+        self.listeners = listeners or CommitListeners()
         self.engine = backend_for(location).engine(location)
         self._jobs = WriteQueue(self.engine.writers)
         self._here: Optional[Callable] = None     # the engine's on_writer_here (None: always the writer's thread)
@@ -4023,10 +3456,6 @@ class Database:
         self.here_seconds_max = HERE_COMMIT_SECONDS_MAX   # a batch quicker than this lets the next lone one commit here
         self._writer_tasks: list = []
         self._listener_task: Optional[asyncio.Task] = None
-        self.on_commit: Callable[[list, Any], None] = lambda events, exclude: None
-        self.on_notify: Callable[[Optional[str], Optional[int]], None] = lambda channel_id, cursor: None
-        # after every committed batch, its jobs, their (result, events) and the seconds it took (metrics, traces)
-        self.on_batch: Callable[[list, list, float], None] = lambda jobs, outcomes, seconds: None
         self._closed = False
         self.batches = 0
         self.batched_jobs = 0
@@ -4039,7 +3468,7 @@ class Database:
             task = asyncio.create_task(self.engine.run_writer(self._writer))
             task.add_done_callback(self._writer_ended)
             self._writer_tasks.append(task)
-        self._listener_task = asyncio.create_task(self.engine.listen(lambda *note: self.on_notify(*note)))
+        self._listener_task = asyncio.create_task(self.engine.listen(self._notified))
         return self
 
     async def close(self) -> None:
@@ -4059,7 +3488,7 @@ class Database:
     async def read(self, fn: Callable, *args):
         return await self.engine.read(fn, *args)
 
-    async def write(self, fn: Callable, *args, exclude: Any = None):
+    async def write(self, fn: Callable, *args, exclude: object = None):
         return await self._queue(Job(fn, args, None, exclude))
 
     async def on_writer(self, fn: Callable, *args):
@@ -4109,15 +3538,18 @@ class Database:
             finally:
                 self._jobs.done(jobs)
 
-    @staticmethod
-    def _run_batch(jobs: list, on_connection: Callable) -> tuple:
+    def _notified(self, channel_id: Optional[str], cursor: Optional[int]) -> None:
+        for hear in self.listeners.notices:
+            hear(channel_id, cursor)
+
+    def _run_batch(self, jobs: list, on_connection: Callable) -> tuple:
         """(jobs, their outcomes or None, the failure or None, seconds): what _settle takes."""
         started, first = time.perf_counter(), jobs[0]
         try:
             if first.bare:
                 outcomes, failure = [(on_connection(first.work, *first.args), [])], None
             else:
-                outcomes, failure = on_connection(run_jobs, jobs), None
+                outcomes, failure = on_connection(run_jobs, jobs, self.hooks), None
         except Exception as exc:  # noqa: BLE001 - the commit failed: nobody's write happened
             outcomes, failure = None, exc
         return jobs, outcomes, failure, time.perf_counter() - started
@@ -4142,7 +3574,8 @@ class Database:
         for job, (result, events) in zip(jobs, outcomes):
             if events:
                 try:
-                    self.on_commit(events, job.exclude)
+                    for hear in self.listeners.commits:
+                        hear(events, job.exclude)
                 except Exception:  # noqa: BLE001 - a broadcast problem must not leave writers waiting
                     log.exception("broadcasting committed events failed")
             if job.future.done():
@@ -4152,7 +3585,8 @@ class Database:
             else:
                 job.future.set_result(result)
         try:
-            self.on_batch(jobs, outcomes, seconds)
+            for hear in self.listeners.batches:
+                hear(jobs, outcomes, seconds)
         except Exception:  # noqa: BLE001 - metrics and traces must not break the writer
             log.exception("observing a committed batch failed")
 
@@ -4197,14 +3631,14 @@ def state_version_row(conn: Conn, channel_id: str, version: int) -> Optional[Row
     return conn.execute("SELECT * FROM states WHERE channel_id = ? AND version = ?", (channel_id, version)).fetchone()
 
 
-def row_where(conn: Conn, table: str, **columns: Any) -> Optional[Row]:
+def row_where(conn: Conn, table: str, **columns: object) -> Optional[Row]:
     """The row of `table` whose columns hold these values (by a unique key). Table and column names
     are the schema's, never a name from input."""
     where = " AND ".join(f"{name} = ?" for name in columns)
     return conn.execute(f"SELECT * FROM {table} WHERE {where}", tuple(columns.values())).fetchone()
 
 
-def rows_where(conn: Conn, table: str, order_by: str, **columns: Any) -> list:
+def rows_where(conn: Conn, table: str, order_by: str, **columns: object) -> list:
     """Every row of `table` whose columns hold these values, in `order_by` order."""
     where = " AND ".join(f"{name} = ?" for name in columns)
     return conn.execute(f"SELECT * FROM {table} WHERE {where} ORDER BY {order_by}", tuple(columns.values())).fetchall()
@@ -4322,16 +3756,35 @@ def database_bytes(conn: Conn) -> int:
     return conn.execute("SELECT pg_database_size(current_database())").fetchone()[0]
 
 
-def sqlite_pragma(conn: Conn, name: str) -> Any:
+def sqlite_pragma(conn: Conn, name: str) -> object:
     """A SQLite PRAGMA's value (`name` is one of ours, never input); the whole result is read, so a
     pragma that works row by row (incremental_vacuum, wal_checkpoint) runs to its end."""
     rows = conn.execute(f"PRAGMA {name}").fetchall()
     return rows[0][0] if rows else None
 
 
-# =============================================================================
-# Domain: channels, events, state (plain functions of a connection or a Tx)
-# =============================================================================
+def events_after_position(conn: Conn, position: int, reach: "Reach", limit: int) -> list:
+    """[(position, Event)] of every channel `reach` sees, after `position` in commit order, at most `limit`."""
+    column = conn.dialect.event_position
+    where = Where().add(f"{column} > ?", position).within(reach, "channel_id")
+    if conn.dialect.settled_positions:
+        where.add(conn.dialect.settled_positions)
+    rows = conn.execute(f"SELECT {column} AS position, * FROM events{where} ORDER BY {column} LIMIT ?",
+                        (*where.args, limit)).fetchall()
+    return [(row["position"], event_of(row)) for row in rows]
+
+
+def latest_position(conn: Conn) -> int:
+    """Where a stream "from now on" starts: after every position that is final (see settled_positions)."""
+    column = conn.dialect.event_position
+    where = Where().add(conn.dialect.settled_positions) if conn.dialect.settled_positions else Where()
+    return conn.execute(f"SELECT COALESCE(MAX({column}), 0) FROM events{where}").fetchone()[0]
+
+
+def replay_events(conn: Conn, channel_id: str, after: int, limit: int,
+                  event_type: Optional[str] = None) -> list[Event]:
+    return [event_of(r) for r in events_after(conn, channel_id, after, limit, event_type=event_type)]
+
 
 class Where:
     """AND-ed filter clauses and their arguments, for queries whose filters are all optional."""
@@ -4345,7 +3798,7 @@ class Where:
         self.args += args
         return self
 
-    def add_if(self, value: Any, clause: str) -> "Where":
+    def add_if(self, value: object, clause: str) -> "Where":
         return self.add(clause, value) if value is not None else self
 
     def within(self, reach: "Reach", column: str) -> "Where":
@@ -4362,223 +3815,7 @@ def fetch_or_raise(conn: Conn, missing: Callable[[], ActaeError], sql: str, *arg
     return present(conn.execute(sql, args).fetchone(), missing)
 
 
-def require_channel(conn: Conn, channel_id: str) -> Row:
-    return present(channel_by_id(conn, channel_id), lambda: NotFound(f"channel {channel_id} not found"))
-
-
-def returned_row(cursor: Any) -> Optional[tuple]:
-    """The one row a statement's RETURNING answered, as a tuple; None when it wrote nothing."""
-    row = cursor.fetchone()
-    return None if row is None else tuple(row)
-
-
-def bump_channel(tx: Tx, channel_id: str, insert: Callable[[], Optional[tuple]],
-                 used: Optional[Callable[[], bool]] = None) -> Optional[tuple]:
-    """Run `insert`, which writes a row numbered by its channel (an event, a state) and returns its
-    numbers, or None when the channel is missing, closed, or (with `used`) the request's operation id
-    is taken: then `used()` confirms it and None is returned, for a replay. Creates the channel on
-    its first write (most writes find it, so the insert is not tried first); Conflict(channel_closed)
-    when the run is closed."""
-    bumped = insert()
-    if bumped is None and used is not None and used():
-        return None
-    if bumped is None and channel_by_id(tx.conn, channel_id) is None:
-        ensure_channel(tx, channel_id)
-        bumped = insert()
-    if bumped is None:
-        raise channel_closed(channel_id)
-    known = tx.conn.known_channels
-    if known is not None:
-        if len(known) >= KNOWN_CHANNELS_MAX:
-            known.clear()                # a hint: forgetting costs the next write to each a round trip
-        known.add(channel_id)
-    return bumped
-
-
-# An event's columns the caller gives; its cursor and chain hash come from its channel's last event.
-EVENT_COLUMNS = ("channel_id", "id", "type", "payload", "actor", "agent_id", "user_id", "metadata", "operation_id",
-                 "request_hash", "step_number", "depends_on", "dependencies", "created_at")
-EVENT_TYPES = {"step_number": "BIGINT"}
-
-
-def last_event_sql(dialect: "Dialect") -> str:
-    """A channel's last event, as the next one needs it: its cursor (0 before the first) and the chain
-    hash it goes on from (before the first: the chain the channel starts from, see heads_from_events),
-    read off the events' primary key. `c` is the channel's row; the caller adds the WHERE."""
-    return ("SELECT COALESCE(h.cursor, 0) AS cursor, COALESCE(h.chain_hash, c.chain_base) AS chain FROM channels c"
-            f" {dialect.last_event_join}")
-
-# A state's version is the next above every version its channel has had: above the greatest stored,
-# and above the channel's state_version, which keeps the greatest one ever deleted (see
-# delete_state_version; on a database from before, the counter it was), so a number never names two
-# states. The insert reads it off the states' primary key: a state commit writes no channel row.
-STATE_COLUMNS = ("channel_id", "cursor", "sha256", "status", "operation_id", "created_at", "state", "delta_base",
-                 "chain_start", "ref_channel", "ref_version", "chain_bytes", "base_bytes")
-STATE_TYPES = {"cursor": "BIGINT", "state": "BYTEA", "delta_base": "BIGINT", "chain_start": "BIGINT",
-               "ref_version": "BIGINT", "chain_bytes": "BIGINT", "base_bytes": "BIGINT"}
-
-
-@functools.lru_cache(maxsize=16)
-def next_state_sql(dialect: "Dialect", new_operation: bool, strict: bool = False, facts: bool = False) -> str:
-    """INSERT of the channel's next state version (arguments: STATE_COLUMNS' values, the channel id,
-    and with `new_operation` the channel id and operation id again); returns the version, or nothing
-    when the channel is missing or closed, or the operation id is used on it. `strict` (PostgreSQL,
-    see Later), it fails there instead (a NULL version), and with `facts` note_state_facts' UPDATE
-    rides in the same statement (its arguments first): one statement per state."""
-    given = ", ".join(dialect.parameter(STATE_TYPES.get(column)) for column in STATE_COLUMNS)
-    refuse_used = unused_operation("states") if new_operation else ""
-    version = (f"{dialect.greatest}(c.state_version,"
-               " COALESCE((SELECT MAX(s.version) FROM states s WHERE s.channel_id = c.id), 0)) + 1"
-               f" FROM channels c WHERE c.id = ? AND c.closed_at IS NULL{refuse_used}")
-    ride = f"WITH facts AS ({state_facts_sql(dialect)}) " if facts else ""
-    rows = f"VALUES ({given}, (SELECT {version}))" if strict else f"SELECT {given}, {version}"
-    return f"{ride}INSERT INTO states ({', '.join(STATE_COLUMNS)}, version) {rows} RETURNING version"
-
-
-def unused_operation(table: str) -> str:
-    """The WHERE clause a numbered INSERT adds so that it allocates nothing for an operation id
-    already used on the channel: the common case (a new operation) then costs no lookup."""
-    return f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE channel_id = ? AND operation_id = ?)"
-
-
-@functools.lru_cache(maxsize=16)
-def next_event_sql(dialect: "Dialect", new_operation: bool, strict: bool = False, facts: bool = False) -> str:
-    """INSERT of the channel's next event (arguments: the channel id, with `new_operation` the channel
-    id and operation id again, with `facts` event_facts_args, then EVENT_COLUMNS' values and the chain
-    step's head and tail); returns its cursor and chain hash, or nothing when the channel is missing
-    or closed, or the operation id is used on it. `strict` (PostgreSQL, see Later), it fails there
-    instead (a NULL cursor), and with `facts` event_facts_sql's UPDATE rides in the same statement:
-    one statement per event."""
-    given = ", ".join(dialect.parameter(EVENT_TYPES.get(column)) for column in EVENT_COLUMNS)
-    refuse_used = unused_operation("events") if new_operation else ""
-    ride = f", facts AS ({event_facts_sql(dialect, True)})" if facts else ""
-    last = f"WITH last AS ({last_event_sql(dialect)} WHERE c.id = ? AND c.closed_at IS NULL{refuse_used}){ride}"
-    cursor, chain = "last.cursor + 1", "actae_chain(last.chain, ?, last.cursor + 1, ?)"
-    rows = (f"VALUES ({given}, (SELECT {cursor} FROM last), (SELECT {chain} FROM last))" if strict
-            else f"SELECT {given}, {cursor}, {chain} FROM last")
-    return (f"{last} INSERT INTO events ({', '.join(EVENT_COLUMNS)}, cursor, chain_hash) {rows}"
-            " RETURNING cursor, chain_hash")
-
-
-# What a run's row holds of its events: their activity second (updated_at, from which a trigger keeps
-# active_at, see activity_second_schema), the type of the last one while it blocks the run (else
-# NULL: run_state reads no more of it) and the first failure's cursor. The row is written only when
-# one of them changes: SQLite rewrites an index page for every UPDATE that names one of the index's
-# columns, changed or not, and PostgreSQL writes a row version; an UPDATE that matches no row writes
-# nothing. A run's events within one second, none of them failing or blocking, then write no channel
-# row at all. `ride`: the UPDATE rides in the event's INSERT (a data-modifying WITH on PostgreSQL),
-# which does not see that event: the failure's cursor is the one after the last (next_event_sql's).
-@functools.lru_cache(maxsize=4)
-def event_facts_sql(dialect: "Dialect", ride: bool = False) -> str:
-    failure_at = ("(SELECT last.cursor + 1 FROM last)" if ride
-                  else "(SELECT MAX(e.cursor) FROM events e WHERE e.channel_id = channels.id)")
-    return ("UPDATE channels SET updated_at = ?, last_event_type = ?, error_cursor = COALESCE(error_cursor,"
-            f" CASE WHEN CAST(? AS INTEGER) = 1 THEN {failure_at} END) WHERE id = ? AND (active_at {dialect.differs} ?"
-            f" OR last_event_type {dialect.differs} ? OR (CAST(? AS INTEGER) = 1 AND error_cursor IS NULL))")
-
-
-def event_facts_args(tx: Tx, channel_id: str, event_type: str) -> tuple:
-    """event_facts_sql's arguments: the run's activity, the blocking event's type, whether it failed."""
-    waiting, failure = (event_type if event_type in BLOCKING_EVENT_TYPES else None), int(is_failure_event(event_type))
-    return tx.ts, waiting, failure, channel_id, tx.ts[:ACTIVE_AT_CHARS], waiting, failure
-
-
-def note_event_facts(tx: Tx, channel_id: str, event_type: str) -> None:
-    """After a new event: its facts on the channel's row, where they changed (event_facts_sql)."""
-    tx.conn.execute(event_facts_sql(tx.conn.dialect), event_facts_args(tx, channel_id, event_type))
-
-
-@functools.lru_cache(maxsize=4)
-def state_facts_sql(dialect: "Dialect") -> str:
-    return ("UPDATE channels SET updated_at = ?, last_state_status = ? WHERE id = ?"
-            f" AND (active_at {dialect.differs} ? OR last_state_status {dialect.differs} ?)")
-
-
-def note_state_facts(tx: Tx, channel_id: str, status: Optional[str]) -> None:
-    """After a new state: its latest snapshot's status, and the run's activity when its second changed
-    (a run's states keep its activity time to the second, as its events do: see event_facts_sql)."""
-    facts = state_facts_args(tx, channel_id, status)
-    if facts is not None:
-        tx.conn.execute(state_facts_sql(tx.conn.dialect), facts)
-
-
-def state_facts_args(tx: Tx, channel_id: str, status: Optional[str]) -> Optional[tuple]:
-    """state_facts_sql's arguments (None: nothing to keep; examples/bench_without.py prices run-state so)."""
-    return tx.ts, status, channel_id, tx.ts[:ACTIVE_AT_CHARS], status
-
-
-def ensure_channel(tx: Tx, channel_id: str) -> None:
-    """Channels are created by their first write; there is no 'create channel' call."""
-    tx.conn.execute(
-        "INSERT INTO channels (id, origin_id, created_at, updated_at) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (id) DO NOTHING",
-        (channel_id, channel_id, tx.ts, tx.ts),
-    )
-
-
-def request_hash(value: Any) -> str:
-    return sha256_hex(canonical_json(value))
-
-
-def append_event(tx: Tx, channel_id: str, event_type: str, payload: Any, *, actor: str = "system",
-                 metadata: Any = None, agent_id: Optional[str] = None, user_id: Optional[str] = None,
-                 operation_id: Optional[str] = None, hashed: Optional[str] = None,
-                 step_number: Optional[int] = None, depends_on: Optional[str] = None,
-                 dependencies: Optional[list] = None, payload_text: Optional[str] = None,
-                 new_operation: bool = False, settle_later: bool = False) -> Union[Event, Later, None]:
-    """Append one event at the channel's next cursor and return it.
-
-    `payload_text` is the payload's canonical JSON when the caller has it already (it hashed it).
-    With `new_operation`, nothing is appended and None is returned when `operation_id` is used
-    already (the caller replays it). Raises Conflict(channel_closed) on a closed run. With
-    `settle_later`, a caller that reads nothing of the event may get a Later instead (see Tx.later).
-    """
-    event_id = uuid7()
-    if depends_on is None and dependencies:
-        depends_on = next((d.get("event_id") for d in dependencies if isinstance(d, dict) and d.get("event_id")), None)
-    payload_text = canonical_dump(payload) if payload_text is None else payload_text
-    metadata_text = canonical_dump(metadata)
-    head, tail = chain_parts(
-        channel_id=channel_id, event_id=event_id, event_type=event_type, payload_text=payload_text, actor=actor,
-        agent_id=agent_id, user_id=user_id, metadata_text=metadata_text, step_number=step_number,
-        depends_on=depends_on, timestamp=tx.ts)
-    checked = new_operation and operation_id is not None
-    key, used = (channel_id,), None
-    if checked:
-        key += (channel_id, operation_id)
-        used = lambda: event_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
-    values = (channel_id, event_id, event_type, payload_text, actor, agent_id, user_id, metadata_text,
-              operation_id, hashed, step_number, depends_on, dump(dependencies), tx.ts)
-    args, dialect, hooks = key + values + (head, tail), tx.conn.dialect, EVENT_HOOKS.get(event_type)
-
-    def event_at(counters: tuple) -> Event:
-        cursor, chain_hash = counters
-        return Event(id=event_id, channel_id=channel_id, type=event_type, payload=payload, actor=actor, cursor=cursor,
-                     channel_cursor=cursor, timestamp=tx.ts, agent_id=agent_id, user_id=user_id, metadata=metadata,
-                     depends_on=depends_on, step_number=step_number, chain_hash=chain_hash)
-    if settle_later and hooks is None and tx.may_settle_later(channel_id):
-        sql = next_event_sql(dialect, checked, strict=True, facts=True)
-        args = key + event_facts_args(tx, channel_id, event_type) + values + (head, tail)
-        later = Later(tx.conn.execute(sql, args), event_at)
-        tx.later.append(later)
-        tx.events.append(later)
-        keep_usage(tx.conn, channel_id, None, payload, metadata)
-        return later
-    sql = next_event_sql(dialect, checked)
-    bumped = bump_channel(tx, channel_id, lambda: returned_row(tx.conn.execute(sql, args)), used)
-    if bumped is None:
-        return None
-    event = event_at(bumped)
-    tx.events.append(event)
-    note_event_facts(tx, channel_id, event_type)
-    keep_usage(tx.conn, channel_id, event.cursor, payload, metadata)
-    if hooks is not None:
-        for hook in hooks:
-            hook(tx, event)
-    return event
-
-
-def keep_usage(conn: Conn, channel_id: str, cursor: Optional[int], payload: Any, metadata: Any) -> None:
+def keep_usage(conn: Conn, channel_id: str, cursor: Optional[int], payload: Json, metadata: Json) -> None:
     """An event's usage, kept beside it (nothing for one that records none), so what a run or a fork
     spent is a sum of stored numbers, not a read of every payload. A cursor of None: the event the
     channel appended last (one whose answer is not read yet)."""
@@ -4607,1942 +3844,12 @@ def event_of(row: Row) -> Event:
                  depends_on=row["depends_on"], step_number=row["step_number"], chain_hash=row["chain_hash"])
 
 
-def event_by_operation(conn: Conn, channel_id: str, operation_id: str) -> Optional[Row]:
-    return conn.execute(
-        "SELECT * FROM events WHERE channel_id = ? AND operation_id = ?", (channel_id, operation_id)
-    ).fetchone()
-
-
-def require_same_request(stored: str, hashed: str, operation_id: str, what: str) -> None:
-    """A reused operation id replays only the request it was first used for; another is refused."""
-    if stored != hashed:
-        raise Conflict("idempotency_conflict", f"operation_id {operation_id} was already used for a different {what}")
-
-
-def replay_or_conflict(row: Row, hashed: str, what: str) -> Event:
-    require_same_request(row["request_hash"], hashed, row["operation_id"], what)
-    return event_of(row)
-
-
-FRAMEWORK_EVENT_SCHEMA = "actae.framework-event/v1"
-
-
-def envelope_hash(req: RecordEvent, stored: Row) -> Optional[str]:
-    """The SDK runtime's lifecycle envelope (payload "schema": FRAMEWORK_EVENT_SCHEMA) carries the clock
-    of the attempt that sent it (`occurred_at`) beside a deterministic operation id, so a redelivered job
-    that enters the same workflow again sends the same event at another time. Its identity leaves the
-    clock out: the hash of this request with the stored event's `occurred_at`, or None for other payloads."""
-    payload = req.payload
-    if not (isinstance(payload, dict) and payload.get("schema") == FRAMEWORK_EVENT_SCHEMA and "occurred_at" in payload):
-        return None
-    original = load(stored["payload"])
-    if not isinstance(original, dict) or "occurred_at" not in original:
-        return None
-    return request_hash({"type": req.event_type, "payload": {**payload, "occurred_at": original["occurred_at"]}})
-
-
-def record_event(tx: Tx, req: RecordEvent) -> Event:
-    """POST /events/record. Returns the new event, or the original one for a replayed operation id."""
-    payload_text = canonical_dump(req.payload)
-    # == request_hash({"type": ..., "payload": ...}): canonical JSON sorts "payload" before "type".
-    hashed = sha256_hex(f'{{"payload":{payload_text or "null"},"type":{json_scalar(req.event_type)}}}')
-    meta = req.meta()
-    event = append_event(
-        tx, req.channel_id, req.event_type, req.payload, actor=req.actor(), metadata=meta.metadata,
-        agent_id=meta.agent_id, user_id=meta.user_id, operation_id=req.operation_id, hashed=hashed,
-        step_number=req.step_number, dependencies=req.dependencies, payload_text=payload_text,
-        new_operation=True, settle_later=True,
-    )
-    if event is None:
-        stored = event_by_operation(tx.conn, req.channel_id, req.operation_id)
-        return replay_or_conflict(stored, envelope_hash(req, stored) or hashed, "event")
-    return event
-
-
-def events_after_position(conn: Conn, position: int, reach: "Reach", limit: int) -> list:
-    """[(position, Event)] of every channel `reach` sees, after `position` in commit order, at most `limit`."""
-    column = conn.dialect.event_position
-    where = Where().add(f"{column} > ?", position).within(reach, "channel_id")
-    if conn.dialect.settled_positions:
-        where.add(conn.dialect.settled_positions)
-    rows = conn.execute(f"SELECT {column} AS position, * FROM events{where} ORDER BY {column} LIMIT ?",
-                        (*where.args, limit)).fetchall()
-    return [(row["position"], event_of(row)) for row in rows]
-
-
-def latest_position(conn: Conn) -> int:
-    """Where a stream "from now on" starts: after every position that is final (see settled_positions)."""
-    column = conn.dialect.event_position
-    where = Where().add(conn.dialect.settled_positions) if conn.dialect.settled_positions else Where()
-    return conn.execute(f"SELECT COALESCE(MAX({column}), 0) FROM events{where}").fetchone()[0]
-
-
-def replay_events(conn: Conn, channel_id: str, after: int, limit: int,
-                  event_type: Optional[str] = None) -> list[Event]:
-    return [event_of(r) for r in events_after(conn, channel_id, after, limit, event_type=event_type)]
-
-
-def query_events(conn: Conn, q: EventQuery) -> list[Event]:
-    """POST /events/query: newest first; every filter optional."""
-    where = Where()
-    if q.channel_ids:
-        where.add(f"channel_id IN ({','.join('?' * len(q.channel_ids))})", *q.channel_ids)
-    for value, clause in ((q.event_type, "type = ?"), (q.actor, "actor = ?"),
-                          (q.cursor_start, "cursor >= ?"), (q.cursor_end, "cursor <= ?"),
-                          (q.since and iso(q.since), "created_at >= ?"), (q.until and iso(q.until), "created_at <= ?")):
-        where.add_if(value, clause)
-    rows = conn.execute(
-        f"SELECT * FROM events{where} ORDER BY created_at DESC, channel_id, cursor DESC LIMIT ? OFFSET ?",
-        (*where.args, q.limit, q.offset),
-    ).fetchall()
-    return [event_of(r) for r in rows]
-
-
-def latest_cursor(conn: Conn, channel_id: str) -> Optional[int]:
-    row = channel_by_id(conn, channel_id)
-    return row["last_cursor"] if row is not None and row["last_cursor"] > 0 else None
-
-
-def causal_graph(conn: Conn, event_id: str, max_nodes: int, reach: "Reach") -> CausalGraph:
-    """Bounded ancestry walk over `depends_on` and the recorded `dependencies` edges, among the runs
-    `reach` sees: an edge into a run it may not read stays an edge to an event that is not there,
-    exactly as an edge to an id that never existed."""
-    root = present(visible_event(conn, event_id, reach), lambda: NotFound(f"event {event_id} not found"))
-    seen, order, edges, frontier, truncated = {root["id"]: root}, [root], [], [root], False
-    while frontier:
-        row = frontier.pop(0)
-        parents = [(d.get("event_id"), d.get("dependency_type", "causal"))
-                   for d in (load(row["dependencies"]) or []) if isinstance(d, dict) and d.get("event_id")]
-        if row["depends_on"] and all(p != row["depends_on"] for p, _ in parents):
-            parents.append((row["depends_on"], "causal"))
-        for parent_id, kind in parents:
-            edges.append(CausalEdge(event_id=row["id"], depends_on_event_id=parent_id, dependency_type=kind))
-            if parent_id in seen:
-                continue
-            if len(order) >= max_nodes:
-                truncated = True
-                continue
-            parent = visible_event(conn, parent_id, reach)
-            if parent is not None:
-                seen[parent_id] = parent
-                order.append(parent)
-                frontier.append(parent)
-    return CausalGraph(root_event_id=root["id"], events=[event_of(r) for r in order], dependencies=edges,
-                       truncated=truncated)
-
-
-def visible_event(conn: Conn, event_id: str, reach: "Reach") -> Optional[Row]:
-    """The event row with this id, if it lies in a run `reach` sees."""
-    row = row_where(conn, "events", id=event_id)
-    return row if row is not None and reach.sees(row["channel_id"]) else None
-
-
-def verify_chain(conn: Conn, channel_id: str) -> ChainCheck:
-    """GET /events/verify/{channel}: recompute the chain from the stored rows, across the lineage.
-
-    The inherited part (each ancestor up to where the line below left it) is checked first, so an
-    edit in a parent's history before the boundary breaks the fork's chain too. Returns `ok` and,
-    when it does not hold, the first channel and cursor whose stored hash disagrees.
-    """
-    segments = list(reversed(lineage(conn, channel_id)))        # root first
-    previous, checked = None, 0
-    for index, (row, leave) in enumerate(segments):
-        child = segments[index + 1][0] if index + 1 < len(segments) else None
-        upto = leave if leave is not None else INT64_MAX
-        boundary_hash = None
-        for event in conn.execute("SELECT * FROM events WHERE channel_id = ? AND cursor <= ? ORDER BY cursor",
-                                  (row["id"], upto)):
-            expected = row_chain_hash(previous, event)
-            if event["chain_hash"] != expected:
-                return chain_verdict(channel_id, checked, broken=(row["id"], event["cursor"]))
-            previous, checked = expected, checked + 1
-            if child is not None and event["cursor"] == child["resolved_cursor"]:
-                boundary_hash = expected
-        if child is not None:
-            previous = boundary_hash            # the fork went on from the hash at its boundary cursor
-    return chain_verdict(channel_id, checked, head=previous)
-
-
-def chain_verdict(channel_id: str, checked: int, *, broken: Optional[tuple] = None,
-                  head: Optional[str] = None) -> ChainCheck:
-    ok = broken is None
-    broken_channel, broken_cursor = broken or (None, None)
-    return ChainCheck(channel_id=channel_id, ok=ok, valid=ok, verified_events=checked,
-                      first_broken_channel_id=broken_channel, first_broken_cursor=broken_cursor, head=head,
-                      algorithm="sha256-chain-v1")
-
-
-# --- state -------------------------------------------------------------------
-
-
-def state_row_at(conn: Conn, channel_id: str, cursor: Optional[int]) -> Optional[Row]:
-    """The snapshot with the greatest cursor <= `cursor` (ties: highest version); None = the latest."""
-    if cursor is None:
-        return conn.execute(
-            "SELECT * FROM states WHERE channel_id = ? ORDER BY version DESC LIMIT 1", (channel_id,)
-        ).fetchone()
-    return conn.execute(
-        "SELECT * FROM states WHERE channel_id = ? AND cursor <= ? ORDER BY cursor DESC, version DESC LIMIT 1",
-        (channel_id, cursor),
-    ).fetchone()
-
-
-def state_of(conn: Conn, row: Optional[Row]) -> StateAnswer:
-    if row is None:
-        return StateAnswer(cursor=None, state=None)
-    return StateAnswer(cursor=row["cursor"], state=state_value(conn, row), version=row["version"])
-
-
-def latest_state(conn: Conn, channel_id: str) -> StateAnswer:
-    return state_of(conn, state_row_at(conn, channel_id, None))
-
-
-# --- state storage: whole, a delta, or another row's ---------------------------------
-# An agent's state mostly grows a little each step (a conversation), so storing each version
-# whole costs the square of the run's length. A version is stored as one of:
-#   whole   `state` holds its packed JSON (every row written before deltas existed is one);
-#   delta   `state` holds the packed JSON of a delta against version `delta_base` of the same
-#           channel (the channel's latest when it was saved); `chain_start` is where its chain's
-#           whole (or shared) state is;
-#   shared  `ref_channel`/`ref_version` name the row whose state this is (a fork's first snapshot:
-#           a fork copies nothing).
-# A chain ends (the next version is stored whole) once its deltas' bytes pass DELTA_CHAIN_RATIO
-# times its start's: reading a version costs at most about that many times its start, and the
-# whole versions of a growing state add up geometrically, not quadratically. Small states are
-# always whole (a delta would not pay). Every read answers exactly the JSON that was saved.
-
-DELTA_MIN_BYTES = 4096                 # states smaller than this are stored whole
-DELTA_CHAIN_RATIO = 2                  # a chain's deltas may add up to this many times its start
-STATE_CACHE_BYTES = 64 * 1024 * 1024   # rebuilt states kept in memory (by channel, version, sha256)
-
-
-@dataclass(frozen=True)
-class StoredState:
-    """How one states row stores its state (see above)."""
-
-    data: Union[str, bytes, None]         # packed JSON of the whole state or of the delta; None when shared
-    delta_base: Optional[int] = None
-    chain_start: Optional[int] = None
-    ref_channel: Optional[str] = None
-    ref_version: Optional[int] = None
-    chain_bytes: int = 0                  # delta bytes since the chain's start, this row's included
-    base_bytes: int = 0                   # the size of the chain's start
-
-    @property
-    def columns(self) -> tuple:
-        return (self.data, self.delta_base, self.chain_start, self.ref_channel, self.ref_version, self.chain_bytes,
-                self.base_bytes)
-
-
-class StateCache:
-    """Rebuilt states by (channel, version, sha256), least recently used first out, bounded in bytes.
-
-    Versions never change once committed, so an entry is never stale; only committed states are
-    put (readers see nothing else; writes put theirs after COMMIT). Callers never mutate a state."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes, self.size = max_bytes, 0
-        self.entries: "collections.OrderedDict" = collections.OrderedDict()
-        self.lock = threading.Lock()
-
-    def get(self, key: tuple) -> Any:
-        with self.lock:
-            hit = self.entries.get(key)
-            if hit is None:
-                return MISSING
-            self.entries.move_to_end(key)
-            return hit[0]
-
-    def put(self, key: tuple, value: Any, size: int) -> None:
-        if size > self.max_bytes // 4:
-            return
-        with self.lock:
-            old = self.entries.pop(key, None)
-            self.size += size - (old[1] if old else 0)
-            self.entries[key] = (value, size)
-            while self.size > self.max_bytes:
-                _, (_, dropped) = self.entries.popitem(last=False)
-                self.size -= dropped
-
-    def forget_channel(self, channel_id: str) -> None:
-        with self.lock:
-            for key in [k for k in self.entries if k[0] == channel_id]:
-                self.size -= self.entries.pop(key)[1]
-
-
-MISSING = object()
-
-
-def state_cache(conn: Conn) -> StateCache:
-    """The connection's engine's cache of rebuilt states (one per app, never shared); a connection of
-    no engine's (the command line's, an upgrade's) gets an empty one that keeps nothing."""
-    return getattr(conn, "states", None) or StateCache(0)
-
-
-def state_key(row: Row) -> tuple:
-    return row["channel_id"], row["version"], row["sha256"]
-
-
-def state_delta(old: Any, new: Any) -> Optional[dict]:
-    """A delta that turns `old` into `new` (apply_delta), or None when only the whole will do.
-
-    {"=": v}: the value is v. {"+": [...]}: the list goes on with these items (after its first "n"
-    items, when "n" is given). {"k": {key: delta}, "x": [removed keys], "o": [every key, in
-    order]}: a JSON object's changes ("o" only when the order is not the one the changes leave).
-    Values are compared by their JSON text, so 1 and 1.0, or 1 and true, are different values (and
-    read back as they were saved)."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return dict_delta(old, new)
-    return None
-
-
-def dict_delta(old: dict, new: dict) -> dict:
-    changes = {}
-    for key, value in new.items():
-        if key not in old:
-            changes[key] = {"=": value}
-            continue
-        change = value_delta(old[key], value)
-        if change is not None:
-            changes[key] = change
-    delta: dict = {}
-    if changes:
-        delta["k"] = changes
-    removed = [key for key in old if key not in new]
-    if removed:
-        delta["x"] = removed
-    left_order = [key for key in old if key in new] + [key for key in new if key not in old]
-    if left_order != list(new):
-        delta["o"] = list(new)
-    return delta
-
-
-def value_delta(old: Any, new: Any) -> Optional[dict]:
-    """None when `new` is `old` exactly; else the delta from one to the other."""
-    if old is new:
-        return None
-    old_text, new_text = msgspec.json.encode(old), msgspec.json.encode(new)
-    if old_text == new_text:
-        return None
-    if isinstance(old, dict) and isinstance(new, dict):
-        return dict_delta(old, new)
-    if isinstance(old, list) and isinstance(new, list):
-        kept = kept_items(old, new, old_text, new_text)
-        if kept * 2 >= len(old) and kept > 0:
-            return {"+": new[kept:]} if kept == len(old) else {"n": kept, "+": new[kept:]}
-    return {"=": new}
-
-
-def kept_items(old: list, new: list, old_text: bytes, new_text: bytes) -> int:
-    """How many leading items the two lists share, to the byte."""
-    if len(new) > len(old) and new_text.startswith(old_text[:-1]) and new_text[len(old_text) - 1:len(old_text)] == b",":
-        # The new list's text begins with the old one's items and a comma: its first len(old) items
-        # are the old ones (JSON values delimit themselves). An append, the usual step.
-        return len(old)
-    kept = 0
-    for before, after in zip(old, new):
-        if msgspec.json.encode(before) != msgspec.json.encode(after):
-            break
-        kept += 1
-    return kept
-
-
-def apply_delta(old: Any, delta: dict) -> Any:
-    """`old` changed by `delta` (state_delta's form); `old` itself is left as it is."""
-    if "=" in delta:
-        return delta["="]
-    if "+" in delta:
-        return (old[:delta["n"]] if "n" in delta else old) + delta["+"]
-    removed = set(delta.get("x", ()))
-    out = {key: value for key, value in old.items() if key not in removed}
-    for key, change in delta.get("k", {}).items():
-        out[key] = apply_delta(out.get(key), change)
-    if "o" in delta:
-        out = {key: out[key] for key in delta["o"]}
-    return out
-
-
-def stored_size(data: Union[str, bytes, None]) -> int:
-    return 0 if data is None else len(data)
-
-
-def whole_state(conn: Conn, value: Any, text: Optional[str] = None) -> StoredState:
-    return StoredState(conn.dialect.pack_state(dump(value) if text is None else text))
-
-
-def whole_copy(conn: Conn, row: Row) -> StoredState:
-    """`row`'s state stored whole (a promotion's copy outlives the fork it came from)."""
-    if row["delta_base"] is None and row["ref_channel"] is None:
-        return StoredState(row["state"])          # already whole: the stored bytes as they are
-    return whole_state(conn, state_value(conn, row, remember=False))
-
-
-def encode_state(conn: Conn, channel_id: str, value: Any, text: Optional[str]) -> StoredState:
-    """How to store `value` (whose JSON is `text`; None for a null state) as the channel's next version."""
-    if text is None or len(text) < DELTA_MIN_BYTES:
-        return whole_state(conn, value, text)
-    latest = state_row_at(conn, channel_id, None)
-    if latest is None:
-        return whole_state(conn, value, text)
-    delta = state_delta(state_value(conn, latest, remember=False), value)
-    if delta is None:
-        return whole_state(conn, value, text)
-    packed = conn.dialect.pack_state(dump(delta))
-    chained = latest["delta_base"] is not None or latest["ref_channel"] is not None
-    base_bytes = latest["base_bytes"] if chained else stored_size(latest["state"])
-    chain_bytes = (latest["chain_bytes"] if chained else 0) + stored_size(packed)
-    if chain_bytes > DELTA_CHAIN_RATIO * max(base_bytes, DELTA_MIN_BYTES // 4):
-        return whole_state(conn, value, text)
-    start = latest["version"] if latest["delta_base"] is None else latest["chain_start"]
-    return StoredState(packed, delta_base=latest["version"], chain_start=start, chain_bytes=chain_bytes,
-                       base_bytes=base_bytes)
-
-
-def shared_state(row: Row) -> StoredState:
-    """The same state as `row`, stored as a reference to the row that holds it (never a chain of them)."""
-    if row["ref_channel"] is not None:
-        target = (row["ref_channel"], row["ref_version"])
-    else:
-        target = (row["channel_id"], row["version"])
-    chained = row["delta_base"] is not None or row["ref_channel"] is not None
-    return StoredState(None, ref_channel=target[0], ref_version=target[1],
-                       chain_bytes=row["chain_bytes"] if chained else 0,
-                       base_bytes=row["base_bytes"] if chained else stored_size(row["state"]))
-
-
-def state_value(conn: Conn, row: Row, *, remember: bool = True) -> Any:
-    """The state a states row holds, whatever its stored form. `remember`: keep a rebuilt one in
-    the connection's StateCache (only for committed rows: a write transaction passes False)."""
-    if row["delta_base"] is None and row["ref_channel"] is None:
-        return load_state(row["state"])
-    key = state_key(row)
-    hit = state_cache(conn).get(key)
-    if hit is not MISSING:
-        return hit
-    if row["ref_channel"] is not None:
-        value = state_value(conn, require_state_version(conn, row["ref_channel"], row["ref_version"]),
-                            remember=remember)
-    else:
-        value = rebuilt_state(conn, row, remember)
-    if remember:
-        state_cache(conn).put(key, value, row["base_bytes"] * 4 + row["chain_bytes"])
-    return value
-
-
-def rebuilt_state(conn: Conn, row: Row, remember: bool) -> Any:
-    """A delta row's state: its chain's start, then each delta up to it (from the latest one cached)."""
-    chain = state_rows_between(conn, row["channel_id"], row["chain_start"], row["version"])
-    start = 0
-    for index in range(len(chain) - 1, 0, -1):
-        hit = state_cache(conn).get(state_key(chain[index]))
-        if hit is not MISSING:
-            value, start = hit, index
-            break
-    else:
-        value = state_value(conn, chain[0], remember=remember)
-    for link in chain[start + 1:]:
-        value = apply_delta(value, load_state(link["state"]))
-    return value
-
-
-def state_rows_between(conn: Conn, channel_id: str, first: int, last: int) -> list:
-    return conn.execute("SELECT * FROM states WHERE channel_id = ? AND version BETWEEN ? AND ? ORDER BY version",
-                        (channel_id, first, last)).fetchall()
-
-
-def require_state_version(conn: Conn, channel_id: str, version: int) -> Row:
-    return present(state_version_row(conn, channel_id, version),
-                   lambda: NotFound(f"state version {version} of {channel_id} is gone"))
-
-
-def remember_saved(tx: Tx, channel_id: str, version: Union[int, Later], sha: str, value: Any,
-                   text: Optional[str]) -> None:
-    """A saved large state goes into the StateCache once committed: the next save diffs against it."""
-    if text is not None and len(text) >= DELTA_MIN_BYTES:
-        tx.after_commit.append(lambda: state_cache(tx.conn).put((channel_id, settled(version), sha), value, len(text)))
-
-
-def make_whole(tx: Tx, row: Row) -> None:
-    """Store a delta or shared row's state whole (before what it depends on is deleted)."""
-    value = state_value(tx.conn, row, remember=False)
-    tx.conn.execute("UPDATE states SET state = ?, delta_base = NULL, chain_start = NULL, ref_channel = NULL,"
-                    " ref_version = NULL, chain_bytes = 0, base_bytes = 0 WHERE channel_id = ? AND version = ?",
-                    (tx.conn.dialect.pack_state(dump(value)), row["channel_id"], row["version"]))
-
-
-def free_dependents(tx: Tx, channel_id: str, version: int) -> None:
-    """Before a version is deleted: the delta stored on it, and every fork snapshot shared from it,
-    are stored whole; the later deltas of that chain start from the one made whole."""
-    for row in tx.conn.execute("SELECT * FROM states WHERE ref_channel = ? AND ref_version = ?",
-                               (channel_id, version)).fetchall():
-        make_whole(tx, row)
-    after = tx.conn.execute("SELECT * FROM states WHERE channel_id = ? AND delta_base = ?",
-                            (channel_id, version)).fetchone()
-    if after is not None:
-        make_whole(tx, after)
-        tx.conn.execute("UPDATE states SET chain_start = ? WHERE channel_id = ? AND chain_start = ? AND version > ?",
-                        (after["version"], channel_id, after["chain_start"], after["version"]))
-
-
-def check_guards(conn: Conn, channel_id: str, expected_version: Optional[int],
-                 expected_cursor: Optional[int]) -> None:
-    """Optimistic concurrency against the channel's latest snapshot (0 = no snapshot yet)."""
-    if expected_version is None and expected_cursor is None:
-        return
-    latest = state_row_at(conn, channel_id, None)
-    version, cursor = (latest["version"], latest["cursor"]) if latest else (0, 0)
-    if expected_version is not None and expected_version != version:
-        raise Conflict("version_conflict", f"expected state version {expected_version}, latest is {version}")
-    if expected_cursor is not None and expected_cursor != cursor:
-        raise Conflict("version_conflict", f"expected state cursor {expected_cursor}, latest is {cursor}")
-
-
-def insert_state(tx: Tx, channel_id: str, cursor: int, stored: StoredState, sha: str,
-                 status: Optional[str], operation_id: Optional[str] = None, *,
-                 new_operation: bool = False, settle_later: bool = False) -> Union[int, Later, None]:
-    """A new state version, stored as `stored` says; raises Conflict(channel_closed) on a closed run.
-    With `new_operation`, None when `operation_id` is used already (nothing is written). With
-    `settle_later`, a caller that reads nothing of the version may get a Later (see Tx.later)."""
-    checked = new_operation and operation_id is not None
-    args = (channel_id, cursor, sha, status, operation_id, tx.ts, *stored.columns, channel_id)
-    if checked:
-        args += (channel_id, operation_id)
-    if settle_later and tx.may_settle_later(channel_id):
-        facts = state_facts_args(tx, channel_id, status)
-        sql = next_state_sql(tx.conn.dialect, checked, strict=True, facts=facts is not None)
-        later = Later(tx.conn.execute(sql, (facts or ()) + args), lambda row: row[0])
-        tx.later.append(later)
-        return later
-    sql = next_state_sql(tx.conn.dialect, checked)
-    used = (lambda: state_by_operation(tx.conn, channel_id, operation_id) is not None) if checked else None
-    bumped = bump_channel(tx, channel_id, lambda: tx.conn.execute(sql, args).fetchone(), used)
-    if bumped is None:
-        return None
-    note_state_facts(tx, channel_id, status)
-    return bumped[0]
-
-
-def state_by_operation(conn: Conn, channel_id: str, operation_id: str) -> Optional[Row]:
-    return conn.execute("SELECT version, cursor, sha256 FROM states WHERE channel_id = ? AND operation_id = ?",
-                        (channel_id, operation_id)).fetchone()
-
-
-def replayed_state(row: Row, cursor: int, sha: str, operation_id: str) -> int:
-    require_same_request(f"{row['cursor']}:{row['sha256']}", f"{cursor}:{sha}", operation_id, "state")
-    return row["version"]
-
-
-def save_state(tx: Tx, channel_id: str, req: SaveState) -> Union[int, Later]:
-    """POST /state/{channel}: a new immutable version; an operation id replays its version."""
-    sha = sha256_hex(canonical_json(req.state))
-    guarded = req.expected_version is not None or req.expected_cursor is not None
-    if req.operation_id is not None and guarded:      # a replay answers before the guards are checked
-        row = state_by_operation(tx.conn, channel_id, req.operation_id)
-        if row is not None:
-            return replayed_state(row, req.cursor, sha, req.operation_id)
-    check_guards(tx.conn, channel_id, req.expected_version, req.expected_cursor)
-    text = dump(req.state)
-    stored = encode_state(tx.conn, channel_id, req.state, text)
-    version = insert_state(tx, channel_id, req.cursor, stored, sha, state_status(req.state), req.operation_id,
-                           new_operation=True, settle_later=True)
-    if version is None:
-        return replayed_state(state_by_operation(tx.conn, channel_id, req.operation_id), req.cursor, sha,
-                              req.operation_id)
-    remember_saved(tx, channel_id, version, sha, req.state, text)
-    return version
-
-
-def transition(tx: Tx, req: Transition) -> TransitionAnswer:
-    """POST /events/transition: one event and the snapshot at its cursor, atomically."""
-    channel_id = req.channel_id
-    hashed = request_hash({"type": req.type, "payload": req.payload, "state": req.state})
-    if req.operation_id is not None:
-        existing = event_by_operation(tx.conn, channel_id, req.operation_id)
-        if existing is not None:
-            event = replay_or_conflict(existing, hashed, "transition")
-            version = tx.conn.execute("SELECT version FROM states WHERE channel_id = ? AND cursor = ?"
-                                      " ORDER BY version LIMIT 1", (channel_id, event.cursor)).fetchone()
-            return TransitionAnswer(event=event, state_version=version["version"] if version else 0)
-    check_guards(tx.conn, channel_id, req.expected_version, req.expected_cursor)
-    meta = req.meta()
-    event = append_event(tx, channel_id, req.type, req.payload, actor=req.actor(), metadata=meta.metadata,
-                         agent_id=meta.agent_id, user_id=meta.user_id, operation_id=req.operation_id, hashed=hashed)
-    text, sha = dump(req.state), sha256_hex(canonical_json(req.state))
-    stored = encode_state(tx.conn, channel_id, req.state, text)
-    version = insert_state(tx, channel_id, event.cursor, stored, sha, state_status(req.state))
-    remember_saved(tx, channel_id, version, sha, req.state, text)
-    return TransitionAnswer(event=event, state_version=version)
-
-
-def list_states(conn: Conn, channel_id: str, limit: int, offset: int) -> list[StateVersion]:
-    rows = conn.execute(
-        "SELECT version, cursor, created_at FROM states WHERE channel_id = ? ORDER BY version DESC LIMIT ? OFFSET ?",
-        (channel_id, limit, offset),
-    ).fetchall()
-    return [StateVersion(version=r["version"], cursor=r["cursor"], timestamp=r["created_at"]) for r in rows]
-
-
-def get_state_version(conn: Conn, channel_id: str, version: int) -> StateAnswer:
-    return state_of(conn, state_version_row(conn, channel_id, version))
-
-
-def delete_state_version(tx: Tx, channel_id: str, version: int) -> DeletedCount:
-    if state_version_row(tx.conn, channel_id, version) is not None:
-        free_dependents(tx, channel_id, version)
-    deleted = tx.conn.execute("DELETE FROM states WHERE channel_id = ? AND version = ? RETURNING version",
-                              (channel_id, version)).fetchall()
-    if deleted:
-        refresh_run_facts(tx.conn, channel_id)      # the latest snapshot may be another one now
-        tx.conn.execute(f"UPDATE channels SET state_version = {tx.conn.dialect.greatest}(state_version, ?)"
-                        " WHERE id = ?", (version, channel_id))   # never given to another state
-    return DeletedCount(deleted=len(deleted))
-
-
-# --- channel metadata -----------------------------------------------------------
-
-
-def experiment_of(row: Row) -> dict:
-    """The SDK's experiment_metadata of a channel, {} when it has none."""
-    meta = load_stored(row["experiment_metadata"])
-    return meta if isinstance(meta, dict) else {}
-
-
-def metadata_of(row: Row) -> ChannelMetadata:
-    return ChannelMetadata(
-        channel_id=row["id"], parent_channel_id=row["parent_id"], origin_run_id=row["origin_id"],
-        forked_at_cursor=row["resolved_cursor"], forked_at=row["forked_at"] or row["created_at"],
-        display_name=row["display_name"], reason=row["reason"], experiment_metadata=load_stored(row["experiment_metadata"]),
-        requested_at_cursor=row["requested_cursor"], resolved_cursor=row["resolved_cursor"],
-        resolved_state_cursor=row["resolved_cursor"], resolved_event_id=row["resolved_event_id"],
-        source_state_version=row["source_state_version"], source_state_sha256=row["source_state_sha256"],
-        restorable=bool(row["restorable"]), manifest=load(row["manifest"]), reproducibility=row["reproducibility"],
-        tool_policies=load(row["tool_policies"]), outcome=row["outcome"], result_score=row["result_score"])
-
-
-def get_metadata(conn: Conn, channel_id: str) -> ChannelMetadata:
-    return metadata_of(require_channel(conn, channel_id))
-
-
-def put_metadata(tx: Tx, channel_id: str, changes: PutMetadata) -> ChannelMetadata:
-    """PUT /channels/{id}/metadata: upsert; only the keys present change."""
-    ensure_channel(tx, channel_id)
-    given = {column: dump(value) if column == "experiment_metadata" else value
-             for column, value in (("display_name", changes.display_name), ("reason", changes.reason),
-                                   ("experiment_metadata", changes.experiment_metadata)) if value is not UNSET}
-    if given:
-        # One UPDATE (each one names run_state's column, experiment_metadata: an index rewrite each).
-        sets = ", ".join(f"{column} = ?" for column in given)
-        tx.conn.execute(f"UPDATE channels SET {sets}, updated_at = ? WHERE id = ?", (*given.values(), tx.ts, channel_id))
-    return metadata_of(channel_by_id(tx.conn, channel_id))
-
-
-def list_channels(conn: Conn) -> list:
-    return [r["id"] for r in conn.execute(f"SELECT c.id FROM channels c ORDER BY {by_activity('c.', True)}").fetchall()]
-
-
-def list_forks(conn: Conn, channel_id: str, reach: "Reach") -> list[ChannelMetadata]:
-    """The run's direct forks that `reach` sees, oldest first."""
-    require_channel(conn, channel_id)
-    where = Where().add("c.parent_id = ?", channel_id).within(reach, "c.id")
-    rows = conn.execute(f"{CHANNEL_ROW}{where} ORDER BY c.created_at, c.id", where.args).fetchall()
-    return [metadata_of(r) for r in rows]
-
-
-# --- step index (derived from events, walked across lineage) ---------------------
-
-
-def lineage(conn: Conn, channel_id: str) -> list:
-    """[(channel row, cursor where the line below left it)], from the channel up to its root."""
-    row = require_channel(conn, channel_id)
-    chain, leave_at = [], None
-    for _ in range(LINEAGE_MAX_DEPTH + 1):
-        chain.append((row, leave_at))
-        if row["parent_id"] is None:
-            break
-        leave_at = row["resolved_cursor"]
-        row = channel_by_id(conn, row["parent_id"])
-        if row is None:
-            break
-    return chain
-
-
-def own_step(conn: Conn, channel_id: str, step_number: int) -> Optional[Row]:
-    # The first event carrying a step number wins if a step number repeats.
-    return conn.execute(
-        "SELECT cursor, id FROM events WHERE channel_id = ? AND step_number = ? ORDER BY cursor LIMIT 1",
-        (channel_id, step_number),
-    ).fetchone()
-
-
-def resolve_step(conn: Conn, channel_id: str, step_number: int) -> StepLocation:
-    """Step n -> (owner channel, cursor). Inherited steps resolve on the ancestor that recorded them."""
-    for row, _ in lineage(conn, channel_id):
-        inherited = (row["parent_id"] is not None and row["forked_at_step"] is not None
-                     and step_number <= row["forked_at_step"])
-        if not inherited:
-            hit = own_step(conn, row["id"], step_number)
-            if hit is not None:
-                return StepLocation(channel_id=row["id"], cursor=hit["cursor"], event_id=hit["id"],
-                                    step_number=step_number)
-            break
-    raise NotFound(f"step {step_number} of {channel_id} is not indexed")
-
-
-def last_step_number(conn: Conn, channel_id: str) -> int:
-    """Highest step on this channel, counting the steps a fork inherited (resume continues at k+1)."""
-    row = require_channel(conn, channel_id)
-    own = conn.execute("SELECT MAX(step_number) FROM events WHERE channel_id = ? AND step_number IS NOT NULL",
-                       (channel_id,)).fetchone()[0]
-    return max(own or 0, row["forked_at_step"] or 0)
-
-
-def step_list(conn: Conn, channel_id: str) -> list:
-    """Every step visible on a channel, inherited ones resolved to their owners (for the dashboard)."""
-    steps, upper = [], None          # each ancestor owns the steps between its fork point and `upper`
-    for row, _ in lineage(conn, channel_id):
-        lower = (row["forked_at_step"] or 0) if row["parent_id"] else 0
-        where = Where().add("channel_id = ?", row["id"]).add("step_number > ?", lower).add_if(upper, "step_number <= ?")
-        owned = conn.execute(f"SELECT step_number, MIN(cursor) AS cursor FROM events{where} GROUP BY step_number",
-                             where.args)
-        steps += [{"channel_id": row["id"], "cursor": r["cursor"], "step_number": r["step_number"]} for r in owned]
-        if lower == 0:
-            break
-        upper = lower
-    return sorted(steps, key=lambda step: step["step_number"])
-
-
 # =============================================================================
-# Domain: forks (copy-on-write: a row, a boundary, one copied snapshot)
+# Principals: API keys, accounts, login tokens, dashboard sessions (the kernel's: every door asks them)
 # =============================================================================
 
-def reproducibility_grade(restorable: bool, manifest: Optional[dict]) -> str:
-    if not restorable:
-        return "best_effort"
-    if isinstance(manifest, dict) and all(manifest.get(k) not in (None, "", {}, []) for k in CONTEXT_EXACT_KEYS):
-        return "context_exact"
-    return "state_exact"
+Item = typing.TypeVar("Item")
 
-
-def receipt_of(row: Row, *, replayed: bool = False) -> Receipt:
-    return Receipt(
-        fork_id=row["id"], channel_id=row["id"], child_channel_id=row["id"], source_channel_id=row["parent_id"],
-        origin_run_id=row["origin_id"], requested_cursor=row["requested_cursor"],
-        resolved_cursor=row["resolved_cursor"], resolved_state_cursor=row["resolved_cursor"],
-        resolved_event_id=row["resolved_event_id"], forked_at_step=row["forked_at_step"],
-        source_state_version=row["source_state_version"], source_state_sha256=row["source_state_sha256"],
-        restorable=bool(row["restorable"]), replayed=replayed, manifest=load(row["manifest"]),
-        reproducibility=row["reproducibility"], tool_policies=load(row["tool_policies"]), forked_at=row["forked_at"])
-
-
-def get_receipt(conn: Conn, channel_id: str) -> Receipt:
-    row = require_channel(conn, channel_id)
-    if row["parent_id"] is None:
-        raise NotFound(f"channel {channel_id} is not a fork")
-    return receipt_of(row)
-
-
-def fork_step_boundary(conn: Conn, source: Row, boundary_cursor: int,
-                       experiment_metadata: Any) -> Optional[int]:
-    """How many steps the child inherits: the SDK's forked_at_step, else the source's last step at the boundary."""
-    if isinstance(experiment_metadata, dict):
-        declared = experiment_metadata.get("forked_at_step")
-        if is_int(declared) and 0 <= declared <= INT64_MAX:
-            return declared
-    # Walk back from the boundary to the nearest step event: a few rows, not the whole history.
-    own = last_step_at(conn, source["id"], boundary_cursor)
-    return own if own is not None else source["forked_at_step"]
-
-
-def fork_channel(tx: Tx, req: Fork) -> Receipt:
-    """POST /channels/fork. Never writes to the source; cost is independent of the source's history."""
-    conn = tx.conn
-    source_id, child_id, at_cursor = req.source_channel_id, req.new_channel_id, req.at_cursor
-    hashed = request_hash({k: v for k, v in msgspec.structs.asdict(req).items() if k != "operation_id"})
-    if req.operation_id is not None:
-        earlier = conn.execute(f"{CHANNEL_ROW} WHERE c.fork_operation_id = ?", (req.operation_id,)).fetchone()
-        if earlier is not None:
-            require_same_request(earlier["fork_request_hash"], hashed, req.operation_id, "fork")
-            return receipt_of(earlier, replayed=True)
-    existing = channel_by_id(conn, child_id)
-    if existing is not None:
-        # AgentSession retries with a fresh operation id, so the child's name is the retry key.
-        # Same source and boundary is the same fork (the SDK's own retry); a different tool policy is
-        # not: replaying it would leave the caller believing its policy is in force.
-        if (existing["parent_id"] == source_id and existing["requested_cursor"] == at_cursor
-                and load(existing["tool_policies"]) == req.tool_policies):
-            return receipt_of(existing, replayed=True)
-        raise Conflict("channel_conflict", f"channel {child_id} already exists with a different definition")
-    if child_id == source_id:
-        raise BadRequest("new_channel_id must differ from source_channel_id")
-    source = require_channel(conn, source_id)
-    if len(lineage(conn, source_id)) > LINEAGE_MAX_DEPTH:
-        raise Conflict("channel_conflict", f"{source_id} is already {LINEAGE_MAX_DEPTH} forks deep; fork an ancestor")
-    check_guards(conn, source_id, req.expected_version, req.expected_cursor)
-
-    # The boundary lies within the source's history as it is now: a snapshot saved at a cursor past
-    # its last event would make the fork inherit whatever the source records next.
-    last = source["last_cursor"]
-    snapshot = state_row_at(conn, source_id, min(at_cursor, last) if at_cursor else None)
-    if snapshot is not None and snapshot["cursor"] > last:
-        snapshot = state_row_at(conn, source_id, last)
-    if snapshot is None and at_cursor > 0:
-        raise Conflict("snapshot_boundary_required",
-                       f"no state snapshot of {source_id} at or before cursor {at_cursor}; fork at a "
-                       "snapshotted step or use boundary_mode='approximate'")
-    resolved = snapshot["cursor"] if snapshot else 0
-    boundary_event = conn.execute("SELECT id, chain_hash FROM events WHERE channel_id = ? AND cursor = ?",
-                                  (source_id, resolved)).fetchone()
-    resolved_event_id = boundary_event["id"] if boundary_event else None
-    restorable = snapshot is not None
-    # The child's chain goes on from the parent's hash at the boundary (a fork at 0 starts afresh).
-    conn.execute(
-        "INSERT INTO channels (id, parent_id, origin_id, created_at, updated_at, display_name, reason,"
-        " experiment_metadata, forked_at, requested_cursor, resolved_cursor, resolved_event_id, forked_at_step,"
-        " source_state_version, source_state_sha256, restorable, manifest, reproducibility, tool_policies,"
-        " fork_operation_id, fork_request_hash, chain_base)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        (child_id, source_id, source["origin_id"], tx.ts, tx.ts, req.display_name, req.reason,
-         dump(req.experiment_metadata), tx.ts, at_cursor, resolved, resolved_event_id,
-         fork_step_boundary(conn, source, at_cursor or resolved, req.experiment_metadata),
-         snapshot["version"] if snapshot else 0, snapshot["sha256"] if snapshot else None, int(restorable),
-         dump(req.manifest), reproducibility_grade(restorable, req.manifest), dump(req.tool_policies),
-         req.operation_id, hashed, boundary_event["chain_hash"] if boundary_event else None),
-    )
-    marker = append_event(tx, child_id, "fork.started", {
-        "source_channel_id": source_id, "requested_cursor": at_cursor, "resolved_cursor": resolved,
-        "source_state_version": snapshot["version"] if snapshot else 0, "restorable": restorable,
-    }, depends_on=resolved_event_id)
-    if snapshot is not None:
-        insert_state(tx, child_id, marker.cursor, shared_state(snapshot), snapshot["sha256"], snapshot["status"])
-    return receipt_of(channel_by_id(conn, child_id))
-
-
-def stretch_row(conn: Conn, channel_id: str, upto: Optional[int]) -> Row:
-    """A channel's own events up to cursor `upto` (all, with None) in one read: how many (n), how many
-    steps (numbered, or reporting usage: usage_of), how many numbered steps kept none (unknown), their
-    tokens (tin, tout) and cost, the first and last event's times."""
-    limit, args = ("", (channel_id,)) if upto is None else (" AND e.cursor <= ?", (channel_id, upto))
-    return conn.execute(
-        "SELECT COUNT(*) AS n, COUNT(CASE WHEN e.step_number IS NOT NULL OR u.cursor IS NOT NULL THEN 1 END) AS steps,"
-        " COUNT(CASE WHEN e.step_number IS NOT NULL AND u.cursor IS NULL THEN 1 END) AS unknown,"
-        # Summed as floating point (SQLite) or numeric (PostgreSQL): 64-bit counts never overflow a sum.
-        " COALESCE(SUM(u.input_tokens * 1.0), 0) AS tin, COALESCE(SUM(u.output_tokens * 1.0), 0) AS tout,"
-        " SUM(u.cost) AS cost,"
-        " MIN(e.created_at) AS first, MAX(e.created_at) AS last FROM events e LEFT JOIN step_usage u"
-        f" ON u.channel_id = e.channel_id AND u.cursor = e.cursor WHERE e.channel_id = ?{limit}", args).fetchone()
-
-
-def spend_of(conn: Conn, stretches: list) -> Spend:
-    """What these stretches of steps spent: [(channel, highest cursor or None)], each a channel's own
-    events up to that cursor."""
-    steps = without = input_tokens = output_tokens = 0
-    cost, wall = None, 0.0
-    for channel_id, upto in stretches:
-        row = stretch_row(conn, channel_id, upto)
-        steps, without = steps + row["steps"], without + row["unknown"]
-        input_tokens, output_tokens = input_tokens + int(row["tin"]), output_tokens + int(row["tout"])
-        if row["cost"] is not None:
-            cost = (cost or 0.0) + float(row["cost"])
-        wall += (millis_between(row["first"], row["last"]) or 0) / 1000
-    return Spend(steps=steps, steps_without_usage=without, input_tokens=input_tokens, output_tokens=output_tokens,
-                 cost=None if cost is None else round(cost, 9), wall_seconds=round(wall, 6))
-
-
-def fork_saving(conn: Conn, channel_id: str) -> Optional[ForkSaving]:
-    """What a fork did not spend again (the history it inherited, across every ancestor it reaches)
-    and what its own tail spent; None for a run that is no fork."""
-    chain = lineage(conn, channel_id)
-    row = chain[0][0]
-    if row["parent_id"] is None:
-        return None
-    return ForkSaving(channel_id=channel_id, parent_channel_id=row["parent_id"], forked_at_step=row["forked_at_step"],
-                      saved=spend_of(conn, [(ancestor["id"], upto) for ancestor, upto in chain[1:]]),
-                      tail=spend_of(conn, [(channel_id, None)]))
-
-
-def savings_of(conn: Conn, channel_id: str, reach: "Reach") -> Savings:
-    """GET /channels/{id}/savings: the run's own saving as a fork, and its forks' (those `reach` sees)
-    with their totals."""
-    require_channel(conn, channel_id)
-    forks = [fork_saving(conn, child) for child in child_ids(conn, channel_id, reach)]
-    totals = {"steps": 0, "steps_without_usage": 0, "input_tokens": 0, "output_tokens": 0, "wall_seconds": 0.0}
-    cost = None
-    for fork in forks:
-        for name in totals:
-            totals[name] += getattr(fork.saved, name)
-        if fork.saved.cost is not None:
-            cost = (cost or 0.0) + fork.saved.cost
-    return Savings(channel_id=channel_id, fork=fork_saving(conn, channel_id), forks=forks,
-                   forks_saved=Spend(**totals, cost=cost))
-
-
-def lineage_tree(conn: Conn, channel_id: str, reach: "Reach") -> ForkTree:
-    """The fork tree a channel belongs to as `reach` sees it: from its highest ancestor reached through
-    runs it sees (the root, for a credential that reads the whole line)."""
-    top = channel_id
-    for row, _ in lineage(conn, channel_id)[1:]:
-        if not reach.sees(row["id"]):
-            break
-        top = row["id"]
-    return fork_tree(conn, top, reach)
-
-
-def descendants(conn: Conn, channel_id: str, reach: Optional["Reach"] = None) -> list:
-    """Every fork below a channel (forks of forks too) that `reach` sees, when given, each after its
-    parent: depth first, oldest first."""
-    found, pending = [], [(channel_id, 0)]
-    while pending:
-        parent, depth = pending.pop()
-        if parent != channel_id:
-            found.append(parent)
-        if depth < LINEAGE_MAX_DEPTH:
-            pending.extend((child, depth + 1) for child in reversed(child_ids(conn, parent, reach)))
-    return found
-
-
-def child_ids(conn: Conn, channel_id: str, reach: Optional["Reach"] = None) -> list:
-    """The channel's own forks (those `reach` sees, when given), oldest first."""
-    where = Where().add("parent_id = ?", channel_id)
-    if reach is not None:
-        where.within(reach, "id")
-    return [r["id"] for r in conn.execute(f"SELECT id FROM channels{where} ORDER BY created_at, id", where.args)]
-
-
-def fork_tree(conn: Conn, channel_id: str, reach: "Reach", depth: int = 0) -> ForkTree:
-    """A channel and its descendants that `reach` sees (a fork it may not read is left out with its
-    own forks), each with where it forked and how far it got."""
-    row = require_channel(conn, channel_id)
-    meta = experiment_of(row)
-    children = child_ids(conn, channel_id, reach)
-    return ForkTree(
-        channel_id=row["id"], display_name=row["display_name"], reason=row["reason"],
-        parent_channel_id=row["parent_id"], forked_at_cursor=row["resolved_cursor"],
-        forked_at_step=row["forked_at_step"] if row["parent_id"] else None,
-        event_count=row["last_cursor"], latest_cursor=row["last_cursor"] or None,
-        status=meta.get("status"), outcome=row["outcome"],
-        children=[fork_tree(conn, c, reach, depth + 1) for c in children] if depth < LINEAGE_MAX_DEPTH else [])
-
-
-# =============================================================================
-# Domain: diff, compare, trail, outcome, promote, delete, experiments
-# =============================================================================
-
-def diff_values(left: Any, right: Any, path: tuple = ()) -> list[DiffEntry]:
-    """Keys/indexes only on the right are added, only on the left removed, on both but unequal changed."""
-    if isinstance(left, dict) and isinstance(right, dict):
-        entries = []
-        for key in sorted(set(left) | set(right), key=str):
-            sub = (*path, str(key))
-            if key not in left:
-                entries.append(DiffEntry(path=list(sub), kind="added", left=None, right=right[key]))
-            elif key not in right:
-                entries.append(DiffEntry(path=list(sub), kind="removed", left=left[key], right=None))
-            else:
-                entries += diff_values(left[key], right[key], sub)
-        return entries
-    if isinstance(left, list) and isinstance(right, list):
-        entries = []
-        for i in range(max(len(left), len(right))):
-            sub = (*path, str(i))
-            if i >= len(left):
-                entries.append(DiffEntry(path=list(sub), kind="added", left=None, right=right[i]))
-            elif i >= len(right):
-                entries.append(DiffEntry(path=list(sub), kind="removed", left=left[i], right=None))
-            else:
-                entries += diff_values(left[i], right[i], sub)
-        return entries
-    if type(left) is type(right) and left == right:
-        return []
-    return [DiffEntry(path=list(path), kind="changed", left=left, right=right)]
-
-
-def common_ancestor(conn: Conn, left_id: str, right_id: str) -> dict:
-    """The lowest common ancestor of two channels and the cursor on it where each side left."""
-    left_chain, right_chain = lineage(conn, left_id), lineage(conn, right_id)
-    right_by_id = {row["id"]: leave for row, leave in right_chain}
-    for row, left_leave in left_chain:
-        if row["id"] in right_by_id:
-            right_leave = right_by_id[row["id"]]
-            shared = min((c for c in (left_leave, right_leave) if c is not None), default=None)
-            return {"channel_id": row["id"], "cursor": shared, "left": left_leave, "right": right_leave}
-    return {}
-
-
-def diff_channels(conn: Conn, left_id: str, right_id: str) -> ChannelDiff:
-    """GET /channels/diff: latest states compared, plus the state both sides share."""
-    left, right = latest_state(conn, left_id), latest_state(conn, right_id)
-    ancestor = common_ancestor(conn, left_id, right_id)
-    common = None
-    if ancestor:
-        at = state_row_at(conn, ancestor["channel_id"], ancestor["cursor"])
-        cursor = ancestor["cursor"] if ancestor["cursor"] is not None else (at["cursor"] if at else 0)
-        common = StateAt(channel_id=ancestor["channel_id"], cursor=cursor, state=state_value(conn, at) if at else None)
-    entries = diff_values(left.state, right.state)
-    return ChannelDiff(
-        left_channel_id=left_id, right_channel_id=right_id,
-        left=StateAt(channel_id=left_id, cursor=left.cursor, state=left.state),
-        right=StateAt(channel_id=right_id, cursor=right.cursor, state=right.state),
-        common=common,
-        left_diverged_at_cursor=ancestor.get("left"), right_diverged_at_cursor=ancestor.get("right"),
-        entries=entries[:DIFF_MAX_ENTRIES], truncated=len(entries) > DIFF_MAX_ENTRIES,
-        entry_count_total=len(entries), max_entries=DIFF_MAX_ENTRIES)
-
-
-def execution_of(row: Row) -> Execution:
-    return Execution(
-        id=row["id"], channel_id=row["channel_id"], key_name=row["key_name"], tool_name=row["tool_name"],
-        status=row["status"], attempts=row["attempts"], lease_until=row["lease_until"],
-        started_cursor=row["started_cursor"], completed_cursor=row["completed_cursor"],
-        started_event_id=row["started_event_id"], completed_event_id=row["completed_event_id"],
-        replay_emitted=bool(row["replay_emitted"]), params=load(row["params"]), result=load(row["result"]),
-        error=load(row["error"]), inherited_from=row["inherited_from"], created_at=row["created_at"],
-        updated_at=row["updated_at"], completed_at=row["completed_at"])
-
-
-def channel_executions(conn: Conn, channel_id: str) -> list[Execution]:
-    return [execution_of(r) for r in rows_where(conn, "executions", "created_at, id", channel_id=channel_id)]
-
-
-def decision_trail(conn: Conn, channel_id: str, reach: "Reach") -> Trail:
-    """A run's ancestry (an ancestor `reach` does not see keeps its id, which the fork's own record
-    holds, and nothing else of its own), the state it forked from, and its tool executions."""
-    chain = lineage(conn, channel_id)
-    row = chain[0][0]
-    boundary = None
-    if row["parent_id"] is not None:
-        at = state_row_at(conn, row["parent_id"], row["resolved_cursor"]) if row["restorable"] else None
-        boundary = StateAt(channel_id=row["parent_id"], cursor=row["resolved_cursor"],
-                           state=state_value(conn, at) if at else None)
-    return Trail(
-        channel_id=channel_id, origin_run_id=row["origin_id"],
-        ancestry=[Ancestor(channel_id=r["id"], parent_channel_id=r["parent_id"], forked_at_cursor=r["resolved_cursor"],
-                           display_name=r["display_name"] if reach.sees(r["id"]) else None,
-                           reason=r["reason"] if reach.sees(r["id"]) else None) for r, _ in chain],
-        boundary=boundary, executions=channel_executions(conn, channel_id))
-
-
-def run_figures(conn: Conn, channel_id: str, tool_calls: int) -> RunFigures:
-    row = stretch_row(conn, channel_id, None)              # usage as the one rule kept it (usage_of)
-    cost = 0 if row["cost"] is None else round(float(row["cost"]), 9)
-    duration = (millis_between(row["first"], row["last"]) or 0) / 1000
-    return RunFigures(event_count=row["n"], step_count=row["steps"], tool_calls=tool_calls, duration_seconds=duration,
-                      tokens=int(row["tin"]) + int(row["tout"]), cost=cost)
-
-
-def last_output(conn: Conn, channel_id: str) -> Any:
-    row = conn.execute("SELECT payload FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
-                       " ORDER BY cursor DESC LIMIT 1", (channel_id,)).fetchone()
-    payload = load(row["payload"]) if row else None
-    return payload.get("output") if isinstance(payload, dict) else None
-
-
-def tool_summary(execution: Execution) -> ToolSummary:
-    return ToolSummary(key_name=execution.key_name, tool_name=execution.tool_name, status=execution.status)
-
-
-def figures_delta(left: RunFigures, right: RunFigures) -> RunFigures:
-    return RunFigures(**{name: getattr(right, name) - getattr(left, name) for name in RunFigures.__struct_fields__})
-
-
-def compare_channels(conn: Conn, left_id: str, right_id: str) -> Comparison:
-    left_meta, right_meta = get_metadata(conn, left_id), get_metadata(conn, right_id)
-    left_tools, right_tools = ({e.key_name: tool_summary(e) for e in channel_executions(conn, cid)}
-                               for cid in (left_id, right_id))
-    left_metrics, right_metrics = run_figures(conn, left_id, len(left_tools)), run_figures(conn, right_id, len(right_tools))
-    outputs = (last_output(conn, left_id), last_output(conn, right_id))
-    return Comparison(
-        left_channel_id=left_id, right_channel_id=right_id,
-        state_diff=diff_channels(conn, left_id, right_id),
-        manifest_diff=diff_values(left_meta.manifest, right_meta.manifest),
-        tool_diff=ToolDiff(
-            only_left=[t for k, t in left_tools.items() if k not in right_tools],
-            only_right=[t for k, t in right_tools.items() if k not in left_tools],
-            changed=[ToolChange(key_name=k, left=t, right=right_tools[k])
-                     for k, t in left_tools.items() if k in right_tools and t != right_tools[k]]),
-        output_diff=OutputDiff(left=outputs[0], right=outputs[1], entries=diff_values(*outputs)),
-        metrics=FiguresDiff(left=left_metrics, right=right_metrics, delta=figures_delta(left_metrics, right_metrics)))
-
-
-def set_outcome(tx: Tx, channel_id: str, outcome: str, score: Optional[float]) -> OutcomeAnswer:
-    require_channel(tx.conn, channel_id)
-    tx.conn.execute("UPDATE channels SET outcome = ?, result_score = COALESCE(?, result_score), updated_at = ?"
-                    " WHERE id = ?", (outcome, score, tx.ts, channel_id))
-    row = channel_by_id(tx.conn, channel_id)
-    return OutcomeAnswer(channel_id=channel_id, outcome=row["outcome"], result_score=row["result_score"])
-
-
-def close_channel(tx: Tx, channel_id: str, actor: str) -> Closed:
-    """POST /channels/{id}/close: a last `channel.closed` event, then no more events or states.
-
-    Closing a closed run answers the first close again.
-    """
-    row = require_channel(tx.conn, channel_id)
-    if row["closed_at"] is not None:
-        return Closed(channel_id=channel_id, closed_at=row["closed_at"], replayed=True)
-    event = append_event(tx, channel_id, "channel.closed", {"closed_by": actor}, actor=actor)
-    tx.conn.execute("UPDATE channels SET closed_at = ?, updated_at = ? WHERE id = ?", (tx.ts, tx.ts, channel_id))
-    return Closed(channel_id=channel_id, closed_at=tx.ts, replayed=False, event=event)
-
-
-def promote_channel(tx: Tx, child_id: str) -> Promotion:
-    """Merge a fork into its parent, append-only: the parent gets a `channel.promoted` event and a
-    new state version equal to the fork's latest state (its history is untouched); the fork's
-    outcome becomes `promoted`. Promoting the same fork state again replays the first promotion.
-    """
-    child = require_channel(tx.conn, child_id)
-    parent_id = child["parent_id"]
-    if parent_id is None:
-        raise BadRequest(f"channel {child_id} is not a fork; only a fork can be promoted into its parent")
-    latest = state_row_at(tx.conn, child_id, None)
-    latest_version = latest["version"] if latest else None
-    if child["promoted_event_id"] is not None and child["promoted_version"] == latest_version:
-        event = event_of(present(row_where(tx.conn, "events", id=child["promoted_event_id"]),
-                                 lambda: NotFound("promotion event is gone")))
-        version = tx.conn.execute("SELECT MAX(version) FROM states WHERE channel_id = ? AND cursor = ?",
-                                  (parent_id, event.cursor)).fetchone()[0]
-        return Promotion(replayed=True, parent_channel_id=parent_id, child_channel_id=child_id, event=event,
-                         state_version=version)
-    event = append_event(tx, parent_id, "channel.promoted", {
-        "child_channel_id": child_id, "child_state_version": latest_version,
-        "child_latest_cursor": child["last_cursor"],
-    })
-    version = insert_state(tx, parent_id, event.cursor, whole_copy(tx.conn, latest), latest["sha256"],
-                           latest["status"]) if latest else None
-    tx.conn.execute("UPDATE channels SET outcome = 'promoted', promoted_event_id = ?, promoted_version = ?,"
-                    " updated_at = ? WHERE id = ?", (event.id, latest_version, tx.ts, child_id))
-    return Promotion(replayed=False, parent_channel_id=parent_id, child_channel_id=child_id, event=event,
-                     state_version=version)
-
-
-def delete_channel(tx: Tx, channel_id: str, recursive: bool, reach: "Reach") -> DeletedChannels:
-    """Delete a run: its events, states, ledger rows and experiment memberships; its pending
-    wake-ups are cancelled. Forks of it go too with recursive=true, else it is refused, and so is
-    a run that a consumer group or an execution group still works on (delete those first). Every
-    fork deleted with it must be one `reach` may delete; a refusal names only the forks it reads.
-    """
-    require_channel(tx.conn, channel_id)
-    users = [f"consumer group {r[0]}" for r in tx.conn.execute(
-        "SELECT id FROM consumer_groups WHERE channel_id = ?", (channel_id,))]
-    users += [f"execution group {r[0]} (member {r[1]})" for r in tx.conn.execute(
-        "SELECT group_id, member_id FROM execution_group_members WHERE channel_id = ?", (channel_id,))]
-    if users:
-        raise Conflict("channel_conflict", f"channel {channel_id} is in use by {', '.join(users)}")
-    children = child_ids(tx.conn, channel_id)
-    if children and not recursive:
-        raise Conflict("channel_conflict", f"channel {channel_id} has forks ({named_runs(children, reach)}); "
-                                           "delete with recursive=true")
-    barred = [run for run in descendants(tx.conn, channel_id) if not reach.removes(run)] if children else []
-    if barred:
-        raise Forbidden(f"channel {channel_id} has forks this credential may not delete ({named_runs(barred, reach)})")
-    deleted = []
-    for child in children:                 # every fork below was checked against `reach` just above
-        deleted += delete_channel(tx, child, True, EVERYWHERE).deleted
-    for table in ("events", "states", "executions", "step_usage"):
-        tx.conn.execute(f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,))
-    for delete in RUN_DELETERS:
-        delete(tx, channel_id)
-    tx.conn.execute("DELETE FROM experiment_members WHERE channel_id = ?", (channel_id,))
-    tx.conn.execute("UPDATE wakeups SET status = 'cancelled', error = 'channel deleted'"
-                    " WHERE channel_id = ? AND status = 'pending'", (channel_id,))
-    tx.conn.execute("DELETE FROM channels WHERE id = ?", (channel_id,))
-    tx.after_commit.append(lambda: state_cache(tx.conn).forget_channel(channel_id))
-    return DeletedChannels(deleted=deleted + [channel_id])
-
-
-def named_runs(runs: list, reach: "Reach") -> str:
-    """Runs as an error names them: those `reach` reads by id, the others only counted."""
-    seen = reach.seen(runs)
-    hidden = len(runs) - len(seen)
-    return ", ".join(seen + ([f"{hidden} it may not read"] if hidden else []))
-
-
-def experiment_answer(conn: Conn, row: Row) -> Experiment:
-    members = conn.execute(
-        "SELECT m.*, c.result_score, c.outcome FROM experiment_members m LEFT JOIN channels c ON c.id = m.channel_id"
-        " WHERE m.experiment_id = ? ORDER BY m.added_at, m.channel_id", (row["id"],)).fetchall()
-    return Experiment(
-        id=row["id"], group_id=row["id"], name=row["name"], description=row["description"],
-        baseline_channel_id=row["baseline_channel_id"], created_at=row["created_at"],
-        members=[ExperimentMember(channel_id=m["channel_id"], role=m["role"], declared_delta=load(m["declared_delta"]),
-                                  result_score=m["result_score"], outcome=m["outcome"], added_at=m["added_at"])
-                 for m in members])
-
-
-def require_experiment(conn: Conn, experiment_id: str) -> Row:
-    return fetch_or_raise(conn, lambda: NotFound(f"experiment {experiment_id} not found"),
-                          "SELECT * FROM experiments WHERE id = ?", experiment_id)
-
-
-def add_member(tx: Tx, experiment_id: str, channel_id: str, role: str, declared_delta: Any) -> None:
-    tx.conn.execute(
-        "INSERT INTO experiment_members (experiment_id, channel_id, role, declared_delta, added_at)"
-        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (experiment_id, channel_id) DO UPDATE SET role = excluded.role,"
-        " declared_delta = excluded.declared_delta",
-        (experiment_id, channel_id, role, dump(declared_delta), tx.ts))
-
-
-def create_experiment(tx: Tx, name: str, description: Optional[str], baseline: Optional[str]) -> Experiment:
-    experiment_id = str(uuid.uuid4())
-    tx.conn.execute("INSERT INTO experiments (id, name, description, baseline_channel_id, created_at)"
-                    " VALUES (?, ?, ?, ?, ?)", (experiment_id, name, description, baseline, tx.ts))
-    if baseline:
-        add_member(tx, experiment_id, baseline, "baseline", None)
-    return experiment_answer(tx.conn, require_experiment(tx.conn, experiment_id))
-
-
-def add_experiment_member(tx: Tx, experiment_id: str, channel_id: str, role: str, declared_delta: Any) -> Experiment:
-    require_experiment(tx.conn, experiment_id)
-    add_member(tx, experiment_id, channel_id, role, declared_delta)
-    return experiment_answer(tx.conn, require_experiment(tx.conn, experiment_id))
-
-
-def list_experiments(conn: Conn) -> list[Experiment]:
-    return [experiment_answer(conn, r) for r in conn.execute("SELECT * FROM experiments ORDER BY created_at DESC")]
-
-
-def get_experiment(conn: Conn, experiment_id: str) -> Experiment:
-    return experiment_answer(conn, require_experiment(conn, experiment_id))
-
-
-def rank_experiment(conn: Conn, experiment_id: str) -> RankedExperiment:
-    experiment = experiment_answer(conn, require_experiment(conn, experiment_id))
-    ranked = sorted(experiment.members, key=lambda m: (m.result_score is None, -(m.result_score or 0)))
-    ranking = [RankedMember(**msgspec.structs.asdict(member), rank=rank) for rank, member in enumerate(ranked, start=1)]
-    fields = msgspec.structs.asdict(experiment)
-    # Members of the answer carry their rank too, as the ranking lists them.
-    fields["members"] = [next(r for r in ranking if r.channel_id == m.channel_id) for m in experiment.members]
-    return RankedExperiment(**fields, ranking=ranking)
-
-
-# =============================================================================
-# Domain: the execution ledger and fork tool policies
-# =============================================================================
-
-def execution_identity(tool_name: str, params: Any, dedup_fields: Optional[list]) -> str:
-    """Request hash over tool + params, projected on `dedup_fields` so volatile fields don't count."""
-    if dedup_fields is not None and isinstance(params, dict):
-        params = {k: params[k] for k in dedup_fields if k in params}
-    return request_hash({"tool": tool_name, "params": params})
-
-
-def require_execution(conn: Conn, execution_id: str) -> Row:
-    return fetch_or_raise(conn, lambda: execution_not_found(execution_id), "SELECT * FROM executions WHERE id = ?",
-                          execution_id)
-
-
-def lease_expired(row: Row, now: datetime) -> bool:
-    return row["lease_until"] is None or row["lease_until"] <= iso(now)
-
-
-def effective_policy(policies: Optional[dict], tool_name: str) -> str:
-    policies = policies or {}
-    return policies.get(tool_name) or policies.get("*") or "auto"
-
-
-def ancestor_execution(conn: Conn, channel: Row, key_name: str) -> Optional[tuple]:
-    """(row, boundary cursor) of the nearest ancestor that has this key, or None."""
-    for ancestor, boundary in lineage(conn, channel["id"])[1:]:
-        row = row_where(conn, "executions", channel_id=ancestor["id"], key_name=key_name)
-        if row is not None:
-            return row, boundary
-    return None
-
-
-def lifecycle_event(tx: Tx, row_id: str, channel_id: str, event_type: str, payload: dict,
-                    depends_on: Optional[str] = None) -> Event:
-    return append_event(tx, channel_id, event_type, payload, actor="ledger",
-                        metadata={"execution_id": row_id}, depends_on=depends_on)
-
-
-def start_attempt(tx: Tx, req: Claim, hashed: str, existing: Optional[Row]) -> Claimed:
-    """A new owner for (channel, key): a fresh token and lease, `tool.started` on the channel."""
-    token = secrets.token_urlsafe(24)
-    lease_until = iso(tx.now + timedelta(seconds=req.lease_seconds))
-    execution_id = existing["id"] if existing else str(uuid.uuid4())
-    attempts = (existing["attempts"] if existing else 0) + 1
-    started = lifecycle_event(tx, execution_id, req.channel_id, "tool.started", {
-        "execution_id": execution_id, "key_name": req.key_name, "tool_name": req.tool_name,
-        "attempt": attempts, "actor": req.actor,
-    })
-    if existing is None:
-        tx.conn.execute(
-            "INSERT INTO executions (id, channel_id, key_name, tool_name, request_hash, params, status, claim_token,"
-            " lease_seconds, lease_until, attempts, started_cursor, started_event_id, created_at, updated_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, 1, ?, ?, ?, ?)",
-            (execution_id, req.channel_id, req.key_name, req.tool_name, hashed, dump(req.params), token,
-             req.lease_seconds, lease_until, started.cursor, started.id, tx.ts, tx.ts))
-    else:
-        tx.conn.execute(
-            "UPDATE executions SET status = 'running', claim_token = ?, lease_seconds = ?, lease_until = ?,"
-            " attempts = ?, started_cursor = ?, started_event_id = ?, error = NULL, updated_at = ? WHERE id = ?",
-            (token, req.lease_seconds, lease_until, attempts, started.cursor, started.id, tx.ts, execution_id))
-    row = require_execution(tx.conn, execution_id)
-    return Claimed(status="reclaimed" if existing else "claimed", execution=execution_of(row), claim_token=token)
-
-
-def replay_completed(tx: Tx, row: Row, emit_event: bool) -> Claimed:
-    if emit_event and not row["replay_emitted"]:
-        lifecycle_event(tx, row["id"], row["channel_id"], "tool.replayed",
-                        {"execution_id": row["id"], "key_name": row["key_name"], "tool_name": row["tool_name"]},
-                        depends_on=row["completed_event_id"])
-        tx.conn.execute("UPDATE executions SET replay_emitted = 1, updated_at = ? WHERE id = ?", (tx.ts, row["id"]))
-        row = require_execution(tx.conn, row["id"])
-    return Claimed(status="replayed", execution=execution_of(row), result=load(row["result"]))
-
-
-@dataclass(frozen=True)
-class Refused:
-    """A write that commits (its audit event stays) and still answers the caller with an error."""
-
-    error: ActaeError
-
-
-def refuse_by_policy(tx: Tx, req: Claim, policy: str, reason: str) -> Refused:
-    """The refusal is recorded (`tool.blocked` commits) even though the caller gets a 409."""
-    lifecycle = {"policy": policy, "tool_name": req.tool_name, "key_name": req.key_name, "reason": reason}
-    append_event(tx, req.channel_id, "tool.blocked", lifecycle, actor="ledger")
-    return Refused(Conflict("fork_tool_blocked", f"fork tool policy '{policy}' refused {req.tool_name} ({reason})"))
-
-
-def copy_inherited(tx: Tx, req: Claim, source: Row) -> Claimed:
-    """Replay an ancestor's completed effect onto the fork without running it (no tool.started).
-
-    The copy counts as completed at the fork's first cursor: the effect is part of everything the
-    fork inherited, so a fork of this fork inherits it too, whatever its boundary.
-    """
-    execution_id = str(uuid.uuid4())
-    tx.conn.execute(
-        "INSERT INTO executions (id, channel_id, key_name, tool_name, request_hash, params, status, lease_seconds,"
-        " attempts, result, completed_cursor, inherited_from, created_at, updated_at, completed_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, 'completed', ?, 0, ?, 1, ?, ?, ?, ?)",
-        (execution_id, req.channel_id, req.key_name, source["tool_name"], source["request_hash"],
-         source["params"], source["lease_seconds"], source["result"], source["id"], tx.ts, tx.ts, tx.ts))
-    return replay_completed(tx, require_execution(tx.conn, execution_id), req.emit_replay_event)
-
-
-def claim_on_fork(tx: Tx, req: Claim, hashed: str, channel: Row) -> Union[Claimed, Refused, None]:
-    """Apply the fork's tool policy to a first claim; None means 'run it live as usual'."""
-    if (req.key_name, req.tool_name) == SESSION_FENCE:
-        return None                     # AgentSession's writer lock, not a side effect
-    policy = effective_policy(load(channel["tool_policies"]), req.tool_name)
-    if policy == "live":
-        return None
-    if policy == "block":
-        # Even an exact inherited match is refused: a payment must never re-fire on a counterfactual.
-        return refuse_by_policy(tx, req, policy, "blocked")
-    found = ancestor_execution(tx.conn, channel, req.key_name)
-    row, boundary = found or (None, None)
-    if (row is not None and row["request_hash"] == hashed and row["status"] == "completed"
-            and row["completed_cursor"] is not None and row["completed_cursor"] <= boundary):
-        return copy_inherited(tx, req, row)
-    if policy == "auto":
-        return None
-    return refuse_by_policy(tx, req, policy, "mismatch" if row is not None and row["request_hash"] != hashed else "miss")
-
-
-def claim_execution(tx: Tx, req: Claim) -> Union[Claimed, Refused]:
-    """POST /executions/claim: claimed | replayed | in_progress | reclaimed, or Refused on a fork."""
-    ensure_channel(tx, req.channel_id)
-    hashed = execution_identity(req.tool_name, req.params, req.dedup_fields)
-    row = row_where(tx.conn, "executions", channel_id=req.channel_id, key_name=req.key_name)
-    if row is None:
-        channel = channel_by_id(tx.conn, req.channel_id)
-        if channel["parent_id"] is not None:
-            decided = claim_on_fork(tx, req, hashed, channel)
-            if decided is not None:
-                return decided
-        return start_attempt(tx, req, hashed, None)
-    if row["request_hash"] != hashed:
-        raise Conflict("idempotency_key_mismatch",
-                       f"key {req.key_name} on {req.channel_id} was claimed with a different request "
-                       "(tool or params differ); use a new key or the same request")
-    if row["status"] == "completed":
-        return replay_completed(tx, row, req.emit_replay_event)
-    if row["status"] == "running" and not lease_expired(row, tx.now):
-        return Claimed(status="in_progress", execution=execution_of(row))
-    return start_attempt(tx, req, hashed, row)
-
-
-def owned_execution(tx: Tx, execution_id: str, token: Optional[str]) -> Row:
-    row = require_execution(tx.conn, execution_id)
-    if token is None or row["claim_token"] is None or not same_secret(token, row["claim_token"]):
-        raise Conflict("execution_not_owned", f"execution {execution_id} is not owned by this claim token "
-                                              "(stale, missing, or taken over after its lease expired)")
-    return row
-
-
-def finish_execution(tx: Tx, execution_id: str, token: Optional[str], status: str,
-                     result: Any = None, error: Any = None) -> Execution:
-    """Complete or fail a running execution; repeating the same terminal call returns it unchanged."""
-    row = owned_execution(tx, execution_id, token)
-    if row["status"] == status:
-        return execution_of(row)
-    if row["status"] != "running":
-        raise Conflict("execution_not_owned", f"execution {execution_id} is {row['status']}, not running")
-    event_type = "tool.completed" if status == "completed" else "tool.failed"
-    event = lifecycle_event(tx, execution_id, row["channel_id"], event_type, {
-        "execution_id": execution_id, "key_name": row["key_name"], "tool_name": row["tool_name"],
-        **({"result": result} if status == "completed" else {"error": error}),
-    }, depends_on=row["started_event_id"])
-    tx.conn.execute(
-        "UPDATE executions SET status = ?, result = ?, error = ?, completed_cursor = ?, completed_event_id = ?,"
-        " completed_at = ?, lease_until = NULL, updated_at = ? WHERE id = ?",
-        (status, dump(result), dump(error), event.cursor, event.id, tx.ts, tx.ts, execution_id))
-    return execution_of(require_execution(tx.conn, execution_id))
-
-
-def heartbeat_execution(tx: Tx, execution_id: str, token: Optional[str], lease_seconds: Optional[int]) -> Execution:
-    row = owned_execution(tx, execution_id, token)
-    if row["status"] != "running":
-        raise Conflict("execution_not_owned", f"execution {execution_id} is {row['status']}, not running")
-    seconds = lease_seconds or row["lease_seconds"]
-    tx.conn.execute("UPDATE executions SET lease_until = ?, lease_seconds = ?, updated_at = ? WHERE id = ?",
-                    (iso(tx.now + timedelta(seconds=seconds)), seconds, tx.ts, execution_id))
-    return execution_of(require_execution(tx.conn, execution_id))
-
-
-def cancel_execution(tx: Tx, execution_id: str, token: Optional[str]) -> Execution:
-    """Release a claim (no lifecycle event); the next claim of the key takes it over.
-
-    A running claim can only be released by its owner: otherwise a second worker could cancel the
-    first one's claim and run the effect beside it.
-    """
-    row = require_execution(tx.conn, execution_id)
-    must_own = row["status"] == "running"            # a live claim: only its token may release it
-    if must_own or token is not None:                # any token that is given must be the current one
-        row = owned_execution(tx, execution_id, token)
-    if row["status"] in EXECUTION_RETRYABLE:
-        tx.conn.execute("UPDATE executions SET status = 'cancelled', lease_until = NULL, updated_at = ? WHERE id = ?",
-                        (tx.ts, execution_id))
-    return execution_of(require_execution(tx.conn, execution_id))
-
-
-def list_executions(conn: Conn, channel_id: Optional[str], limit: int) -> list[Execution]:
-    """Newest first; claims made in the same millisecond on a channel by the cursor of their start."""
-    where = Where().add_if(channel_id, "channel_id = ?")
-    rows = conn.execute(f"SELECT * FROM executions{where} ORDER BY created_at DESC, started_cursor DESC, id"
-                        " LIMIT ?", (*where.args, limit))
-    return [execution_of(r) for r in rows.fetchall()]
-
-
-def delete_execution(tx: Tx, execution_id: str) -> DeletedId:
-    require_execution(tx.conn, execution_id)
-    tx.conn.execute("DELETE FROM executions WHERE id = ?", (execution_id,))
-    return DeletedId(deleted=execution_id)
-
-
-# =============================================================================
-# Domain: scheduled wake-ups
-# =============================================================================
-
-def wakeup_of(row: Row) -> Wakeup:
-    return Wakeup(id=row["id"], channel_id=row["channel_id"], run_at=row["run_at"], status=row["status"],
-                  payload=load(row["payload"]), created_at=row["created_at"], executed_at=row["executed_at"],
-                  attempts=row["attempts"], error=row["error"])
-
-
-def require_wakeup(conn: Conn, wakeup_id: str) -> Row:
-    return fetch_or_raise(conn, lambda: NotFound(f"wake-up {wakeup_id} not found"),
-                          "SELECT * FROM wakeups WHERE id = ?", wakeup_id)
-
-
-def schedule_wakeup(tx: Tx, channel_id: str, run_at: str, payload: Optional[dict]) -> Wakeup:
-    wakeup_id = str(uuid.uuid4())
-    tx.conn.execute("INSERT INTO wakeups (id, channel_id, run_at, status, payload, created_at)"
-                    " VALUES (?, ?, ?, 'pending', ?, ?)", (wakeup_id, channel_id, run_at, dump(payload), tx.ts))
-    return wakeup_of(require_wakeup(tx.conn, wakeup_id))
-
-
-def list_wakeups(conn: Conn, channel_id: Optional[str], status: Optional[str]) -> list[Wakeup]:
-    where = Where().add_if(channel_id, "channel_id = ?").add_if(status, "status = ?")
-    rows = conn.execute(f"SELECT * FROM wakeups{where} ORDER BY run_at, id LIMIT 1000", where.args)
-    return [wakeup_of(r) for r in rows.fetchall()]
-
-
-def cancel_wakeup(tx: Tx, wakeup_id: str) -> WakeupCancelled:
-    row = require_wakeup(tx.conn, wakeup_id)
-    if row["status"] != "pending":
-        raise Conflict("wakeup_not_pending", f"wake-up {wakeup_id} is {row['status']}; only a pending one can be cancelled")
-    tx.conn.execute("UPDATE wakeups SET status = 'cancelled' WHERE id = ?", (wakeup_id,))
-    return WakeupCancelled(wakeup=wakeup_of(require_wakeup(tx.conn, wakeup_id)))
-
-
-def fire_due_wakeups(tx: Tx) -> int:
-    """Append `scheduler.wakeup` for up to WAKEUP_BATCH due wake-ups; returns how many were due.
-
-    Each fires in its own savepoint: one that cannot be delivered is marked failed with the
-    reason, and the others still fire.
-    """
-    due = tx.conn.execute("SELECT * FROM wakeups WHERE status = 'pending' AND run_at <= ? ORDER BY run_at LIMIT ?",
-                          (tx.ts, WAKEUP_BATCH)).fetchall()
-    for row in due:
-        payload = load(row["payload"])
-        tx.conn.execute("SAVEPOINT wakeup")
-        appended = len(tx.events)
-        try:
-            append_event(tx, row["channel_id"], "scheduler.wakeup",
-                         {**(payload if isinstance(payload, dict) else {}), "wakeup_id": row["id"],
-                          "run_at": row["run_at"]}, actor="scheduler")
-            status, error = "done", None
-        except Exception as exc:  # noqa: BLE001 - recorded on the wake-up, which then stops retrying
-            if not tx.conn.in_transaction:
-                raise
-            tx.conn.execute("ROLLBACK TO wakeup")
-            del tx.events[appended:]
-            status, error = "failed", f"{type(exc).__name__}: {exc}"
-        tx.conn.execute("RELEASE wakeup")
-        tx.conn.execute("UPDATE wakeups SET status = ?, error = ?, executed_at = ?, attempts = attempts + 1"
-                        " WHERE id = ?", (status, error, tx.ts, row["id"]))
-    return len(due)
-
-
-def next_wakeup_at(conn: Conn) -> Optional[str]:
-    row = conn.execute("SELECT MIN(run_at) FROM wakeups WHERE status = 'pending'").fetchone()
-    return row[0]
-
-
-# =============================================================================
-# Scheduler: fires persisted wake-ups (so they survive restarts)
-# =============================================================================
-
-def seconds_until(stamp: str) -> float:
-    """Seconds from now to a stored timestamp; one that cannot be read counts as a second away."""
-    try:
-        return (parse_iso(stamp) - utc_now()).total_seconds()
-    except ActaeError:
-        return 1.0
-
-
-class Scheduler:
-    """Sleeps until the earliest pending wake-up (at most a second), then fires what is due."""
-
-    def __init__(self, db: Database):
-        self.db = db
-        self._nudged = asyncio.Event()
-        self._task: Optional[asyncio.Task] = None
-
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
-
-    async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            try:
-                await self._task
-            except asyncio.CancelledError:
-                pass
-            except Exception:  # noqa: BLE001 - shutting down must still close the database
-                log.exception("the wake-up scheduler had failed")
-
-    def nudge(self) -> None:
-        """A new wake-up may be due sooner than the one we sleep for."""
-        self._nudged.set()
-
-    async def _run(self) -> None:
-        while True:
-            self._nudged.clear()
-            try:
-                upcoming = await self.fire_due()
-            except Exception:  # noqa: BLE001 - a failed round is retried; the loop must not die
-                log.exception("firing wake-ups failed")
-                upcoming = None
-            delay = 1.0 if upcoming is None else seconds_until(upcoming)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._nudged.wait(), timeout=min(max(delay, 0.01), 1.0))
-
-    async def fire_due(self) -> Optional[str]:
-        """Fire what is due; the next pending wake-up's time. A write only when one is due: the write
-        takes the instance lock on PostgreSQL (every server's scheduler looks each second)."""
-        upcoming = await self.db.read(next_wakeup_at)
-        while upcoming is not None and seconds_until(upcoming) <= 0:
-            if await self.db.write(fire_due_wakeups) == 0:
-                break                    # due by this clock, not yet by the write's: the next round
-            upcoming = await self.db.read(next_wakeup_at)
-        return upcoming
-
-
-# =============================================================================
-# Domain: consumer groups (at-least-once workers on one channel)
-# =============================================================================
-
-def consumer_group_of(row: Row) -> ConsumerGroup:
-    return ConsumerGroup(group_id=row["id"], channel_id=row["channel_id"], created_at=row["created_at"],
-                         metadata=load(row["metadata"]), committed_cursor=row["committed_cursor"])
-
-
-def require_consumer_group(conn: Conn, group_id: str) -> Row:
-    return present(row_where(conn, "consumer_groups", id=group_id), lambda: NotFound(f"consumer group {group_id} not found"))
-
-
-def create_consumer_group(tx: Tx, group_id: str, channel_id: str, metadata: Optional[dict]) -> ConsumerGroup:
-    existing = row_where(tx.conn, "consumer_groups", id=group_id)
-    if existing is not None:
-        if existing["channel_id"] != channel_id:
-            raise Conflict("channel_conflict", f"consumer group {group_id} already reads {existing['channel_id']}")
-        return consumer_group_of(existing)
-    tx.conn.execute("INSERT INTO consumer_groups (id, channel_id, metadata, created_at) VALUES (?, ?, ?, ?)",
-                    (group_id, channel_id, dump(metadata), tx.ts))
-    return consumer_group_of(require_consumer_group(tx.conn, group_id))
-
-
-def list_consumer_groups(conn: Conn, channel_id: Optional[str]) -> list[ConsumerGroup]:
-    rows = conn.execute("SELECT * FROM consumer_groups WHERE CAST(? AS TEXT) IS NULL OR channel_id = ? ORDER BY id",
-                        (channel_id, channel_id))
-    return [consumer_group_of(r) for r in rows.fetchall()]
-
-
-def delete_consumer_group(tx: Tx, group_id: str) -> DeletedId:
-    require_consumer_group(tx.conn, group_id)
-    tx.conn.execute("DELETE FROM group_consumers WHERE group_id = ?", (group_id,))
-    tx.conn.execute("DELETE FROM consumer_groups WHERE id = ?", (group_id,))
-    return DeletedId(deleted=group_id)
-
-
-def offset_of(group: Row, consumer: Row) -> Offset:
-    return Offset(group_id=group["id"], consumer_id=consumer["consumer_id"], last_cursor=consumer["last_acked_cursor"],
-                  claimed_cursor=consumer["claimed_cursor"], lease_until=consumer["lease_until"],
-                  updated_at=consumer["updated_at"])
-
-
-def active_consumer(tx: Tx, group_id: str, consumer_id: str) -> Row:
-    row = tx.conn.execute("SELECT * FROM group_consumers WHERE group_id = ? AND consumer_id = ?",
-                          (group_id, consumer_id)).fetchone()
-    if row is None or row["lease_until"] <= tx.ts:
-        raise Conflict("consumer_not_found", f"consumer {consumer_id} has no active lease in group {group_id}; join first")
-    return row
-
-
-def join_group(tx: Tx, group_id: str, consumer_id: str, lease_seconds: int) -> Offset:
-    group = require_consumer_group(tx.conn, group_id)
-    lease_until = iso(tx.now + timedelta(seconds=lease_seconds))
-    tx.conn.execute(
-        "INSERT INTO group_consumers (group_id, consumer_id, lease_until, updated_at) VALUES (?, ?, ?, ?)"
-        " ON CONFLICT (group_id, consumer_id) DO UPDATE SET lease_until = excluded.lease_until,"
-        " updated_at = excluded.updated_at", (group_id, consumer_id, lease_until, tx.ts))
-    return offset_of(group, active_consumer(tx, group_id, consumer_id))
-
-
-def release_lapsed(tx: Tx, group: Row) -> None:
-    """A consumer whose lease ran out loses its reservation: its unacked events are free to claim."""
-    tx.conn.execute("UPDATE group_consumers SET reserved_from = ?, claimed_cursor = ?, acked_cursor = ?"
-                    " WHERE group_id = ? AND lease_until <= ? AND claimed_cursor > ?",
-                    (group["committed_cursor"],) * 3 + (group["id"], tx.ts, group["committed_cursor"]))
-
-
-def first_unreserved(tx: Tx, group: Row) -> tuple:
-    """(start, stop): the lowest cursor range above the watermark that no reservation covers.
-
-    Fully acked reservations still count until the watermark passes them: that work is done.
-    """
-    held = tx.conn.execute(
-        "SELECT reserved_from, claimed_cursor FROM group_consumers WHERE group_id = ? AND claimed_cursor > ?"
-        " ORDER BY reserved_from", (group["id"], group["committed_cursor"]))
-    start = group["committed_cursor"]
-    for lower, upper in held.fetchall():
-        if lower > start:
-            return start, lower
-        start = max(start, upper)
-    return start, None
-
-
-def claim_work(tx: Tx, group_id: str, consumer_id: str, limit: int) -> Work:
-    """Reserve the next events for this consumer (at-least-once, competing consumers).
-
-    Each consumer holds at most one reservation, the cursor range (reserved_from, claimed_cursor].
-    Its own unacked rest is handed back first (a restarted worker resumes where it was); otherwise
-    it gets the lowest range above the group's watermark that no reservation covers. Lapsed
-    consumers' reservations are released first, so a crashed worker's events are redelivered.
-    Delivery is at-least-once: a consumer that takes over such a range gives up the record of its
-    own finished range above it, which is then delivered again.
-    """
-    group = require_consumer_group(tx.conn, group_id)
-    consumer = active_consumer(tx, group_id, consumer_id)
-    release_lapsed(tx, group)
-    if consumer["acked_cursor"] < consumer["claimed_cursor"]:
-        start = max(consumer["reserved_from"], consumer["acked_cursor"], group["committed_cursor"])
-        stop = consumer["claimed_cursor"]
-    else:
-        start, stop = first_unreserved(tx, group)
-    events = [event_of(r) for r in events_after(tx.conn, group["channel_id"], start, limit, upto=stop)]
-    if events:
-        tx.conn.execute("UPDATE group_consumers SET reserved_from = ?, claimed_cursor = ?, acked_cursor = ?,"
-                        " updated_at = ? WHERE group_id = ? AND consumer_id = ?",
-                        (start, events[-1].cursor, start, tx.ts, group_id, consumer_id))
-    return Work(group_id=group_id, consumer_id=consumer_id, events=events, lease_until=consumer["lease_until"])
-
-
-def advance_watermark(tx: Tx, group_id: str) -> None:
-    """Move the group's watermark over every reservation that is fully acked, in cursor order."""
-    group = require_consumer_group(tx.conn, group_id)
-    position = group["committed_cursor"]
-    for lower, upper, acked in tx.conn.execute(
-            "SELECT reserved_from, claimed_cursor, acked_cursor FROM group_consumers WHERE group_id = ?"
-            " AND claimed_cursor > ? ORDER BY reserved_from", (group_id, position)).fetchall():
-        if lower > position:
-            break                       # nobody processed the events in between yet
-        position = max(position, acked)
-        if acked < upper:
-            break
-    tx.conn.execute("UPDATE consumer_groups SET committed_cursor = ? WHERE id = ?", (position, group_id))
-
-
-def ack_work(tx: Tx, group_id: str, consumer_id: str, cursor: int) -> Offset:
-    """Mark this consumer's events up to `cursor` processed; the group watermark follows when it can."""
-    require_consumer_group(tx.conn, group_id)
-    consumer = active_consumer(tx, group_id, consumer_id)
-    if cursor > consumer["claimed_cursor"]:
-        raise Conflict("ack_beyond_claim", f"consumer {consumer_id} holds events up to cursor "
-                                           f"{consumer['claimed_cursor']}, not {cursor}; claim work first")
-    tx.conn.execute("UPDATE group_consumers SET acked_cursor = ?, last_acked_cursor = ?, updated_at = ?"
-                    " WHERE group_id = ? AND consumer_id = ?",
-                    (max(consumer["acked_cursor"], cursor), max(consumer["last_acked_cursor"], cursor), tx.ts,
-                     group_id, consumer_id))
-    advance_watermark(tx, group_id)
-    return offset_of(require_consumer_group(tx.conn, group_id), active_consumer(tx, group_id, consumer_id))
-
-
-def heartbeat_consumer(tx: Tx, group_id: str, consumer_id: str, lease_seconds: int) -> Offset:
-    group = require_consumer_group(tx.conn, group_id)
-    active_consumer(tx, group_id, consumer_id)
-    tx.conn.execute("UPDATE group_consumers SET lease_until = ?, updated_at = ? WHERE group_id = ? AND consumer_id = ?",
-                    (iso(tx.now + timedelta(seconds=lease_seconds)), tx.ts, group_id, consumer_id))
-    return offset_of(group, active_consumer(tx, group_id, consumer_id))
-
-
-def group_offsets(conn: Conn, group_id: str) -> list[Offset]:
-    group = require_consumer_group(conn, group_id)
-    rows = conn.execute("SELECT * FROM group_consumers WHERE group_id = ? ORDER BY consumer_id", (group_id,))
-    return [offset_of(group, r) for r in rows.fetchall()]
-
-
-# =============================================================================
-# Domain: execution groups (members with fenced leases, durable messages, group forks)
-# =============================================================================
-
-def execution_group_of(row: Row) -> ExecutionGroup:
-    return ExecutionGroup(group_id=row["id"], status=row["status"], metadata=load(row["metadata"]) or {},
-                          created_at=row["created_at"], updated_at=row["updated_at"])
-
-
-def member_of(row: Row) -> Member:
-    return Member(group_id=row["group_id"], member_id=row["member_id"], channel_id=row["channel_id"], role=row["role"],
-                  metadata=load(row["metadata"]) or {}, owner_id=row["owner_id"], generation=row["generation"],
-                  lease_until=row["lease_until"])
-
-
-def lease_of(row: Row) -> MemberLease:
-    return MemberLease(group_id=row["group_id"], member_id=row["member_id"], owner_id=row["owner_id"],
-                 generation=row["generation"], lease_until=row["lease_until"])
-
-
-def message_of(row: Row) -> Message:
-    return Message(message_id=row["id"], group_id=row["group_id"], from_member_id=row["from_member_id"],
-                   to_member_id=row["to_member_id"], type=row["type"], payload=load(row["payload"]),
-                   causal_context=load(row["causal_context"]), source_event_id=row["source_event_id"],
-                   delivery_event_id=row["delivery_event_id"], status=row["status"],
-                   acknowledged_at=row["acknowledged_at"], created_at=row["created_at"])
-
-
-def require_execution_group(conn: Conn, group_id: str) -> Row:
-    return present(row_where(conn, "execution_groups", id=group_id), lambda: NotFound(f"execution group {group_id} not found"))
-
-
-def require_member(conn: Conn, group_id: str, member_id: str) -> Row:
-    return present(row_where(conn, "execution_group_members", group_id=group_id, member_id=member_id),
-                   lambda: NotFound(f"member {member_id} of execution group {group_id} not found"))
-
-
-def list_execution_groups(conn: Conn) -> list[ExecutionGroup]:
-    return [execution_group_of(r) for r in conn.execute("SELECT * FROM execution_groups ORDER BY created_at, id")]
-
-
-def list_group_members(conn: Conn, group_id: str) -> list[Member]:
-    require_execution_group(conn, group_id)
-    return [member_of(r) for r in rows_where(conn, "execution_group_members", "member_id", group_id=group_id)]
-
-
-def create_execution_group(tx: Tx, group_id: str, metadata: Optional[dict], fork: Optional[dict] = None) -> ExecutionGroup:
-    tx.conn.execute("INSERT INTO execution_groups (id, metadata, fork, created_at, updated_at) VALUES (?, ?, ?, ?, ?)"
-                    " ON CONFLICT (id) DO NOTHING", (group_id, dump(metadata or {}), dump(fork), tx.ts, tx.ts))
-    return execution_group_of(require_execution_group(tx.conn, group_id))
-
-
-def add_group_member(tx: Tx, group_id: str, member_id: str, channel_id: str, role: Optional[str],
-                     metadata: Optional[dict]) -> Member:
-    require_execution_group(tx.conn, group_id)
-    existing = row_where(tx.conn, "execution_group_members", group_id=group_id, member_id=member_id)
-    if existing is not None and existing["channel_id"] != channel_id:
-        raise Conflict("channel_conflict", f"member {member_id} already runs on channel {existing['channel_id']}")
-    ensure_channel(tx, channel_id)
-    tx.conn.execute(
-        "INSERT INTO execution_group_members (group_id, member_id, channel_id, role, metadata, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (group_id, member_id) DO UPDATE SET role = excluded.role,"
-        " metadata = excluded.metadata", (group_id, member_id, channel_id, role, dump(metadata or {}), tx.ts))
-    return member_of(require_member(tx.conn, group_id, member_id))
-
-
-def claim_member(tx: Tx, group_id: str, member_id: str, owner_id: str, lease_seconds: int) -> MemberLease:
-    """Lease a member to one owner; every claim bumps the generation, so older leases go stale."""
-    member = require_member(tx.conn, group_id, member_id)
-    held = member["owner_id"] is not None and member["lease_until"] is not None and member["lease_until"] > tx.ts
-    if held and member["owner_id"] != owner_id:
-        raise Conflict("execution_not_owned", f"member {member_id} is leased to another owner until "
-                                              f"{member['lease_until']}")
-    tx.conn.execute("UPDATE execution_group_members SET owner_id = ?, generation = generation + 1, lease_until = ?"
-                    " WHERE group_id = ? AND member_id = ?",
-                    (owner_id, iso(tx.now + timedelta(seconds=lease_seconds)), group_id, member_id))
-    return lease_of(require_member(tx.conn, group_id, member_id))
-
-
-def current_lease(tx: Tx, group_id: str, member_id: str, owner_id: Any, generation: Any) -> Row:
-    member = require_member(tx.conn, group_id, member_id)
-    if (member["owner_id"] != owner_id or member["generation"] != generation
-            or member["lease_until"] is None or member["lease_until"] <= tx.ts):
-        raise Conflict("execution_not_owned", f"owner {owner_id} generation {generation} no longer holds "
-                                              f"member {member_id} (stale, released or expired lease)")
-    return member
-
-
-def heartbeat_member(tx: Tx, group_id: str, member_id: str, owner_id: str, generation: int,
-                     lease_seconds: int) -> MemberLease:
-    current_lease(tx, group_id, member_id, owner_id, generation)
-    tx.conn.execute("UPDATE execution_group_members SET lease_until = ? WHERE group_id = ? AND member_id = ?",
-                    (iso(tx.now + timedelta(seconds=lease_seconds)), group_id, member_id))
-    return lease_of(require_member(tx.conn, group_id, member_id))
-
-
-def release_member(tx: Tx, group_id: str, member_id: str, owner_id: str, generation: int) -> Released:
-    current_lease(tx, group_id, member_id, owner_id, generation)
-    tx.conn.execute("UPDATE execution_group_members SET owner_id = NULL, lease_until = NULL"
-                    " WHERE group_id = ? AND member_id = ?", (group_id, member_id))
-    return Released(member=member_of(require_member(tx.conn, group_id, member_id)))
-
-
-def send_group_message(tx: Tx, group_id: str, req: SendMessage) -> Message:
-    """A source event on the sender's channel, `message.received` on the recipient's, one inbox row."""
-    require_execution_group(tx.conn, group_id)
-    hashed = request_hash({k: getattr(req, k) for k in ("from_member_id", "to_member_id", "type", "payload", "causal_context")})
-    if req.operation_id is not None:
-        earlier = tx.conn.execute("SELECT * FROM group_messages WHERE group_id = ? AND operation_id = ?",
-                                  (group_id, req.operation_id)).fetchone()
-        if earlier is not None:
-            require_same_request(earlier["request_hash"], hashed, req.operation_id, "message")
-            return message_of(earlier)
-    sender = require_member(tx.conn, group_id, req.from_member_id)
-    recipient = require_member(tx.conn, group_id, req.to_member_id)
-    message_id = str(uuid.uuid4())
-    body = {"message_id": message_id, "group_id": group_id, "from": {"member": sender["member_id"]},
-            "to": {"member": recipient["member_id"]}, "type": req.type, "payload": req.payload,
-            "causal_context": req.causal_context}
-    source = append_event(tx, sender["channel_id"], "message.sent", body, actor=sender["member_id"])
-    delivery = append_event(tx, recipient["channel_id"], "message.received", body, actor=sender["member_id"],
-                            depends_on=source.id)
-    tx.conn.execute(
-        "INSERT INTO group_messages (id, group_id, from_member_id, to_member_id, type, payload, causal_context,"
-        " source_event_id, delivery_event_id, status, operation_id, request_hash, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'delivered', ?, ?, ?)",
-        (message_id, group_id, sender["member_id"], recipient["member_id"], req.type, dump(req.payload),
-         dump(req.causal_context), source.id, delivery.id, req.operation_id, hashed, tx.ts))
-    return message_of(row_where(tx.conn, "group_messages", id=message_id))
-
-
-def member_inbox(conn: Conn, group_id: str, member_id: str, after: Optional[str], limit: int) -> list[Message]:
-    """Messages to a member, oldest first, strictly after the message `after` (a durable cursor)."""
-    require_member(conn, group_id, member_id)
-    after_seq = 0
-    if after:
-        row = conn.execute("SELECT seq FROM group_messages WHERE id = ? AND group_id = ?", (after, group_id)).fetchone()
-        if row is None:
-            raise NotFound(f"message {after} not found in execution group {group_id}")
-        after_seq = row["seq"]
-    rows = conn.execute("SELECT * FROM group_messages WHERE group_id = ? AND to_member_id = ? AND seq > ?"
-                        " ORDER BY seq LIMIT ?", (group_id, member_id, after_seq, limit))
-    return [message_of(r) for r in rows.fetchall()]
-
-
-def acknowledge_message(tx: Tx, message_id: str, owner_id: str, generation: int) -> Message:
-    row = present(row_where(tx.conn, "group_messages", id=message_id), lambda: NotFound(f"message {message_id} not found"))
-    current_lease(tx, row["group_id"], row["to_member_id"], owner_id, generation)
-    if row["status"] != "acknowledged":
-        tx.conn.execute("UPDATE group_messages SET status = 'acknowledged', acknowledged_at = ? WHERE id = ?",
-                        (tx.ts, message_id))
-    return message_of(row_where(tx.conn, "group_messages", id=message_id))
-
-
-def fork_execution_group(tx: Tx, req: ForkExecutionGroup) -> GroupFork:
-    """Fork a whole group: the intervention member at its cursor, the others at their latest state
-    (or shared as-is with policy "share"); one receipt, recovered as-is when asked again."""
-    fork_id, source_id = req.fork_group_id, req.source_group_id
-    definition = {k: getattr(req, k) for k in ("source_group_id", "intervention_member_id", "intervention_cursor",
-                                               "member_policies", "tool_policies")}
-    existing = row_where(tx.conn, "execution_groups", id=fork_id)
-    if existing is not None:
-        receipt = load(existing["fork"])
-        if receipt is None or {k: receipt.get(k) for k in definition} != definition:
-            raise Conflict("channel_conflict", f"execution group {fork_id} already exists with another definition")
-        return group_fork_of(receipt)
-    require_execution_group(tx.conn, source_id)
-    members = rows_where(tx.conn, "execution_group_members", "member_id", group_id=source_id)
-    member_ids = {m["member_id"] for m in members}
-    if req.intervention_member_id not in member_ids:
-        raise NotFound(f"member {req.intervention_member_id} of execution group {source_id} not found")
-    unknown = sorted(set(req.member_policies) - member_ids)
-    if unknown:
-        raise BadRequest(f"member_policies name members that {source_id} does not have: {', '.join(unknown)}")
-    if req.member_policies.get(req.intervention_member_id, "fork") != "fork":
-        raise BadRequest("the intervention member is always forked (at intervention_cursor); it cannot be shared")
-    create_execution_group(tx, fork_id, {"forked_from": source_id})
-    forked = {}
-    for member in members:
-        policy = req.member_policies.get(member["member_id"], "fork")
-        channel_id = member["channel_id"]
-        receipt = None
-        if policy == "fork":
-            at = req.intervention_cursor if member["member_id"] == req.intervention_member_id else 0
-            receipt = fork_channel(tx, Fork(
-                source_channel_id=channel_id, new_channel_id=valid_channel(f"{fork_id}.{member['member_id']}"),
-                at_cursor=at, display_name=f"{fork_id}/{member['member_id']}",
-                reason=f"group fork {fork_id} of {source_id}", manifest={"group_fork": fork_id},
-                tool_policies=req.tool_policies or None))
-            channel_id = receipt.child_channel_id
-        add_group_member(tx, fork_id, member["member_id"], channel_id, member["role"], load(member["metadata"]))
-        forked[member["member_id"]] = ForkedMember(policy=policy, source_channel_id=member["channel_id"],
-                                                   channel_id=channel_id, receipt=receipt)
-    fork = GroupFork(fork_group_id=fork_id, **definition, members=forked, promoted=[], created_at=tx.ts)
-    tx.conn.execute("UPDATE execution_groups SET fork = ? WHERE id = ?", (dump(fork), fork_id))
-    return fork
-
-
-def group_fork_of(stored: dict) -> GroupFork:
-    """A group fork's receipt as it was stored (the JSON of the first answer)."""
-    return msgspec.convert(stored, GroupFork)
-
-
-def require_group_fork(conn: Conn, fork_id: str) -> GroupFork:
-    fork = load(require_execution_group(conn, fork_id)["fork"])
-    if fork is None:
-        raise NotFound(f"execution group {fork_id} is not a group fork")
-    return group_fork_of(fork)
-
-
-def promote_group_fork_member(tx: Tx, fork_id: str, member_id: str) -> GroupFork:
-    fork = require_group_fork(tx.conn, fork_id)
-    member = fork.members.get(member_id)
-    if member is None:
-        raise NotFound(f"member {member_id} of group fork {fork_id} not found")
-    if member.receipt is None:
-        raise BadRequest(f"member {member_id} was shared, not forked: there is nothing to promote")
-    if member_id not in fork.promoted:
-        promote_channel(tx, member.channel_id)
-        fork.promoted.append(member_id)
-        tx.conn.execute("UPDATE execution_groups SET fork = ?, updated_at = ? WHERE id = ?",
-                        (dump(fork), tx.ts, fork_id))
-    return fork
-
-
-# =============================================================================
-# Domain: principals, API keys, accounts, login tokens, dashboard sessions
-# =============================================================================
 
 @dataclass(frozen=True)
 class Reach:
@@ -6572,7 +3879,7 @@ class Reach:
         """It reads and changes every channel (an admin's, the command line's)."""
         return "*" in self.read and "*" in self.write
 
-    def seen(self, items: Any, channel_of: Callable[[Any], str] = lambda channel_id: channel_id) -> list:
+    def seen(self, items: typing.Iterable[Item], channel_of: Callable[[Item], str] = lambda channel_id: channel_id) -> list[Item]:
         """The ones of `items` (channel ids, or records `channel_of` names the channel of) it sees, in order."""
         return list(items) if self.sees_all else [item for item in items if self.sees(channel_of(item))]
 
@@ -6603,7 +3910,7 @@ def pattern_matches(pattern: str, channel_id: str) -> bool:
     return pattern == channel_id
 
 
-def scopes_of(stored: Any) -> dict:
+def scopes_of(stored: Json) -> dict:
     """Scopes (stored JSON text, a dict or a Scopes record) as {action: [pattern, ...]} for all four actions."""
     value = load(stored) if isinstance(stored, str) else stored
     if isinstance(value, Struct):
@@ -6710,7 +4017,7 @@ def require_key(conn: Conn, key_id: int) -> Row:
     return fetch_or_raise(conn, lambda: NotFound(f"key {key_id} not found"), "SELECT * FROM api_keys WHERE id = ?", key_id)
 
 
-def create_key(tx: Tx, name: str, scopes: Any, expires_in_days: Optional[float]) -> NewKey:
+def create_key(tx: Tx, name: str, scopes: Json, expires_in_days: Optional[float]) -> NewKey:
     """`key create`: the new key's listing plus, this once, the key itself."""
     expires_at = iso(tx.now + timedelta(days=expires_in_days)) if expires_in_days else None
     key_id, key = issue_key(tx, name=name, scopes=scopes_of(scopes), expires_at=expires_at)
@@ -6951,7 +4258,7 @@ class RequestContext:
     ASGI scope (context_of), made on first use."""
 
     principal: Optional["Principal"] = None        # who asks (None: a public route, or no key where one is optional)
-    user: Optional[Any] = None                     # the account a Bearer login token names (UserInfo)
+    user: Optional["UserInfo"] = None                     # the account a Bearer login token names (UserInfo)
     bearer: Optional[str] = None                   # that login token
     session_id: Optional[str] = None               # the dashboard session of the request's cookie
     logged_in: bool = False
@@ -6961,7 +4268,7 @@ class RequestContext:
     error_shape: Optional[Callable[["ActaeError"], Response]] = None   # a region's own error body
 
 
-def context_of(request: Any) -> RequestContext:
+def context_of(request: HTTPConnection) -> RequestContext:
     """The context of a request (or WebSocket): one per ASGI scope, whichever Request object reads it."""
     context = request.scope.get("actae")
     if context is None:
@@ -6969,7 +4276,7 @@ def context_of(request: Any) -> RequestContext:
     return context
 
 
-def reach_of(request: Any) -> "Reach":
+def reach_of(request: HTTPConnection) -> "Reach":
     """The runs the request's principal may read, change and delete: what every store function that
     reads across runs is given."""
     return context_of(request).principal.reach
@@ -7021,7 +4328,7 @@ class KeyRing:
         return found
 
 
-async def check_key(app: "ActaeApp", key: Any) -> Principal:
+async def check_key(app: "ActaeApp", key: Optional[str]) -> Principal:
     """Who a credential (an API key, or a login token) is; Unauthorized when it is missing, wrong,
     expired or revoked."""
     if not isinstance(key, str) or not key:
@@ -7119,7 +4426,7 @@ def require_form_token(request: Request, form: dict) -> None:
 
 
 # =============================================================================
-# HTTP API: handlers, named after their routes
+# HTTP API: the kernel's handlers (health, the instance, sign-in, preferences, keys)
 # =============================================================================
 # A handler gets the request and the records its route declares (`path`, `query`, `body`),
 # already decoded and checked, and returns the JSON value to answer with.
@@ -7147,362 +4454,6 @@ def same_channel(body_channel: Optional[str], path_channel: str) -> None:
     """The SDK repeats the path's channel in some bodies; a different one is a client bug."""
     if body_channel not in (None, path_channel):
         raise BadRequest(f"body channel_id {body_channel!r} differs from the path's {path_channel!r}")
-
-
-async def api_events_record(request: Request, body: RecordEvent) -> EventAnswer:
-    """Record one event on a run (idempotent with operation_id); the answer is the stored event with its cursor."""
-    return EventAnswer(event=await db_of(request).write(record_event, body))
-
-
-async def api_events_replay(request: Request, path, query: ReplayQuery) -> Events:
-    """Read a run's events in cursor order, from `cursor` on (the run's inherited history included)."""
-    events = await db_of(request).read(replay_events, path.channel_id, query.cursor, query.limit, query.event_type)
-    return Events(events=events)
-
-
-async def api_events_query(request: Request, body: EventQuery) -> Events:
-    """Search events across runs by channel, type, actor, cursor range and time."""
-    return Events(events=await db_of(request).read(query_events, body))
-
-
-async def api_events_cursor(request: Request, path) -> LatestCursor:
-    """The latest cursor of a run (0 when it has no events yet)."""
-    return LatestCursor(latest_cursor=await db_of(request).read(latest_cursor, path.channel_id))
-
-
-async def api_events_transition(request: Request, body: Transition) -> TransitionAnswer:
-    """Record one event and save the state at its cursor, atomically (one idempotent write)."""
-    return await db_of(request).write(transition, body)
-
-
-async def api_events_causal_graph(request: Request, path, query: CausalQuery) -> CausalGraph:
-    """The events an event depends on (depends_on and recorded dependencies), walked back to max_nodes."""
-    return await db_of(request).read(causal_graph, path.event_id, query.max_nodes, reach_of(request))
-
-
-async def api_state_save(request: Request, path, body: SaveState) -> SavedState:
-    """Save a state snapshot of a run at a cursor; the answer is the new state version."""
-    same_channel(body.channel_id, path.channel_id)
-    return SavedState(version=await db_of(request).write(save_state, path.channel_id, body))
-
-
-async def api_state_latest(request: Request, path) -> StateAnswer:
-    """The latest saved state of a run, with its cursor and version."""
-    return await db_of(request).read(latest_state, path.channel_id)
-
-
-async def api_state_versions(request: Request, path, query: PageQuery) -> StateVersions:
-    """The saved state versions of a run, newest first, a page at a time."""
-    return StateVersions(versions=await db_of(request).read(list_states, path.channel_id, query.limit, query.offset))
-
-
-async def api_state_version(request: Request, path) -> StateAnswer:
-    """One saved state version of a run."""
-    return await db_of(request).read(get_state_version, path.channel_id, path.version)
-
-
-async def api_state_delete(request: Request, path) -> DeletedCount:
-    """Delete one saved state version of a run."""
-    return await db_of(request).write(delete_state_version, path.channel_id, path.version)
-
-
-async def api_channels_list(request: Request) -> ChannelIds:
-    """List the channels this credential may read."""
-    return ChannelIds(channels=reach_of(request).seen(await db_of(request).read(list_channels)))
-
-
-async def api_channels_metadata(request: Request, path) -> ChannelMetadata:
-    """A run's metadata: display name, reason, parent, fork point, outcome and experiment metadata."""
-    return await db_of(request).read(get_metadata, path.channel_id)
-
-
-async def api_channels_metadata_put(request: Request, path, body: PutMetadata) -> ChannelMetadata:
-    """Change a run's display name, reason or experiment metadata (only the keys sent change; null clears)."""
-    same_channel(body.channel_id, path.channel_id)
-    return await db_of(request).write(put_metadata, path.channel_id, body)
-
-
-async def api_channels_forks(request: Request, path) -> Forks:
-    """The direct forks of a run that this credential may read."""
-    return Forks(forks=await db_of(request).read(list_forks, path.channel_id, reach_of(request)))
-
-
-async def api_channels_step(request: Request, path) -> StepLocation:
-    """Where a step of a run is: its event, cursor and the state to fork from after it."""
-    return await db_of(request).read(resolve_step, path.channel_id, path.step_number)
-
-
-async def api_channels_steps(request: Request, path) -> LastStep:
-    """The last step number recorded on a run."""
-    return LastStep(channel_id=path.channel_id,
-                    last_step_number=await db_of(request).read(last_step_number, path.channel_id))
-
-
-async def api_channels_fork(request: Request, body: Fork) -> Receipt:
-    """Fork a run at a cursor into a new run that inherits its history and state; the answer is the fork receipt."""
-    return await db_of(request).write(fork_channel, body)
-
-
-async def api_channels_receipt(request: Request, path) -> Receipt:
-    """The fork receipt of a run that is a fork: its source, resolved cursor and inherited state."""
-    return await db_of(request).read(get_receipt, path.channel_id)
-
-
-async def api_channels_savings(request: Request, path) -> Savings:
-    """What forking saved: the fork's inherited steps, tokens, cost and time, its tail's, and its forks'."""
-    return await db_of(request).read(savings_of, path.channel_id, reach_of(request))
-
-
-async def api_channels_fork_tree(request: Request, path) -> ForkTree:
-    """A run and all its forks, forks of forks too, each with where it forked and how far it got."""
-    return await db_of(request).read(fork_tree, path.channel_id, reach_of(request))
-
-
-async def api_channels_diff(request: Request, query: PairQuery) -> ChannelDiff:
-    """Compare the latest states of two runs, with the state they share."""
-    return await db_of(request).read(diff_channels, query.left, query.right)
-
-
-async def api_channels_compare(request: Request, query: PairQuery) -> Comparison:
-    """Compare two runs side by side: state, manifest, tool calls, outputs and figures."""
-    return await db_of(request).read(compare_channels, query.left, query.right)
-
-
-async def api_channels_trail(request: Request, path) -> Trail:
-    """A run's decision trail: its ancestry, the state it forked from and the tool executions on it."""
-    return await db_of(request).read(decision_trail, path.channel_id, reach_of(request))
-
-
-async def api_channels_outcome(request: Request, path, body: SetOutcome) -> OutcomeAnswer:
-    """Set a run's outcome (and score)."""
-    return await db_of(request).write(set_outcome, path.channel_id, body.outcome, body.score)
-
-
-async def api_channels_promote(request: Request, path, body: Empty) -> Promotion:
-    """Promote a fork into its parent: the parent gets the fork's latest state as a new version."""
-    return await db_of(request).write(promote_channel, path.channel_id)
-
-
-async def api_channels_delete(request: Request, path, query: DeleteQuery) -> DeletedChannels:
-    """Delete a run with its events, states and ledger rows (recursive: its forks too)."""
-    return await db_of(request).write(delete_channel, path.channel_id, query.recursive, reach_of(request))
-
-
-async def api_channels_close(request: Request, path, body: Empty) -> Closed:
-    """Close a run: it refuses new events and states (409 channel_closed); reads, forks and diffs go on."""
-    return await db_of(request).write(close_channel, path.channel_id, context_of(request).principal.actor)
-
-
-async def api_events_verify(request: Request, path) -> ChainCheck:
-    """Recompute a run's hash chain (with the history it inherited) and name the first broken cursor."""
-    return await db_of(request).read(verify_chain, path.channel_id)
-
-
-async def api_experiments_create(request: Request, body: CreateExperiment) -> Experiment:
-    """Create an experiment: a named group of runs compared against a baseline run."""
-    return await db_of(request).write(create_experiment, body.name, body.description, body.baseline_channel_id)
-
-
-async def api_experiments_list(request: Request) -> Experiments:
-    """The experiments on this server."""
-    return Experiments(experiments=await db_of(request).read(list_experiments))
-
-
-async def api_experiments_get(request: Request, path) -> Experiment:
-    """One experiment with its member runs."""
-    return await db_of(request).read(get_experiment, path.group_id)
-
-
-async def api_experiments_member(request: Request, path, body: AddExperimentMember) -> Experiment:
-    """Add a run to an experiment as a variant (or another role), with the change it declares."""
-    return await db_of(request).write(add_experiment_member, path.group_id, body.channel_id,
-                                      body.role or "variant", body.declared_delta)
-
-
-async def api_experiments_rank(request: Request, path) -> RankedExperiment:
-    """Rank an experiment's runs by result score, best first."""
-    return await db_of(request).read(rank_experiment, path.group_id)
-
-
-async def api_executions_claim(request: Request, body: Claim) -> Claimed:
-    """Claim a tool call before running it, so its side effect never runs twice (a replay gets the stored result)."""
-    outcome = await db_of(request).write(claim_execution, body)
-    if isinstance(outcome, Refused):
-        raise outcome.error
-    return outcome
-
-
-async def api_executions_complete(request: Request, path, body: Complete) -> ExecutionAnswer:
-    """Complete a claimed tool execution with its result."""
-    execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "completed",
-                                           body.result)
-    return ExecutionAnswer(execution=execution)
-
-
-async def api_executions_fail(request: Request, path, body: Fail) -> ExecutionAnswer:
-    """Mark a claimed tool execution failed, with its error."""
-    error = {"message": body.message or "", "error_type": body.error_type, "stack": body.stack}
-    execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "failed",
-                                           None, error)
-    return ExecutionAnswer(execution=execution)
-
-
-async def api_executions_heartbeat(request: Request, path, body: Heartbeat) -> ExecutionAnswer:
-    """Extend the lease of a claimed tool execution."""
-    execution = await db_of(request).write(heartbeat_execution, path.execution_id, body.claim_token,
-                                           body.lease_seconds)
-    return ExecutionAnswer(execution=execution)
-
-
-async def api_executions_cancel(request: Request, path, body: ClaimToken) -> ExecutionAnswer:
-    """Release a claimed tool execution without completing it; the next claim takes it over."""
-    return ExecutionAnswer(execution=await db_of(request).write(cancel_execution, path.execution_id, body.claim_token))
-
-
-async def api_executions_get(request: Request, path) -> ExecutionAnswer:
-    """One tool execution from the ledger."""
-    return ExecutionAnswer(execution=execution_of(await db_of(request).read(require_execution, path.execution_id)))
-
-
-async def api_executions_list(request: Request, query: ExecutionsQuery) -> Executions:
-    """The tool executions in the ledger, newest first (one run's, with channel_id)."""
-    return Executions(executions=await db_of(request).read(list_executions, query.channel_id, query.limit))
-
-
-async def api_executions_delete(request: Request, path) -> DeletedId:
-    """Delete one tool execution from the ledger."""
-    return await db_of(request).write(delete_execution, path.execution_id)
-
-
-async def api_wakeups_schedule(request: Request, body: ScheduleWakeup) -> Wakeup:
-    """Schedule a wake-up of a run at a time (run_at), with a payload."""
-    wakeup = await db_of(request).write(schedule_wakeup, body.channel_id, iso(body.run_at), body.payload)
-    request.app.services.scheduler.nudge()
-    return wakeup
-
-
-async def api_wakeups_list(request: Request, query: WakeupsQuery) -> Wakeups:
-    """The scheduled wake-ups (one run's, or of one status)."""
-    return Wakeups(wakeups=await db_of(request).read(list_wakeups, query.channel_id, query.status))
-
-
-async def api_wakeups_get(request: Request, path) -> Wakeup:
-    """One scheduled wake-up."""
-    return wakeup_of(await db_of(request).read(require_wakeup, path.wakeup_id))
-
-
-async def api_wakeups_cancel(request: Request, path) -> WakeupCancelled:
-    """Cancel a pending wake-up."""
-    return await db_of(request).write(cancel_wakeup, path.wakeup_id)
-
-
-async def api_groups_create(request: Request, body: CreateConsumerGroup) -> ConsumerGroup:
-    """Create a consumer group that reads a run's events at least once across competing consumers."""
-    return await db_of(request).write(create_consumer_group, body.group_id, body.channel_id, body.metadata)
-
-
-async def api_groups_list(request: Request, query: ChannelFilter) -> ConsumerGroups:
-    """The consumer groups (one run's, with channel_id)."""
-    return ConsumerGroups(groups=await db_of(request).read(list_consumer_groups, query.channel_id))
-
-
-async def api_groups_delete(request: Request, path) -> DeletedId:
-    """Delete a consumer group."""
-    return await db_of(request).write(delete_consumer_group, path.group_id)
-
-
-async def api_groups_join(request: Request, path, body: Consumer) -> Offset:
-    """Join a consumer group as a consumer (with a lease); the answer is its offset."""
-    return await db_of(request).write(join_group, path.group_id, body.consumer_id, body.lease_seconds)
-
-
-async def api_groups_work(request: Request, path, body: ClaimWork) -> Work:
-    """Reserve the next events of the group's run for this consumer."""
-    return await db_of(request).write(claim_work, path.group_id, body.consumer_id, body.limit)
-
-
-async def api_groups_ack(request: Request, path, body: AckWork) -> Offset:
-    """Mark this consumer's events up to a cursor processed."""
-    return await db_of(request).write(ack_work, path.group_id, body.consumer_id, body.cursor)
-
-
-async def api_groups_heartbeat(request: Request, path, body: Consumer) -> Offset:
-    """Extend a consumer's lease in its group."""
-    return await db_of(request).write(heartbeat_consumer, path.group_id, body.consumer_id, body.lease_seconds)
-
-
-async def api_groups_offsets(request: Request, path) -> Offsets:
-    """Each consumer's offset in a consumer group."""
-    return Offsets(offsets=await db_of(request).read(group_offsets, path.group_id))
-
-
-async def api_execution_groups_create(request: Request, body: CreateExecutionGroup) -> ExecutionGroup:
-    """Create an execution group: runs of several agents that work and message together."""
-    return await db_of(request).write(create_execution_group, body.group_id, body.metadata)
-
-
-async def api_execution_groups_list(request: Request) -> ExecutionGroups:
-    """The execution groups on this server."""
-    return ExecutionGroups(groups=await db_of(request).read(list_execution_groups))
-
-
-async def api_execution_groups_add_member(request: Request, path, body: AddGroupMember) -> Member:
-    """Add a member (an agent's run) to an execution group."""
-    return await db_of(request).write(add_group_member, path.group_id, body.member_id, body.channel_id,
-                                      body.role, body.metadata)
-
-
-async def api_execution_groups_members(request: Request, path) -> Members:
-    """The members of an execution group, with their leases."""
-    return Members(members=await db_of(request).read(list_group_members, path.group_id))
-
-
-async def api_execution_groups_claim(request: Request, path, body: LeaseClaim) -> MemberLease:
-    """Lease a member of an execution group to one owner; each claim bumps its generation."""
-    return await db_of(request).write(claim_member, path.group_id, path.member_id, body.owner_id, body.lease_seconds)
-
-
-async def api_execution_groups_heartbeat(request: Request, path, body: LeaseHolder) -> MemberLease:
-    """Extend an owner's lease on an execution group member."""
-    return await db_of(request).write(heartbeat_member, path.group_id, path.member_id, body.owner_id,
-                                      body.generation, body.lease_seconds)
-
-
-async def api_execution_groups_release(request: Request, path, body: LeaseHolder) -> Released:
-    """Release an owner's lease on an execution group member."""
-    return await db_of(request).write(release_member, path.group_id, path.member_id, body.owner_id,
-                                      body.generation)
-
-
-async def api_execution_groups_send(request: Request, path, body: SendMessage) -> Message:
-    """Send a message from one member of an execution group to another."""
-    return await db_of(request).write(send_group_message, path.group_id, body)
-
-
-async def api_execution_groups_inbox(request: Request, path, query: InboxQuery) -> Messages:
-    """The messages to a member, oldest first, after a message (a durable cursor)."""
-    messages = await db_of(request).read(member_inbox, path.group_id, path.member_id, query.after, query.limit)
-    return Messages(messages=messages)
-
-
-async def api_execution_group_messages_ack(request: Request, path, body: LeaseHolder) -> Message:
-    """Acknowledge a message received by a member of an execution group."""
-    return await db_of(request).write(acknowledge_message, path.message_id, body.owner_id, body.generation)
-
-
-async def api_execution_group_forks_create(request: Request, body: ForkExecutionGroup) -> GroupForkAnswer:
-    """Fork a whole execution group at one member's cursor; the answer is the group fork receipt."""
-    return GroupForkAnswer(fork=await db_of(request).write(fork_execution_group, body))
-
-
-async def api_execution_group_forks_get(request: Request, path) -> GroupForkAnswer:
-    """One execution group fork with its members."""
-    return GroupForkAnswer(fork=await db_of(request).read(require_group_fork, path.fork_group_id))
-
-
-async def api_execution_group_forks_promote(request: Request, path, body: Empty) -> GroupForkAnswer:
-    """Promote one forked member of an execution group fork into its source run."""
-    return GroupForkAnswer(fork=await db_of(request).write(promote_group_fork_member, path.fork_group_id, path.member_id))
 
 
 # --- health, metrics, capabilities ------------------------------------------------
@@ -7549,9 +4500,8 @@ async def api_auth_capabilities(request: Request) -> Capabilities:
     return context_of(request).principal.capabilities()
 
 
-INSTANCE_FEATURES = ["events", "state", "forks", "ledger", "scheduler", "consumer_groups", "execution_groups",
-                     "experiments", "websocket", "scoped_keys", "accounts", "event_chain", "close",
-                     "bulk_fork", "approvals", "retention"]
+# What /api/v1/instance lists besides its regions' features.
+KERNEL_FEATURES = ("scoped_keys", "accounts")
 
 
 async def api_instance(request: Request) -> Instance:
@@ -7559,7 +4509,7 @@ async def api_instance(request: Request) -> Instance:
     state = request.app.services
     return Instance(version=__version__, api_version="v1", instance_id=state.instance_id,
                     backend=state.db.location.backend, started_at=state.started_at,
-                    uptime_seconds=int(time.monotonic() - state.started), features=INSTANCE_FEATURES,
+                    uptime_seconds=int(time.monotonic() - state.started), features=[*state.hooks.features, *KERNEL_FEATURES],
                     open_signup=state.settings.open_signup)
 
 
@@ -7670,7 +4620,7 @@ async def api_keys_list(request: Request) -> Keys:
     return Keys(keys=await db_of(request).read(list_keys))
 
 
-async def change_keys(request: Request, work: Callable, *args) -> Any:
+async def change_keys(request: Request, work: Callable, *args) -> object:
     """A write to the keys, then the in-memory key ring reloaded: this server applies it at once."""
     result = await db_of(request).write(work, *args)
     await request.app.services.keys.reload()
@@ -7693,7 +4643,7 @@ async def openapi_json(request: Request) -> OpenApiDocument:
 
 
 # =============================================================================
-# HTTP API: the route table, and the OpenAPI document generated from it
+# HTTP API: the route table, scopes, authorization, and the OpenAPI document generated from it
 # =============================================================================
 
 EVERY = "*"            # a call that is not about one channel needs the action on every channel
@@ -7715,7 +4665,7 @@ def deletes(*where: str) -> tuple:
 ADMIN = (("admin", EVERY),)
 
 
-def instance_wide(method: str, path: str, handler: Callable, **options: Any) -> Api:
+def instance_wide(method: str, path: str, handler: Callable, **options: object) -> Api:
     """A route about no one channel (an experiment, an execution group: they span their members'):
     a GET needs the read action on every channel, any other method the write action."""
     action = reads if method == "GET" else writes
@@ -7731,7 +4681,7 @@ CHANNEL_LOOKUPS = {
 }
 
 
-def looked_up_channel(conn: Conn, sql: str, value: Any) -> Optional[str]:
+def looked_up_channel(conn: Conn, sql: str, value: object) -> Optional[str]:
     row = conn.execute(sql, (value,)).fetchone()
     return row[0] if row else None
 
@@ -7744,7 +4694,7 @@ class TextBody:
     description: str
     media_types: tuple                 # documented; the body is read whatever content-type it is sent with
     max_bytes: int
-    parse: Callable[[bytes], Any]      # bytes -> what the handler gets as `body`; BadRequest when bad
+    parse: Callable[[bytes], object]      # bytes -> what the handler gets as `body`; BadRequest when bad
     file_type: Optional[str] = None    # the file's own media type (the schema's contentMediaType)
 
 
@@ -7781,7 +4731,7 @@ class Api:
         return self.auth == "public"
 
     @property
-    def answer(self) -> Any:
+    def answer(self) -> object:
         """The 2xx answer's record: the handler's return annotation, the one place it is declared.
         A handler that returns a Response (a file, the Prometheus text) answers `answers` as text."""
         return answer_type(self.handler)
@@ -7817,98 +4767,12 @@ class Api:
 
 
 @functools.cache
-def answer_type(handler: Callable) -> Any:
+def answer_type(handler: Callable) -> object:
     return typing.get_type_hints(handler)["return"]
 
 
 P, B = "path.channel_id", "body.channel_id"
 API_ROUTES = [
-    Api("POST", "/api/v1/events/record", api_events_record, body=RecordEvent, scopes=writes(B)),
-    Api("GET", "/api/v1/events/replay/{channel_id}", api_events_replay, query=ReplayQuery, scopes=reads(P)),
-    Api("POST", "/api/v1/events/query", api_events_query, body=EventQuery, scopes=reads("body.channel_ids")),
-    Api("GET", "/api/v1/events/cursor/{channel_id}", api_events_cursor, scopes=reads(P)),
-    Api("POST", "/api/v1/events/transition", api_events_transition, body=Transition, scopes=writes(B)),
-    Api("GET", "/api/v1/events/verify/{channel_id}", api_events_verify, scopes=reads(P)),
-    Api("GET", "/api/v1/events/{event_id}/causal-graph", api_events_causal_graph, query=CausalQuery,
-        scopes=reads("event.event_id")),
-    Api("POST", "/api/v1/state/{channel_id}", api_state_save, body=SaveState, scopes=writes(P)),
-    Api("GET", "/api/v1/state/{channel_id}", api_state_latest, scopes=reads(P)),
-    Api("GET", "/api/v1/state/{channel_id}/versions", api_state_versions, query=PageQuery, scopes=reads(P)),
-    Api("GET", "/api/v1/state/{channel_id}/version/{version}", api_state_version, scopes=reads(P)),
-    Api("DELETE", "/api/v1/state/{channel_id}/version/{version}", api_state_delete, scopes=deletes(P)),
-    Api("GET", "/api/v1/channels", api_channels_list, scopes=reads(SOMEWHERE)),
-    Api("POST", "/api/v1/channels/fork", api_channels_fork, body=Fork,
-        scopes=writes("body.source_channel_id", "body.new_channel_id")),
-    Api("GET", "/api/v1/channels/diff", api_channels_diff, query=PairQuery, scopes=reads("query.left", "query.right")),
-    Api("GET", "/api/v1/channels/compare", api_channels_compare, query=PairQuery,
-        scopes=reads("query.left", "query.right")),
-    Api("GET", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata, scopes=reads(P)),
-    Api("PUT", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata_put, body=PutMetadata,
-        scopes=writes(P)),
-    Api("GET", "/api/v1/channels/{channel_id}/forks", api_channels_forks, scopes=reads(P)),
-    Api("GET", "/api/v1/channels/{channel_id}/steps", api_channels_steps, scopes=reads(P)),
-    Api("GET", "/api/v1/channels/{channel_id}/steps/{step_number}", api_channels_step, scopes=reads(P)),
-    Api("GET", "/api/v1/channels/{channel_id}/receipt", api_channels_receipt, scopes=reads(P)),
-    Api("GET", "/api/v1/channels/{channel_id}/fork-tree", api_channels_fork_tree, scopes=reads(P)),
-    Api("GET", "/api/v1/channels/{channel_id}/savings", api_channels_savings, scopes=reads(P)),
-    Api("GET", "/api/v1/channels/{channel_id}/trail", api_channels_trail, scopes=reads(P)),
-    Api("PATCH", "/api/v1/channels/{channel_id}/outcome", api_channels_outcome, body=SetOutcome, scopes=writes(P)),
-    Api("POST", "/api/v1/channels/{channel_id}/promote", api_channels_promote, body=Empty, body_optional=True,
-        scopes=writes(P, "parent.channel_id")),
-    Api("POST", "/api/v1/channels/{channel_id}/close", api_channels_close, body=Empty, body_optional=True,
-        scopes=writes(P)),
-    Api("DELETE", "/api/v1/channels/{channel_id}", api_channels_delete, query=DeleteQuery, scopes=deletes(P)),
-    instance_wide("POST", "/api/v1/experiments", api_experiments_create, body=CreateExperiment),
-    instance_wide("GET", "/api/v1/experiments", api_experiments_list),
-    instance_wide("GET", "/api/v1/experiments/{group_id}", api_experiments_get),
-    instance_wide("POST", "/api/v1/experiments/{group_id}/members", api_experiments_member, body=AddExperimentMember),
-    instance_wide("GET", "/api/v1/experiments/{group_id}/rank", api_experiments_rank),
-    Api("POST", "/api/v1/executions/claim", api_executions_claim, body=Claim, scopes=writes(B)),
-    Api("GET", "/api/v1/executions", api_executions_list, query=ExecutionsQuery, scopes=reads("query.channel_id")),
-    Api("GET", "/api/v1/executions/{execution_id}", api_executions_get, scopes=reads("execution.execution_id")),
-    Api("DELETE", "/api/v1/executions/{execution_id}", api_executions_delete,
-        scopes=deletes("execution.execution_id")),
-    Api("POST", "/api/v1/executions/{execution_id}/complete", api_executions_complete, body=Complete,
-        body_optional=True, scopes=writes("execution.execution_id")),
-    Api("POST", "/api/v1/executions/{execution_id}/fail", api_executions_fail, body=Fail, body_optional=True,
-        scopes=writes("execution.execution_id")),
-    Api("POST", "/api/v1/executions/{execution_id}/heartbeat", api_executions_heartbeat, body=Heartbeat,
-        body_optional=True, scopes=writes("execution.execution_id")),
-    Api("POST", "/api/v1/executions/{execution_id}/cancel", api_executions_cancel, body=ClaimToken,
-        body_optional=True, scopes=writes("execution.execution_id")),
-    Api("POST", "/api/v1/groups", api_groups_create, body=CreateConsumerGroup, scopes=writes(B)),
-    Api("GET", "/api/v1/groups", api_groups_list, query=ChannelFilter, scopes=reads("query.channel_id")),
-    Api("DELETE", "/api/v1/groups/{group_id}", api_groups_delete, scopes=deletes("group.group_id")),
-    Api("POST", "/api/v1/groups/{group_id}/join", api_groups_join, body=Consumer, scopes=writes("group.group_id")),
-    Api("POST", "/api/v1/groups/{group_id}/work", api_groups_work, body=ClaimWork, scopes=writes("group.group_id")),
-    Api("POST", "/api/v1/groups/{group_id}/ack", api_groups_ack, body=AckWork, scopes=writes("group.group_id")),
-    Api("POST", "/api/v1/groups/{group_id}/heartbeat", api_groups_heartbeat, body=Consumer,
-        scopes=writes("group.group_id")),
-    Api("GET", "/api/v1/groups/{group_id}/offsets", api_groups_offsets, scopes=reads("group.group_id")),
-    instance_wide("POST", "/api/v1/execution-groups", api_execution_groups_create, body=CreateExecutionGroup),
-    instance_wide("GET", "/api/v1/execution-groups", api_execution_groups_list),
-    instance_wide("POST", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_add_member,
-                  body=AddGroupMember),
-    instance_wide("GET", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_members),
-    instance_wide("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/claim", api_execution_groups_claim,
-                  body=LeaseClaim),
-    instance_wide("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/heartbeat", api_execution_groups_heartbeat,
-                  body=LeaseHolder),
-    instance_wide("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/release", api_execution_groups_release,
-                  body=LeaseHolder),
-    instance_wide("POST", "/api/v1/execution-groups/{group_id}/messages", api_execution_groups_send, body=SendMessage),
-    instance_wide("GET", "/api/v1/execution-groups/{group_id}/members/{member_id}/messages", api_execution_groups_inbox,
-                  query=InboxQuery),
-    instance_wide("POST", "/api/v1/execution-group-messages/{message_id}/ack", api_execution_group_messages_ack,
-                  body=LeaseHolder),
-    instance_wide("POST", "/api/v1/execution-group-forks", api_execution_group_forks_create, body=ForkExecutionGroup),
-    instance_wide("GET", "/api/v1/execution-group-forks/{fork_group_id}", api_execution_group_forks_get),
-    instance_wide("POST", "/api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote", api_execution_group_forks_promote,
-                  body=Empty, body_optional=True),
-    Api("POST", "/api/v1/scheduler/wakeups", api_wakeups_schedule, body=ScheduleWakeup, scopes=writes(B)),
-    Api("GET", "/api/v1/scheduler/wakeups", api_wakeups_list, query=WakeupsQuery, scopes=reads("query.channel_id")),
-    Api("GET", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_get, scopes=reads("wakeup.wakeup_id")),
-    Api("DELETE", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_cancel, scopes=deletes("wakeup.wakeup_id")),
     Api("GET", "/api/v1/auth/capabilities", api_auth_capabilities),
     Api("POST", "/api/v1/auth/signup", api_auth_signup, body=Signup, auth="optional"),
     Api("POST", "/api/v1/auth/login", api_auth_login, body=Login, auth="public"),
@@ -7929,10 +4793,9 @@ API_ROUTES = [
 ]
 
 
-
-def api_routes() -> list:
-    """The one route table: the core's routes, then each region's (ROUTE_LISTS)."""
-    return [*API_ROUTES, *(route for routes in ROUTE_LISTS for route in routes)]
+def api_routes(hooks: Optional[Hooks] = None) -> list[Api]:
+    """The one route table: the kernel's routes, then each region's (every declared region's by default)."""
+    return [*API_ROUTES, *(hooks or hooks_of()).routes]
 
 
 ERROR_RESPONSES = {
@@ -7946,7 +4809,7 @@ ERROR_RESPONSES = {
 }
 
 
-def ecma_patterns(schema: Any) -> Any:
+def ecma_patterns(schema: Json) -> Json:
     """JSON Schema patterns are ECMA-262: `\\Z` (our exact end) becomes `$`, which ECMA (without the
     m flag) anchors there too."""
     if isinstance(schema, dict):
@@ -7981,7 +4844,7 @@ SCHEMA_REF = "#/components/schemas/"
 BYTES = "application/octet-stream"     # a file as plain bytes: every generator sends and reads it
 
 
-def schema_refs(schema: Any) -> set:
+def schema_refs(schema: Json) -> set:
     """The component names a schema refers to, directly."""
     if isinstance(schema, dict):
         found = {schema["$ref"][len(SCHEMA_REF):]} if isinstance(schema.get("$ref"), str) else set()
@@ -8002,7 +4865,7 @@ def reachable(roots: set, components: dict) -> set:
     return seen
 
 
-def object_schemas(schema: Any):
+def object_schemas(schema: Json):
     """Every schema object inside `schema` (itself included) that is a JSON object with members."""
     if isinstance(schema, dict):
         if isinstance(schema.get("properties"), dict):
@@ -8014,7 +4877,7 @@ def object_schemas(schema: Any):
             yield from object_schemas(value)
 
 
-def free_form_objects(schema: Any) -> Any:
+def free_form_objects(schema: Json) -> Json:
     """An object schema that names no members is a free-form map: say so (`additionalProperties:
     true`), or generators type it as an empty object (openapi-typescript: Record<string, never>)."""
     if isinstance(schema, list):
@@ -8120,12 +4983,12 @@ def openapi_document(routes: list) -> dict:
     })
 
 
-def answer_doc(kind: Any) -> str:
+def answer_doc(kind: object) -> str:
     doc = getattr(kind, "__doc__", None) if isinstance(kind, type) and issubclass(kind, Answer) else None
     return doc.strip().splitlines()[0] if doc and doc.strip() else "the answer"
 
 
-def api_response(value: Any, status: int = 200) -> Response:
+def api_response(value: object, status: int = 200) -> Response:
     if isinstance(value, Response):
         return value
     return Response(msgspec.json.encode(value), status_code=status, media_type="application/json")
@@ -8135,7 +4998,7 @@ async def authenticate(request: Request, route: Api) -> Optional[Principal]:
     """The route's principal (None where none is needed); Unauthorized when a needed one is missing."""
     if route.auth == "public":
         return None
-    check = AUTHENTICATORS.get(route.auth)
+    check = request.app.services.hooks.authenticators.get(route.auth)
     if check is not None:                      # a kind of credential a region checks (the fleet's tokens)
         return await check(request, route)
     if route.auth in ("user", "bearer"):
@@ -8198,7 +5061,7 @@ async def route_parts(request: Request, route: Api) -> dict:
     return parts
 
 
-async def serve_route(request: Request, route: Api, principal: Optional[Principal]) -> Any:
+async def serve_route(request: Request, route: Api, principal: Optional[Principal]) -> object:
     """A route's answer for `principal`: its records decoded, its scopes checked, its handler run.
     HTTP requests come here after their credential is checked; the fleet gateway calls it in process."""
     context_of(request).principal = principal
@@ -8219,7 +5082,7 @@ def api_endpoint(route: Api) -> Callable:
 
 
 # =============================================================================
-# WebSocket: /ws (in-band auth, subscribe with catch-up, publish with ack)
+# Streams: the hub every WebSocket and stream shares (in-band auth, shared frames, one feed for "*", guarded credentials)
 # =============================================================================
 
 ALL_CHANNELS = "*"       # the topic of every channel a key may read, in commit order
@@ -8238,7 +5101,10 @@ def broadcast_text(topic: str, event: Event, position: Optional[int] = None) -> 
     return msgspec.json.encode(broadcast_frame(topic, event, position)).decode("utf-8")
 
 
-async def read_until_answered(db: "Database", fn: Callable, *args) -> Any:
+Answered = typing.TypeVar("Answered")
+
+
+async def read_until_answered(db: "Database", fn: Callable[..., Answered], *args: object) -> Answered:
     """db.read for a stream: while the database is unavailable (PostgreSQL restarting), ask again after
     a growing pause, so an open stream resumes where it was instead of ending."""
     pause = 0.1
@@ -8278,19 +5144,19 @@ class Outbox:
         self._ready, self._room = asyncio.Event(), asyncio.Event()
         self._room.set()
 
-    def offer(self, item: Any, size: int) -> bool:
+    def offer(self, item: object, size: int) -> bool:
         if self.items and (self.bytes + size > self.limit_bytes or len(self.items) >= self.limit_frames):
             return False
         self._add(item, size)
         return True
 
-    async def put(self, item: Any, size: int) -> None:
+    async def put(self, item: object, size: int) -> None:
         while self.items and not self._roomy():
             self._room.clear()
             await self._room.wait()
         self._add(item, size)
 
-    async def get(self) -> Any:
+    async def get(self) -> object:
         while not self.items:
             self._ready.clear()
             await self._ready.wait()
@@ -8308,7 +5174,7 @@ class Outbox:
     def _roomy(self) -> bool:
         return self.bytes < self.limit_bytes // 2 and len(self.items) < self.limit_frames // 2
 
-    def _add(self, item: Any, size: int) -> None:
+    def _add(self, item: object, size: int) -> None:
         self.items.append((item, size))
         self.bytes += size
         self._ready.set()
@@ -8353,7 +5219,7 @@ class WsConnection:
         text = broadcast_text(event.channel_id, event, position)
         await self.outbox.put(text, len(text))
 
-    def offer(self, item: Any, size: int) -> None:
+    def offer(self, item: object, size: int) -> None:
         """A client too slow to drain WS_BACKLOG_BYTES (or WS_QUEUE_MAX frames) is cut off: it catches
         up on reconnect, and what it had not read is let go at once."""
         if not self.cut and self.ended is None and not self.outbox.offer(item, size):
@@ -8519,7 +5385,7 @@ class Guard:
     """An open stream, and how to tell that the credential it was opened with still holds."""
 
     credential: str                        # one check a round per credential, however many streams
-    check: Callable[[], Any]               # awaitable; raises Unauthorized once the credential does not hold
+    check: Callable[[], typing.Awaitable[object]]               # awaitable; raises Unauthorized once the credential does not hold
     end: Callable[[str], None]             # closes the stream, saying why
 
 
@@ -8649,6 +5515,10 @@ class Hub:
     def unguard(self, guard: Optional[Guard]) -> None:
         self.guards.discard(guard)
 
+    def count_received(self) -> None:
+        """A frame arrived on one of this hub's WebSockets (/metrics counts them)."""
+        self.messages_received += 1
+
     def recheck(self) -> None:
         """A credential was revoked here: check every open stream now, not at the next round."""
         self._recheck.set()
@@ -8684,56 +5554,6 @@ class Hub:
                 guard.end(verdicts[guard.credential])
 
 
-async def ws_subscribe_all(conn: WsConnection, db: Database, frame: SubscribeFrame) -> None:
-    """Topic "*": every channel the key may read, in commit order, after position `cursor` (or from now);
-    each broadcast frame carries its `position`. The key's reach is the one it had when it subscribed."""
-    if conn.following is not None:
-        conn.following.cancel()
-    latest = await read_until_answered(db, latest_position)
-    conn.send({"type": "subscription", "event": "subscribed", "topic": ALL_CHANNELS, "cursor": latest,
-               "payload": {"topic": ALL_CHANNELS, "cursor": latest}})
-    conn.following = asyncio.create_task(follow_instance(db, conn.hub, conn.principal.reach,
-                                                         latest if frame.cursor is None else frame.cursor, conn))
-
-
-async def ws_subscribe(conn: WsConnection, db: Database, frame: SubscribeFrame) -> None:
-    """Confirm, replay `cursor > N` from the log, then hand over to live delivery without gaps."""
-    if frame.topic == ALL_CHANNELS:
-        await ws_subscribe_all(conn, db, frame)
-        return
-    topic, start = frame.topic, frame.cursor
-    conn.principal.require("read", topic)
-    sub = conn.hub.watch(conn, topic, start or 0)
-    latest = await db.read(latest_cursor, topic)
-    if start is None:
-        sub.last_cursor = latest or 0      # live only: what comes after the cursor we confirm
-    conn.send({"type": "subscription", "event": "subscribed", "topic": topic, "cursor": latest,
-               "payload": {"topic": topic, "cursor": latest}})
-    if start is not None:
-        while True:
-            batch = await db.read(replay_events, topic, sub.last_cursor, REPLAY_LIMIT_MAX)
-            for event in batch:
-                sub.last_cursor = event.cursor
-                await conn.send_event_paced(event, None)
-            if len(batch) < REPLAY_LIMIT_MAX:
-                break
-    sub.catching_up = False
-    for event in sorted(sub.pending, key=lambda e: e.cursor):
-        conn.deliver(topic, event)
-    sub.pending.clear()
-    if db.location.shared:
-        conn.hub.fill(topic)               # another server may have committed since the last read
-
-
-async def ws_publish(conn: WsConnection, db: Database, frame: PublishFrame) -> None:
-    conn.principal.require("write", frame.topic)
-    req = RecordEvent(channel_id=frame.topic, event_type="broadcast", payload=frame.payload,
-                      metadata=EventMeta(actor="websocket"), operation_id=frame.operation_id)
-    event = await db.write(record_event, req, exclude=conn)
-    # The event's own "type" must not overwrite the frame kind: the SDK reads the type from event_type.
-    conn.send({**msgspec.structs.asdict(event), "event_type": event.type, "type": "ack", "request_id": frame.request_id})
-
-
 async def ws_authenticate(websocket: WebSocket, conn: WsConnection, app) -> bool:
     try:
         message = await asyncio.wait_for(websocket.receive(), timeout=app.services.settings.header_timeout)
@@ -8765,124 +5585,2649 @@ async def close_stream_socket(websocket: WebSocket, revoked: Optional[str], cut:
             await websocket.close(code=1013 if cut else 1000)
 
 
-async def ws_endpoint(websocket: WebSocket) -> None:
-    """GET /ws. The SDK's handshake carries no credentials: the first frame authenticates."""
-    app, hub, db = websocket.app, websocket.app.services.hub, websocket.app.services.db
-    await websocket.accept()
-    conn = WsConnection(websocket, hub)
-    await websocket.send_text(json.dumps({"type": "connection", "event": "connected",
-                                          "payload": {"connection_id": conn.id}}))
-    if not await ws_authenticate(websocket, conn, app):
-        return
-    hub.connections.add(conn)
-    guard = hub.guard(Guard(conn.key, lambda: check_key(app, conn.key), conn.end))
-    conn.pump_task = asyncio.create_task(conn.pump())
-    reader = asyncio.create_task(ws_read_frames(conn, db))
-    try:
-        # Whichever ends first (client gone, send failed, client cut off, credential ended) ends the other.
-        await asyncio.wait({conn.pump_task, reader}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        hub.unguard(guard)
-        hub.leave(conn)
-        for task in (conn.pump_task, reader):
-            task.cancel()
-        await asyncio.gather(conn.pump_task, reader, return_exceptions=True)
-        if conn.cut or conn.ended is not None:
-            await close_stream_socket(websocket, conn.ended, conn.cut)
-
-
-async def ws_read_frames(conn: WsConnection, db: Database) -> None:
-    """Handle the client's frames one at a time, in order, until it goes away."""
-    while True:
-        message = await conn.websocket.receive()
-        if message["type"] == "websocket.disconnect":
-            return
-        conn.hub.messages_received += 1
-        if message.get("text") is None:
-            conn.send({"type": "error", "message": "binary frames are not supported: send JSON text"})
-            continue
-        try:                            # a key revoked (or expired) stops working here too
-            conn.principal = await check_key(conn.websocket.app, conn.key)
-        except Unauthorized as exc:
-            conn.end(exc.message)
-            return
-        await ws_handle_frame(conn, db, message["text"])
-
-
-def frame_request_id(text: str) -> Any:
-    """The request_id of a frame that failed to decode, so the SDK can match the error to its call."""
-    try:
-        frame = msgspec.json.decode(text)
-    except (msgspec.DecodeError, RecursionError):
-        return None
-    request_id = frame.get("request_id") if isinstance(frame, dict) else None
-    return request_id if isinstance(request_id, str) and len(request_id) <= 256 else None
-
-
-async def ws_handle_frame(conn: WsConnection, db: Database, text: str) -> None:
-    try:
-        frame = decode_frame(text)
-        if isinstance(frame, SubscribeFrame):
-            await ws_subscribe(conn, db, frame)
-        elif isinstance(frame, UnsubscribeFrame):
-            conn.hub.unwatch(conn, frame.topic)
-            if frame.topic == ALL_CHANNELS and conn.following is not None:
-                conn.following.cancel()
-            conn.send({"type": "subscription", "event": "unsubscribed", "topic": frame.topic,
-                       "payload": {"topic": frame.topic}})
-        elif isinstance(frame, PublishFrame):
-            await ws_publish(conn, db, frame)
-        elif isinstance(frame, PingFrame):
-            conn.send({"type": "connection", "event": "pong", "payload": {"connection_id": conn.id}})
-        else:
-            raise BadRequest("already authenticated")
-    except ActaeError as exc:
-        request_id = frame_request_id(text)
-        conn.send({"type": "error", "message": exc.message, "status": exc.code,
-                   **({"request_id": request_id} if request_id is not None else {})})
-    except Exception:  # noqa: BLE001 - a bug answers this frame with an error; the socket stays up
-        log.exception("WebSocket frame failed")
-        conn.send({"type": "error", "message": "internal error", "status": "internal"})
-
-
 # =============================================================================
-# Dashboard: data for the pages (reads that build what a page shows)
+# Dashboard: rendering, sign-in, the keys and API pages
 # =============================================================================
 
-RUNS_PAGE_SIZE = 50
-TIMELINE_PAGE_SIZE = 200
-GROUP_FORKS_MAX = 100                  # forks listed under one root run; the fork tree has them all
-FAILED_STATE_STATUSES = ("failed", "error")
-# A run that has not completed and whose last event is one of these is stuck on a refusal or a human.
-LEDGER_SINCE = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
-STEP_CHANGES_SHOWN = 20                # changed keys listed per step (the count says how many in all)
 JSON_TREE_NODES = 3000                 # larger documents are shown as plain JSON text
 JSON_TREE_DEPTH = 24
-PICTURE_BARS_MAX = 240                 # steps are bucketed beyond this, so a 10,000-step run stays small
+
+
 FLASH_MAX = 64                         # fork-form errors kept for the redirect that shows them
 FLASH_TTL_SECONDS = 900
 FLASH_VALUE_MAX = 256 * 1024
 
 
+def millis_between(earlier: Optional[str], later: Optional[str]) -> Optional[int]:
+    """Milliseconds between two stored instants; None when either is missing or damaged."""
+    start, end = stored_instant(earlier), stored_instant(later)
+    if start is None or end is None:
+        return None
+    return max(0, round((end - start).total_seconds() * 1000))
 
-# A run's status in one SQL expression over its own channels row: the column run_state (generated on
-# SQLite, kept by a trigger on PostgreSQL: RUN_STATE_BY_TRIGGER), so the runs list, its filter, the
-# fork tree and the run page always agree, and an index answers a status filter. Its inputs are
-# columns the write path keeps: the SDK's status (a field of a JSON column, per dialect), the outcome,
-# the latest snapshot's status, the first error event and the last event's type.
-def run_state_sql(dialect: Dialect, sdk_status: Optional[str] = None) -> str:
-    """A run's state from its row's columns; `sdk_status`: an expression for the SDK's status, when
-    not read out of experiment_metadata here."""
-    sdk_status = sdk_status or dialect.json_text("experiment_metadata", "status")
-    return f"""CASE
-    WHEN {sdk_status} = 'crashed' OR outcome = 'crashed' THEN 'crashed'
-    WHEN {sdk_status} IN ({sql_list(FAILED_STATE_STATUSES)})
-      OR last_state_status IN ({sql_list(FAILED_STATE_STATUSES)})
-      OR error_cursor IS NOT NULL
-      THEN 'failed'
-    WHEN COALESCE({sdk_status}, '') <> 'completed' AND last_event_type IN ({sql_list(BLOCKING_EVENT_TYPES)})
-      THEN 'blocked'
-    ELSE COALESCE({sdk_status}, 'recorded') END"""
+
+PAGE_JSON_CHARS = 16 * 1024               # of one document shown on a page; the API has it whole
+
+
+def pretty_json(value: Json) -> str:
+    """A document as a page shows it: indented, and cut at PAGE_JSON_CHARS (a run of large payloads
+    makes a page of a bounded size; the whole document is one API call away)."""
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    if len(text) <= PAGE_JSON_CHARS:
+        return text
+    return (f"{text[:PAGE_JSON_CHARS]}\n… {len(text) - PAGE_JSON_CHARS:,} more characters not shown here:"
+            " the API answers the whole document")
+
+
+def _json_leaf(value: Json) -> str:
+    kind = ("jz" if value is None else "jb" if isinstance(value, bool) else
+            "jn" if isinstance(value, (int, float)) else "js" if isinstance(value, str) else "jx")
+    return f'<span class="{kind}">{markupsafe.escape(json.dumps(value, ensure_ascii=False, default=str))}</span>'
+
+
+def _json_node(value: Json, key_html: str, comma: str, depth: int, budget: list) -> str:
+    budget[0] -= 1
+    if budget[0] < 0:
+        return ""
+    if isinstance(value, dict) and value and depth < JSON_TREE_DEPTH:
+        opener, closer, unit = "{", "}", "key"
+        items = [(f'<span class="jk">{markupsafe.escape(json.dumps(str(k), ensure_ascii=False))}</span>: ', v)
+                 for k, v in value.items()]
+    elif isinstance(value, list) and value and depth < JSON_TREE_DEPTH:
+        opener, closer, unit = "[", "]", "item"
+        items = [("", v) for v in value]
+    else:
+        return f'<div class="jl">{key_html}{_json_leaf(value)}{comma}</div>'
+    last = len(items) - 1
+    inner = "".join(_json_node(v, k, "," if i < last else "", depth + 1, budget) for i, (k, v) in enumerate(items))
+    count = f"{len(items)} {unit}{'' if len(items) == 1 else 's'}"
+    opened = " open" if depth == 0 or len(items) <= 12 else ""
+    return (f'<details class="jo"{opened}><summary data-n="{count}" data-close="{closer}">{key_html}{opener}</summary>'
+            f'{inner}<div class="jc">{closer}{comma}</div></details>')
+
+
+def json_tree(value: Json) -> markupsafe.Markup:
+    """A JSON value as coloured HTML whose objects and arrays fold (<details>, no JavaScript).
+
+    The element's text is the JSON itself (counts and fold marks come from CSS), so copying it copies
+    valid JSON. Documents over JSON_TREE_NODES values are shown as plain pretty-printed text instead.
+    """
+    budget = [JSON_TREE_NODES]
+    html = _json_node(value, "", "", 0, budget)
+    if budget[0] < 0:
+        return markupsafe.Markup('<pre class="json-box jtext">{}</pre>').format(pretty_json(value))
+    return markupsafe.Markup(f'<div class="jtree">{html}</div>')
+
+
+def duration_text(ms: Optional[float]) -> str:
+    """850 ms, 2.4 s, 3 min 12 s, 2 h 5 min."""
+    if ms is None:
+        return "—"
+    if ms < 1000:
+        return f"{ms} ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, seconds = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes} min"
+
+
+def template_env() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(UI_DIR)), autoescape=True)
+    env.filters["pretty"] = pretty_json
+    env.filters["jsontree"] = json_tree
+    env.filters["duration"] = duration_text
+    return env
+
+
+# The paths answered with the JSON error body besides the regions' (a trailing "/": every path under it).
+KERNEL_JSON_PATHS = ("/api/", "/healthz", "/readyz", "/openapi.json")
+
+
+def is_page(request: Request) -> bool:
+    """Dashboard requests get HTML errors; the API, probes and JSON twins get the JSON error body."""
+    path = request.url.path
+    json_path = any(path.startswith(known) if known.endswith("/") else path == known
+                    for known in (*KERNEL_JSON_PATHS, *request.app.services.hooks.json_paths))
+    return not (json_path or request.query_params.get("format") == "json")
+
+
+def render(request: Request, template: str, context: dict, status: int = 200) -> Response:
+    """A page, or its JSON twin with `?format=json` (the same context the template gets)."""
+    if request.query_params.get("format") == "json":
+        return Response(msgspec.json.encode(context), status_code=status, media_type="application/json")
+    # Every POST form carries the session's form token; the request's context holds it once issued.
+    asked, services = context_of(request), request.app.services
+    notices = [text for text in (notice(services) for notice in services.hooks.page_notices) if text]
+    page = services.templates.get_template(template).render(
+        **context, version=__version__, notices=notices, nav=services.hooks.nav, logged_in=asked.logged_in,
+        csrf_token=asked.csrf_token,
+        is_admin=bool(asked.principal and asked.principal.is_admin))
+    return HTMLResponse(page, status_code=status)
+
+
+def dashboard(handler: Callable) -> Callable:
+    """Pages need a session; without one a browser goes to /login, a JSON twin gets 401.
+
+    A POST must also come from our own origin and carry the session's form token.
+    """
+    async def endpoint(request: Request) -> Response:
+        session_id = await current_session(request)
+        if session_id is None:
+            if request.query_params.get("format") == "json":
+                raise Unauthorized("log in at /login first")
+            return RedirectResponse("/login", status_code=303)
+        asked = context_of(request)
+        asked.logged_in, asked.session_id, asked.csrf_token = True, session_id, form_token(session_id)
+        if request.method == "POST":
+            require_same_origin(request)
+            require_form_token(request, await read_form(request))
+        return await handler(request)
+    endpoint.__name__ = handler.__name__
+    return endpoint
+
+
+async def read_form(request: Request) -> dict:
+    """URL-encoded form fields (python-multipart is not needed for this one content type), read once."""
+    asked = context_of(request)
+    if asked.form is None:
+        raw = await read_capped(request)
+        asked.form = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True).items()}
+    return asked.form
+
+
+def path_channel(request: Request, name: str = "channel_id") -> str:
+    return valid_channel(request.path_params[name], name)
+
+
+class FlashStore:
+    """What a POST wants the page after its redirect to show (a form's error and typed values).
+
+    In memory and short-lived: at most FLASH_MAX entries for FLASH_TTL_SECONDS each, looked up by a
+    random id in the redirect's query string, so a refresh shows the error again but never re-posts.
+    """
+
+    def __init__(self):
+        self.entries: dict = {}
+
+    def put(self, value: dict) -> str:
+        now = time.monotonic()
+        self.entries = {k: v for k, v in self.entries.items() if now - v[0] < FLASH_TTL_SECONDS}
+        while len(self.entries) >= FLASH_MAX:
+            self.entries.pop(next(iter(self.entries)))
+        flash_id = secrets.token_urlsafe(12)
+        self.entries[flash_id] = (now, value)
+        return flash_id
+
+    def get(self, flash_id: Optional[str]) -> Optional[dict]:
+        hit = self.entries.get(flash_id or "")
+        if hit is None or time.monotonic() - hit[0] >= FLASH_TTL_SECONDS:
+            return None
+        return hit[1]
+
+
+def flash_store(app: "ActaeApp") -> FlashStore:
+    return app.services.flash
+
+
+async def page_login(request: Request) -> Response:
+    return render(request, "login.html", {"title": "Log in", "error": None})
+
+
+async def login_principal(request: Request, form: dict) -> tuple:
+    """(principal, session key_ref) for the login form's key, or its email and password."""
+    email = form.get("email", "").strip()
+    if email:
+        user = await verified_user(request, email, form.get("password", ""))
+        if user is None:
+            raise Unauthorized("That email and password do not match an account.")
+        return user_principal(user, auth_method="password"), f"user:{user['id']}"
+    key = form.get("api_key", "").strip()
+    if looks_like_token(key):
+        raise Unauthorized("Log in with an API key, or with your email and password.")
+    try:
+        return await check_key(request.app, key), key_ref(request.app, key)
+    except Unauthorized:
+        raise Unauthorized("That key is not valid.") from None
+
+
+async def page_login_submit(request: Request) -> Response:
+    require_same_origin(request)
+    try:
+        principal, ref = await login_principal(request, await read_form(request))
+    except Unauthorized as exc:
+        return render(request, "login.html", {"title": "Log in", "error": exc.message}, status=401)
+    if not principal.can_everywhere("read"):
+        # Every page lists runs across the server; a narrower credential would see beyond its scopes.
+        return render(request, "login.html", {"title": "Log in", "error": "The dashboard needs read access to "
+                                              "every run ('*'); this credential has less."}, status=403)
+    session_id = await db_of(request).write(open_session, ref)
+    response = RedirectResponse("/", status_code=303)
+    response.set_cookie(SESSION_COOKIE, session_id, max_age=SESSION_MAX_AGE,
+                        httponly=True, samesite="strict", secure=request.url.scheme == "https")
+    return response
+
+
+async def favicon(request: Request) -> Response:
+    """Browsers ask for /favicon.ico whatever a page links: the dashboard's icon."""
+    return RedirectResponse("/static/favicon.svg", status_code=301)
+
+
+async def page_logout(request: Request) -> Response:
+    await db_of(request).write(close_session, context_of(request).session_id)
+    response = RedirectResponse("/login", status_code=303)
+    response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="strict")
+    return response
+
+
+def page_query(request: Request, kind: type) -> Struct:
+    """The page's query parameters as a record; a form's blank field counts as absent."""
+    return decode_params({k: v for k, v in request.query_params.items() if v != ""}, kind, "query string")
+
+
+class FormError(BadRequest):
+    """A fork-form problem, naming the field it is about (None: the form as a whole)."""
+
+    def __init__(self, field_name: Optional[str], message: str, status: int = 400):
+        super().__init__(message, status=status)
+        self.field = field_name
+
+
+def form_json_object(form: dict, field_name: str, label: str) -> Optional[dict]:
+    text = form.get(field_name, "").strip()
+    if not text:
+        return None
+    try:
+        value = decode_json(text.encode("utf-8", "surrogatepass"), Json, label)
+    except ActaeError as exc:
+        raise FormError(field_name, exc.message)
+    if not isinstance(value, dict):
+        raise FormError(field_name, f"{label} must be a JSON object, like {{\"model\": \"slow\"}}")
+    return value
+
+
+def api_groups(document: dict) -> list:
+    """The OpenAPI document's operations as rows for the API page, grouped by tag in route order."""
+    groups: dict = {}
+    for path, methods in document["paths"].items():
+        for method, op in methods.items():
+            body = op.get("requestBody")
+            ref = next(iter(body["content"].values()))["schema"]["$ref"].rsplit("/", 1)[1] if body else None
+            groups.setdefault(op["tags"][0], []).append({
+                "method": method.upper(), "path": path, "public": op.get("security") == [],
+                "parameters": op["parameters"], "body": ref, "body_required": bool(body and body["required"])})
+    return list(groups.items())
+
+
+async def page_api(request: Request) -> Response:
+    document = request.app.services.openapi
+    return render(request, "api.html", {"title": "API", "groups": api_groups(document),
+                                        "schemas": document["components"]["schemas"]})
+
+
+def require_admin_page(request: Request) -> None:
+    if not context_of(request).principal.is_admin:
+        raise Forbidden("only an admin may manage keys")
+
+
+def scopes_from_form(form: dict) -> dict:
+    """Comma- or space-separated patterns per action, checked like the API's scopes."""
+    fields = {action: [p for p in re.split(r"[\s,]+", form.get(action, "")) if p] for action in ACTIONS[:3]}
+    fields["admin"] = ["*"] if form.get("admin") else []
+    return msgspec.structs.asdict(record_from(Scopes, fields, "scopes"))
+
+
+async def keys_context(request: Request, created: Optional[dict] = None, error: Optional[str] = None) -> dict:
+    return {"title": "Keys", "active": "keys", "keys": await db_of(request).read(list_keys), "created": created,
+            "error": error}
+
+
+async def page_keys(request: Request) -> Response:
+    require_admin_page(request)
+    return render(request, "keys.html", await keys_context(request))
+
+
+async def page_keys_create(request: Request) -> Response:
+    require_admin_page(request)
+    form = await read_form(request)
+    try:
+        name = form.get("name", "").strip()
+        if not name:
+            raise BadRequest("give the key a name")
+        days_text = form.get("expires_in_days", "").strip()
+        days = record_from(CreateKey, {"name": name, "scopes": {}, "expires_in_days": float(days_text)},
+                           "key").expires_in_days if days_text else None
+        created = await change_keys(request, create_key, name, scopes_from_form(form), days)
+    except (ActaeError, ValueError) as exc:
+        message = exc.message if isinstance(exc, ActaeError) else "expiry must be a number of days"
+        return render(request, "keys.html", await keys_context(request, error=message), status=400)
+    return render(request, "keys.html", await keys_context(request, created=created))
+
+
+async def page_keys_revoke(request: Request) -> Response:
+    require_admin_page(request)
+    key_id = decode_params(request.path_params, path_record("/{key_id}"), "path").key_id
+    await change_keys(request, revoke_key, key_id)
+    return RedirectResponse("/keys", status_code=303)
+
+
+# =============================================================================
+# Connections: bounds an unauthenticated client cannot pass, around uvicorn's protocol
+# =============================================================================
+# uvicorn has a keep-alive timeout and a concurrency limit, but no bound on a request's head, no
+# deadline for headers or body, and it waits for a silent connection for ever. BoundedHttp stands
+# between the socket and uvicorn's own httptools protocol: it reads each request's head with a
+# parser of its own (httptools' callbacks), holds every request to the bounds, and hands the bytes
+# on. uvicorn answers everything (the ASGI cycle, keep-alive, pipelining, 100-continue, upgrades).
+
+REFUSALS = {
+    408: ("Request Timeout", "request_timeout", "the request did not arrive in time"),
+    431: ("Request Header Fields Too Large", "headers_too_large", "the request's headers are too large or too many"),
+}
+
+
+def refusal(status: int) -> bytes:
+    """A complete response with the JSON error body, written by the connection itself."""
+    reason, code, message = REFUSALS[status]
+    body = error_body(code, message)
+    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
+            "connection: close\r\n\r\n")
+    return head.encode("ascii") + body
+
+
+def uvicorn_http_protocol() -> type:
+    """uvicorn's httptools protocol, the class `uvicorn --http httptools` runs. BoundedHttp makes it
+    with the keywords uvicorn hands a protocol and speaks to it only as an asyncio.Protocol."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    return HttpToolsProtocol
+
+
+class HeadTooLarge(Exception):
+    """Raised in a parser callback: a request's head passed a bound (httptools stops there)."""
+
+
+class ConnectionTransport:
+    """The transport uvicorn's protocol writes to: the socket's, with the writes of one turn of the
+    event loop joined (an answer's head and body leave in one send, not two), and nothing written
+    once the connection is closing, so an answer to a client that went away is simply dropped."""
+
+    def __init__(self, transport: asyncio.Transport, connection: "BoundedHttp"):
+        self.transport, self.connection = transport, connection
+        self.pending: list = []
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        if self.closed or not data:
+            return
+        if not self.pending:
+            self.connection.loop.call_soon(self.flush)
+        self.pending.append(data)
+        self.connection.answered = True
+
+    def writelines(self, lines) -> None:
+        for data in lines:
+            self.write(data)
+
+    def flush(self) -> None:
+        if self.pending and not self.transport.is_closing():
+            data = self.pending[0] if len(self.pending) == 1 else b"".join(self.pending)
+            self.pending = []
+            self.transport.write(data)
+        self.pending = []
+
+    def close(self) -> None:
+        if not self.closed:
+            self.flush()
+            self.closed = True
+            self.transport.close()
+
+    def abort(self) -> None:
+        self.pending, self.closed = [], True
+        self.transport.abort()
+
+    def is_closing(self) -> bool:
+        return self.closed or self.transport.is_closing()
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return self.transport.get_extra_info(name, default)
+
+    def pause_reading(self) -> None:
+        self.connection.reading_paused = True
+        self.transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.connection.reading_paused = False
+        self.transport.resume_reading()
+
+    def is_reading(self) -> bool:
+        return self.transport.is_reading()
+
+    def set_write_buffer_limits(self, high: Optional[int] = None, low: Optional[int] = None) -> None:
+        self.transport.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return self.transport.get_write_buffer_size() + sum(len(data) for data in self.pending)
+
+    def get_write_buffer_limits(self) -> tuple:
+        return self.transport.get_write_buffer_limits()
+
+    def can_write_eof(self) -> bool:
+        return self.transport.can_write_eof()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self.transport.write_eof()
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.connection.upgraded(protocol)       # the WebSocket's protocol takes the connection over
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self.connection.inner
+
+
+class BoundedHttp(asyncio.Protocol):
+    """One connection: uvicorn's protocol behind bounds on each request's head (bytes and count:
+    431), a deadline for the head (from the connection, or from the next request's first byte)
+    and one for the whole body (408), so dripping a byte at a time holds nothing for long. Any
+    number of pipelined requests in one read are each measured on their own. `settings` is set on
+    the subclass that `bounded_http` makes."""
+
+    settings: Settings
+    arrivals: Optional[Arrivals] = None
+
+    def __init__(self, **uvicorn_keywords):
+        self.inner: asyncio.BaseProtocol = uvicorn_http_protocol()(**uvicorn_keywords)
+        self.loop = uvicorn_keywords.get("_loop") or asyncio.get_event_loop()
+        self.parser = httptools.HttpRequestParser(self)
+        with contextlib.suppress(AttributeError):    # as uvicorn's parser: answer a request sent before a close
+            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
+        self.watching = True                        # False after an upgrade or a request uvicorn refuses
+        self.in_head = self.body_expected = self.answered = self.reading_paused = self.too_large = False
+        self.head_bytes = self.head_count = self.head_read = self.head_carried = self.reads = 0
+        self.deadline: Optional[asyncio.TimerHandle] = None
+        self.transport: Optional[ConnectionTransport] = None
+
+    # --- asyncio.Protocol ---
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = ConnectionTransport(transport, self)
+        self.inner.connection_made(self.transport)
+        self.arm(self.settings.header_timeout, self.headers_timed_out)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.disarm()
+        self.transport.closed = True
+        self.inner.connection_lost(exc)
+
+    def eof_received(self) -> Optional[bool]:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        if self.watching and not self.watch(data):
+            return
+        self.inner.data_received(data)
+
+    def upgraded(self, protocol: asyncio.BaseProtocol) -> None:
+        self.watching, self.inner = False, protocol
+        self.disarm()
+
+    # --- the head of each request, read by our own parser ---
+
+    def watch(self, data: bytes) -> bool:
+        """Measure the requests in `data`; False when a bound was broken (the connection is refused)."""
+        self.reads += 1
+        if not self.in_head and self.deadline is None:    # the first byte of the next request
+            self.arm(self.settings.header_timeout, self.headers_timed_out)
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            self.watching = False
+        except httptools.HttpParserError:
+            if self.too_large:
+                self.refuse(431)
+                return False
+            self.watching = False                      # malformed: uvicorn's parser answers 400
+        if self.in_head:
+            # An unfinished head: its bytes in earlier reads count whole, this read's from its start.
+            self.head_carried += len(data) if self.head_read < self.reads else 0
+            if max(self.head_bytes, self.head_carried) > self.settings.max_header_bytes:
+                self.refuse(431)
+                return False
+        return True
+
+    def on_message_begin(self) -> None:
+        self.in_head, self.body_expected, self.answered, self.too_large = True, False, False, False
+        self.head_bytes = self.head_count = self.head_carried = 0
+        self.head_read = self.reads
+        if self.deadline is None:
+            self.arm(self.settings.header_timeout, self.headers_timed_out)
+
+    def on_url(self, url: bytes) -> None:
+        self.head_bytes += len(url) + 16            # the method and version around it
+        self.check_head()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_count += 1
+        self.head_bytes += len(name) + len(value) + 4
+        if len(name) in (14, 17) and name.lower() in (b"content-length", b"transfer-encoding"):
+            self.body_expected = name.lower() == b"transfer-encoding" or value.strip() not in (b"", b"0")
+        self.check_head()
+
+    def check_head(self) -> None:
+        if self.head_bytes > self.settings.max_header_bytes or self.head_count > self.settings.max_headers:
+            self.too_large = True
+            raise HeadTooLarge()
+
+    def on_headers_complete(self) -> None:
+        self.in_head = False
+        self.disarm()
+        if self.arrivals is not None and not self.parser.should_upgrade():
+            self.arrivals.heads += 1
+        if self.body_expected and not self.parser.should_upgrade():
+            self.arm(self.settings.body_timeout, self.body_timed_out)
+
+    def on_message_complete(self) -> None:
+        self.disarm()
+
+    # --- deadlines and refusals ---
+
+    def arm(self, seconds: float, callback: Callable) -> None:
+        self.disarm()
+        self.deadline = self.loop.call_later(seconds, callback)
+
+    def disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def headers_timed_out(self) -> None:
+        self.deadline = None
+        if self.in_head:
+            self.refuse(408)
+        elif not self.transport.is_closing():
+            self.transport.close()                  # a silent connection gets no answer, just closed
+
+    def body_timed_out(self) -> None:
+        self.deadline = None
+        if self.reading_paused:                     # uvicorn stopped reading (the app is slow), not the client
+            self.arm(self.settings.body_timeout, self.body_timed_out)
+        else:
+            self.refuse(408)
+
+    def refuse(self, status: int) -> None:
+        """Answer (unless an answer to this request has begun) and close: the client broke a bound."""
+        self.disarm()
+        self.watching = False
+        if not self.transport.is_closing():
+            if not self.answered:
+                self.transport.write(refusal(status))
+            self.transport.close()
+
+
+def bounded_http(settings: Settings, arrivals: Optional["Arrivals"] = None) -> type:
+    return type("ActaeHttp", (BoundedHttp,), {"settings": settings, "arrivals": arrivals})
+
+
+@dataclass
+class Arrivals:
+    """Requests whose head this server's connections have read: with the answers the app has
+    finished, it says how many are in flight, tasks uvicorn made and has not run yet included
+    (a lone write commits on the event loop only when it is the one)."""
+
+    heads: int = 0
+
+
+def raise_open_file_limit() -> None:
+    """Each connection is a file descriptor: the default soft limit (often 1024) starves new clients."""
+    try:
+        import resource
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if hard == resource.RLIM_INFINITY or hard > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
+    except (ImportError, ValueError, OSError):
+        pass                                      # not on this platform, or not allowed: keep the default
+
+
+# =============================================================================
+# The request path: one for every route (API, pages, streams, static files, WebSocket)
+# =============================================================================
+# Each concern of a request is defined once here and applies to every kind of route: the Host
+# check (host_refusal), the route table (RouteIndex), errors mapped to HTTP (error_response), gzip
+# (gzipped), the security headers (SECURITY_HEADERS) and the note each finished request leaves
+# (note_request, which the regions' request observers hear). ActaeApp is a plain ASGI app: wrapped in any
+# ASGI middleware, or served by another ASGI server, it answers the same.
+
+SECURITY_HEADERS = [
+    (b"content-security-policy", b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+                                 b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'"),
+    (b"x-frame-options", b"DENY"),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+]
+GZIP_MIN_BYTES = 1024                  # replays and pages shrink several times over; small answers do not pay
+REFUSED_CODING = re.compile(rb"\s*q\s*=\s*0(\.0*)?\s*")     # an Accept-Encoding entry's ";q=0"
+
+
+def host_name(host: str) -> str:
+    """The name part of a Host header, lower-case: `[::1]:8002` -> `[::1]`, `Localhost:80` -> `localhost`."""
+    host = host.strip().lower()
+    if host.startswith("["):
+        return host.partition("]")[0] + "]"
+    return host.partition(":")[0]
+
+
+def host_header(scope: dict) -> str:
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+
+
+def served_hosts(settings: Settings) -> frozenset:
+    bound = f"[{settings.host}]" if ":" in settings.host else settings.host
+    return frozenset({"localhost", "127.0.0.1", "[::1]", bound.lower(), *(h.lower() for h in settings.allow_hosts)})
+
+
+def host_refusal(hosts: frozenset, scope: dict) -> Optional[BadRequest]:
+    """None for a Host we serve, else the 400 that refuses it (a DNS-rebinding page names its own)."""
+    host = host_header(scope)
+    if host_name(host) in hosts:
+        return None
+    return BadRequest(f"host {host[:100]!r} is not served here; start the server with --allow-host NAME to serve it")
+
+
+def accepts_gzip(scope: dict) -> bool:
+    """Whether Accept-Encoding accepts gzip: named (or, when it is not named, `*`) with a q-value
+    above 0; coding names are case-insensitive."""
+    accepted: dict = {}
+    for name, value in scope["headers"]:
+        if name == b"accept-encoding":
+            for coding in value.lower().split(b","):
+                token, _, params = coding.partition(b";")
+                accepted[token.strip()] = not REFUSED_CODING.fullmatch(params)
+    return accepted.get(b"gzip", accepted.get(b"*", False))
+
+
+def gzipped(scope: dict, headers: list, body: bytes) -> tuple:
+    """(headers, body), gzipped when the client accepts it and the body is worth it. Level 1: a 300 KB
+    state compresses in 3 ms at it, 13 ms at level 5 (on the event loop, for 15% fewer bytes)."""
+    if len(body) < GZIP_MIN_BYTES or not accepts_gzip(scope):
+        return headers, body
+    body = gzip.compress(body, compresslevel=1, mtime=0)
+    headers = [(k, v) for k, v in headers if k != b"content-length"]
+    return headers + [(b"content-length", str(len(body)).encode()), (b"content-encoding", b"gzip"),
+                      (b"vary", b"accept-encoding")], body
+
+
+class MethodNotAllowed(ActaeError, status=405, code="method_not_allowed"):
+    """The path exists; the method is not one it answers."""
+
+
+def error_response(request: Request, exc: Exception) -> Response:
+    """The one mapping of a failure to its HTTP answer, for every kind of route: an ActaeError is
+    its status and `{"status": code, "error": message}` (a page gets the error page instead, a
+    region its own shape through `context_of(request).error_shape`); anything else is a bug, logged once
+    and answered as an Internal error, so the connection stays sound."""
+    if isinstance(exc, ClientDisconnect):
+        return Response(status_code=499)          # nobody is left to read it: not a bug, nothing to log
+    if not isinstance(exc, ActaeError):
+        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        exc = Internal(f"internal error ({type(exc).__name__}); the server log has the details")
+    shape = context_of(request).error_shape
+    if shape is not None:
+        return shape(exc)
+    if is_page(request) and exc.status != 401:
+        try:
+            return render(request, "error.html", {"title": f"Error {exc.status}", "status": exc.status,
+                                                  "message": exc.message}, status=exc.status)
+        except jinja2.TemplateError:
+            log.exception("error page failed to render")
+    return Response(error_body(exc.code, exc.message), status_code=exc.status, media_type="application/json")
+
+
+ACCESS_LOG = logging.getLogger("actae.access")
+
+
+class AccessLines:
+    """The access log of a server that main() started: each request leaves a tuple here, and one
+    thread turns them into lines and writes them together a few times a second, as the log's own
+    lines read (text or JSON). A request pays for an append to a deque (thread-safe without a lock),
+    not for a log record, a format and a write; the thread writes each line straight from its tuple,
+    not through a LogRecord and a Formatter (those were 4% of server CPU per write under 32 writers).
+    The thread lives as long as the process (a timer thread per batch made the event loop wait for
+    each new thread to start)."""
+
+    FLUSH_SECONDS = 0.25
+
+    def __init__(self, handler: "BatchedLines", form: str):
+        self.handler, self.pending = handler, collections.deque()
+        self.line_of = self.json_line if form == "json" else self.text_line
+        self.second, self.stamp = -1, ""
+        self.writer: Optional[threading.Thread] = None
+        self.starting = threading.Lock()
+
+    def add(self, entry: tuple) -> None:
+        self.pending.append(entry)
+        if self.writer is None:
+            self.start_writer()
+
+    def start_writer(self) -> None:
+        with self.starting:
+            if self.writer is None:
+                self.writer = threading.Thread(target=self.write_every_while, name="actae-access-log", daemon=True)
+                self.writer.start()
+
+    def write_every_while(self) -> None:
+        while True:
+            time.sleep(self.FLUSH_SECONDS)
+            self.flush()
+
+    def flush(self) -> None:
+        entries = [self.pending.popleft() for _ in range(len(self.pending))]
+        if entries:
+            self.handler.write_lines_now([self.line_of(*entry) for entry in entries])
+
+    def text_line(self, at: float, method: str, route: str, status: int, seconds: float, who: str) -> str:
+        """As logging.Formatter's "%(asctime)s %(levelname)s %(name)s: %(message)s" reads it."""
+        second = int(at)
+        if second != self.second:                   # strftime once a second, not once a line
+            self.second, self.stamp = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
+        return (f"{self.stamp},{int((at - second) * 1000):03d} INFO {ACCESS_LOG.name}: "
+                + access_message(method, route, status, seconds, who))
+
+    @staticmethod
+    def json_line(at: float, method: str, route: str, status: int, seconds: float, who: str) -> str:
+        return json_log_line(at, "info", ACCESS_LOG.name, access_message(method, route, status, seconds, who),
+                             {"method": method, "route": route, "status": status,
+                              "duration_ms": round(seconds * 1000, 2), "principal": who})
+
+
+def access_message(method: str, route: str, status: int, seconds: float, who: str) -> str:
+    return f"{method} {route} {status} {seconds * 1000:.1f}ms {who}"
+
+
+ACCESS_LINES: list = []               # the one AccessLines of a process main() configured (else none)
+
+
+def note_request(services: "Services", route: str, method: str, status: int, seconds: float,
+                 scope: Optional[dict] = None) -> None:
+    """A finished request: one access line (the route's template, never its values: no key or ticket
+    in a query string reaches the log; who asked, by name), then whoever listens (metrics)."""
+    if ACCESS_LINES:
+        context = (scope or {}).get("actae")
+        principal = context.principal if context is not None else None
+        ACCESS_LINES[0].add((time.time(), method, route, status, seconds,
+                             principal.actor if principal is not None else "-"))
+    for hear in services.hooks.request_observers:
+        hear(services, route, method, status, seconds)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A route of the table as the request path calls it: `handle(request)` answers a Response;
+    a WebSocket route's `handle(websocket)` runs the connection."""
+
+    method: str                        # "WS" for a WebSocket route
+    path: str                          # the template, as /metrics labels it
+    handle: Callable
+
+
+class RouteIndex:
+    """(method, path) -> the endpoint and its path parameters: exact paths in a dict, templates in
+    table order. One table for the API, the pages, the streams and the WebSockets."""
+
+    def __init__(self, endpoints: list):
+        self.static: dict = {}
+        self.dynamic: dict = {}
+        self.paths: dict = {}                 # path or template -> methods served there (405 vs 404)
+        for endpoint in endpoints:
+            self.paths.setdefault(endpoint.path, set()).add(endpoint.method)
+            if "{" in endpoint.path:
+                regex = compile_path(endpoint.path)[0]
+                self.dynamic.setdefault(endpoint.method, []).append((regex, endpoint))
+            else:
+                earlier = [regex for regex, _ in self.dynamic.get(endpoint.method, ()) if regex.match(endpoint.path)]
+                assert not earlier, f"{endpoint.path} is shadowed by an earlier route"   # static-first is then exact
+                self.static[(endpoint.method, endpoint.path)] = endpoint
+        self.templates = [(compile_path(path)[0], methods) for path, methods in self.paths.items()]
+
+    def find(self, method: str, path: str) -> Optional[tuple]:
+        """(endpoint, path parameters), or None."""
+        endpoint = self.static.get((method, path))
+        if endpoint is not None:
+            return endpoint, {}
+        for regex, endpoint in self.dynamic.get(method, ()):
+            match = regex.match(path)
+            if match:
+                return endpoint, match.groupdict()
+        return None
+
+    def refusal(self, method: str, path: str) -> ActaeError:
+        """Why nothing answers `method path`: 405 where another method is served, else 404."""
+        if any(regex.match(path) and methods - {"WS"} for regex, methods in self.templates):
+            return MethodNotAllowed(f"{method} is not allowed on {path}")
+        return NotFound(f"no route for {method} {path}")
+
+
+class ActaeApp:
+    """The whole server as one plain ASGI app. Every HTTP request takes `answer_http`, every
+    WebSocket `answer_websocket`: the Host check, the route table, the handler, errors mapped
+    once, gzip where accepted, the security headers, and the request noted. Everything one app
+    shares lives in `services`; nothing is shared between apps in one process."""
+
+    def __init__(self, services: "Services", endpoints: list, lifespan: Callable):
+        self.services = services
+        self.routes = RouteIndex(endpoints)
+        self.lifespan = lifespan
+        self.static = StaticFiles(directory=str(UI_DIR / "static"))
+        self.in_flight = 0                    # HTTP requests being answered (a lone write may commit here)
+        self.arrivals = Arrivals()            # heads BoundedHttp read, when it serves this app (uvicorn_config)
+        self.answered = 0                     # HTTP requests answered since
+
+    def requests_in_flight(self) -> int:
+        """Requests being answered, or read and waiting for their turn (when BoundedHttp counts them:
+        under another server only those already inside the app)."""
+        waiting = self.arrivals.heads - self.answered if self.arrivals.heads else 0
+        return max(self.in_flight, waiting)
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        scope["app"] = self
+        if scope["type"] == "http":
+            await self.answer_http(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await self.answer_websocket(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self.run_lifespan(receive, send)
+
+    async def answer_http(self, scope: dict, receive: Callable, send: Callable) -> None:
+        started, noted = time.perf_counter(), []
+        self.in_flight += 1
+        try:
+            route = await self.respond(scope, receive, self.noting_send(send, noted))
+        finally:
+            self.in_flight -= 1
+            self.answered += 1
+        note_request(self.services, route, scope["method"], noted[0] if noted else 500, time.perf_counter() - started,
+                     scope)
+
+    async def respond(self, scope: dict, receive: Callable, send: Callable) -> str:
+        """Answer one HTTP request; returns the route template it took ("other" off the table)."""
+        request = Request(scope, receive)
+        method = "GET" if scope["method"] == "HEAD" else scope["method"]
+        refused = host_refusal(self.services.hosts, scope)
+        if refused is not None:
+            await self.reply(scope, receive, send, error_response(request, refused))
+            return "other"
+        if scope["path"].startswith("/static/") and method == "GET":
+            await self.static({**scope, "root_path": scope.get("root_path", "") + "/static"}, receive, send)
+            return "other"
+        found = self.routes.find(method, scope["path"])
+        if found is None:
+            refusal = self.routes.refusal(scope["method"], scope["path"])
+            await self.reply(scope, receive, send, error_response(request, refusal))
+            return "other"
+        endpoint, scope["path_params"] = found
+        try:
+            response = await endpoint.handle(request)
+        except Exception as exc:  # noqa: BLE001 - mapped to its answer in one place
+            response = error_response(request, exc)
+        await self.reply(scope, receive, send, response)
+        return endpoint.path
+
+    @staticmethod
+    async def reply(scope: dict, receive: Callable, send: Callable, response: Response) -> None:
+        """A response on the wire; a whole body is gzipped where it pays, a stream goes as it is."""
+        if isinstance(response, StreamingResponse) or not hasattr(response, "body"):
+            await response(scope, receive, send)
+            return
+        headers, body = gzipped(scope, response.raw_headers, response.body)
+        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
+        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
+
+    @staticmethod
+    def noting_send(send: Callable, noted: list) -> Callable:
+        """`send` with the security headers on every answer, noting its status."""
+        async def sending(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                noted.append(message["status"])
+                message = {**message, "headers": [*message.get("headers", ()), *SECURITY_HEADERS]}
+            await send(message)
+        return sending
+
+    async def answer_websocket(self, scope: dict, receive: Callable, send: Callable) -> None:
+        started = time.perf_counter()
+        found = None if host_refusal(self.services.hosts, scope) else self.routes.find("WS", scope["path"])
+        if found is None:
+            await send({"type": "websocket.close", "code": 1008})
+            note_request(self.services, "other", "GET", 403, time.perf_counter() - started)
+            return
+        endpoint, scope["path_params"] = found
+        try:
+            await endpoint.handle(WebSocket(scope, receive, send))
+        except Exception:  # noqa: BLE001 - a bug in one connection; the others go on
+            log.exception("unhandled error on WebSocket %s", scope["path"])
+            with contextlib.suppress(Exception):
+                await send({"type": "websocket.close", "code": 1011})
+        note_request(self.services, endpoint.path, "GET", 101, time.perf_counter() - started)
+
+    async def run_lifespan(self, receive: Callable, send: Callable) -> None:
+        """ASGI's lifespan: start the services, serve until told to stop, stop them."""
+        await receive()                                       # lifespan.startup
+        phase = "startup"
+        try:
+            async with self.lifespan(self):
+                await send({"type": "lifespan.startup.complete"})
+                phase = "shutdown"
+                await receive()                               # lifespan.shutdown
+        except Exception as exc:  # noqa: BLE001 - told to the server, which stops
+            log.exception("the server could not %s cleanly", "start" if phase == "startup" else "stop")
+            await send({"type": f"lifespan.{phase}.failed", "message": f"{type(exc).__name__}: {exc}"})
+            return
+        await send({"type": "lifespan.shutdown.complete"})
+
+
+# =============================================================================
+# App factory: the services, the route table, the lifespan
+# =============================================================================
+
+def token_secret(data_dir: Path) -> bytes:
+    """The login tokens' signing secret: a file beside the database (mode 0600), made on first start.
+
+    Kept out of the database so that a copy of it (or a backup) cannot mint tokens.
+    """
+    path = data_dir / TOKEN_SECRET_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return bytes.fromhex(path.read_text().strip())
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32))
+    return bytes.fromhex(path.read_text().strip())
+
+
+def instance_identity(tx: Tx) -> str:
+    """This data dir's instance id, made once and kept across restarts."""
+    tx.conn.execute("INSERT INTO settings (name, value) VALUES ('instance_id', ?) ON CONFLICT (name) DO NOTHING",
+                    (str(uuid.uuid4()),))
+    return tx.conn.execute("SELECT value FROM settings WHERE name = 'instance_id'").fetchone()[0]
+
+
+RegionService = typing.TypeVar("RegionService")
+
+
+@dataclass
+class Services:
+    """What every request of one app shares, built once by create_app (one app's, never another's).
+    A region keeps its own service in `regions`, by its type (`services.region(FleetState)`)."""
+
+    db: Database
+    hub: Hub
+    keys: KeyRing
+    settings: Settings
+    templates: jinja2.Environment
+    flash: "FlashStore"
+    hosts: frozenset
+    data_dir: Path
+    token_secret: bytes
+    env_key: Optional[str]
+    hooks: Hooks = field(default_factory=hooks_of)   # the regions it serves
+    instance_id: str = ""              # read from the database when the app starts
+    started: float = field(default_factory=time.monotonic)
+    started_at: str = field(default_factory=lambda: iso(utc_now()))
+    key_touched: dict = field(default_factory=dict)
+    background: set = field(default_factory=set)
+    openapi: dict = field(default_factory=dict)
+    regions: dict[type, object] = field(default_factory=dict)
+
+    def region(self, kind: type[RegionService]) -> RegionService:
+        """The service a region's installer keeps in this app, by its type."""
+        return typing.cast(RegionService, self.regions[kind])
+
+
+PAGE_ROUTES = [
+    ("GET", "/api", page_api),
+    ("GET", "/keys", page_keys),
+    ("POST", "/keys", page_keys_create),
+    ("POST", "/keys/{key_id}/revoke", page_keys_revoke),
+    ("POST", "/logout", page_logout),
+]
+
+
+def page_routes(hooks: Optional[Hooks] = None) -> list[tuple[str, str, Callable]]:
+    """The dashboard's pages: the kernel's, then each region's."""
+    return [*PAGE_ROUTES, *(hooks or hooks_of()).pages]
+
+
+def page_endpoint(method: str, path: str, handler: Callable) -> Endpoint:
+    return Endpoint(method, path, dashboard(handler))
+
+
+def app_endpoints(hooks: Optional[Hooks] = None) -> list[Endpoint]:
+    """The one route table: the API's routes, the pages, the WebSockets and streams, the regions' too."""
+    hooks = hooks or hooks_of()
+    endpoints = [Endpoint(route.method, route.path, wrapped_endpoint(route, hooks)) for route in api_routes(hooks)]
+    endpoints += [page_endpoint(method, path, handler) for method, path, handler in page_routes(hooks)]
+    return endpoints + [Endpoint("GET", "/login", page_login), Endpoint("POST", "/login", page_login_submit),
+                        Endpoint("GET", "/favicon.ico", favicon), *hooks.endpoints]
+
+
+def wrapped_endpoint(route: Api, hooks: Hooks) -> Callable:
+    """A route's endpoint with what the regions wrap around every one."""
+    endpoint = api_endpoint(route)
+    for wrap in hooks.wrappers:
+        endpoint = wrap(route, endpoint)
+    return endpoint
+
+
+# The kernel's own write that changes no channel's rows: a key's last use is one row, which its own
+# row lock keeps (the regions name theirs: Region.channel_writes).
+KERNEL_CHANNEL_WRITES = ((touch_key, lambda key_id: ()),)
+
+
+def commit_policy(hooks: Hooks, in_flight: Callable[[], int]) -> CommitPolicy:
+    """What the writer asks of this app: a lone write the regions name quick (Region.lone_writes)
+    commits on the event loop's thread while no other request waits (`in_flight`, counted by the
+    app); a write the regions say changes only some channels' rows names them (Region.channel_writes)."""
+    lone = frozenset(hooks.lone_writes)
+    named = dict((*KERNEL_CHANNEL_WRITES, *hooks.channel_writes))
+
+    def channels_written(job: Job) -> Optional[tuple]:
+        channels_of = named.get(job.work)
+        return None if channels_of is None else channels_of(*job.args)
+    return CommitPolicy(alone=lambda job: job.work in lone and in_flight() <= 1, channels_of=channels_written)
+
+
+def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: Optional[str] = None,
+               settings: Settings = Settings(), regions: Optional[typing.Sequence[Region]] = None,
+               **region_options: object) -> ActaeApp:
+    """The whole server: on the SQLite file in `data_dir`, or on PostgreSQL at `database_url`
+    (several servers may share that database). `env_key` is accepted besides stored keys; `regions`
+    are the regions it serves (every declared one by default); `region_options` go to the regions
+    that take them (`otlp=` turns on trace export, `organization=` names the fleet's organisation)."""
+    data_dir = Path(data_dir)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    hooks, listeners = hooks_of(regions), CommitListeners()
+    # A lone SDK write commits on the event loop's thread while no other request waits (the app,
+    # built below, counts them; the policy is asked only once it serves).
+    db = Database(Location(data_dir, database_url), commit_policy(hooks, lambda: app.requests_in_flight()),
+                  hooks.store, listeners)
+    hub = Hub(db)
+    listeners.commits.append(hub.on_commit)
+    listeners.notices.append(hub.on_notify)
+    services = Services(db=db, hub=hub, keys=KeyRing(db, hub.recheck), settings=settings,
+                        templates=template_env(), flash=FlashStore(), hosts=served_hosts(settings), data_dir=data_dir,
+                        token_secret=token_secret(data_dir), env_key=env_key or None, hooks=hooks,
+                        openapi=openapi_document(api_routes(hooks)))
+    starting, stopping = [lambda: hub.start(services.keys)], [hub.stop]
+    for install in (install for region in hooks.regions for install in region.installers):
+        installed = install(services, region_options)
+        services.regions.update((type(service), service) for service in installed.services)
+        starting += installed.starts
+        stopping[:0] = installed.stops
+        if installed.on_batch is not None:
+            listeners.batches.append(installed.on_batch)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: ActaeApp):
+        await db.open()
+        services.instance_id = await db.write(instance_identity)
+        for start in starting:
+            await start() if asyncio.iscoroutinefunction(start) else start()
+        try:
+            yield
+        finally:
+            for stop in stopping:
+                await stop() if asyncio.iscoroutinefunction(stop) else stop()
+            await db.close()
+
+    app = ActaeApp(services, app_endpoints(hooks), lifespan)
+    return app
+
+
+# =============================================================================
+# Command line
+# =============================================================================
+
+class Subcommands(typing.Protocol):
+    """The subcommands of `actae` (what argparse's add_subparsers answers): a region adds its own."""
+
+    choices: dict
+
+    def add_parser(self, name: str, **kwargs: object) -> argparse.ArgumentParser: ...
+
+
+def program_name() -> str:
+    """The command as the user runs it, for hints: `python actae.py` from source, else the executable."""
+    if bundle_dir() is None:
+        return "python actae.py"
+    invoked = sys.argv[0] if sys.argv and sys.argv[0] else "actae"
+    return invoked if os.sep in invoked else "actae"
+
+
+class CommandLine(argparse.ArgumentParser):
+    """argparse that refuses bad input in one line (`actae: ...`, exit 2, never a traceback); a flag
+    it does not know gets the nearest one it does and the usage of the (sub)command it was given to."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if wrong:
+            near = difflib.get_close_matches(wrong.group(1), re.findall(r"'([^']*)'", wrong.group(2)), n=1)
+            message += f" (did you mean {near[0]}?)" if near else ""
+        self.exit(2, f"{self.prog}: {message}\n")
+
+    def parse_known_args(self, args: Optional[typing.Sequence[str]] = None, namespace: Optional[argparse.Namespace] = None) -> tuple:
+        """As argparse's, noting which (sub)command parsed them: the deepest one, which parses first."""
+        parsed, extra = super().parse_known_args(args, namespace)
+        if getattr(parsed, "parsed_by", None) is None:
+            parsed.parsed_by = self
+        return parsed, extra
+
+    def unknown(self, extra: list) -> typing.NoReturn:
+        known = re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", self.format_help())
+        flag = extra[0].split("=", 1)[0]
+        near = difflib.get_close_matches(flag, known, n=1)
+        hint = f" (did you mean {near[0]}?)" if near else ""
+        self.exit(2, f"{self.format_usage()}{self.prog}: unrecognized argument {extra[0]!r}{hint}\n")
+
+
+def whole(low: int, high: int) -> Callable[[str], int]:
+    """A flag's type: a whole number from `low` to `high`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"takes a whole number from {low} to {high}, got {value}")
+        return value
+    return parse
+
+
+def bounded_number(text: str, low: float, high: float, unit: str, positive: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of {unit}, got {text!r}") from None
+    if not (math.isfinite(value) and (value > low if positive else value >= low) and value <= high):
+        raise argparse.ArgumentTypeError(f"takes a number of {unit} {'above' if positive else 'from'} {low:g}"
+                                         f" {'and at most' if positive else 'to'} {high:g}, got {text}")
+    return value
+
+
+def seconds(high: float) -> Callable[[str], float]:
+    return lambda text: bounded_number(text, 0, high, "seconds", positive=True)
+
+
+def days(positive: bool = False) -> Callable[[str], float]:
+    return lambda text: bounded_number(text, 0, 36500, "days", positive=positive)
+
+
+def build_parser(regions: tuple[Region, ...]) -> argparse.ArgumentParser:
+    # SUPPRESS: `--data-dir` may come before or after `key rotate` without one erasing the other.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR",
+                        help="folder holding the SQLite database and the token secret"
+                             " (default: $ACTAE_DATA_DIR or ~/.actae)")
+    common.add_argument("--database", default=argparse.SUPPRESS, metavar="URL",
+                        help="a postgresql://user:password@host:port/name URL: keep the data in PostgreSQL,"
+                             " which several servers may share (default: $ACTAE_DATABASE_URL, else SQLite)")
+    parser = CommandLine(
+        prog="actae", parents=[common],
+        description="Actae community server: record agent runs, fork them at a step, never repeat a side effect.")
+    parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface to listen on (default: {DEFAULT_HOST})")
+    parser.add_argument("--port", type=whole(0, 65535), default=DEFAULT_PORT,
+                        help=f"port to listen on; 0 picks a free one (default: {DEFAULT_PORT})")
+    parser.add_argument("--version", action="version", version=f"actae {__version__}",
+                        help="print the version and exit")
+    limits, default = parser.add_argument_group("who may connect, and for how long"), Settings()
+    limits.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                        help="also answer requests for this Host name (repeatable); loopback names and the "
+                             "bound address are always served, any other name gets 400 (DNS rebinding)")
+    limits.add_argument("--max-connections", type=whole(1, 1_000_000), default=default.max_connections, metavar="N",
+                        help=f"open connections before new requests get 503 (default: {default.max_connections})")
+    limits.add_argument("--header-timeout", type=seconds(3600), default=default.header_timeout, metavar="SECONDS",
+                        help=f"time for a request's headers (default: {default.header_timeout:g})")
+    limits.add_argument("--keepalive-timeout", type=seconds(3600), default=default.keepalive_timeout, metavar="SECONDS",
+                        help=f"how long an idle connection stays open (default: {default.keepalive_timeout:g})")
+    limits.add_argument("--body-timeout", type=seconds(86400), default=default.body_timeout, metavar="SECONDS",
+                        help=f"time for a request's whole body (default: {default.body_timeout:g})")
+    limits.add_argument("--max-header-bytes", type=whole(1024, 16 * 1024 * 1024), default=default.max_header_bytes, metavar="BYTES",
+                        help=f"request line and headers together (default: {default.max_header_bytes})")
+    parser.add_argument("--open-signup", action="store_true",
+                        help="let anyone create an account (by default only an admin key may)")
+    logs = parser.add_argument_group("what the server logs (to standard error)")
+    logs.add_argument("--log-level", choices=LOG_LEVELS, default="info",
+                      help="the least severe lines written: debug, info (one access line per request), warning or"
+                           " error (default: info)")
+    logs.add_argument("--log-format", choices=LOG_FORMATS, default="text",
+                      help="text, or json: one JSON object a line (time, level, logger, message and fields) for a"
+                           " log shipper (default: text)")
+    for add_flags in (flag for region in regions for flag in region.serve_flags):
+        add_flags(parser)
+    # The same scope flags for a key and for an account.
+    scoped = argparse.ArgumentParser(add_help=False)
+    for action in ACTIONS[:3]:
+        scoped.add_argument(f"--{action}", action="append", default=[], metavar="PATTERN",
+                            help=f"channels it may {action}: '*', a prefix ending in '*', or an id (repeatable)")
+    scoped.add_argument("--admin", action="store_true", help="every action on every channel, plus keys and users")
+    commands = parser.add_subparsers(dest="command", parser_class=CommandLine)
+    add_core_commands(commands, common, scoped)
+    for add_commands in (add for region in regions for add in region.commands):
+        add_commands(commands, common, scoped)
+    commands.metavar = "{" + ",".join(commands.choices) + "}"
+    return parser
+
+
+def parse_command_line(argv: Optional[list], regions: tuple[Region, ...]) -> argparse.Namespace:
+    parser = build_parser(regions)
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        args.parsed_by.unknown(extra)
+    return args
+
+
+def add_core_commands(commands: Subcommands, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
+    """`actae key ...` and `actae user ...`: keys and accounts."""
+    key = add_command(commands, "key", key_command, [common], "manage API keys: create, list, revoke, rotate")
+    key_commands = add_credential_commands(key, "key", "key_id", "a key", "keys", (common, scoped), ("rotate",))
+    key_commands.add_parser("rotate", parents=[common],
+                            help="issue and print a new admin key; the old admin key stops working")
+    user = add_command(commands, "user", user_command, [common], "manage accounts: grant")
+    user_commands = user.add_subparsers(dest="user_command", required=True, metavar="{grant}")
+    grant = user_commands.add_parser("grant", parents=[common, scoped],
+                                     help="set the scopes an account's login tokens carry")
+    grant.add_argument("email")
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_FORMATS = ("text", "json")
+
+
+def json_log_line(created: float, level: str, logger: str, message: str, fields: dict) -> str:
+    """A JSON log line: time, level, logger, message, and the record's fields beside them."""
+    return json.dumps({"time": iso(datetime.fromtimestamp(created, timezone.utc)), "level": level,
+                       "logger": logger, "message": message, **fields}, ensure_ascii=False, default=str)
+
+
+class JsonLines(logging.Formatter):
+    """One JSON object a line (json_log_line), a record's `fields` and its exception included."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        fields = getattr(record, "fields", {})
+        if record.exc_info:
+            fields = {**fields, "exception": self.formatException(record.exc_info)}
+        return json_log_line(record.created, record.levelname.lower(), record.name, record.getMessage(), fields)
+
+
+class BatchedLines(logging.StreamHandler):
+    """Standard error in batches: info lines (one access line a request) leave together at most a
+    quarter of a second later, in one write, not one write each; a warning or worse flushes at once."""
+
+    FLUSH_SECONDS, BATCH_MAX = 0.25, 256
+
+    def __init__(self, stream: typing.TextIO):
+        super().__init__(stream)
+        self.lines: list = []
+        self.timer: Optional[threading.Timer] = None
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = self.format(record)
+        except Exception:  # noqa: BLE001 - as logging's own handlers: a bad record is reported, not raised
+            self.handleError(record)
+            return
+        with self.lock:
+            self.lines.append(line)
+            if record.levelno >= logging.WARNING or len(self.lines) >= self.BATCH_MAX:
+                self.write_lines()
+            elif self.timer is None:
+                self.timer = threading.Timer(self.FLUSH_SECONDS, self.flush)
+                self.timer.daemon = True
+                self.timer.start()
+
+    def write_lines_now(self, lines: list) -> None:
+        """Lines that come batched already (the access log's): written now, in one write, no timer."""
+        with self.lock:
+            self.lines += lines
+            self.write_lines()
+
+    def write_lines(self) -> None:
+        if self.lines:
+            self.stream.write("\n".join(self.lines) + "\n")
+            self.lines = []
+        self.stream.flush()
+
+    def flush(self) -> None:
+        with self.lock:
+            self.timer = None
+            self.write_lines()
+
+
+def configure_logging(level: str, form: str) -> None:
+    """The process's log: to standard error, text or JSON lines, uvicorn's own lines included."""
+    handler = BatchedLines(sys.stderr)
+    handler.setFormatter(JsonLines() if form == "json" else
+                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    ACCESS_LINES[:] = [AccessLines(handler, form)] if ACCESS_LOG.isEnabledFor(logging.INFO) else []
+    atexit.register(lambda: [lines.flush() for lines in ACCESS_LINES])
+    logging.getLogger("uvicorn").setLevel(max(logging.WARNING, root.level))
+
+
+def settings_of(args: argparse.Namespace) -> Settings:
+    return Settings(host=args.host, allow_hosts=tuple(args.allow_host), max_connections=args.max_connections,
+                    header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout,
+                    body_timeout=args.body_timeout, max_header_bytes=args.max_header_bytes,
+                    open_signup=args.open_signup)
+
+
+def options_of(args: argparse.Namespace, regions: tuple[Region, ...]) -> dict:
+    """create_app's keywords for the regions (`otlp=`, `fleet=`), from the flags they added."""
+    options: dict = {}
+    for read in (read for region in regions for read in region.options):
+        options.update(read(args))
+    return options
+
+
+def uvicorn_config(app: ActaeApp, settings: Settings) -> uvicorn.Config:
+    """uvicorn behind the connection's bounds (BoundedHttp); what it cannot bound itself is bounded there."""
+    arrivals = app.arrivals if isinstance(app, ActaeApp) else None
+    return uvicorn.Config(app, http=bounded_http(settings, arrivals), log_config=None, access_log=False,
+                          lifespan="on", ws_max_size=MAX_BODY_BYTES, timeout_graceful_shutdown=10,
+                          limit_concurrency=settings.max_connections,
+                          timeout_keep_alive=settings.keepalive_timeout)
+
+
+def serve(port: int, location: Location, settings: Settings, options: Optional[dict] = None,
+          regions: Optional[tuple[Region, ...]] = None) -> int:
+    """Bind first (so --port 0 prints the real port), print the banner, then serve until Ctrl-C."""
+    options = options or {}
+    host = settings.host
+    try:
+        sock = bind_socket(host, port)
+    except OSError as exc:
+        print(f"actae: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
+        return 1
+    raise_open_file_limit()
+    try:
+        key = write_once(location, first_key)
+    except (ActaeError, OSError, sqlite3.Error, *((psycopg.Error,) if psycopg else ())) as exc:
+        print(f"actae: cannot open the database at {location.describe()}: {exc}", file=sys.stderr)
+        return 1
+    shown_host = f"[{host}]" if ":" in host else host
+    print(f"Actae {__version__} — data in {location.describe()}")
+    print(f"Dashboard:   http://{shown_host}:{sock.getsockname()[1]}")
+    regions = tuple(REGIONS) if regions is None else regions
+    for line in (line for region in regions for line in region.banner_lines):
+        text = line(options)
+        if text:
+            print(text)
+    print_key_line(key)
+    sys.stdout.flush()
+    app = create_app(location.data_dir, database_url=location.url, env_key=os.environ.get("ACTAE_API_KEY"),
+                     settings=settings, regions=regions, **options)
+    log.info("listening on http://%s:%d (Press Ctrl-C to quit)", shown_host, sock.getsockname()[1],
+             extra={"fields": {"host": host, "port": sock.getsockname()[1], "backend": location.backend}})
+    try:
+        uvicorn.Server(uvicorn_config(app, settings)).run(sockets=[sock])
+    except KeyboardInterrupt:   # uvicorn re-raises Ctrl-C after its graceful shutdown has finished
+        pass
+    log.info("stopped: every answered write is on disk", extra={"fields": {"event": "shutdown"}})
+    return 0
+
+
+def main(argv: Optional[list] = None, regions: Optional[typing.Sequence[Region]] = None) -> int:
+    """The command line; `regions`: the regions the server and its commands have (every declared one
+    by default; the schema is every declared region's whatever they are)."""
+    regions = tuple(REGIONS if regions is None else regions)
+    args = parse_command_line(argv, regions)
+    configure_logging(args.log_level, args.log_format)
+    try:
+        location = location_of(args)
+        run = getattr(args, "run", None)
+        if run is not None:
+            return run(args, location)
+        settings, options = settings_of(args), options_of(args, regions)
+    except ActaeError as exc:           # a refused command or a bad flag's value: one line, as argparse's
+        raise SystemExit(f"actae: {exc.message}") from None
+    return serve(args.port, location, settings, options, regions)
+
+
+def add_command(commands: Subcommands, name: str, run: Callable, parents: list, help: str) -> argparse.ArgumentParser:
+    """A subcommand of `actae`: main calls `run(args, location)` for it."""
+    parser = commands.add_parser(name, parents=parents, help=help)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def add_credential_commands(parser: argparse.ArgumentParser, command: str, id_name: str, one: str, many: str,
+                            parents: tuple, more: tuple = ()) -> Subcommands:
+    """`actae COMMAND create|list|revoke` for a secret shown once at its creation (a key, an organisation
+    token); `more` names the further subcommands the caller adds to what this returns."""
+    common, scoped = parents
+    metavar = "{" + ",".join(("create", "list", "revoke", *more)) + "}"
+    kinds = parser.add_subparsers(dest=command.replace("-", "_") + "_command", required=True, metavar=metavar)
+    create = kinds.add_parser("create", parents=[common, scoped], help=f"issue {one} and print it once")
+    create.add_argument("--name", required=True, help=f"what it is for (shown by `{command} list`)")
+    create.add_argument("--expires-in", type=days(positive=True), metavar="DAYS", help="it stops working after DAYS days")
+    listing = kinds.add_parser("list", parents=[common], help=f"the active {many} (never the secrets themselves)")
+    listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    revoke = kinds.add_parser("revoke", parents=[common], help=f"end {one} now")
+    revoke.add_argument(id_name, type=whole(1, INT64_MAX), metavar="ID", help=f"the id `{command} list` shows")
+    return kinds
+
+
+def print_listing(as_json: bool, document: Json, heading: str, lines: typing.Iterable[str]) -> None:
+    """A list command's answer: the JSON document with --json, else a table (its heading, then its lines)."""
+    if as_json:
+        print_json(document)
+        return
+    print(heading)
+    for line in lines:
+        print(line)
+
+
+def print_issued(noun: str, issued: object) -> None:
+    expires = f", expires {issued.expires_at}" if issued.expires_at else ""
+    print(f"{noun} {issued.id} ({issued.name}): {scopes_text(issued.scopes)}{expires}")
+
+
+def print_revoked(noun: str, revoked: object) -> None:
+    print(f"{noun} {revoked.id} ({revoked.name}) revoked at {revoked.revoked_at}")
+
+
+def print_passed_over(heading: str, items: list) -> None:
+    """The runs a command left alone, each with its reason; nothing when there are none."""
+    if items:
+        print(f"{heading}:")
+        for item in items:
+            print(f"  {item.channel_id}: {item.reason}")
+
+
+def print_json(value: Json) -> None:
+    """A command's --json answer: the API's encoding, indented for a reader."""
+    print(msgspec.json.format(msgspec.json.encode(value), indent=2).decode())
+
+
+def scopes_of_args(args: argparse.Namespace) -> dict:
+    """The scope flags as checked scopes (a bad pattern is a BadRequest: main says it in one line)."""
+    fields = {action: getattr(args, action) for action in ACTIONS[:3]}
+    fields["admin"] = ["*"] if args.admin else []
+    return msgspec.structs.asdict(record_from(Scopes, fields, "scopes"))
+
+
+def scopes_text(scopes: Permissions) -> str:
+    granted = [(action, getattr(scopes, action)) for action in ACTIONS]
+    return "; ".join(f"{action}={','.join(patterns)}" for action, patterns in granted if patterns) or "(none)"
+
+
+def key_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae key create|list|revoke|rotate`."""
+    if args.key_command == "rotate":
+        print_key_line(write_once(location, rotate_key))
+    elif args.key_command == "create":
+        created = write_once(location, create_key, args.name, scopes_of_args(args), args.expires_in)
+        print_issued("Key", created)
+        print_key_line(created.key)
+    elif args.key_command == "list":
+        keys = read_once(location, list_keys)
+        print_listing(args.json, Keys(keys=keys),
+                      f"{'ID':>4}  {'NAME':<20} {'SCOPES':<40} {'CREATED':<25} {'LAST USED':<25} EXPIRES",
+                      (f"{k.id:>4}  {k.name or '':<20} {scopes_text(k.scopes):<40} {k.created_at:<25} "
+                       f"{k.last_used_at or 'never':<25} {k.expires_at or 'never'}" for k in keys))
+    else:
+        print_revoked("Key", write_once(location, revoke_key, args.key_id))
+    return 0
+
+
+def user_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae user grant EMAIL [scope flags]`."""
+    granted = write_once(location, grant_user, args.email, scopes_of_args(args))
+    print(f"{granted.email}: {scopes_text(granted.scopes)}")
+    return 0
+
+
+def location_of(args: argparse.Namespace) -> Location:
+    """--database (or $ACTAE_DATABASE_URL) picks PostgreSQL; otherwise the SQLite file in the data dir."""
+    url = getattr(args, "database", None) or os.environ.get("ACTAE_DATABASE_URL") or None
+    if url is not None:
+        if urlsplit(url).scheme not in ("postgresql", "postgres"):
+            raise SystemExit(f"actae: --database takes a postgresql://user:password@host:port/name URL (got {url!r});"
+                             " without it the server uses SQLite in the data dir")
+        if psycopg is None:
+            raise SystemExit("actae: PostgreSQL needs psycopg: pip install 'psycopg[binary]' psycopg_pool")
+    return Location(data_dir_of(args), url)
+
+
+def data_dir_of(args: argparse.Namespace) -> Path:
+    """The data folder, made when missing; exits (2) with one line when it cannot be used."""
+    chosen = getattr(args, "data_dir", None) or os.environ.get("ACTAE_DATA_DIR") or "~/.actae"
+    path = Path(chosen).expanduser()
+    if path.exists() and not path.is_dir():
+        refuse_flag(f"--data-dir {chosen} is a file, not a folder: name a folder (it is made when missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        refuse_flag(f"--data-dir {chosen}: cannot make that folder: {exc.strerror or exc}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        refuse_flag(f"--data-dir {chosen}: this user may not write in that folder")
+    return path
+
+
+def refuse_flag(message: str) -> typing.NoReturn:
+    print(f"actae: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def write_once(location: Location, work: Callable, *args):
+    """One write transaction from the command line, on the same job runner the server uses."""
+    conn = connect_sync(location)
+    try:
+        ((result, events),) = run_jobs(conn, [Job(work, args, None)])
+    finally:
+        conn.close()
+    if events is None:
+        raise result
+    return result
+
+
+def read_once(location: Location, work: Callable, *args):
+    conn = connect_sync(location)
+    try:
+        return work(conn, *args)
+    finally:
+        conn.close()
+
+
+def print_key_line(key: Optional[str]) -> None:
+    if key:
+        print(f"API key:     {key}   (shown once — store it now)")
+    else:
+        print(f"API key:     already issued at first start (run `{program_name()} key rotate` for a new one)")
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    return sock
+
+
+# =============================================================================
+# Runs: records (the bodies and answers of runs, events and state)
+# =============================================================================
+
+class Transition(EventFields, kw_only=True):
+    type: Name
+    state: Document = None
+    expected_version: Optional[Count] = None
+    expected_cursor: Optional[Count] = None
+
+
+class ReplayQuery(ClampedLimit):
+    cursor: Count = 0
+    event_type: Optional[Name] = None
+
+
+class CausalQuery(Record):
+    max_nodes: Limit = 1000
+
+    def __post_init__(self):
+        self.max_nodes = min(self.max_nodes, 10_000)
+
+
+class PageQuery(ClampedLimit):
+    offset: Count = 0
+
+
+# --- channels, forks, experiments ------------------------------------------------------
+
+
+class PutMetadata(Record):
+    """Only the keys present change (UNSET = absent; null clears)."""
+
+    channel_id: Optional[ChannelId] = None
+    display_name: Union[Label, None, UnsetType] = UNSET
+    reason: Union[LongText, None, UnsetType] = UNSET
+    experiment_metadata: Union[JsonObject, None, UnsetType] = UNSET
+
+
+class DeleteQuery(Record):
+    recursive: bool = False
+
+
+class RunsPageQuery(Record):
+    q: PageText = ""                  # a substring of the run's id or name
+    status: PageText = ""             # one of RUN_STATES ("failed": crashes too)
+    after: Optional[PageText] = None  # the next page's token
+    deleted: PageText = ""            # the run the delete just before removed
+    count: Count = 0                  # how many runs that delete removed
+
+
+class FlashQuery(Record):
+    error: Optional[PageText] = None        # the flash id of a refused form
+
+
+class Events(Answer):
+    events: list[Event]
+
+
+class LatestCursor(Answer):
+    latest_cursor: Optional[int]
+
+
+class TransitionAnswer(Answer):
+    event: Event
+    state_version: int
+
+
+class ChainCheck(Answer):
+    """A run's recomputed hash chain: `ok`, or the first channel and cursor that do not hold."""
+
+    channel_id: str
+    ok: bool
+    valid: bool
+    verified_events: int
+    first_broken_channel_id: Optional[str]
+    first_broken_cursor: Optional[int]
+    head: Optional[str]
+    algorithm: str
+
+
+class CausalEdge(Answer):
+    event_id: str
+    depends_on_event_id: str
+    dependency_type: str
+
+
+class CausalGraph(Answer):
+    root_event_id: str
+    events: list[Event]
+    dependencies: list[CausalEdge]
+    truncated: bool
+
+
+class StateAnswer(Answer):
+    """A snapshot; with none yet, `cursor` and `state` are null and `version` is absent."""
+
+    cursor: Optional[int]
+    state: Json
+    version: Union[int, UnsetType] = UNSET
+
+
+class StateVersion(Answer):
+    version: int
+    cursor: int
+    timestamp: str
+
+
+class StateVersions(Answer):
+    versions: list[StateVersion]
+
+
+class DeletedCount(Done, kw_only=True):
+    deleted: int
+
+
+class DeletedChannels(Done, kw_only=True):
+    deleted: list[str]
+
+
+class LastStep(Answer):
+    channel_id: str
+    last_step_number: int
+
+
+class StepLocation(Answer):
+    """Step n of a channel: the channel that recorded it (an ancestor for inherited steps) and where."""
+
+    channel_id: str
+    cursor: int
+    event_id: str
+    step_number: int
+
+
+class Closed(Done, kw_only=True):
+    """A closed run; `event` (its `channel.closed`) only on the call that closed it."""
+
+    channel_id: str
+    closed_at: str
+    replayed: bool
+    event: Union[Event, UnsetType] = UNSET
+
+
+# =============================================================================
+# Runs: channels, events and state (plain functions of a connection or a Tx)
+# =============================================================================
+
+
+def require_channel(conn: Conn, channel_id: str) -> Row:
+    return present(channel_by_id(conn, channel_id), lambda: NotFound(f"channel {channel_id} not found"))
+
+
+def returned_row(cursor: Cursor) -> Optional[tuple]:
+    """The one row a statement's RETURNING answered, as a tuple; None when it wrote nothing."""
+    row = cursor.fetchone()
+    return None if row is None else tuple(row)
+
+
+def bump_channel(tx: Tx, channel_id: str, insert: Callable[[], Optional[tuple]],
+                 used: Optional[Callable[[], bool]] = None) -> Optional[tuple]:
+    """Run `insert`, which writes a row numbered by its channel (an event, a state) and returns its
+    numbers, or None when the channel is missing, closed, or (with `used`) the request's operation id
+    is taken: then `used()` confirms it and None is returned, for a replay. Creates the channel on
+    its first write (most writes find it, so the insert is not tried first); Conflict(channel_closed)
+    when the run is closed."""
+    bumped = insert()
+    if bumped is None and used is not None and used():
+        return None
+    if bumped is None and channel_by_id(tx.conn, channel_id) is None:
+        ensure_channel(tx, channel_id)
+        bumped = insert()
+    if bumped is None:
+        raise channel_closed(channel_id)
+    known = tx.conn.known_channels
+    if known is not None:
+        if len(known) >= KNOWN_CHANNELS_MAX:
+            known.clear()                # a hint: forgetting costs the next write to each a round trip
+        known.add(channel_id)
+    return bumped
+
+
+# An event's columns the caller gives; its cursor and chain hash come from its channel's last event.
+EVENT_COLUMNS = ("channel_id", "id", "type", "payload", "actor", "agent_id", "user_id", "metadata", "operation_id",
+                 "request_hash", "step_number", "depends_on", "dependencies", "created_at")
+EVENT_TYPES = {"step_number": "BIGINT"}
+
+
+def last_event_sql(dialect: "Dialect") -> str:
+    """A channel's last event, as the next one needs it: its cursor (0 before the first) and the chain
+    hash it goes on from (before the first: the chain the channel starts from, see heads_from_events),
+    read off the events' primary key. `c` is the channel's row; the caller adds the WHERE."""
+    return ("SELECT COALESCE(h.cursor, 0) AS cursor, COALESCE(h.chain_hash, c.chain_base) AS chain FROM channels c"
+            f" {dialect.last_event_join}")
+
+# A state's version is the next above every version its channel has had: above the greatest stored,
+# and above the channel's state_version, which keeps the greatest one ever deleted (see
+# delete_state_version; on a database from before, the counter it was), so a number never names two
+# states. The insert reads it off the states' primary key: a state commit writes no channel row.
+STATE_COLUMNS = ("channel_id", "cursor", "sha256", "status", "operation_id", "created_at", "state", "delta_base",
+                 "chain_start", "ref_channel", "ref_version", "chain_bytes", "base_bytes")
+STATE_TYPES = {"cursor": "BIGINT", "state": "BYTEA", "delta_base": "BIGINT", "chain_start": "BIGINT",
+               "ref_version": "BIGINT", "chain_bytes": "BIGINT", "base_bytes": "BIGINT"}
+
+
+@functools.lru_cache(maxsize=16)
+def next_state_sql(dialect: "Dialect", new_operation: bool, strict: bool = False, facts: bool = False) -> str:
+    """INSERT of the channel's next state version (arguments: STATE_COLUMNS' values, the channel id,
+    and with `new_operation` the channel id and operation id again); returns the version, or nothing
+    when the channel is missing or closed, or the operation id is used on it. `strict` (PostgreSQL,
+    see Later), it fails there instead (a NULL version), and with `facts` note_state_facts' UPDATE
+    rides in the same statement (its arguments first): one statement per state."""
+    given = ", ".join(dialect.parameter(STATE_TYPES.get(column)) for column in STATE_COLUMNS)
+    refuse_used = unused_operation("states") if new_operation else ""
+    version = (f"{dialect.greatest}(c.state_version,"
+               " COALESCE((SELECT MAX(s.version) FROM states s WHERE s.channel_id = c.id), 0)) + 1"
+               f" FROM channels c WHERE c.id = ? AND c.closed_at IS NULL{refuse_used}")
+    ride = f"WITH facts AS ({state_facts_sql(dialect)}) " if facts else ""
+    rows = f"VALUES ({given}, (SELECT {version}))" if strict else f"SELECT {given}, {version}"
+    return f"{ride}INSERT INTO states ({', '.join(STATE_COLUMNS)}, version) {rows} RETURNING version"
+
+
+def unused_operation(table: str) -> str:
+    """The WHERE clause a numbered INSERT adds so that it allocates nothing for an operation id
+    already used on the channel: the common case (a new operation) then costs no lookup."""
+    return f" AND NOT EXISTS (SELECT 1 FROM {table} WHERE channel_id = ? AND operation_id = ?)"
+
+
+@functools.lru_cache(maxsize=16)
+def next_event_sql(dialect: "Dialect", new_operation: bool, strict: bool = False, facts: bool = False) -> str:
+    """INSERT of the channel's next event (arguments: the channel id, with `new_operation` the channel
+    id and operation id again, with `facts` event_facts_args, then EVENT_COLUMNS' values and the chain
+    step's head and tail); returns its cursor and chain hash, or nothing when the channel is missing
+    or closed, or the operation id is used on it. `strict` (PostgreSQL, see Later), it fails there
+    instead (a NULL cursor), and with `facts` event_facts_sql's UPDATE rides in the same statement:
+    one statement per event."""
+    given = ", ".join(dialect.parameter(EVENT_TYPES.get(column)) for column in EVENT_COLUMNS)
+    refuse_used = unused_operation("events") if new_operation else ""
+    ride = f", facts AS ({event_facts_sql(dialect, True)})" if facts else ""
+    last = f"WITH last AS ({last_event_sql(dialect)} WHERE c.id = ? AND c.closed_at IS NULL{refuse_used}){ride}"
+    cursor, chain = "last.cursor + 1", "actae_chain(last.chain, ?, last.cursor + 1, ?)"
+    rows = (f"VALUES ({given}, (SELECT {cursor} FROM last), (SELECT {chain} FROM last))" if strict
+            else f"SELECT {given}, {cursor}, {chain} FROM last")
+    return (f"{last} INSERT INTO events ({', '.join(EVENT_COLUMNS)}, cursor, chain_hash) {rows}"
+            " RETURNING cursor, chain_hash")
+
+
+# What a run's row holds of its events: their activity second (updated_at, from which a trigger keeps
+# active_at, see activity_second_schema), the type of the last one while it blocks the run (else
+# NULL: run_state reads no more of it) and the first failure's cursor. The row is written only when
+# one of them changes: SQLite rewrites an index page for every UPDATE that names one of the index's
+# columns, changed or not, and PostgreSQL writes a row version; an UPDATE that matches no row writes
+# nothing. A run's events within one second, none of them failing or blocking, then write no channel
+# row at all. `ride`: the UPDATE rides in the event's INSERT (a data-modifying WITH on PostgreSQL),
+# which does not see that event: the failure's cursor is the one after the last (next_event_sql's).
+@functools.lru_cache(maxsize=4)
+def event_facts_sql(dialect: "Dialect", ride: bool = False) -> str:
+    failure_at = ("(SELECT last.cursor + 1 FROM last)" if ride
+                  else "(SELECT MAX(e.cursor) FROM events e WHERE e.channel_id = channels.id)")
+    return ("UPDATE channels SET updated_at = ?, last_event_type = ?, error_cursor = COALESCE(error_cursor,"
+            f" CASE WHEN CAST(? AS INTEGER) = 1 THEN {failure_at} END) WHERE id = ? AND (active_at {dialect.differs} ?"
+            f" OR last_event_type {dialect.differs} ? OR (CAST(? AS INTEGER) = 1 AND error_cursor IS NULL))")
+
+
+def event_facts_args(tx: Tx, channel_id: str, event_type: str) -> tuple:
+    """event_facts_sql's arguments: the run's activity, the blocking event's type, whether it failed."""
+    waiting, failure = (event_type if event_type in BLOCKING_EVENT_TYPES else None), int(is_failure_event(event_type))
+    return tx.ts, waiting, failure, channel_id, tx.ts[:ACTIVE_AT_CHARS], waiting, failure
+
+
+def note_event_facts(tx: Tx, channel_id: str, event_type: str) -> None:
+    """After a new event: its facts on the channel's row, where they changed (event_facts_sql)."""
+    tx.conn.execute(event_facts_sql(tx.conn.dialect), event_facts_args(tx, channel_id, event_type))
+
+
+@functools.lru_cache(maxsize=4)
+def state_facts_sql(dialect: "Dialect") -> str:
+    return ("UPDATE channels SET updated_at = ?, last_state_status = ? WHERE id = ?"
+            f" AND (active_at {dialect.differs} ? OR last_state_status {dialect.differs} ?)")
+
+
+def note_state_facts(tx: Tx, channel_id: str, status: Optional[str]) -> None:
+    """After a new state: its latest snapshot's status, and the run's activity when its second changed
+    (a run's states keep its activity time to the second, as its events do: see event_facts_sql)."""
+    facts = state_facts_args(tx, channel_id, status)
+    if facts is not None:
+        tx.conn.execute(state_facts_sql(tx.conn.dialect), facts)
+
+
+def state_facts_args(tx: Tx, channel_id: str, status: Optional[str]) -> Optional[tuple]:
+    """state_facts_sql's arguments (None: nothing to keep; examples/bench_without.py prices run-state so)."""
+    return tx.ts, status, channel_id, tx.ts[:ACTIVE_AT_CHARS], status
+
+
+def ensure_channel(tx: Tx, channel_id: str) -> None:
+    """Channels are created by their first write; there is no 'create channel' call."""
+    tx.conn.execute(
+        "INSERT INTO channels (id, origin_id, created_at, updated_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (id) DO NOTHING",
+        (channel_id, channel_id, tx.ts, tx.ts),
+    )
+
+
+def request_hash(value: Json) -> str:
+    return sha256_hex(canonical_json(value))
+
+
+def append_event(tx: Tx, channel_id: str, event_type: str, payload: Json, *, actor: str = "system",
+                 metadata: Json = None, agent_id: Optional[str] = None, user_id: Optional[str] = None,
+                 operation_id: Optional[str] = None, hashed: Optional[str] = None,
+                 step_number: Optional[int] = None, depends_on: Optional[str] = None,
+                 dependencies: Optional[list] = None, payload_text: Optional[str] = None,
+                 new_operation: bool = False, settle_later: bool = False) -> Union[Event, Later, None]:
+    """Append one event at the channel's next cursor and return it.
+
+    `payload_text` is the payload's canonical JSON when the caller has it already (it hashed it).
+    With `new_operation`, nothing is appended and None is returned when `operation_id` is used
+    already (the caller replays it). Raises Conflict(channel_closed) on a closed run. With
+    `settle_later`, a caller that reads nothing of the event may get a Later instead (see Tx.later).
+    """
+    event_id = uuid7()
+    if depends_on is None and dependencies:
+        depends_on = next((d.get("event_id") for d in dependencies if isinstance(d, dict) and d.get("event_id")), None)
+    payload_text = canonical_dump(payload) if payload_text is None else payload_text
+    metadata_text = canonical_dump(metadata)
+    head, tail = chain_parts(
+        channel_id=channel_id, event_id=event_id, event_type=event_type, payload_text=payload_text, actor=actor,
+        agent_id=agent_id, user_id=user_id, metadata_text=metadata_text, step_number=step_number,
+        depends_on=depends_on, timestamp=tx.ts)
+    checked = new_operation and operation_id is not None
+    key, used = (channel_id,), None
+    if checked:
+        key += (channel_id, operation_id)
+        used = lambda: event_by_operation(tx.conn, channel_id, operation_id) is not None  # noqa: E731
+    values = (channel_id, event_id, event_type, payload_text, actor, agent_id, user_id, metadata_text,
+              operation_id, hashed, step_number, depends_on, dump(dependencies), tx.ts)
+    args, dialect, hooks = key + values + (head, tail), tx.conn.dialect, tx.hooks.events.get(event_type)
+
+    def event_at(counters: tuple) -> Event:
+        cursor, chain_hash = counters
+        return Event(id=event_id, channel_id=channel_id, type=event_type, payload=payload, actor=actor, cursor=cursor,
+                     channel_cursor=cursor, timestamp=tx.ts, agent_id=agent_id, user_id=user_id, metadata=metadata,
+                     depends_on=depends_on, step_number=step_number, chain_hash=chain_hash)
+    if settle_later and hooks is None and tx.may_settle_later(channel_id):
+        sql = next_event_sql(dialect, checked, strict=True, facts=True)
+        args = key + event_facts_args(tx, channel_id, event_type) + values + (head, tail)
+        later = Later(tx.conn.execute(sql, args), event_at)
+        tx.later.append(later)
+        tx.events.append(later)
+        keep_usage(tx.conn, channel_id, None, payload, metadata)
+        return later
+    sql = next_event_sql(dialect, checked)
+    bumped = bump_channel(tx, channel_id, lambda: returned_row(tx.conn.execute(sql, args)), used)
+    if bumped is None:
+        return None
+    event = event_at(bumped)
+    tx.events.append(event)
+    note_event_facts(tx, channel_id, event_type)
+    keep_usage(tx.conn, channel_id, event.cursor, payload, metadata)
+    if hooks is not None:
+        for hook in hooks:
+            hook(tx, event)
+    return event
+
+
+def event_by_operation(conn: Conn, channel_id: str, operation_id: str) -> Optional[Row]:
+    return conn.execute(
+        "SELECT * FROM events WHERE channel_id = ? AND operation_id = ?", (channel_id, operation_id)
+    ).fetchone()
+
+
+def require_same_request(stored: str, hashed: str, operation_id: str, what: str) -> None:
+    """A reused operation id replays only the request it was first used for; another is refused."""
+    if stored != hashed:
+        raise Conflict("idempotency_conflict", f"operation_id {operation_id} was already used for a different {what}")
+
+
+def replay_or_conflict(row: Row, hashed: str, what: str) -> Event:
+    require_same_request(row["request_hash"], hashed, row["operation_id"], what)
+    return event_of(row)
+
+
+FRAMEWORK_EVENT_SCHEMA = "actae.framework-event/v1"
+
+
+def envelope_hash(req: RecordEvent, stored: Row) -> Optional[str]:
+    """The SDK runtime's lifecycle envelope (payload "schema": FRAMEWORK_EVENT_SCHEMA) carries the clock
+    of the attempt that sent it (`occurred_at`) beside a deterministic operation id, so a redelivered job
+    that enters the same workflow again sends the same event at another time. Its identity leaves the
+    clock out: the hash of this request with the stored event's `occurred_at`, or None for other payloads."""
+    payload = req.payload
+    if not (isinstance(payload, dict) and payload.get("schema") == FRAMEWORK_EVENT_SCHEMA and "occurred_at" in payload):
+        return None
+    original = load(stored["payload"])
+    if not isinstance(original, dict) or "occurred_at" not in original:
+        return None
+    return request_hash({"type": req.event_type, "payload": {**payload, "occurred_at": original["occurred_at"]}})
+
+
+def record_event(tx: Tx, req: RecordEvent) -> Event:
+    """POST /events/record. Returns the new event, or the original one for a replayed operation id."""
+    payload_text = canonical_dump(req.payload)
+    # == request_hash({"type": ..., "payload": ...}): canonical JSON sorts "payload" before "type".
+    hashed = sha256_hex(f'{{"payload":{payload_text or "null"},"type":{json_scalar(req.event_type)}}}')
+    meta = req.meta()
+    event = append_event(
+        tx, req.channel_id, req.event_type, req.payload, actor=req.actor(), metadata=meta.metadata,
+        agent_id=meta.agent_id, user_id=meta.user_id, operation_id=req.operation_id, hashed=hashed,
+        step_number=req.step_number, dependencies=req.dependencies, payload_text=payload_text,
+        new_operation=True, settle_later=True,
+    )
+    if event is None:
+        stored = event_by_operation(tx.conn, req.channel_id, req.operation_id)
+        return replay_or_conflict(stored, envelope_hash(req, stored) or hashed, "event")
+    return event
+
+
+def query_events(conn: Conn, q: EventQuery) -> list[Event]:
+    """POST /events/query: newest first; every filter optional."""
+    where = Where()
+    if q.channel_ids:
+        where.add(f"channel_id IN ({','.join('?' * len(q.channel_ids))})", *q.channel_ids)
+    for value, clause in ((q.event_type, "type = ?"), (q.actor, "actor = ?"),
+                          (q.cursor_start, "cursor >= ?"), (q.cursor_end, "cursor <= ?"),
+                          (q.since and iso(q.since), "created_at >= ?"), (q.until and iso(q.until), "created_at <= ?")):
+        where.add_if(value, clause)
+    rows = conn.execute(
+        f"SELECT * FROM events{where} ORDER BY created_at DESC, channel_id, cursor DESC LIMIT ? OFFSET ?",
+        (*where.args, q.limit, q.offset),
+    ).fetchall()
+    return [event_of(r) for r in rows]
+
+
+def latest_cursor(conn: Conn, channel_id: str) -> Optional[int]:
+    row = channel_by_id(conn, channel_id)
+    return row["last_cursor"] if row is not None and row["last_cursor"] > 0 else None
+
+
+def causal_graph(conn: Conn, event_id: str, max_nodes: int, reach: "Reach") -> CausalGraph:
+    """Bounded ancestry walk over `depends_on` and the recorded `dependencies` edges, among the runs
+    `reach` sees: an edge into a run it may not read stays an edge to an event that is not there,
+    exactly as an edge to an id that never existed."""
+    root = present(visible_event(conn, event_id, reach), lambda: NotFound(f"event {event_id} not found"))
+    seen, order, edges, frontier, truncated = {root["id"]: root}, [root], [], [root], False
+    while frontier:
+        row = frontier.pop(0)
+        parents = [(d.get("event_id"), d.get("dependency_type", "causal"))
+                   for d in (load(row["dependencies"]) or []) if isinstance(d, dict) and d.get("event_id")]
+        if row["depends_on"] and all(p != row["depends_on"] for p, _ in parents):
+            parents.append((row["depends_on"], "causal"))
+        for parent_id, kind in parents:
+            edges.append(CausalEdge(event_id=row["id"], depends_on_event_id=parent_id, dependency_type=kind))
+            if parent_id in seen:
+                continue
+            if len(order) >= max_nodes:
+                truncated = True
+                continue
+            parent = visible_event(conn, parent_id, reach)
+            if parent is not None:
+                seen[parent_id] = parent
+                order.append(parent)
+                frontier.append(parent)
+    return CausalGraph(root_event_id=root["id"], events=[event_of(r) for r in order], dependencies=edges,
+                       truncated=truncated)
+
+
+def visible_event(conn: Conn, event_id: str, reach: "Reach") -> Optional[Row]:
+    """The event row with this id, if it lies in a run `reach` sees."""
+    row = row_where(conn, "events", id=event_id)
+    return row if row is not None and reach.sees(row["channel_id"]) else None
+
+
+def verify_chain(conn: Conn, channel_id: str) -> ChainCheck:
+    """GET /events/verify/{channel}: recompute the chain from the stored rows, across the lineage.
+
+    The inherited part (each ancestor up to where the line below left it) is checked first, so an
+    edit in a parent's history before the boundary breaks the fork's chain too. Returns `ok` and,
+    when it does not hold, the first channel and cursor whose stored hash disagrees.
+    """
+    segments = list(reversed(lineage(conn, channel_id)))        # root first
+    previous, checked = None, 0
+    for index, (row, leave) in enumerate(segments):
+        child = segments[index + 1][0] if index + 1 < len(segments) else None
+        upto = leave if leave is not None else INT64_MAX
+        boundary_hash = None
+        for event in conn.execute("SELECT * FROM events WHERE channel_id = ? AND cursor <= ? ORDER BY cursor",
+                                  (row["id"], upto)):
+            expected = row_chain_hash(previous, event)
+            if event["chain_hash"] != expected:
+                return chain_verdict(channel_id, checked, broken=(row["id"], event["cursor"]))
+            previous, checked = expected, checked + 1
+            if child is not None and event["cursor"] == child["resolved_cursor"]:
+                boundary_hash = expected
+        if child is not None:
+            previous = boundary_hash            # the fork went on from the hash at its boundary cursor
+    return chain_verdict(channel_id, checked, head=previous)
+
+
+def chain_verdict(channel_id: str, checked: int, *, broken: Optional[tuple] = None,
+                  head: Optional[str] = None) -> ChainCheck:
+    ok = broken is None
+    broken_channel, broken_cursor = broken or (None, None)
+    return ChainCheck(channel_id=channel_id, ok=ok, valid=ok, verified_events=checked,
+                      first_broken_channel_id=broken_channel, first_broken_cursor=broken_cursor, head=head,
+                      algorithm="sha256-chain-v1")
+
+
+# --- state -------------------------------------------------------------------
+
+
+def state_row_at(conn: Conn, channel_id: str, cursor: Optional[int]) -> Optional[Row]:
+    """The snapshot with the greatest cursor <= `cursor` (ties: highest version); None = the latest."""
+    if cursor is None:
+        return conn.execute(
+            "SELECT * FROM states WHERE channel_id = ? ORDER BY version DESC LIMIT 1", (channel_id,)
+        ).fetchone()
+    return conn.execute(
+        "SELECT * FROM states WHERE channel_id = ? AND cursor <= ? ORDER BY cursor DESC, version DESC LIMIT 1",
+        (channel_id, cursor),
+    ).fetchone()
+
+
+def state_of(conn: Conn, row: Optional[Row]) -> StateAnswer:
+    if row is None:
+        return StateAnswer(cursor=None, state=None)
+    return StateAnswer(cursor=row["cursor"], state=state_value(conn, row), version=row["version"])
+
+
+def latest_state(conn: Conn, channel_id: str) -> StateAnswer:
+    return state_of(conn, state_row_at(conn, channel_id, None))
+
+
+# --- state storage: whole, a delta, or another row's ---------------------------------
+# An agent's state mostly grows a little each step (a conversation), so storing each version
+# whole costs the square of the run's length. A version is stored as one of:
+#   whole   `state` holds its packed JSON (every row written before deltas existed is one);
+#   delta   `state` holds the packed JSON of a delta against version `delta_base` of the same
+#           channel (the channel's latest when it was saved); `chain_start` is where its chain's
+#           whole (or shared) state is;
+#   shared  `ref_channel`/`ref_version` name the row whose state this is (a fork's first snapshot:
+#           a fork copies nothing).
+# A chain ends (the next version is stored whole) once its deltas' bytes pass DELTA_CHAIN_RATIO
+# times its start's: reading a version costs at most about that many times its start, and the
+# whole versions of a growing state add up geometrically, not quadratically. Small states are
+# always whole (a delta would not pay). Every read answers exactly the JSON that was saved.
+
+DELTA_MIN_BYTES = 4096                 # states smaller than this are stored whole
+DELTA_CHAIN_RATIO = 2                  # a chain's deltas may add up to this many times its start
+
+
+@dataclass(frozen=True)
+class StoredState:
+    """How one states row stores its state (see above)."""
+
+    data: Union[str, bytes, None]         # packed JSON of the whole state or of the delta; None when shared
+    delta_base: Optional[int] = None
+    chain_start: Optional[int] = None
+    ref_channel: Optional[str] = None
+    ref_version: Optional[int] = None
+    chain_bytes: int = 0                  # delta bytes since the chain's start, this row's included
+    base_bytes: int = 0                   # the size of the chain's start
+
+    @property
+    def columns(self) -> tuple:
+        return (self.data, self.delta_base, self.chain_start, self.ref_channel, self.ref_version, self.chain_bytes,
+                self.base_bytes)
+
+
+def state_cache(conn: Conn) -> StateCache:
+    """The connection's engine's cache of rebuilt states (one per app, never shared); a connection of
+    no engine's (the command line's, an upgrade's) gets an empty one that keeps nothing."""
+    return getattr(conn, "states", None) or StateCache(0)
+
+
+def state_key(row: Row) -> tuple:
+    return row["channel_id"], row["version"], row["sha256"]
+
+
+def state_delta(old: Json, new: Json) -> Optional[dict]:
+    """A delta that turns `old` into `new` (apply_delta), or None when only the whole will do.
+
+    {"=": v}: the value is v. {"+": [...]}: the list goes on with these items (after its first "n"
+    items, when "n" is given). {"k": {key: delta}, "x": [removed keys], "o": [every key, in
+    order]}: a JSON object's changes ("o" only when the order is not the one the changes leave).
+    Values are compared by their JSON text, so 1 and 1.0, or 1 and true, are different values (and
+    read back as they were saved)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return dict_delta(old, new)
+    return None
+
+
+def dict_delta(old: dict, new: dict) -> dict:
+    changes = {}
+    for key, value in new.items():
+        if key not in old:
+            changes[key] = {"=": value}
+            continue
+        change = value_delta(old[key], value)
+        if change is not None:
+            changes[key] = change
+    delta: dict = {}
+    if changes:
+        delta["k"] = changes
+    removed = [key for key in old if key not in new]
+    if removed:
+        delta["x"] = removed
+    left_order = [key for key in old if key in new] + [key for key in new if key not in old]
+    if left_order != list(new):
+        delta["o"] = list(new)
+    return delta
+
+
+def value_delta(old: Json, new: Json) -> Optional[dict]:
+    """None when `new` is `old` exactly; else the delta from one to the other."""
+    if old is new:
+        return None
+    old_text, new_text = msgspec.json.encode(old), msgspec.json.encode(new)
+    if old_text == new_text:
+        return None
+    if isinstance(old, dict) and isinstance(new, dict):
+        return dict_delta(old, new)
+    if isinstance(old, list) and isinstance(new, list):
+        kept = kept_items(old, new, old_text, new_text)
+        if kept * 2 >= len(old) and kept > 0:
+            return {"+": new[kept:]} if kept == len(old) else {"n": kept, "+": new[kept:]}
+    return {"=": new}
+
+
+def kept_items(old: list, new: list, old_text: bytes, new_text: bytes) -> int:
+    """How many leading items the two lists share, to the byte."""
+    if len(new) > len(old) and new_text.startswith(old_text[:-1]) and new_text[len(old_text) - 1:len(old_text)] == b",":
+        # The new list's text begins with the old one's items and a comma: its first len(old) items
+        # are the old ones (JSON values delimit themselves). An append, the usual step.
+        return len(old)
+    kept = 0
+    for before, after in zip(old, new):
+        if msgspec.json.encode(before) != msgspec.json.encode(after):
+            break
+        kept += 1
+    return kept
+
+
+def apply_delta(old: Json, delta: dict) -> Json:
+    """`old` changed by `delta` (state_delta's form); `old` itself is left as it is."""
+    if "=" in delta:
+        return delta["="]
+    if "+" in delta:
+        return (old[:delta["n"]] if "n" in delta else old) + delta["+"]
+    removed = set(delta.get("x", ()))
+    out = {key: value for key, value in old.items() if key not in removed}
+    for key, change in delta.get("k", {}).items():
+        out[key] = apply_delta(out.get(key), change)
+    if "o" in delta:
+        out = {key: out[key] for key in delta["o"]}
+    return out
+
+
+def stored_size(data: Union[str, bytes, None]) -> int:
+    return 0 if data is None else len(data)
+
+
+def whole_state(conn: Conn, value: Json, text: Optional[str] = None) -> StoredState:
+    return StoredState(conn.dialect.pack_state(dump(value) if text is None else text))
+
+
+def whole_copy(conn: Conn, row: Row) -> StoredState:
+    """`row`'s state stored whole (a promotion's copy outlives the fork it came from)."""
+    if row["delta_base"] is None and row["ref_channel"] is None:
+        return StoredState(row["state"])          # already whole: the stored bytes as they are
+    return whole_state(conn, state_value(conn, row, remember=False))
+
+
+def encode_state(conn: Conn, channel_id: str, value: Json, text: Optional[str]) -> StoredState:
+    """How to store `value` (whose JSON is `text`; None for a null state) as the channel's next version."""
+    if text is None or len(text) < DELTA_MIN_BYTES:
+        return whole_state(conn, value, text)
+    latest = state_row_at(conn, channel_id, None)
+    if latest is None:
+        return whole_state(conn, value, text)
+    delta = state_delta(state_value(conn, latest, remember=False), value)
+    if delta is None:
+        return whole_state(conn, value, text)
+    packed = conn.dialect.pack_state(dump(delta))
+    chained = latest["delta_base"] is not None or latest["ref_channel"] is not None
+    base_bytes = latest["base_bytes"] if chained else stored_size(latest["state"])
+    chain_bytes = (latest["chain_bytes"] if chained else 0) + stored_size(packed)
+    if chain_bytes > DELTA_CHAIN_RATIO * max(base_bytes, DELTA_MIN_BYTES // 4):
+        return whole_state(conn, value, text)
+    start = latest["version"] if latest["delta_base"] is None else latest["chain_start"]
+    return StoredState(packed, delta_base=latest["version"], chain_start=start, chain_bytes=chain_bytes,
+                       base_bytes=base_bytes)
+
+
+def shared_state(row: Row) -> StoredState:
+    """The same state as `row`, stored as a reference to the row that holds it (never a chain of them)."""
+    if row["ref_channel"] is not None:
+        target = (row["ref_channel"], row["ref_version"])
+    else:
+        target = (row["channel_id"], row["version"])
+    chained = row["delta_base"] is not None or row["ref_channel"] is not None
+    return StoredState(None, ref_channel=target[0], ref_version=target[1],
+                       chain_bytes=row["chain_bytes"] if chained else 0,
+                       base_bytes=row["base_bytes"] if chained else stored_size(row["state"]))
+
+
+def state_value(conn: Conn, row: Row, *, remember: bool = True) -> Json:
+    """The state a states row holds, whatever its stored form. `remember`: keep a rebuilt one in
+    the connection's StateCache (only for committed rows: a write transaction passes False)."""
+    if row["delta_base"] is None and row["ref_channel"] is None:
+        return load_state(row["state"])
+    key = state_key(row)
+    hit = state_cache(conn).get(key)
+    if hit is not MISSING:
+        return hit
+    if row["ref_channel"] is not None:
+        value = state_value(conn, require_state_version(conn, row["ref_channel"], row["ref_version"]),
+                            remember=remember)
+    else:
+        value = rebuilt_state(conn, row, remember)
+    if remember:
+        state_cache(conn).put(key, value, row["base_bytes"] * 4 + row["chain_bytes"])
+    return value
+
+
+def rebuilt_state(conn: Conn, row: Row, remember: bool) -> Json:
+    """A delta row's state: its chain's start, then each delta up to it (from the latest one cached)."""
+    chain = state_rows_between(conn, row["channel_id"], row["chain_start"], row["version"])
+    start = 0
+    for index in range(len(chain) - 1, 0, -1):
+        hit = state_cache(conn).get(state_key(chain[index]))
+        if hit is not MISSING:
+            value, start = hit, index
+            break
+    else:
+        value = state_value(conn, chain[0], remember=remember)
+    for link in chain[start + 1:]:
+        value = apply_delta(value, load_state(link["state"]))
+    return value
+
+
+def state_rows_between(conn: Conn, channel_id: str, first: int, last: int) -> list:
+    return conn.execute("SELECT * FROM states WHERE channel_id = ? AND version BETWEEN ? AND ? ORDER BY version",
+                        (channel_id, first, last)).fetchall()
+
+
+def require_state_version(conn: Conn, channel_id: str, version: int) -> Row:
+    return present(state_version_row(conn, channel_id, version),
+                   lambda: NotFound(f"state version {version} of {channel_id} is gone"))
+
+
+def remember_saved(tx: Tx, channel_id: str, version: Union[int, Later], sha: str, value: Json,
+                   text: Optional[str]) -> None:
+    """A saved large state goes into the StateCache once committed: the next save diffs against it."""
+    if text is not None and len(text) >= DELTA_MIN_BYTES:
+        tx.after_commit.append(lambda: state_cache(tx.conn).put((channel_id, settled(version), sha), value, len(text)))
+
+
+def make_whole(tx: Tx, row: Row) -> None:
+    """Store a delta or shared row's state whole (before what it depends on is deleted)."""
+    value = state_value(tx.conn, row, remember=False)
+    tx.conn.execute("UPDATE states SET state = ?, delta_base = NULL, chain_start = NULL, ref_channel = NULL,"
+                    " ref_version = NULL, chain_bytes = 0, base_bytes = 0 WHERE channel_id = ? AND version = ?",
+                    (tx.conn.dialect.pack_state(dump(value)), row["channel_id"], row["version"]))
+
+
+def free_dependents(tx: Tx, channel_id: str, version: int) -> None:
+    """Before a version is deleted: the delta stored on it, and every fork snapshot shared from it,
+    are stored whole; the later deltas of that chain start from the one made whole."""
+    for row in tx.conn.execute("SELECT * FROM states WHERE ref_channel = ? AND ref_version = ?",
+                               (channel_id, version)).fetchall():
+        make_whole(tx, row)
+    after = tx.conn.execute("SELECT * FROM states WHERE channel_id = ? AND delta_base = ?",
+                            (channel_id, version)).fetchone()
+    if after is not None:
+        make_whole(tx, after)
+        tx.conn.execute("UPDATE states SET chain_start = ? WHERE channel_id = ? AND chain_start = ? AND version > ?",
+                        (after["version"], channel_id, after["chain_start"], after["version"]))
+
+
+def check_guards(conn: Conn, channel_id: str, expected_version: Optional[int],
+                 expected_cursor: Optional[int]) -> None:
+    """Optimistic concurrency against the channel's latest snapshot (0 = no snapshot yet)."""
+    if expected_version is None and expected_cursor is None:
+        return
+    latest = state_row_at(conn, channel_id, None)
+    version, cursor = (latest["version"], latest["cursor"]) if latest else (0, 0)
+    if expected_version is not None and expected_version != version:
+        raise Conflict("version_conflict", f"expected state version {expected_version}, latest is {version}")
+    if expected_cursor is not None and expected_cursor != cursor:
+        raise Conflict("version_conflict", f"expected state cursor {expected_cursor}, latest is {cursor}")
+
+
+def insert_state(tx: Tx, channel_id: str, cursor: int, stored: StoredState, sha: str,
+                 status: Optional[str], operation_id: Optional[str] = None, *,
+                 new_operation: bool = False, settle_later: bool = False) -> Union[int, Later, None]:
+    """A new state version, stored as `stored` says; raises Conflict(channel_closed) on a closed run.
+    With `new_operation`, None when `operation_id` is used already (nothing is written). With
+    `settle_later`, a caller that reads nothing of the version may get a Later (see Tx.later)."""
+    checked = new_operation and operation_id is not None
+    args = (channel_id, cursor, sha, status, operation_id, tx.ts, *stored.columns, channel_id)
+    if checked:
+        args += (channel_id, operation_id)
+    if settle_later and tx.may_settle_later(channel_id):
+        facts = state_facts_args(tx, channel_id, status)
+        sql = next_state_sql(tx.conn.dialect, checked, strict=True, facts=facts is not None)
+        later = Later(tx.conn.execute(sql, (facts or ()) + args), lambda row: row[0])
+        tx.later.append(later)
+        return later
+    sql = next_state_sql(tx.conn.dialect, checked)
+    used = (lambda: state_by_operation(tx.conn, channel_id, operation_id) is not None) if checked else None
+    bumped = bump_channel(tx, channel_id, lambda: tx.conn.execute(sql, args).fetchone(), used)
+    if bumped is None:
+        return None
+    note_state_facts(tx, channel_id, status)
+    return bumped[0]
+
+
+def state_by_operation(conn: Conn, channel_id: str, operation_id: str) -> Optional[Row]:
+    return conn.execute("SELECT version, cursor, sha256 FROM states WHERE channel_id = ? AND operation_id = ?",
+                        (channel_id, operation_id)).fetchone()
+
+
+def replayed_state(row: Row, cursor: int, sha: str, operation_id: str) -> int:
+    require_same_request(f"{row['cursor']}:{row['sha256']}", f"{cursor}:{sha}", operation_id, "state")
+    return row["version"]
+
+
+def save_state(tx: Tx, channel_id: str, req: SaveState) -> Union[int, Later]:
+    """POST /state/{channel}: a new immutable version; an operation id replays its version."""
+    sha = sha256_hex(canonical_json(req.state))
+    guarded = req.expected_version is not None or req.expected_cursor is not None
+    if req.operation_id is not None and guarded:      # a replay answers before the guards are checked
+        row = state_by_operation(tx.conn, channel_id, req.operation_id)
+        if row is not None:
+            return replayed_state(row, req.cursor, sha, req.operation_id)
+    check_guards(tx.conn, channel_id, req.expected_version, req.expected_cursor)
+    text = dump(req.state)
+    stored = encode_state(tx.conn, channel_id, req.state, text)
+    version = insert_state(tx, channel_id, req.cursor, stored, sha, state_status(req.state), req.operation_id,
+                           new_operation=True, settle_later=True)
+    if version is None:
+        return replayed_state(state_by_operation(tx.conn, channel_id, req.operation_id), req.cursor, sha,
+                              req.operation_id)
+    remember_saved(tx, channel_id, version, sha, req.state, text)
+    return version
+
+
+def transition(tx: Tx, req: Transition) -> TransitionAnswer:
+    """POST /events/transition: one event and the snapshot at its cursor, atomically."""
+    channel_id = req.channel_id
+    hashed = request_hash({"type": req.type, "payload": req.payload, "state": req.state})
+    if req.operation_id is not None:
+        existing = event_by_operation(tx.conn, channel_id, req.operation_id)
+        if existing is not None:
+            event = replay_or_conflict(existing, hashed, "transition")
+            version = tx.conn.execute("SELECT version FROM states WHERE channel_id = ? AND cursor = ?"
+                                      " ORDER BY version LIMIT 1", (channel_id, event.cursor)).fetchone()
+            return TransitionAnswer(event=event, state_version=version["version"] if version else 0)
+    check_guards(tx.conn, channel_id, req.expected_version, req.expected_cursor)
+    meta = req.meta()
+    event = append_event(tx, channel_id, req.type, req.payload, actor=req.actor(), metadata=meta.metadata,
+                         agent_id=meta.agent_id, user_id=meta.user_id, operation_id=req.operation_id, hashed=hashed)
+    text, sha = dump(req.state), sha256_hex(canonical_json(req.state))
+    stored = encode_state(tx.conn, channel_id, req.state, text)
+    version = insert_state(tx, channel_id, event.cursor, stored, sha, state_status(req.state))
+    remember_saved(tx, channel_id, version, sha, req.state, text)
+    return TransitionAnswer(event=event, state_version=version)
+
+
+def list_states(conn: Conn, channel_id: str, limit: int, offset: int) -> list[StateVersion]:
+    rows = conn.execute(
+        "SELECT version, cursor, created_at FROM states WHERE channel_id = ? ORDER BY version DESC LIMIT ? OFFSET ?",
+        (channel_id, limit, offset),
+    ).fetchall()
+    return [StateVersion(version=r["version"], cursor=r["cursor"], timestamp=r["created_at"]) for r in rows]
+
+
+def get_state_version(conn: Conn, channel_id: str, version: int) -> StateAnswer:
+    return state_of(conn, state_version_row(conn, channel_id, version))
+
+
+def delete_state_version(tx: Tx, channel_id: str, version: int) -> DeletedCount:
+    if state_version_row(tx.conn, channel_id, version) is not None:
+        free_dependents(tx, channel_id, version)
+    deleted = tx.conn.execute("DELETE FROM states WHERE channel_id = ? AND version = ? RETURNING version",
+                              (channel_id, version)).fetchall()
+    if deleted:
+        refresh_run_facts(tx.conn, channel_id)      # the latest snapshot may be another one now
+        tx.conn.execute(f"UPDATE channels SET state_version = {tx.conn.dialect.greatest}(state_version, ?)"
+                        " WHERE id = ?", (version, channel_id))   # never given to another state
+    return DeletedCount(deleted=len(deleted))
+
+
+# --- channel metadata -----------------------------------------------------------
+
+
+def experiment_of(row: Row) -> dict:
+    """The SDK's experiment_metadata of a channel, {} when it has none."""
+    meta = load_stored(row["experiment_metadata"])
+    return meta if isinstance(meta, dict) else {}
+
+
+def metadata_of(row: Row) -> ChannelMetadata:
+    return ChannelMetadata(
+        channel_id=row["id"], parent_channel_id=row["parent_id"], origin_run_id=row["origin_id"],
+        forked_at_cursor=row["resolved_cursor"], forked_at=row["forked_at"] or row["created_at"],
+        display_name=row["display_name"], reason=row["reason"], experiment_metadata=load_stored(row["experiment_metadata"]),
+        requested_at_cursor=row["requested_cursor"], resolved_cursor=row["resolved_cursor"],
+        resolved_state_cursor=row["resolved_cursor"], resolved_event_id=row["resolved_event_id"],
+        source_state_version=row["source_state_version"], source_state_sha256=row["source_state_sha256"],
+        restorable=bool(row["restorable"]), manifest=load(row["manifest"]), reproducibility=row["reproducibility"],
+        tool_policies=load(row["tool_policies"]), outcome=row["outcome"], result_score=row["result_score"])
+
+
+def get_metadata(conn: Conn, channel_id: str) -> ChannelMetadata:
+    return metadata_of(require_channel(conn, channel_id))
+
+
+def put_metadata(tx: Tx, channel_id: str, changes: PutMetadata) -> ChannelMetadata:
+    """PUT /channels/{id}/metadata: upsert; only the keys present change."""
+    ensure_channel(tx, channel_id)
+    given = {column: dump(value) if column == "experiment_metadata" else value
+             for column, value in (("display_name", changes.display_name), ("reason", changes.reason),
+                                   ("experiment_metadata", changes.experiment_metadata)) if value is not UNSET}
+    if given:
+        # One UPDATE (each one names run_state's column, experiment_metadata: an index rewrite each).
+        sets = ", ".join(f"{column} = ?" for column in given)
+        tx.conn.execute(f"UPDATE channels SET {sets}, updated_at = ? WHERE id = ?", (*given.values(), tx.ts, channel_id))
+    return metadata_of(channel_by_id(tx.conn, channel_id))
+
+
+def list_channels(conn: Conn) -> list:
+    return [r["id"] for r in conn.execute(f"SELECT c.id FROM channels c ORDER BY {by_activity('c.', True)}").fetchall()]
+
+
+# --- step index (derived from events, walked across lineage) ---------------------
+
+
+def lineage(conn: Conn, channel_id: str) -> list:
+    """[(channel row, cursor where the line below left it)], from the channel up to its root."""
+    row = require_channel(conn, channel_id)
+    chain, leave_at = [], None
+    for _ in range(LINEAGE_MAX_DEPTH + 1):
+        chain.append((row, leave_at))
+        if row["parent_id"] is None:
+            break
+        leave_at = row["resolved_cursor"]
+        row = channel_by_id(conn, row["parent_id"])
+        if row is None:
+            break
+    return chain
+
+
+def own_step(conn: Conn, channel_id: str, step_number: int) -> Optional[Row]:
+    # The first event carrying a step number wins if a step number repeats.
+    return conn.execute(
+        "SELECT cursor, id FROM events WHERE channel_id = ? AND step_number = ? ORDER BY cursor LIMIT 1",
+        (channel_id, step_number),
+    ).fetchone()
+
+
+def resolve_step(conn: Conn, channel_id: str, step_number: int) -> StepLocation:
+    """Step n -> (owner channel, cursor). Inherited steps resolve on the ancestor that recorded them."""
+    for row, _ in lineage(conn, channel_id):
+        inherited = (row["parent_id"] is not None and row["forked_at_step"] is not None
+                     and step_number <= row["forked_at_step"])
+        if not inherited:
+            hit = own_step(conn, row["id"], step_number)
+            if hit is not None:
+                return StepLocation(channel_id=row["id"], cursor=hit["cursor"], event_id=hit["id"],
+                                    step_number=step_number)
+            break
+    raise NotFound(f"step {step_number} of {channel_id} is not indexed")
+
+
+def last_step_number(conn: Conn, channel_id: str) -> int:
+    """Highest step on this channel, counting the steps a fork inherited (resume continues at k+1)."""
+    row = require_channel(conn, channel_id)
+    own = conn.execute("SELECT MAX(step_number) FROM events WHERE channel_id = ? AND step_number IS NOT NULL",
+                       (channel_id,)).fetchone()[0]
+    return max(own or 0, row["forked_at_step"] or 0)
+
+
+def step_list(conn: Conn, channel_id: str) -> list:
+    """Every step visible on a channel, inherited ones resolved to their owners (for the dashboard)."""
+    steps, upper = [], None          # each ancestor owns the steps between its fork point and `upper`
+    for row, _ in lineage(conn, channel_id):
+        lower = (row["forked_at_step"] or 0) if row["parent_id"] else 0
+        where = Where().add("channel_id = ?", row["id"]).add("step_number > ?", lower).add_if(upper, "step_number <= ?")
+        owned = conn.execute(f"SELECT step_number, MIN(cursor) AS cursor FROM events{where} GROUP BY step_number",
+                             where.args)
+        steps += [{"channel_id": row["id"], "cursor": r["cursor"], "step_number": r["step_number"]} for r in owned]
+        if lower == 0:
+            break
+        upper = lower
+    return sorted(steps, key=lambda step: step["step_number"])
+
+
+def close_channel(tx: Tx, channel_id: str, actor: str) -> Closed:
+    """POST /channels/{id}/close: a last `channel.closed` event, then no more events or states.
+
+    Closing a closed run answers the first close again.
+    """
+    row = require_channel(tx.conn, channel_id)
+    if row["closed_at"] is not None:
+        return Closed(channel_id=channel_id, closed_at=row["closed_at"], replayed=True)
+    event = append_event(tx, channel_id, "channel.closed", {"closed_by": actor}, actor=actor)
+    tx.conn.execute("UPDATE channels SET closed_at = ?, updated_at = ? WHERE id = ?", (tx.ts, tx.ts, channel_id))
+    return Closed(channel_id=channel_id, closed_at=tx.ts, replayed=False, event=event)
+
+
+def delete_channel(tx: Tx, channel_id: str, recursive: bool, reach: "Reach") -> DeletedChannels:
+    """Delete a run: its events, states, ledger rows and experiment memberships; its pending
+    wake-ups are cancelled. Forks of it go too with recursive=true, else it is refused, and so is
+    a run that a consumer group or an execution group still works on (delete those first). Every
+    fork deleted with it must be one `reach` may delete; a refusal names only the forks it reads.
+    """
+    require_channel(tx.conn, channel_id)
+    users = [f"consumer group {r[0]}" for r in tx.conn.execute(
+        "SELECT id FROM consumer_groups WHERE channel_id = ?", (channel_id,))]
+    users += [f"execution group {r[0]} (member {r[1]})" for r in tx.conn.execute(
+        "SELECT group_id, member_id FROM execution_group_members WHERE channel_id = ?", (channel_id,))]
+    if users:
+        raise Conflict("channel_conflict", f"channel {channel_id} is in use by {', '.join(users)}")
+    children = child_ids(tx.conn, channel_id)
+    if children and not recursive:
+        raise Conflict("channel_conflict", f"channel {channel_id} has forks ({named_runs(children, reach)}); "
+                                           "delete with recursive=true")
+    barred = [run for run in descendants(tx.conn, channel_id) if not reach.removes(run)] if children else []
+    if barred:
+        raise Forbidden(f"channel {channel_id} has forks this credential may not delete ({named_runs(barred, reach)})")
+    deleted = []
+    for child in children:                 # every fork below was checked against `reach` just above
+        deleted += delete_channel(tx, child, True, EVERYWHERE).deleted
+    for table in ("events", "states", "executions", "step_usage"):
+        tx.conn.execute(f"DELETE FROM {table} WHERE channel_id = ?", (channel_id,))
+    for delete in tx.hooks.deleters:
+        delete(tx, channel_id)
+    tx.conn.execute("UPDATE wakeups SET status = 'cancelled', error = 'channel deleted'"
+                    " WHERE channel_id = ? AND status = 'pending'", (channel_id,))
+    tx.conn.execute("DELETE FROM channels WHERE id = ?", (channel_id,))
+    tx.after_commit.append(lambda: state_cache(tx.conn).forget_channel(channel_id))
+    return DeletedChannels(deleted=deleted + [channel_id])
+
+
+def named_runs(runs: list, reach: "Reach") -> str:
+    """Runs as an error names them: those `reach` reads by id, the others only counted."""
+    seen = reach.seen(runs)
+    hidden = len(runs) - len(seen)
+    return ", ".join(seen + ([f"{hidden} it may not read"] if hidden else []))
+
+
+# =============================================================================
+# Runs: the failure rule, runs by activity, what the runs pages show
+# =============================================================================
+
+RUNS_PAGE_SIZE = 50
+TIMELINE_PAGE_SIZE = 200
+
+
+STEP_CHANGES_SHOWN = 20                # changed keys listed per step (the count says how many in all)
+
+
+PICTURE_BARS_MAX = 240                 # steps are bucketed beyond this, so a 10,000-step run stays small
 
 
 # What a listed run's row carries: the channel (with run_state) and a few lookups by its own key.
@@ -8894,7 +8239,7 @@ RUN_COLUMNS = (f"c.*, {LAST_CURSOR}, {activity_sql('c.')} AS active_time,"   # r
                f" {last_event_value('created_at', 'c.')} AS last_event_at")
 
 
-def shown_status(run_state: Any) -> str:
+def shown_status(run_state: Optional[str]) -> str:
     """The status a page shows: every failure reads "failed" (the failure's kind says crashed or not)."""
     return "failed" if run_state in FAILURE_STATES else str(run_state)
 
@@ -8904,14 +8249,6 @@ def listed_states(status: str) -> tuple:
     if not status:
         return (None,)
     return FAILURE_STATES if status == "failed" else (status,)
-
-
-def millis_between(earlier: Optional[str], later: Optional[str]) -> Optional[int]:
-    """Milliseconds between two stored instants; None when either is missing or damaged."""
-    start, end = stored_instant(earlier), stored_instant(later)
-    if start is None or end is None:
-        return None
-    return max(0, round((end - start).total_seconds() * 1000))
 
 
 # --- failures: why a run went wrong, and the step a fork should keep -------------------
@@ -8931,7 +8268,7 @@ class Failure:
                 "cursor": self.cursor}
 
 
-def failure_message(document: Any) -> Optional[str]:
+def failure_message(document: Json) -> Optional[str]:
     """The human message a failed document carries, under the names agents use for it."""
     if not isinstance(document, dict):
         return None
@@ -9208,7 +8545,7 @@ def step_durations(conn: Conn, channel_id: str, first: int, last: int) -> dict:
     return durations
 
 
-def state_changes(before: Any, after: Any) -> dict:
+def state_changes(before: Json, after: Json) -> dict:
     """The top-level keys a snapshot changed against the one before it, each with the paths inside it
     that changed: {keys: [{key, kind, paths}], total}."""
     changed: dict = {}
@@ -9341,7 +8678,8 @@ def default_fork_name(conn: Conn, channel_id: str, fork_count: int) -> str:
     return f"{stem}-fork-{uuid.uuid4().hex[:8]}"
 
 
-def run_page(conn: Conn, channel_id: str, start: int, event_type: str, reach: "Reach") -> dict:
+def run_page(conn: Conn, channel_id: str, start: int, event_type: str, reach: "Reach",
+             parts: tuple[Callable[[Conn, str], dict], ...] = ()) -> dict:
     """Everything the run page shows; the timeline is one page of TIMELINE_PAGE_SIZE events."""
     row = fetch_or_raise(conn, lambda: NotFound(f"channel {channel_id} not found"),
                          f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.id = ?", channel_id)
@@ -9362,7 +8700,6 @@ def run_page(conn: Conn, channel_id: str, start: int, event_type: str, reach: "R
         "failure": failure.as_json() if failure else None,
         "receipt": receipt_of(row) if row["parent_id"] else None,
         "saving": fork_saving(conn, channel_id) if row["parent_id"] else None,
-        "experiments": experiments_of_run(conn, channel_id),
         "timeline": items, "more": more, "event_types": event_types(conn, channel_id),
         "total": row["last_cursor"], "start": start,
         "end": max((i["event"]["cursor"] for i in items if i["kind"] == "event"), default=start),
@@ -9370,346 +8707,241 @@ def run_page(conn: Conn, channel_id: str, start: int, event_type: str, reach: "R
         "blocked": blocked_attempts(conn, channel_id), "forks": forks,
         "steps": step_list(conn, channel_id), "picture": step_picture(conn, row, failure, forks),
         "default_fork_name": default_fork_name(conn, channel_id, len(forks)),
+        **{name: value for part in parts for name, value in part(conn, channel_id).items()},
     }
 
 
-EXPERIMENT_PATHS_SHOWN = 20                # state paths listed per variant where it left the baseline
-
-
-def experiments_page(conn: Conn) -> dict:
-    """Every experiment group, newest first, with its size."""
-    groups = list_experiments(conn)
-    return {"experiments": [{"id": g.id, "name": g.name, "description": g.description, "created_at": g.created_at,
-                             "baseline_channel_id": g.baseline_channel_id, "members": len(g.members)} for g in groups]}
-
-
-def experiment_column(conn: Conn, channel_id: str, baseline: Optional[Any], rank: Optional[int]) -> dict:
-    """One run of an experiment as its column: what it was asked to do differently, how it ended,
-    what it spent, and where its state left the baseline's."""
-    row = channel_by_id(conn, channel_id)
-    if row is None:
-        return {"channel_id": channel_id, "missing": True}
-    meta = experiment_of(row)
-    spent = spend_of(conn, [(channel_id, None)])
-    state = latest_state(conn, channel_id).state
-    paths = ["/".join(map(str, entry.path)) for entry in diff_values(baseline, state)] if baseline is not None else []
-    return {"channel_id": channel_id, "missing": False, "is_fork": row["parent_id"] is not None,
-            "parent_channel_id": row["parent_id"], "intervention": meta.get("intervention"),
-            "tool_policies": load(row["tool_policies"]) or {}, "outcome": row["outcome"],
-            "score": row["result_score"], "status": shown_status(row["run_state"]), "spent": spent,
-            "diverged": paths[:EXPERIMENT_PATHS_SHOWN], "diverged_total": len(paths), "rank": rank,
-            "last_output": last_output(conn, channel_id), "promoted": row["promoted_event_id"] is not None}
-
-
-def experiment_page(conn: Conn, experiment_id: str) -> dict:
-    """One experiment side by side: its baseline first, then each variant, with the ranking
-    rank_experiment answers (best score first) and the winner, the fork a promote would merge."""
-    ranked = rank_experiment(conn, experiment_id)
-    ranks = {member.channel_id: member.rank for member in ranked.members}
-    order = [m.channel_id for m in ranked.members if m.channel_id == ranked.baseline_channel_id]
-    order += [m.channel_id for m in ranked.members if m.channel_id != ranked.baseline_channel_id]
-    if ranked.baseline_channel_id and ranked.baseline_channel_id not in order:
-        order.insert(0, ranked.baseline_channel_id)
-    baseline = (latest_state(conn, ranked.baseline_channel_id).state
-                if ranked.baseline_channel_id and channel_by_id(conn, ranked.baseline_channel_id) else None)
-    columns = [experiment_column(conn, channel_id, baseline if channel_id != ranked.baseline_channel_id else None,
-                                 ranks.get(channel_id)) for channel_id in order]
-    scored = [c for c in columns if not c["missing"] and c["score"] is not None]
-    winner = max(scored, key=lambda c: c["score"])["channel_id"] if scored else None
-    return {"experiment": {"id": ranked.id, "name": ranked.name, "description": ranked.description,
-                           "baseline_channel_id": ranked.baseline_channel_id, "created_at": ranked.created_at},
-            "columns": columns, "ranking": [{"channel_id": r.channel_id, "rank": r.rank, "score": r.result_score}
-                                            for r in ranked.ranking], "winner": winner}
-
-
-def experiments_of_run(conn: Conn, channel_id: str) -> list:
-    """The experiment groups a run belongs to (as baseline or member), for links from its page."""
-    return [{"id": r["id"], "name": r["name"]} for r in conn.execute(
-        "SELECT DISTINCT e.id, e.name, e.created_at FROM experiments e LEFT JOIN experiment_members m"
-        " ON m.experiment_id = e.id WHERE m.channel_id = ? OR e.baseline_channel_id = ?"
-        " ORDER BY e.created_at DESC", (channel_id, channel_id))]
-
-
-def tree_page(conn: Conn, channel_id: str, reach: "Reach") -> dict:
-    """The fork tree with each run's status as the runs list shows it, and the picture of its branches."""
-    root = msgspec.to_builtins(lineage_tree(conn, channel_id, reach))     # nodes gain what the page shows
-    nodes, stack = [], [root]
-    while stack:
-        node = stack.pop()
-        nodes.append(node)
-        stack += node["children"]
-    ids = [n["channel_id"] for n in nodes]
-    marks = ", ".join("?" for _ in ids)
-    found = {r["id"]: r for r in conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.id IN ({marks})", ids)}
-    for node in nodes:
-        r = found[node["channel_id"]]
-        failure = run_failure(conn, r, r["run_state"])
-        node.update(status=shown_status(r["run_state"]), failure=failure.as_json() if failure else None,
-                    end_step=max(r["last_step"] or 0, node["forked_at_step"] or 0))
-    return {"root": root, "picture": tree_picture(root)}
-
-
-def tree_picture(root: dict) -> dict:
-    """One horizontal line per run, from the step it forked after to its last step; a branch leaves its
-    parent's line at that step. Rows in tree order."""
-    rows: list = []
-
-    def walk(node: dict, parent_row: Optional[int]) -> None:
-        rows.append({"node": node, "parent_row": parent_row})
-        here = len(rows) - 1
-        for child in node["children"]:
-            walk(child, here)
-    walk(root, None)
-    longest = max(r["node"]["end_step"] for r in rows) or 1
-    left, right, row_height = 12, 408, 40
-
-    def x_of(step: int) -> float:
-        return round(left + (right - left) * step / longest, 1)
-    lines = []
-    for i, r in enumerate(rows):
-        node = r["node"]
-        begin = (node["forked_at_step"] or 0) if r["parent_row"] is not None else 0
-        y = 26 + i * row_height
-        lines.append({"channel_id": node["channel_id"], "label": node["channel_id"],
-                      "status": node["status"], "x1": x_of(begin), "x2": x_of(max(begin, node["end_step"])),
-                      "y": y, "text_y": y - 8, "begin": begin, "end": node["end_step"],
-                      "parent_y": 26 + r["parent_row"] * row_height if r["parent_row"] is not None else None})
-    # 420 units wide: scaled to a phone's width the labels stay readable, and at most 560px on a desktop.
-    return {"width": 420, "height": 16 + len(rows) * row_height, "lines": lines, "longest": longest}
-
-
-def ledger_page(conn: Conn, filters: dict, before: Optional[str]) -> tuple:
-    """One page of ledger rows, newest first, filtered by run, tool, status and age."""
-    where = Where().add_if(filters.get("channel_id"), "channel_id = ?").add_if(filters.get("tool"), "tool_name = ?")
-    where.add_if(filters.get("status"), "status = ?").add_if(filters.get("since_at"), "created_at >= ?")
-    if before:
-        where.add(*after_page_token(before, "created_at", "id"))
-    rows = conn.execute(f"SELECT * FROM executions{where} ORDER BY created_at DESC, id DESC LIMIT ?",
-                        (*where.args, RUNS_PAGE_SIZE + 1)).fetchall()
-    executions = [with_marks(execution_of(r)) for r in rows[:RUNS_PAGE_SIZE]]
-    tools = [r[0] for r in conn.execute("SELECT DISTINCT tool_name FROM executions ORDER BY tool_name LIMIT 200")]
-    return executions, blocked_attempts(conn, filters.get("channel_id")), next_page_token(rows, "created_at"), tools
-
-
 # =============================================================================
-# Dashboard: page handlers (rendering, sign-in, forms; one per page)
+# Runs: handlers, routes, pages and the /ws stream
 # =============================================================================
 
-PAGE_JSON_CHARS = 16 * 1024               # of one document shown on a page; the API has it whole
+async def api_events_record(request: Request, body: RecordEvent) -> EventAnswer:
+    """Record one event on a run (idempotent with operation_id); the answer is the stored event with its cursor."""
+    return EventAnswer(event=await db_of(request).write(record_event, body))
 
 
-def pretty_json(value: Any) -> str:
-    """A document as a page shows it: indented, and cut at PAGE_JSON_CHARS (a run of large payloads
-    makes a page of a bounded size; the whole document is one API call away)."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
-    if len(text) <= PAGE_JSON_CHARS:
-        return text
-    return (f"{text[:PAGE_JSON_CHARS]}\n… {len(text) - PAGE_JSON_CHARS:,} more characters not shown here:"
-            " the API answers the whole document")
+async def api_events_replay(request: Request, path, query: ReplayQuery) -> Events:
+    """Read a run's events in cursor order, from `cursor` on (the run's inherited history included)."""
+    events = await db_of(request).read(replay_events, path.channel_id, query.cursor, query.limit, query.event_type)
+    return Events(events=events)
 
 
-def _json_leaf(value: Any) -> str:
-    kind = ("jz" if value is None else "jb" if isinstance(value, bool) else
-            "jn" if isinstance(value, (int, float)) else "js" if isinstance(value, str) else "jx")
-    return f'<span class="{kind}">{markupsafe.escape(json.dumps(value, ensure_ascii=False, default=str))}</span>'
+async def api_events_query(request: Request, body: EventQuery) -> Events:
+    """Search events across runs by channel, type, actor, cursor range and time."""
+    return Events(events=await db_of(request).read(query_events, body))
 
 
-def _json_node(value: Any, key_html: str, comma: str, depth: int, budget: list) -> str:
-    budget[0] -= 1
-    if budget[0] < 0:
-        return ""
-    if isinstance(value, dict) and value and depth < JSON_TREE_DEPTH:
-        opener, closer, unit = "{", "}", "key"
-        items = [(f'<span class="jk">{markupsafe.escape(json.dumps(str(k), ensure_ascii=False))}</span>: ', v)
-                 for k, v in value.items()]
-    elif isinstance(value, list) and value and depth < JSON_TREE_DEPTH:
-        opener, closer, unit = "[", "]", "item"
-        items = [("", v) for v in value]
-    else:
-        return f'<div class="jl">{key_html}{_json_leaf(value)}{comma}</div>'
-    last = len(items) - 1
-    inner = "".join(_json_node(v, k, "," if i < last else "", depth + 1, budget) for i, (k, v) in enumerate(items))
-    count = f"{len(items)} {unit}{'' if len(items) == 1 else 's'}"
-    opened = " open" if depth == 0 or len(items) <= 12 else ""
-    return (f'<details class="jo"{opened}><summary data-n="{count}" data-close="{closer}">{key_html}{opener}</summary>'
-            f'{inner}<div class="jc">{closer}{comma}</div></details>')
+async def api_events_cursor(request: Request, path) -> LatestCursor:
+    """The latest cursor of a run (0 when it has no events yet)."""
+    return LatestCursor(latest_cursor=await db_of(request).read(latest_cursor, path.channel_id))
 
 
-def json_tree(value: Any) -> markupsafe.Markup:
-    """A JSON value as coloured HTML whose objects and arrays fold (<details>, no JavaScript).
-
-    The element's text is the JSON itself (counts and fold marks come from CSS), so copying it copies
-    valid JSON. Documents over JSON_TREE_NODES values are shown as plain pretty-printed text instead.
-    """
-    budget = [JSON_TREE_NODES]
-    html = _json_node(value, "", "", 0, budget)
-    if budget[0] < 0:
-        return markupsafe.Markup('<pre class="json-box jtext">{}</pre>').format(pretty_json(value))
-    return markupsafe.Markup(f'<div class="jtree">{html}</div>')
+async def api_events_transition(request: Request, body: Transition) -> TransitionAnswer:
+    """Record one event and save the state at its cursor, atomically (one idempotent write)."""
+    return await db_of(request).write(transition, body)
 
 
-def duration_text(ms: Any) -> str:
-    """850 ms, 2.4 s, 3 min 12 s, 2 h 5 min."""
-    if ms is None:
-        return "—"
-    if ms < 1000:
-        return f"{ms} ms"
-    seconds = ms / 1000
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes, seconds = divmod(int(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes} min"
+async def api_events_causal_graph(request: Request, path, query: CausalQuery) -> CausalGraph:
+    """The events an event depends on (depends_on and recorded dependencies), walked back to max_nodes."""
+    return await db_of(request).read(causal_graph, path.event_id, query.max_nodes, reach_of(request))
 
 
-def template_env() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(UI_DIR)), autoescape=True)
-    env.filters["pretty"] = pretty_json
-    env.filters["jsontree"] = json_tree
-    env.filters["duration"] = duration_text
-    return env
+async def api_state_save(request: Request, path, body: SaveState) -> SavedState:
+    """Save a state snapshot of a run at a cursor; the answer is the new state version."""
+    same_channel(body.channel_id, path.channel_id)
+    return SavedState(version=await db_of(request).write(save_state, path.channel_id, body))
 
 
-def is_page(request) -> bool:
-    """Dashboard requests get HTML errors; the API, probes and JSON twins get the JSON error body."""
-    path = request.url.path
-    return not (path.startswith(("/api/", "/ws", "/v1/")) or path in ("/healthz", "/readyz", "/metrics", "/metrics.json",
-                                                               "/openapi.json")
-                or request.query_params.get("format") == "json")
+async def api_state_latest(request: Request, path) -> StateAnswer:
+    """The latest saved state of a run, with its cursor and version."""
+    return await db_of(request).read(latest_state, path.channel_id)
 
 
-def render(request: Request, template: str, context: dict, status: int = 200) -> Response:
-    """A page, or its JSON twin with `?format=json` (the same context the template gets)."""
-    if request.query_params.get("format") == "json":
-        return Response(msgspec.json.encode(context), status_code=status, media_type="application/json")
-    # Every POST form carries the session's form token; the request's context holds it once issued.
-    asked, services = context_of(request), request.app.services
-    notices = [text for text in (notice(services) for notice in PAGE_NOTICES) if text]
-    page = services.templates.get_template(template).render(
-        **context, version=__version__, notices=notices, logged_in=asked.logged_in, csrf_token=asked.csrf_token,
-        is_admin=bool(asked.principal and asked.principal.is_admin))
-    return HTMLResponse(page, status_code=status)
+async def api_state_versions(request: Request, path, query: PageQuery) -> StateVersions:
+    """The saved state versions of a run, newest first, a page at a time."""
+    return StateVersions(versions=await db_of(request).read(list_states, path.channel_id, query.limit, query.offset))
 
 
-def dashboard(handler: Callable) -> Callable:
-    """Pages need a session; without one a browser goes to /login, a JSON twin gets 401.
-
-    A POST must also come from our own origin and carry the session's form token.
-    """
-    async def endpoint(request: Request) -> Response:
-        session_id = await current_session(request)
-        if session_id is None:
-            if request.query_params.get("format") == "json":
-                raise Unauthorized("log in at /login first")
-            return RedirectResponse("/login", status_code=303)
-        asked = context_of(request)
-        asked.logged_in, asked.session_id, asked.csrf_token = True, session_id, form_token(session_id)
-        if request.method == "POST":
-            require_same_origin(request)
-            require_form_token(request, await read_form(request))
-        return await handler(request)
-    endpoint.__name__ = handler.__name__
-    return endpoint
+async def api_state_version(request: Request, path) -> StateAnswer:
+    """One saved state version of a run."""
+    return await db_of(request).read(get_state_version, path.channel_id, path.version)
 
 
-async def read_form(request: Request) -> dict:
-    """URL-encoded form fields (python-multipart is not needed for this one content type), read once."""
-    asked = context_of(request)
-    if asked.form is None:
-        raw = await read_capped(request)
-        asked.form = {k: v[0] for k, v in parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True).items()}
-    return asked.form
+async def api_state_delete(request: Request, path) -> DeletedCount:
+    """Delete one saved state version of a run."""
+    return await db_of(request).write(delete_state_version, path.channel_id, path.version)
 
 
-def path_channel(request: Request, name: str = "channel_id") -> str:
-    return valid_channel(request.path_params[name], name)
+async def api_channels_list(request: Request) -> ChannelIds:
+    """List the channels this credential may read."""
+    return ChannelIds(channels=reach_of(request).seen(await db_of(request).read(list_channels)))
 
 
-class FlashStore:
-    """What a POST wants the page after its redirect to show (a form's error and typed values).
-
-    In memory and short-lived: at most FLASH_MAX entries for FLASH_TTL_SECONDS each, looked up by a
-    random id in the redirect's query string, so a refresh shows the error again but never re-posts.
-    """
-
-    def __init__(self):
-        self.entries: dict = {}
-
-    def put(self, value: dict) -> str:
-        now = time.monotonic()
-        self.entries = {k: v for k, v in self.entries.items() if now - v[0] < FLASH_TTL_SECONDS}
-        while len(self.entries) >= FLASH_MAX:
-            self.entries.pop(next(iter(self.entries)))
-        flash_id = secrets.token_urlsafe(12)
-        self.entries[flash_id] = (now, value)
-        return flash_id
-
-    def get(self, flash_id: Optional[str]) -> Optional[dict]:
-        hit = self.entries.get(flash_id or "")
-        if hit is None or time.monotonic() - hit[0] >= FLASH_TTL_SECONDS:
-            return None
-        return hit[1]
+async def api_channels_metadata(request: Request, path) -> ChannelMetadata:
+    """A run's metadata: display name, reason, parent, fork point, outcome and experiment metadata."""
+    return await db_of(request).read(get_metadata, path.channel_id)
 
 
-def flash_store(app: "ActaeApp") -> FlashStore:
-    return app.services.flash
+async def api_channels_metadata_put(request: Request, path, body: PutMetadata) -> ChannelMetadata:
+    """Change a run's display name, reason or experiment metadata (only the keys sent change; null clears)."""
+    same_channel(body.channel_id, path.channel_id)
+    return await db_of(request).write(put_metadata, path.channel_id, body)
 
 
-async def page_login(request: Request) -> Response:
-    return render(request, "login.html", {"title": "Log in", "error": None})
+async def api_channels_step(request: Request, path) -> StepLocation:
+    """Where a step of a run is: its event, cursor and the state to fork from after it."""
+    return await db_of(request).read(resolve_step, path.channel_id, path.step_number)
 
 
-async def login_principal(request: Request, form: dict) -> tuple:
-    """(principal, session key_ref) for the login form's key, or its email and password."""
-    email = form.get("email", "").strip()
-    if email:
-        user = await verified_user(request, email, form.get("password", ""))
-        if user is None:
-            raise Unauthorized("That email and password do not match an account.")
-        return user_principal(user, auth_method="password"), f"user:{user['id']}"
-    key = form.get("api_key", "").strip()
-    if looks_like_token(key):
-        raise Unauthorized("Log in with an API key, or with your email and password.")
+async def api_channels_steps(request: Request, path) -> LastStep:
+    """The last step number recorded on a run."""
+    return LastStep(channel_id=path.channel_id,
+                    last_step_number=await db_of(request).read(last_step_number, path.channel_id))
+
+
+async def api_channels_delete(request: Request, path, query: DeleteQuery) -> DeletedChannels:
+    """Delete a run with its events, states and ledger rows (recursive: its forks too)."""
+    return await db_of(request).write(delete_channel, path.channel_id, query.recursive, reach_of(request))
+
+
+async def api_channels_close(request: Request, path, body: Empty) -> Closed:
+    """Close a run: it refuses new events and states (409 channel_closed); reads, forks and diffs go on."""
+    return await db_of(request).write(close_channel, path.channel_id, context_of(request).principal.actor)
+
+
+async def api_events_verify(request: Request, path) -> ChainCheck:
+    """Recompute a run's hash chain (with the history it inherited) and name the first broken cursor."""
+    return await db_of(request).read(verify_chain, path.channel_id)
+
+
+async def ws_subscribe_all(conn: WsConnection, db: Database, frame: SubscribeFrame) -> None:
+    """Topic "*": every channel the key may read, in commit order, after position `cursor` (or from now);
+    each broadcast frame carries its `position`. The key's reach is the one it had when it subscribed."""
+    if conn.following is not None:
+        conn.following.cancel()
+    latest = await read_until_answered(db, latest_position)
+    conn.send({"type": "subscription", "event": "subscribed", "topic": ALL_CHANNELS, "cursor": latest,
+               "payload": {"topic": ALL_CHANNELS, "cursor": latest}})
+    conn.following = asyncio.create_task(follow_instance(db, conn.hub, conn.principal.reach,
+                                                         latest if frame.cursor is None else frame.cursor, conn))
+
+
+async def ws_subscribe(conn: WsConnection, db: Database, frame: SubscribeFrame) -> None:
+    """Confirm, replay `cursor > N` from the log, then hand over to live delivery without gaps."""
+    if frame.topic == ALL_CHANNELS:
+        await ws_subscribe_all(conn, db, frame)
+        return
+    topic, start = frame.topic, frame.cursor
+    conn.principal.require("read", topic)
+    sub = conn.hub.watch(conn, topic, start or 0)
+    latest = await db.read(latest_cursor, topic)
+    if start is None:
+        sub.last_cursor = latest or 0      # live only: what comes after the cursor we confirm
+    conn.send({"type": "subscription", "event": "subscribed", "topic": topic, "cursor": latest,
+               "payload": {"topic": topic, "cursor": latest}})
+    if start is not None:
+        while True:
+            batch = await db.read(replay_events, topic, sub.last_cursor, REPLAY_LIMIT_MAX)
+            for event in batch:
+                sub.last_cursor = event.cursor
+                await conn.send_event_paced(event, None)
+            if len(batch) < REPLAY_LIMIT_MAX:
+                break
+    sub.catching_up = False
+    for event in sorted(sub.pending, key=lambda e: e.cursor):
+        conn.deliver(topic, event)
+    sub.pending.clear()
+    if db.location.shared:
+        conn.hub.fill(topic)               # another server may have committed since the last read
+
+
+async def ws_publish(conn: WsConnection, db: Database, frame: PublishFrame) -> None:
+    conn.principal.require("write", frame.topic)
+    req = RecordEvent(channel_id=frame.topic, event_type="broadcast", payload=frame.payload,
+                      metadata=EventMeta(actor="websocket"), operation_id=frame.operation_id)
+    event = await db.write(record_event, req, exclude=conn)
+    # The event's own "type" must not overwrite the frame kind: the SDK reads the type from event_type.
+    conn.send({**msgspec.structs.asdict(event), "event_type": event.type, "type": "ack", "request_id": frame.request_id})
+
+
+async def ws_endpoint(websocket: WebSocket) -> None:
+    """GET /ws. The SDK's handshake carries no credentials: the first frame authenticates."""
+    app, hub, db = websocket.app, websocket.app.services.hub, websocket.app.services.db
+    await websocket.accept()
+    conn = WsConnection(websocket, hub)
+    await websocket.send_text(json.dumps({"type": "connection", "event": "connected",
+                                          "payload": {"connection_id": conn.id}}))
+    if not await ws_authenticate(websocket, conn, app):
+        return
+    hub.connections.add(conn)
+    guard = hub.guard(Guard(conn.key, lambda: check_key(app, conn.key), conn.end))
+    conn.pump_task = asyncio.create_task(conn.pump())
+    reader = asyncio.create_task(ws_read_frames(conn, db))
     try:
-        return await check_key(request.app, key), key_ref(request.app, key)
-    except Unauthorized:
-        raise Unauthorized("That key is not valid.") from None
+        # Whichever ends first (client gone, send failed, client cut off, credential ended) ends the other.
+        await asyncio.wait({conn.pump_task, reader}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        hub.unguard(guard)
+        hub.leave(conn)
+        for task in (conn.pump_task, reader):
+            task.cancel()
+        await asyncio.gather(conn.pump_task, reader, return_exceptions=True)
+        if conn.cut or conn.ended is not None:
+            await close_stream_socket(websocket, conn.ended, conn.cut)
 
 
-async def page_login_submit(request: Request) -> Response:
-    require_same_origin(request)
+async def ws_read_frames(conn: WsConnection, db: Database) -> None:
+    """Handle the client's frames one at a time, in order, until it goes away."""
+    while True:
+        message = await conn.websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+        conn.hub.count_received()
+        if message.get("text") is None:
+            conn.send({"type": "error", "message": "binary frames are not supported: send JSON text"})
+            continue
+        try:                            # a key revoked (or expired) stops working here too
+            conn.principal = await check_key(conn.websocket.app, conn.key)
+        except Unauthorized as exc:
+            conn.end(exc.message)
+            return
+        await ws_handle_frame(conn, db, message["text"])
+
+
+def frame_request_id(text: str) -> Json:
+    """The request_id of a frame that failed to decode, so the SDK can match the error to its call."""
     try:
-        principal, ref = await login_principal(request, await read_form(request))
-    except Unauthorized as exc:
-        return render(request, "login.html", {"title": "Log in", "error": exc.message}, status=401)
-    if not principal.can_everywhere("read"):
-        # Every page lists runs across the server; a narrower credential would see beyond its scopes.
-        return render(request, "login.html", {"title": "Log in", "error": "The dashboard needs read access to "
-                                              "every run ('*'); this credential has less."}, status=403)
-    session_id = await db_of(request).write(open_session, ref)
-    response = RedirectResponse("/", status_code=303)
-    response.set_cookie(SESSION_COOKIE, session_id, max_age=SESSION_MAX_AGE,
-                        httponly=True, samesite="strict", secure=request.url.scheme == "https")
-    return response
+        frame = msgspec.json.decode(text)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    request_id = frame.get("request_id") if isinstance(frame, dict) else None
+    return request_id if isinstance(request_id, str) and len(request_id) <= 256 else None
 
 
-async def favicon(request: Request) -> Response:
-    """Browsers ask for /favicon.ico whatever a page links: the dashboard's icon."""
-    return RedirectResponse("/static/favicon.svg", status_code=301)
-
-
-async def page_logout(request: Request) -> Response:
-    await db_of(request).write(close_session, context_of(request).session_id)
-    response = RedirectResponse("/login", status_code=303)
-    response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="strict")
-    return response
-
-
-def page_query(request: Request, kind: type) -> Struct:
-    """The page's query parameters as a record; a form's blank field counts as absent."""
-    return decode_params({k: v for k, v in request.query_params.items() if v != ""}, kind, "query string")
+async def ws_handle_frame(conn: WsConnection, db: Database, text: str) -> None:
+    try:
+        frame = decode_frame(text)
+        if isinstance(frame, SubscribeFrame):
+            await ws_subscribe(conn, db, frame)
+        elif isinstance(frame, UnsubscribeFrame):
+            conn.hub.unwatch(conn, frame.topic)
+            if frame.topic == ALL_CHANNELS and conn.following is not None:
+                conn.following.cancel()
+            conn.send({"type": "subscription", "event": "unsubscribed", "topic": frame.topic,
+                       "payload": {"topic": frame.topic}})
+        elif isinstance(frame, PublishFrame):
+            await ws_publish(conn, db, frame)
+        elif isinstance(frame, PingFrame):
+            conn.send({"type": "connection", "event": "pong", "payload": {"connection_id": conn.id}})
+        else:
+            raise BadRequest("already authenticated")
+    except ActaeError as exc:
+        request_id = frame_request_id(text)
+        conn.send({"type": "error", "message": exc.message, "status": exc.code,
+                   **({"request_id": request_id} if request_id is not None else {})})
+    except Exception:  # noqa: BLE001 - a bug answers this frame with an error; the socket stays up
+        log.exception("WebSocket frame failed")
+        conn.send({"type": "error", "message": "internal error", "status": "internal"})
 
 
 async def page_runs(request: Request) -> Response:
@@ -9766,23 +8998,11 @@ asyncio.run(main())
 '''
 
 
-def fork_form_values(request: Request, data: dict, flash: Optional[dict]) -> dict:
-    """The fork form's fields: what was typed (after an error), else the step asked for (the failure
-    banner's button), else the last good step of a failed run, else its last step; a free name."""
-    typed = dict(flash["form"]) if flash else {}
-    asked = page_query(request, RunPageQuery).fork_step
-    steps = [s["step_number"] for s in data["steps"]]
-    failure = data["failure"]
-    default = failure["last_good_step"] if failure and failure["last_good_step"] else (steps[-1] if steps else None)
-    step = asked if asked is not None else (typed.get("step") or default)
-    return {"step": str(step) if step is not None else "", "name": typed.get("name") or data["default_fork_name"],
-            "intervention": typed.get("intervention", ""), "tool_policies": typed.get("tool_policies", "")}
-
-
 async def run_context(request: Request, channel_id: str, jump_error: Optional[str] = None) -> dict:
     query = page_query(request, RunPageQuery)
     start, event_type = query.start, query.type
-    data = await db_of(request).read(run_page, channel_id, start, event_type, reach_of(request))
+    data = await db_of(request).read(run_page, channel_id, start, event_type, reach_of(request),
+                                     request.app.services.hooks.run_page_parts)
     total, more = data.pop("total"), data.pop("more")
     page = {**timeline_links(channel_id, start, total, event_type, more), "start": data.pop("start"),
             "end": data.pop("end"), "total": data["run"]["event_count"], "filtered": bool(event_type)}
@@ -9818,32 +9038,434 @@ async def page_run(request: Request) -> Response:
     return render(request, "run.html", await run_context(request, channel_id))
 
 
-async def page_experiments(request: Request) -> Response:
-    data = await db_of(request).read(experiments_page)
-    return render(request, "experiments.html", {"title": "Experiments", **data, "experiment": None})
+async def page_delete_confirm(request: Request) -> Response:
+    channel_id = path_channel(request)
+    plan = await db_of(request).read(deletion_plan, channel_id, reach_of(request))
+    flash = flash_store(request.app).get(page_query(request, FlashQuery).error)
+    return render(request, "delete.html", {"title": f"Delete {channel_id}", "plan": plan,
+                                           "error": flash["error"] if flash else None})
 
 
-async def page_experiment(request: Request) -> Response:
-    query = page_query(request, ExperimentPageQuery)
-    data = await db_of(request).read(experiment_page, request.path_params["group_id"])
-    return render(request, "experiments.html", {"title": f"Experiment {data['experiment']['name']}", **data,
-                                                "promoted": query.promoted[:256]})
+async def page_delete(request: Request) -> Response:
+    """Delete a run and its forks; only with the confirmation the confirm page's form sends."""
+    channel_id = path_channel(request)
+    form = await read_form(request)
+    if form.get("confirm") != channel_id:
+        return RedirectResponse(f"/runs/{channel_id}/delete", status_code=303)
+    try:
+        result = await db_of(request).write(delete_channel, channel_id, True, reach_of(request))
+    except (Conflict, Forbidden) as exc:
+        flash_id = flash_store(request.app).put({"error": exc.message})
+        return RedirectResponse(f"/runs/{channel_id}/delete?{urlencode({'error': flash_id})}", status_code=303)
+    query = urlencode({"deleted": channel_id, "count": len(result.deleted)})
+    return RedirectResponse(f"/?{query}", status_code=303)
 
 
-async def page_experiment_promote(request: Request) -> Response:
-    """Promote one fork of the experiment into its parent (the API's promote), then show the experiment."""
-    group_id = request.path_params["group_id"]
-    channel_id = valid_channel((await read_form(request)).get("channel_id", ""), "channel_id")
-    experiment = await db_of(request).read(get_experiment, group_id)
-    if channel_id not in {m.channel_id for m in experiment.members}:
-        raise BadRequest(f"run {channel_id} is not in experiment {experiment.name}")
-    context_of(request).principal.require("write", channel_id)
-    row = await db_of(request).read(channel_by_id, channel_id)
-    if row is not None and row["parent_id"]:
-        context_of(request).principal.require("write", row["parent_id"])
-    await db_of(request).write(promote_channel, channel_id)
-    return RedirectResponse(f"/experiments/{quote_segment(group_id)}?{urlencode({'promoted': channel_id})}",
-                            status_code=303)
+RUNS_API_ROUTES = (
+    Api("POST", "/api/v1/events/record", api_events_record, body=RecordEvent, scopes=writes(B)),
+    Api("GET", "/api/v1/events/replay/{channel_id}", api_events_replay, query=ReplayQuery, scopes=reads(P)),
+    Api("POST", "/api/v1/events/query", api_events_query, body=EventQuery, scopes=reads("body.channel_ids")),
+    Api("GET", "/api/v1/events/cursor/{channel_id}", api_events_cursor, scopes=reads(P)),
+    Api("POST", "/api/v1/events/transition", api_events_transition, body=Transition, scopes=writes(B)),
+    Api("GET", "/api/v1/events/verify/{channel_id}", api_events_verify, scopes=reads(P)),
+    Api("GET", "/api/v1/events/{event_id}/causal-graph", api_events_causal_graph, query=CausalQuery,
+        scopes=reads("event.event_id")),
+    Api("POST", "/api/v1/state/{channel_id}", api_state_save, body=SaveState, scopes=writes(P)),
+    Api("GET", "/api/v1/state/{channel_id}", api_state_latest, scopes=reads(P)),
+    Api("GET", "/api/v1/state/{channel_id}/versions", api_state_versions, query=PageQuery, scopes=reads(P)),
+    Api("GET", "/api/v1/state/{channel_id}/version/{version}", api_state_version, scopes=reads(P)),
+    Api("DELETE", "/api/v1/state/{channel_id}/version/{version}", api_state_delete, scopes=deletes(P)),
+    Api("GET", "/api/v1/channels", api_channels_list, scopes=reads(SOMEWHERE)),
+    Api("GET", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata, scopes=reads(P)),
+    Api("PUT", "/api/v1/channels/{channel_id}/metadata", api_channels_metadata_put, body=PutMetadata,
+        scopes=writes(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/steps", api_channels_steps, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/steps/{step_number}", api_channels_step, scopes=reads(P)),
+    Api("POST", "/api/v1/channels/{channel_id}/close", api_channels_close, body=Empty, body_optional=True,
+        scopes=writes(P)),
+    Api("DELETE", "/api/v1/channels/{channel_id}", api_channels_delete, query=DeleteQuery, scopes=deletes(P)),
+)
+
+
+RUNS_PAGE_ROUTES = (
+    ("GET", "/", page_runs),
+    ("GET", "/runs/{channel_id}", page_run),
+    ("GET", "/runs/{channel_id}/delete", page_delete_confirm),
+    ("POST", "/runs/{channel_id}/delete", page_delete),
+)
+
+RUNS = declare(Region(
+    "runs", features=("events", "state", "websocket", "event_chain", "close"), routes=RUNS_API_ROUTES,
+    pages=RUNS_PAGE_ROUTES, endpoints=(Endpoint("WS", "/ws", ws_endpoint),), json_paths=("/ws",),
+    nav=(NavLink("Runs", "/", "runs", place=10),),
+    lone_writes=(record_event, save_state, transition, put_metadata),
+    channel_writes=((record_event, lambda req: (req.channel_id,)), (save_state, lambda channel_id, req: (channel_id,)),
+                    (transition, lambda req: (req.channel_id,)),
+                    (put_metadata, lambda channel_id, changes: (channel_id,)))))
+
+
+# =============================================================================
+# Forks: records
+# =============================================================================
+
+class ForkTree(Answer):
+    """A channel and all its descendants, each with where it forked and how far it got."""
+
+    channel_id: str
+    display_name: Optional[str]
+    reason: Optional[str]
+    parent_channel_id: Optional[str]
+    forked_at_cursor: Optional[int]
+    forked_at_step: Optional[int]
+    event_count: int
+    latest_cursor: Optional[int]
+    status: Json                       # the SDK's own status in its metadata, as it wrote it
+    outcome: Optional[str]
+    children: list[ForkTree]
+
+
+class Spend(Answer):
+    """What a stretch of a run's steps spent: sums over the steps that recorded it. A step that
+    recorded no usage is counted in steps_without_usage, never as zero."""
+
+    steps: int
+    steps_without_usage: int
+    input_tokens: int
+    output_tokens: int
+    cost: Optional[float]              # None: no step in it recorded a cost
+    wall_seconds: float                # from its first event to its last
+
+
+class ForkSaving(Answer):
+    """A fork's inherited prefix (steps it did not run, or pay for, again) and its own tail."""
+
+    channel_id: str
+    parent_channel_id: str
+    forked_at_step: Optional[int]
+    saved: Spend
+    tail: Spend
+
+
+class Savings(Answer):
+    """What forking saved: this run's own (when it is a fork), and its forks' with their totals."""
+
+    channel_id: str
+    fork: Optional[ForkSaving]
+    forks: list[ForkSaving]
+    forks_saved: Spend
+
+
+# =============================================================================
+# Forks: copy-on-write forks, receipts, the fork tree, what a fork saved
+# =============================================================================
+
+def list_forks(conn: Conn, channel_id: str, reach: "Reach") -> list[ChannelMetadata]:
+    """The run's direct forks that `reach` sees, oldest first."""
+    require_channel(conn, channel_id)
+    where = Where().add("c.parent_id = ?", channel_id).within(reach, "c.id")
+    rows = conn.execute(f"{CHANNEL_ROW}{where} ORDER BY c.created_at, c.id", where.args).fetchall()
+    return [metadata_of(r) for r in rows]
+
+
+def reproducibility_grade(restorable: bool, manifest: Optional[dict]) -> str:
+    if not restorable:
+        return "best_effort"
+    if isinstance(manifest, dict) and all(manifest.get(k) not in (None, "", {}, []) for k in CONTEXT_EXACT_KEYS):
+        return "context_exact"
+    return "state_exact"
+
+
+def receipt_of(row: Row, *, replayed: bool = False) -> Receipt:
+    return Receipt(
+        fork_id=row["id"], channel_id=row["id"], child_channel_id=row["id"], source_channel_id=row["parent_id"],
+        origin_run_id=row["origin_id"], requested_cursor=row["requested_cursor"],
+        resolved_cursor=row["resolved_cursor"], resolved_state_cursor=row["resolved_cursor"],
+        resolved_event_id=row["resolved_event_id"], forked_at_step=row["forked_at_step"],
+        source_state_version=row["source_state_version"], source_state_sha256=row["source_state_sha256"],
+        restorable=bool(row["restorable"]), replayed=replayed, manifest=load(row["manifest"]),
+        reproducibility=row["reproducibility"], tool_policies=load(row["tool_policies"]), forked_at=row["forked_at"])
+
+
+def get_receipt(conn: Conn, channel_id: str) -> Receipt:
+    row = require_channel(conn, channel_id)
+    if row["parent_id"] is None:
+        raise NotFound(f"channel {channel_id} is not a fork")
+    return receipt_of(row)
+
+
+def fork_step_boundary(conn: Conn, source: Row, boundary_cursor: int,
+                       experiment_metadata: Json) -> Optional[int]:
+    """How many steps the child inherits: the SDK's forked_at_step, else the source's last step at the boundary."""
+    if isinstance(experiment_metadata, dict):
+        declared = experiment_metadata.get("forked_at_step")
+        if is_int(declared) and 0 <= declared <= INT64_MAX:
+            return declared
+    # Walk back from the boundary to the nearest step event: a few rows, not the whole history.
+    own = last_step_at(conn, source["id"], boundary_cursor)
+    return own if own is not None else source["forked_at_step"]
+
+
+def fork_channel(tx: Tx, req: Fork) -> Receipt:
+    """POST /channels/fork. Never writes to the source; cost is independent of the source's history."""
+    conn = tx.conn
+    source_id, child_id, at_cursor = req.source_channel_id, req.new_channel_id, req.at_cursor
+    hashed = request_hash({k: v for k, v in msgspec.structs.asdict(req).items() if k != "operation_id"})
+    if req.operation_id is not None:
+        earlier = conn.execute(f"{CHANNEL_ROW} WHERE c.fork_operation_id = ?", (req.operation_id,)).fetchone()
+        if earlier is not None:
+            require_same_request(earlier["fork_request_hash"], hashed, req.operation_id, "fork")
+            return receipt_of(earlier, replayed=True)
+    existing = channel_by_id(conn, child_id)
+    if existing is not None:
+        # AgentSession retries with a fresh operation id, so the child's name is the retry key.
+        # Same source and boundary is the same fork (the SDK's own retry); a different tool policy is
+        # not: replaying it would leave the caller believing its policy is in force.
+        if (existing["parent_id"] == source_id and existing["requested_cursor"] == at_cursor
+                and load(existing["tool_policies"]) == req.tool_policies):
+            return receipt_of(existing, replayed=True)
+        raise Conflict("channel_conflict", f"channel {child_id} already exists with a different definition")
+    if child_id == source_id:
+        raise BadRequest("new_channel_id must differ from source_channel_id")
+    source = require_channel(conn, source_id)
+    if len(lineage(conn, source_id)) > LINEAGE_MAX_DEPTH:
+        raise Conflict("channel_conflict", f"{source_id} is already {LINEAGE_MAX_DEPTH} forks deep; fork an ancestor")
+    check_guards(conn, source_id, req.expected_version, req.expected_cursor)
+
+    # The boundary lies within the source's history as it is now: a snapshot saved at a cursor past
+    # its last event would make the fork inherit whatever the source records next.
+    last = source["last_cursor"]
+    snapshot = state_row_at(conn, source_id, min(at_cursor, last) if at_cursor else None)
+    if snapshot is not None and snapshot["cursor"] > last:
+        snapshot = state_row_at(conn, source_id, last)
+    if snapshot is None and at_cursor > 0:
+        raise Conflict("snapshot_boundary_required",
+                       f"no state snapshot of {source_id} at or before cursor {at_cursor}; fork at a "
+                       "snapshotted step or use boundary_mode='approximate'")
+    resolved = snapshot["cursor"] if snapshot else 0
+    boundary_event = conn.execute("SELECT id, chain_hash FROM events WHERE channel_id = ? AND cursor = ?",
+                                  (source_id, resolved)).fetchone()
+    resolved_event_id = boundary_event["id"] if boundary_event else None
+    restorable = snapshot is not None
+    # The child's chain goes on from the parent's hash at the boundary (a fork at 0 starts afresh).
+    conn.execute(
+        "INSERT INTO channels (id, parent_id, origin_id, created_at, updated_at, display_name, reason,"
+        " experiment_metadata, forked_at, requested_cursor, resolved_cursor, resolved_event_id, forked_at_step,"
+        " source_state_version, source_state_sha256, restorable, manifest, reproducibility, tool_policies,"
+        " fork_operation_id, fork_request_hash, chain_base)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        (child_id, source_id, source["origin_id"], tx.ts, tx.ts, req.display_name, req.reason,
+         dump(req.experiment_metadata), tx.ts, at_cursor, resolved, resolved_event_id,
+         fork_step_boundary(conn, source, at_cursor or resolved, req.experiment_metadata),
+         snapshot["version"] if snapshot else 0, snapshot["sha256"] if snapshot else None, int(restorable),
+         dump(req.manifest), reproducibility_grade(restorable, req.manifest), dump(req.tool_policies),
+         req.operation_id, hashed, boundary_event["chain_hash"] if boundary_event else None),
+    )
+    marker = append_event(tx, child_id, "fork.started", {
+        "source_channel_id": source_id, "requested_cursor": at_cursor, "resolved_cursor": resolved,
+        "source_state_version": snapshot["version"] if snapshot else 0, "restorable": restorable,
+    }, depends_on=resolved_event_id)
+    if snapshot is not None:
+        insert_state(tx, child_id, marker.cursor, shared_state(snapshot), snapshot["sha256"], snapshot["status"])
+    return receipt_of(channel_by_id(conn, child_id))
+
+
+def stretch_row(conn: Conn, channel_id: str, upto: Optional[int]) -> Row:
+    """A channel's own events up to cursor `upto` (all, with None) in one read: how many (n), how many
+    steps (numbered, or reporting usage: usage_of), how many numbered steps kept none (unknown), their
+    tokens (tin, tout) and cost, the first and last event's times."""
+    limit, args = ("", (channel_id,)) if upto is None else (" AND e.cursor <= ?", (channel_id, upto))
+    return conn.execute(
+        "SELECT COUNT(*) AS n, COUNT(CASE WHEN e.step_number IS NOT NULL OR u.cursor IS NOT NULL THEN 1 END) AS steps,"
+        " COUNT(CASE WHEN e.step_number IS NOT NULL AND u.cursor IS NULL THEN 1 END) AS unknown,"
+        # Summed as floating point (SQLite) or numeric (PostgreSQL): 64-bit counts never overflow a sum.
+        " COALESCE(SUM(u.input_tokens * 1.0), 0) AS tin, COALESCE(SUM(u.output_tokens * 1.0), 0) AS tout,"
+        " SUM(u.cost) AS cost,"
+        " MIN(e.created_at) AS first, MAX(e.created_at) AS last FROM events e LEFT JOIN step_usage u"
+        f" ON u.channel_id = e.channel_id AND u.cursor = e.cursor WHERE e.channel_id = ?{limit}", args).fetchone()
+
+
+def spend_of(conn: Conn, stretches: list) -> Spend:
+    """What these stretches of steps spent: [(channel, highest cursor or None)], each a channel's own
+    events up to that cursor."""
+    steps = without = input_tokens = output_tokens = 0
+    cost, wall = None, 0.0
+    for channel_id, upto in stretches:
+        row = stretch_row(conn, channel_id, upto)
+        steps, without = steps + row["steps"], without + row["unknown"]
+        input_tokens, output_tokens = input_tokens + int(row["tin"]), output_tokens + int(row["tout"])
+        if row["cost"] is not None:
+            cost = (cost or 0.0) + float(row["cost"])
+        wall += (millis_between(row["first"], row["last"]) or 0) / 1000
+    return Spend(steps=steps, steps_without_usage=without, input_tokens=input_tokens, output_tokens=output_tokens,
+                 cost=None if cost is None else round(cost, 9), wall_seconds=round(wall, 6))
+
+
+def fork_saving(conn: Conn, channel_id: str) -> Optional[ForkSaving]:
+    """What a fork did not spend again (the history it inherited, across every ancestor it reaches)
+    and what its own tail spent; None for a run that is no fork."""
+    chain = lineage(conn, channel_id)
+    row = chain[0][0]
+    if row["parent_id"] is None:
+        return None
+    return ForkSaving(channel_id=channel_id, parent_channel_id=row["parent_id"], forked_at_step=row["forked_at_step"],
+                      saved=spend_of(conn, [(ancestor["id"], upto) for ancestor, upto in chain[1:]]),
+                      tail=spend_of(conn, [(channel_id, None)]))
+
+
+def savings_of(conn: Conn, channel_id: str, reach: "Reach") -> Savings:
+    """GET /channels/{id}/savings: the run's own saving as a fork, and its forks' (those `reach` sees)
+    with their totals."""
+    require_channel(conn, channel_id)
+    forks = [fork_saving(conn, child) for child in child_ids(conn, channel_id, reach)]
+    totals = {"steps": 0, "steps_without_usage": 0, "input_tokens": 0, "output_tokens": 0, "wall_seconds": 0.0}
+    cost = None
+    for fork in forks:
+        for name in totals:
+            totals[name] += getattr(fork.saved, name)
+        if fork.saved.cost is not None:
+            cost = (cost or 0.0) + fork.saved.cost
+    return Savings(channel_id=channel_id, fork=fork_saving(conn, channel_id), forks=forks,
+                   forks_saved=Spend(**totals, cost=cost))
+
+
+def lineage_tree(conn: Conn, channel_id: str, reach: "Reach") -> ForkTree:
+    """The fork tree a channel belongs to as `reach` sees it: from its highest ancestor reached through
+    runs it sees (the root, for a credential that reads the whole line)."""
+    top = channel_id
+    for row, _ in lineage(conn, channel_id)[1:]:
+        if not reach.sees(row["id"]):
+            break
+        top = row["id"]
+    return fork_tree(conn, top, reach)
+
+
+def descendants(conn: Conn, channel_id: str, reach: Optional["Reach"] = None) -> list:
+    """Every fork below a channel (forks of forks too) that `reach` sees, when given, each after its
+    parent: depth first, oldest first."""
+    found, pending = [], [(channel_id, 0)]
+    while pending:
+        parent, depth = pending.pop()
+        if parent != channel_id:
+            found.append(parent)
+        if depth < LINEAGE_MAX_DEPTH:
+            pending.extend((child, depth + 1) for child in reversed(child_ids(conn, parent, reach)))
+    return found
+
+
+def child_ids(conn: Conn, channel_id: str, reach: Optional["Reach"] = None) -> list:
+    """The channel's own forks (those `reach` sees, when given), oldest first."""
+    where = Where().add("parent_id = ?", channel_id)
+    if reach is not None:
+        where.within(reach, "id")
+    return [r["id"] for r in conn.execute(f"SELECT id FROM channels{where} ORDER BY created_at, id", where.args)]
+
+
+def fork_tree(conn: Conn, channel_id: str, reach: "Reach", depth: int = 0) -> ForkTree:
+    """A channel and its descendants that `reach` sees (a fork it may not read is left out with its
+    own forks), each with where it forked and how far it got."""
+    row = require_channel(conn, channel_id)
+    meta = experiment_of(row)
+    children = child_ids(conn, channel_id, reach)
+    return ForkTree(
+        channel_id=row["id"], display_name=row["display_name"], reason=row["reason"],
+        parent_channel_id=row["parent_id"], forked_at_cursor=row["resolved_cursor"],
+        forked_at_step=row["forked_at_step"] if row["parent_id"] else None,
+        event_count=row["last_cursor"], latest_cursor=row["last_cursor"] or None,
+        status=meta.get("status"), outcome=row["outcome"],
+        children=[fork_tree(conn, c, reach, depth + 1) for c in children] if depth < LINEAGE_MAX_DEPTH else [])
+
+
+GROUP_FORKS_MAX = 100                  # forks listed under one root run; the fork tree has them all
+
+
+def tree_page(conn: Conn, channel_id: str, reach: "Reach") -> dict:
+    """The fork tree with each run's status as the runs list shows it, and the picture of its branches."""
+    root = msgspec.to_builtins(lineage_tree(conn, channel_id, reach))     # nodes gain what the page shows
+    nodes, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        nodes.append(node)
+        stack += node["children"]
+    ids = [n["channel_id"] for n in nodes]
+    marks = ", ".join("?" for _ in ids)
+    found = {r["id"]: r for r in conn.execute(f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.id IN ({marks})", ids)}
+    for node in nodes:
+        r = found[node["channel_id"]]
+        failure = run_failure(conn, r, r["run_state"])
+        node.update(status=shown_status(r["run_state"]), failure=failure.as_json() if failure else None,
+                    end_step=max(r["last_step"] or 0, node["forked_at_step"] or 0))
+    return {"root": root, "picture": tree_picture(root)}
+
+
+def tree_picture(root: dict) -> dict:
+    """One horizontal line per run, from the step it forked after to its last step; a branch leaves its
+    parent's line at that step. Rows in tree order."""
+    rows: list = []
+
+    def walk(node: dict, parent_row: Optional[int]) -> None:
+        rows.append({"node": node, "parent_row": parent_row})
+        here = len(rows) - 1
+        for child in node["children"]:
+            walk(child, here)
+    walk(root, None)
+    longest = max(r["node"]["end_step"] for r in rows) or 1
+    left, right, row_height = 12, 408, 40
+
+    def x_of(step: int) -> float:
+        return round(left + (right - left) * step / longest, 1)
+    lines = []
+    for i, r in enumerate(rows):
+        node = r["node"]
+        begin = (node["forked_at_step"] or 0) if r["parent_row"] is not None else 0
+        y = 26 + i * row_height
+        lines.append({"channel_id": node["channel_id"], "label": node["channel_id"],
+                      "status": node["status"], "x1": x_of(begin), "x2": x_of(max(begin, node["end_step"])),
+                      "y": y, "text_y": y - 8, "begin": begin, "end": node["end_step"],
+                      "parent_y": 26 + r["parent_row"] * row_height if r["parent_row"] is not None else None})
+    # 420 units wide: scaled to a phone's width the labels stay readable, and at most 560px on a desktop.
+    return {"width": 420, "height": 16 + len(rows) * row_height, "lines": lines, "longest": longest}
+
+
+# =============================================================================
+# Forks: handlers, routes, the tree page and the fork form
+# =============================================================================
+
+async def api_channels_forks(request: Request, path) -> Forks:
+    """The direct forks of a run that this credential may read."""
+    return Forks(forks=await db_of(request).read(list_forks, path.channel_id, reach_of(request)))
+
+
+async def api_channels_fork(request: Request, body: Fork) -> Receipt:
+    """Fork a run at a cursor into a new run that inherits its history and state; the answer is the fork receipt."""
+    return await db_of(request).write(fork_channel, body)
+
+
+async def api_channels_receipt(request: Request, path) -> Receipt:
+    """The fork receipt of a run that is a fork: its source, resolved cursor and inherited state."""
+    return await db_of(request).read(get_receipt, path.channel_id)
+
+
+async def api_channels_savings(request: Request, path) -> Savings:
+    """What forking saved: the fork's inherited steps, tokens, cost and time, its tail's, and its forks'."""
+    return await db_of(request).read(savings_of, path.channel_id, reach_of(request))
+
+
+async def api_channels_fork_tree(request: Request, path) -> ForkTree:
+    """A run and all its forks, forks of forks too, each with where it forked and how far it got."""
+    return await db_of(request).read(fork_tree, path.channel_id, reach_of(request))
+
+
+def fork_form_values(request: Request, data: dict, flash: Optional[dict]) -> dict:
+    """The fork form's fields: what was typed (after an error), else the step asked for (the failure
+    banner's button), else the last good step of a failed run, else its last step; a free name."""
+    typed = dict(flash["form"]) if flash else {}
+    asked = page_query(request, RunPageQuery).fork_step
+    steps = [s["step_number"] for s in data["steps"]]
+    failure = data["failure"]
+    default = failure["last_good_step"] if failure and failure["last_good_step"] else (steps[-1] if steps else None)
+    step = asked if asked is not None else (typed.get("step") or default)
+    return {"step": str(step) if step is not None else "", "name": typed.get("name") or data["default_fork_name"],
+            "intervention": typed.get("intervention", ""), "tool_policies": typed.get("tool_policies", "")}
 
 
 async def page_tree(request: Request) -> Response:
@@ -9852,95 +9474,12 @@ async def page_tree(request: Request) -> Response:
     return render(request, "tree.html", {"title": f"Fork tree of {channel_id}", **data, "current": channel_id})
 
 
-async def page_diff(request: Request) -> Response:
-    query = page_query(request, DiffPageQuery)
-    left, right = query.left, query.right
-    diff, error, savings = None, None, None
-    if left and right:
-        try:
-            diff = await db_of(request).read(diff_channels, valid_channel(left, "left"), valid_channel(right, "right"))
-            savings = [("Left", await db_of(request).read(fork_saving, left)),
-                       ("Right", await db_of(request).read(fork_saving, right))]
-        except ActaeError as exc:
-            error = exc.message
-    channels = await db_of(request).read(list_channels)
-    return render(request, "diff.html", {"title": "Diff", "left": left, "right": right, "channels": channels[:1000],
-                                         "diff": diff, "error": error,
-                                         "savings": savings if savings and any(f for _, f in savings) else None},
-                    status=400 if error else 200)
-
-
-def ledger_filters(query: LedgerPageQuery) -> dict:
-    filters = {"channel_id": query.channel_id, "tool": query.tool, "status": query.status, "since": query.since}
-    if filters["channel_id"]:
-        valid_channel(filters["channel_id"])
-    if filters["status"] and filters["status"] not in EXECUTION_STATES:
-        raise BadRequest(f"status must be one of {', '.join(EXECUTION_STATES)}")
-    if filters["since"] and filters["since"] not in LEDGER_SINCE:
-        raise BadRequest(f"since must be one of {', '.join(LEDGER_SINCE)}")
-    filters["since_at"] = iso(utc_now() - LEDGER_SINCE[filters["since"]]) if filters["since"] else None
-    return filters
-
-
-async def page_ledger(request: Request) -> Response:
-    query = page_query(request, LedgerPageQuery)
-    filters = ledger_filters(query)
-    executions, blocked, before, tools = await db_of(request).read(ledger_page, filters, query.before)
-    shown = {k: v for k, v in filters.items() if v and k != "since_at"}
-    next_url = f"/ledger?{urlencode({**shown, 'before': before})}" if before else None
-    return render(request, "ledger.html", {
-        "title": "Ledger", "executions": executions, "blocked": blocked, "channel_id": filters["channel_id"] or "",
-        "tool": filters["tool"] or "", "status": filters["status"] or "", "since": filters["since"] or "",
-        "tools": tools, "statuses": list(EXECUTION_STATES), "since_choices": list(LEDGER_SINCE),
-        "filtered": bool(shown), "next_url": next_url})
-
-
-class FormError(BadRequest):
-    """A fork-form problem, naming the field it is about (None: the form as a whole)."""
-
-    def __init__(self, field_name: Optional[str], message: str, status: int = 400):
-        super().__init__(message, status=status)
-        self.field = field_name
-
-
-def form_json_object(form: dict, field_name: str, label: str) -> Optional[dict]:
-    text = form.get(field_name, "").strip()
-    if not text:
-        return None
-    try:
-        value = decode_json(text.encode("utf-8", "surrogatepass"), Any, label)
-    except ActaeError as exc:
-        raise FormError(field_name, exc.message)
-    if not isinstance(value, dict):
-        raise FormError(field_name, f"{label} must be a JSON object, like {{\"model\": \"slow\"}}")
-    return value
-
-
 def form_tool_policies(form: dict) -> Optional[dict]:
     policies = form_json_object(form, "tool_policies", "Tool policies")
     for tool, policy in (policies or {}).items():
         if policy not in TOOL_POLICIES:
             raise FormError("tool_policies", f"Tool policies: {tool!r} must map to one of {', '.join(TOOL_POLICIES)}")
     return policies
-
-
-def api_groups(document: dict) -> list:
-    """The OpenAPI document's operations as rows for the API page, grouped by tag in route order."""
-    groups: dict = {}
-    for path, methods in document["paths"].items():
-        for method, op in methods.items():
-            body = op.get("requestBody")
-            ref = next(iter(body["content"].values()))["schema"]["$ref"].rsplit("/", 1)[1] if body else None
-            groups.setdefault(op["tags"][0], []).append({
-                "method": method.upper(), "path": path, "public": op.get("security") == [],
-                "parameters": op["parameters"], "body": ref, "body_required": bool(body and body["required"])})
-    return list(groups.items())
-
-
-async def page_api(request: Request) -> Response:
-    document = request.app.services.openapi
-    return render(request, "api.html", {"title": "API", "groups": api_groups(document),
-                                        "schemas": document["components"]["schemas"]})
 
 
 def dashboard_fork_request(conn: Conn, channel_id: str, form: dict) -> Fork:
@@ -10012,1331 +9551,2129 @@ async def page_fork(request: Request) -> Response:
     return RedirectResponse(f"/runs/{req.new_channel_id}?created=1#continue", status_code=303)
 
 
-async def page_delete_confirm(request: Request) -> Response:
-    channel_id = path_channel(request)
-    plan = await db_of(request).read(deletion_plan, channel_id, reach_of(request))
-    flash = flash_store(request.app).get(page_query(request, FlashQuery).error)
-    return render(request, "delete.html", {"title": f"Delete {channel_id}", "plan": plan,
-                                           "error": flash["error"] if flash else None})
+FORKS_API_ROUTES = (
+    Api("POST", "/api/v1/channels/fork", api_channels_fork, body=Fork,
+        scopes=writes("body.source_channel_id", "body.new_channel_id")),
+    Api("GET", "/api/v1/channels/{channel_id}/forks", api_channels_forks, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/receipt", api_channels_receipt, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/fork-tree", api_channels_fork_tree, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/savings", api_channels_savings, scopes=reads(P)),
+)
 
 
-async def page_delete(request: Request) -> Response:
-    """Delete a run and its forks; only with the confirmation the confirm page's form sends."""
-    channel_id = path_channel(request)
-    form = await read_form(request)
-    if form.get("confirm") != channel_id:
-        return RedirectResponse(f"/runs/{channel_id}/delete", status_code=303)
-    try:
-        result = await db_of(request).write(delete_channel, channel_id, True, reach_of(request))
-    except (Conflict, Forbidden) as exc:
-        flash_id = flash_store(request.app).put({"error": exc.message})
-        return RedirectResponse(f"/runs/{channel_id}/delete?{urlencode({'error': flash_id})}", status_code=303)
-    query = urlencode({"deleted": channel_id, "count": len(result.deleted)})
-    return RedirectResponse(f"/?{query}", status_code=303)
+FORKS_PAGE_ROUTES = (
+    ("GET", "/runs/{channel_id}/tree", page_tree),
+    ("POST", "/runs/{channel_id}/fork", page_fork),
+)
 
-
-def require_admin_page(request: Request) -> None:
-    if not context_of(request).principal.is_admin:
-        raise Forbidden("only an admin may manage keys")
-
-
-def scopes_from_form(form: dict) -> dict:
-    """Comma- or space-separated patterns per action, checked like the API's scopes."""
-    fields = {action: [p for p in re.split(r"[\s,]+", form.get(action, "")) if p] for action in ACTIONS[:3]}
-    fields["admin"] = ["*"] if form.get("admin") else []
-    return msgspec.structs.asdict(record_from(Scopes, fields, "scopes"))
-
-
-async def keys_context(request: Request, created: Optional[dict] = None, error: Optional[str] = None) -> dict:
-    return {"title": "Keys", "active": "keys", "keys": await db_of(request).read(list_keys), "created": created,
-            "error": error}
-
-
-async def page_keys(request: Request) -> Response:
-    require_admin_page(request)
-    return render(request, "keys.html", await keys_context(request))
-
-
-async def page_keys_create(request: Request) -> Response:
-    require_admin_page(request)
-    form = await read_form(request)
-    try:
-        name = form.get("name", "").strip()
-        if not name:
-            raise BadRequest("give the key a name")
-        days_text = form.get("expires_in_days", "").strip()
-        days = record_from(CreateKey, {"name": name, "scopes": {}, "expires_in_days": float(days_text)},
-                           "key").expires_in_days if days_text else None
-        created = await change_keys(request, create_key, name, scopes_from_form(form), days)
-    except (ActaeError, ValueError) as exc:
-        message = exc.message if isinstance(exc, ActaeError) else "expiry must be a number of days"
-        return render(request, "keys.html", await keys_context(request, error=message), status=400)
-    return render(request, "keys.html", await keys_context(request, created=created))
-
-
-async def page_keys_revoke(request: Request) -> Response:
-    require_admin_page(request)
-    key_id = decode_params(request.path_params, path_record("/{key_id}"), "path").key_id
-    await change_keys(request, revoke_key, key_id)
-    return RedirectResponse("/keys", status_code=303)
+FORKS = declare(Region(
+    "forks", features=("forks",), routes=FORKS_API_ROUTES, pages=FORKS_PAGE_ROUTES, lone_writes=(fork_channel,),
+    channel_writes=((fork_channel, lambda req: (req.source_channel_id, req.new_channel_id)),)))
 
 
 # =============================================================================
-# Connections: bounds an unauthenticated client cannot pass, around uvicorn's protocol
+# Diff and outcome: records
 # =============================================================================
-# uvicorn has a keep-alive timeout and a concurrency limit, but no bound on a request's head, no
-# deadline for headers or body, and it waits for a silent connection for ever. BoundedHttp stands
-# between the socket and uvicorn's own httptools protocol: it reads each request's head with a
-# parser of its own (httptools' callbacks), holds every request to the bounds, and hands the bytes
-# on. uvicorn answers everything (the ASGI cycle, keep-alive, pipelining, 100-continue, upgrades).
+
+class PairQuery(Record):
+    left: ChannelId
+    right: ChannelId
 
 
-REFUSALS = {
-    408: ("Request Timeout", "request_timeout", "the request did not arrive in time"),
-    431: ("Request Header Fields Too Large", "headers_too_large", "the request's headers are too large or too many"),
-}
+class SetOutcome(Record):
+    outcome: Literal[OUTCOMES]
+    score: Optional[float] = None
 
 
-def refusal(status: int) -> bytes:
-    """A complete response with the JSON error body, written by the connection itself."""
-    reason, code, message = REFUSALS[status]
-    body = error_body(code, message)
-    head = (f"HTTP/1.1 {status} {reason}\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n"
-            "connection: close\r\n\r\n")
-    return head.encode("ascii") + body
+class DiffPageQuery(Record):
+    left: PageText = ""
+    right: PageText = ""
 
 
-def uvicorn_http_protocol() -> type:
-    """uvicorn's httptools protocol, the class `uvicorn --http httptools` runs. BoundedHttp makes it
-    with the keywords uvicorn hands a protocol and speaks to it only as an asyncio.Protocol."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-    return HttpToolsProtocol
+class StateAt(Answer):
+    channel_id: str
+    cursor: Optional[int]
+    state: Json
 
 
-class HeadTooLarge(Exception):
-    """Raised in a parser callback: a request's head passed a bound (httptools stops there)."""
+class Ancestor(Answer):
+    channel_id: str
+    parent_channel_id: Optional[str]
+    forked_at_cursor: Optional[int]
+    display_name: Optional[str]
+    reason: Optional[str]
 
 
-class ConnectionTransport:
-    """The transport uvicorn's protocol writes to: the socket's, with the writes of one turn of the
-    event loop joined (an answer's head and body leave in one send, not two), and nothing written
-    once the connection is closing, so an answer to a client that went away is simply dropped."""
-
-    def __init__(self, transport: asyncio.Transport, connection: "BoundedHttp"):
-        self.transport, self.connection = transport, connection
-        self.pending: list = []
-        self.closed = False
-
-    def write(self, data: bytes) -> None:
-        if self.closed or not data:
-            return
-        if not self.pending:
-            self.connection.loop.call_soon(self.flush)
-        self.pending.append(data)
-        self.connection.answered = True
-
-    def writelines(self, lines) -> None:
-        for data in lines:
-            self.write(data)
-
-    def flush(self) -> None:
-        if self.pending and not self.transport.is_closing():
-            data = self.pending[0] if len(self.pending) == 1 else b"".join(self.pending)
-            self.pending = []
-            self.transport.write(data)
-        self.pending = []
-
-    def close(self) -> None:
-        if not self.closed:
-            self.flush()
-            self.closed = True
-            self.transport.close()
-
-    def abort(self) -> None:
-        self.pending, self.closed = [], True
-        self.transport.abort()
-
-    def is_closing(self) -> bool:
-        return self.closed or self.transport.is_closing()
-
-    def get_extra_info(self, name: str, default: Any = None) -> Any:
-        return self.transport.get_extra_info(name, default)
-
-    def pause_reading(self) -> None:
-        self.connection.reading_paused = True
-        self.transport.pause_reading()
-
-    def resume_reading(self) -> None:
-        self.connection.reading_paused = False
-        self.transport.resume_reading()
-
-    def is_reading(self) -> bool:
-        return self.transport.is_reading()
-
-    def set_write_buffer_limits(self, high: Optional[int] = None, low: Optional[int] = None) -> None:
-        self.transport.set_write_buffer_limits(high, low)
-
-    def get_write_buffer_size(self) -> int:
-        return self.transport.get_write_buffer_size() + sum(len(data) for data in self.pending)
-
-    def get_write_buffer_limits(self) -> tuple:
-        return self.transport.get_write_buffer_limits()
-
-    def can_write_eof(self) -> bool:
-        return self.transport.can_write_eof()
-
-    def write_eof(self) -> None:
-        self.flush()
-        self.transport.write_eof()
-
-    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
-        self.connection.upgraded(protocol)       # the WebSocket's protocol takes the connection over
-
-    def get_protocol(self) -> asyncio.BaseProtocol:
-        return self.connection.inner
+class DiffEntry(Answer):
+    path: list[str]
+    kind: Literal["added", "removed", "changed"]
+    left: Json
+    right: Json
 
 
-class BoundedHttp(asyncio.Protocol):
-    """One connection: uvicorn's protocol behind bounds on each request's head (bytes and count:
-    431), a deadline for the head (from the connection, or from the next request's first byte)
-    and one for the whole body (408), so dripping a byte at a time holds nothing for long. Any
-    number of pipelined requests in one read are each measured on their own. `settings` is set on
-    the subclass that `bounded_http` makes."""
+class ChannelDiff(Answer):
+    left_channel_id: str
+    right_channel_id: str
+    left: StateAt
+    right: StateAt
+    common: Optional[StateAt]
+    left_diverged_at_cursor: Optional[int]
+    right_diverged_at_cursor: Optional[int]
+    entries: list[DiffEntry]
+    truncated: bool
+    entry_count_total: int
+    max_entries: int
 
-    settings: Settings
-    arrivals: Optional[Arrivals] = None
 
-    def __init__(self, **uvicorn_keywords):
-        self.inner: asyncio.BaseProtocol = uvicorn_http_protocol()(**uvicorn_keywords)
-        self.loop = uvicorn_keywords.get("_loop") or asyncio.get_event_loop()
-        self.parser = httptools.HttpRequestParser(self)
-        with contextlib.suppress(AttributeError):    # as uvicorn's parser: answer a request sent before a close
-            self.parser.set_dangerous_leniencies(lenient_data_after_close=True)
-        self.watching = True                        # False after an upgrade or a request uvicorn refuses
-        self.in_head = self.body_expected = self.answered = self.reading_paused = self.too_large = False
-        self.head_bytes = self.head_count = self.head_read = self.head_carried = self.reads = 0
-        self.deadline: Optional[asyncio.TimerHandle] = None
-        self.transport: Optional[ConnectionTransport] = None
+class ToolSummary(Answer):
+    key_name: str
+    tool_name: str
+    status: str
 
-    # --- asyncio.Protocol ---
 
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = ConnectionTransport(transport, self)
-        self.inner.connection_made(self.transport)
-        self.arm(self.settings.header_timeout, self.headers_timed_out)
+class ToolChange(Answer):
+    key_name: str
+    left: ToolSummary
+    right: ToolSummary
 
-    def connection_lost(self, exc: Optional[Exception]) -> None:
-        self.disarm()
-        self.transport.closed = True
-        self.inner.connection_lost(exc)
 
-    def eof_received(self) -> Optional[bool]:
-        return self.inner.eof_received()
+class ToolDiff(Answer):
+    only_left: list[ToolSummary]
+    only_right: list[ToolSummary]
+    changed: list[ToolChange]
 
-    def pause_writing(self) -> None:
-        self.inner.pause_writing()
 
-    def resume_writing(self) -> None:
-        self.inner.resume_writing()
+class OutputDiff(Answer):
+    left: Json
+    right: Json
+    entries: list[DiffEntry]
 
-    def data_received(self, data: bytes) -> None:
-        if self.transport.is_closing():
-            return
-        if self.watching and not self.watch(data):
-            return
-        self.inner.data_received(data)
 
-    def upgraded(self, protocol: asyncio.BaseProtocol) -> None:
-        self.watching, self.inner = False, protocol
-        self.disarm()
+class RunFigures(Answer):
+    """Counts and duration of a run; tokens and cost summed from step payloads that report them."""
 
-    # --- the head of each request, read by our own parser ---
+    event_count: int
+    step_count: int
+    tool_calls: int
+    duration_seconds: float
+    tokens: float
+    cost: float
 
-    def watch(self, data: bytes) -> bool:
-        """Measure the requests in `data`; False when a bound was broken (the connection is refused)."""
-        self.reads += 1
-        if not self.in_head and self.deadline is None:    # the first byte of the next request
-            self.arm(self.settings.header_timeout, self.headers_timed_out)
+
+class FiguresDiff(Answer):
+    left: RunFigures
+    right: RunFigures
+    delta: RunFigures
+
+
+class Comparison(Answer):
+    left_channel_id: str
+    right_channel_id: str
+    state_diff: ChannelDiff
+    manifest_diff: list[DiffEntry]
+    tool_diff: ToolDiff
+    output_diff: OutputDiff
+    metrics: FiguresDiff
+
+
+class OutcomeAnswer(Done, kw_only=True):
+    channel_id: str
+    outcome: Optional[str]
+    result_score: Optional[float]
+
+
+class Promotion(Done, kw_only=True):
+    replayed: bool
+    parent_channel_id: str
+    child_channel_id: str
+    event: Event
+    state_version: Optional[int]
+
+
+class Trail(Answer):
+    channel_id: str
+    origin_run_id: str
+    ancestry: list[Ancestor]
+    boundary: Optional[StateAt]
+    executions: list[Execution]
+
+
+# =============================================================================
+# Diff and outcome: diff, compare, the decision trail, outcome, promote
+# =============================================================================
+
+def diff_values(left: Json, right: Json, path: tuple = ()) -> list[DiffEntry]:
+    """Keys/indexes only on the right are added, only on the left removed, on both but unequal changed."""
+    if isinstance(left, dict) and isinstance(right, dict):
+        entries = []
+        for key in sorted(set(left) | set(right), key=str):
+            sub = (*path, str(key))
+            if key not in left:
+                entries.append(DiffEntry(path=list(sub), kind="added", left=None, right=right[key]))
+            elif key not in right:
+                entries.append(DiffEntry(path=list(sub), kind="removed", left=left[key], right=None))
+            else:
+                entries += diff_values(left[key], right[key], sub)
+        return entries
+    if isinstance(left, list) and isinstance(right, list):
+        entries = []
+        for i in range(max(len(left), len(right))):
+            sub = (*path, str(i))
+            if i >= len(left):
+                entries.append(DiffEntry(path=list(sub), kind="added", left=None, right=right[i]))
+            elif i >= len(right):
+                entries.append(DiffEntry(path=list(sub), kind="removed", left=left[i], right=None))
+            else:
+                entries += diff_values(left[i], right[i], sub)
+        return entries
+    if type(left) is type(right) and left == right:
+        return []
+    return [DiffEntry(path=list(path), kind="changed", left=left, right=right)]
+
+
+def common_ancestor(conn: Conn, left_id: str, right_id: str) -> dict:
+    """The lowest common ancestor of two channels and the cursor on it where each side left."""
+    left_chain, right_chain = lineage(conn, left_id), lineage(conn, right_id)
+    right_by_id = {row["id"]: leave for row, leave in right_chain}
+    for row, left_leave in left_chain:
+        if row["id"] in right_by_id:
+            right_leave = right_by_id[row["id"]]
+            shared = min((c for c in (left_leave, right_leave) if c is not None), default=None)
+            return {"channel_id": row["id"], "cursor": shared, "left": left_leave, "right": right_leave}
+    return {}
+
+
+def diff_channels(conn: Conn, left_id: str, right_id: str) -> ChannelDiff:
+    """GET /channels/diff: latest states compared, plus the state both sides share."""
+    left, right = latest_state(conn, left_id), latest_state(conn, right_id)
+    ancestor = common_ancestor(conn, left_id, right_id)
+    common = None
+    if ancestor:
+        at = state_row_at(conn, ancestor["channel_id"], ancestor["cursor"])
+        cursor = ancestor["cursor"] if ancestor["cursor"] is not None else (at["cursor"] if at else 0)
+        common = StateAt(channel_id=ancestor["channel_id"], cursor=cursor, state=state_value(conn, at) if at else None)
+    entries = diff_values(left.state, right.state)
+    return ChannelDiff(
+        left_channel_id=left_id, right_channel_id=right_id,
+        left=StateAt(channel_id=left_id, cursor=left.cursor, state=left.state),
+        right=StateAt(channel_id=right_id, cursor=right.cursor, state=right.state),
+        common=common,
+        left_diverged_at_cursor=ancestor.get("left"), right_diverged_at_cursor=ancestor.get("right"),
+        entries=entries[:DIFF_MAX_ENTRIES], truncated=len(entries) > DIFF_MAX_ENTRIES,
+        entry_count_total=len(entries), max_entries=DIFF_MAX_ENTRIES)
+
+
+def decision_trail(conn: Conn, channel_id: str, reach: "Reach") -> Trail:
+    """A run's ancestry (an ancestor `reach` does not see keeps its id, which the fork's own record
+    holds, and nothing else of its own), the state it forked from, and its tool executions."""
+    chain = lineage(conn, channel_id)
+    row = chain[0][0]
+    boundary = None
+    if row["parent_id"] is not None:
+        at = state_row_at(conn, row["parent_id"], row["resolved_cursor"]) if row["restorable"] else None
+        boundary = StateAt(channel_id=row["parent_id"], cursor=row["resolved_cursor"],
+                           state=state_value(conn, at) if at else None)
+    return Trail(
+        channel_id=channel_id, origin_run_id=row["origin_id"],
+        ancestry=[Ancestor(channel_id=r["id"], parent_channel_id=r["parent_id"], forked_at_cursor=r["resolved_cursor"],
+                           display_name=r["display_name"] if reach.sees(r["id"]) else None,
+                           reason=r["reason"] if reach.sees(r["id"]) else None) for r, _ in chain],
+        boundary=boundary, executions=channel_executions(conn, channel_id))
+
+
+def run_figures(conn: Conn, channel_id: str, tool_calls: int) -> RunFigures:
+    row = stretch_row(conn, channel_id, None)              # usage as the one rule kept it (usage_of)
+    cost = 0 if row["cost"] is None else round(float(row["cost"]), 9)
+    duration = (millis_between(row["first"], row["last"]) or 0) / 1000
+    return RunFigures(event_count=row["n"], step_count=row["steps"], tool_calls=tool_calls, duration_seconds=duration,
+                      tokens=int(row["tin"]) + int(row["tout"]), cost=cost)
+
+
+def last_output(conn: Conn, channel_id: str) -> Json:
+    row = conn.execute("SELECT payload FROM events WHERE channel_id = ? AND step_number IS NOT NULL"
+                       " ORDER BY cursor DESC LIMIT 1", (channel_id,)).fetchone()
+    payload = load(row["payload"]) if row else None
+    return payload.get("output") if isinstance(payload, dict) else None
+
+
+def tool_summary(execution: Execution) -> ToolSummary:
+    return ToolSummary(key_name=execution.key_name, tool_name=execution.tool_name, status=execution.status)
+
+
+def figures_delta(left: RunFigures, right: RunFigures) -> RunFigures:
+    return RunFigures(**{name: getattr(right, name) - getattr(left, name) for name in RunFigures.__struct_fields__})
+
+
+def compare_channels(conn: Conn, left_id: str, right_id: str) -> Comparison:
+    left_meta, right_meta = get_metadata(conn, left_id), get_metadata(conn, right_id)
+    left_tools, right_tools = ({e.key_name: tool_summary(e) for e in channel_executions(conn, cid)}
+                               for cid in (left_id, right_id))
+    left_metrics, right_metrics = run_figures(conn, left_id, len(left_tools)), run_figures(conn, right_id, len(right_tools))
+    outputs = (last_output(conn, left_id), last_output(conn, right_id))
+    return Comparison(
+        left_channel_id=left_id, right_channel_id=right_id,
+        state_diff=diff_channels(conn, left_id, right_id),
+        manifest_diff=diff_values(left_meta.manifest, right_meta.manifest),
+        tool_diff=ToolDiff(
+            only_left=[t for k, t in left_tools.items() if k not in right_tools],
+            only_right=[t for k, t in right_tools.items() if k not in left_tools],
+            changed=[ToolChange(key_name=k, left=t, right=right_tools[k])
+                     for k, t in left_tools.items() if k in right_tools and t != right_tools[k]]),
+        output_diff=OutputDiff(left=outputs[0], right=outputs[1], entries=diff_values(*outputs)),
+        metrics=FiguresDiff(left=left_metrics, right=right_metrics, delta=figures_delta(left_metrics, right_metrics)))
+
+
+def set_outcome(tx: Tx, channel_id: str, outcome: str, score: Optional[float]) -> OutcomeAnswer:
+    require_channel(tx.conn, channel_id)
+    tx.conn.execute("UPDATE channels SET outcome = ?, result_score = COALESCE(?, result_score), updated_at = ?"
+                    " WHERE id = ?", (outcome, score, tx.ts, channel_id))
+    row = channel_by_id(tx.conn, channel_id)
+    return OutcomeAnswer(channel_id=channel_id, outcome=row["outcome"], result_score=row["result_score"])
+
+
+def promote_channel(tx: Tx, child_id: str) -> Promotion:
+    """Merge a fork into its parent, append-only: the parent gets a `channel.promoted` event and a
+    new state version equal to the fork's latest state (its history is untouched); the fork's
+    outcome becomes `promoted`. Promoting the same fork state again replays the first promotion.
+    """
+    child = require_channel(tx.conn, child_id)
+    parent_id = child["parent_id"]
+    if parent_id is None:
+        raise BadRequest(f"channel {child_id} is not a fork; only a fork can be promoted into its parent")
+    latest = state_row_at(tx.conn, child_id, None)
+    latest_version = latest["version"] if latest else None
+    if child["promoted_event_id"] is not None and child["promoted_version"] == latest_version:
+        event = event_of(present(row_where(tx.conn, "events", id=child["promoted_event_id"]),
+                                 lambda: NotFound("promotion event is gone")))
+        version = tx.conn.execute("SELECT MAX(version) FROM states WHERE channel_id = ? AND cursor = ?",
+                                  (parent_id, event.cursor)).fetchone()[0]
+        return Promotion(replayed=True, parent_channel_id=parent_id, child_channel_id=child_id, event=event,
+                         state_version=version)
+    event = append_event(tx, parent_id, "channel.promoted", {
+        "child_channel_id": child_id, "child_state_version": latest_version,
+        "child_latest_cursor": child["last_cursor"],
+    })
+    version = insert_state(tx, parent_id, event.cursor, whole_copy(tx.conn, latest), latest["sha256"],
+                           latest["status"]) if latest else None
+    tx.conn.execute("UPDATE channels SET outcome = 'promoted', promoted_event_id = ?, promoted_version = ?,"
+                    " updated_at = ? WHERE id = ?", (event.id, latest_version, tx.ts, child_id))
+    return Promotion(replayed=False, parent_channel_id=parent_id, child_channel_id=child_id, event=event,
+                     state_version=version)
+
+
+# =============================================================================
+# Diff and outcome: handlers, routes and the diff page
+# =============================================================================
+
+async def api_channels_diff(request: Request, query: PairQuery) -> ChannelDiff:
+    """Compare the latest states of two runs, with the state they share."""
+    return await db_of(request).read(diff_channels, query.left, query.right)
+
+
+async def api_channels_compare(request: Request, query: PairQuery) -> Comparison:
+    """Compare two runs side by side: state, manifest, tool calls, outputs and figures."""
+    return await db_of(request).read(compare_channels, query.left, query.right)
+
+
+async def api_channels_trail(request: Request, path) -> Trail:
+    """A run's decision trail: its ancestry, the state it forked from and the tool executions on it."""
+    return await db_of(request).read(decision_trail, path.channel_id, reach_of(request))
+
+
+async def api_channels_outcome(request: Request, path, body: SetOutcome) -> OutcomeAnswer:
+    """Set a run's outcome (and score)."""
+    return await db_of(request).write(set_outcome, path.channel_id, body.outcome, body.score)
+
+
+async def api_channels_promote(request: Request, path, body: Empty) -> Promotion:
+    """Promote a fork into its parent: the parent gets the fork's latest state as a new version."""
+    return await db_of(request).write(promote_channel, path.channel_id)
+
+
+async def page_diff(request: Request) -> Response:
+    query = page_query(request, DiffPageQuery)
+    left, right = query.left, query.right
+    diff, error, savings = None, None, None
+    if left and right:
         try:
-            self.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            self.watching = False
-        except httptools.HttpParserError:
-            if self.too_large:
-                self.refuse(431)
-                return False
-            self.watching = False                      # malformed: uvicorn's parser answers 400
-        if self.in_head:
-            # An unfinished head: its bytes in earlier reads count whole, this read's from its start.
-            self.head_carried += len(data) if self.head_read < self.reads else 0
-            if max(self.head_bytes, self.head_carried) > self.settings.max_header_bytes:
-                self.refuse(431)
-                return False
-        return True
-
-    def on_message_begin(self) -> None:
-        self.in_head, self.body_expected, self.answered, self.too_large = True, False, False, False
-        self.head_bytes = self.head_count = self.head_carried = 0
-        self.head_read = self.reads
-        if self.deadline is None:
-            self.arm(self.settings.header_timeout, self.headers_timed_out)
-
-    def on_url(self, url: bytes) -> None:
-        self.head_bytes += len(url) + 16            # the method and version around it
-        self.check_head()
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.head_count += 1
-        self.head_bytes += len(name) + len(value) + 4
-        if len(name) in (14, 17) and name.lower() in (b"content-length", b"transfer-encoding"):
-            self.body_expected = name.lower() == b"transfer-encoding" or value.strip() not in (b"", b"0")
-        self.check_head()
-
-    def check_head(self) -> None:
-        if self.head_bytes > self.settings.max_header_bytes or self.head_count > self.settings.max_headers:
-            self.too_large = True
-            raise HeadTooLarge()
-
-    def on_headers_complete(self) -> None:
-        self.in_head = False
-        self.disarm()
-        if self.arrivals is not None and not self.parser.should_upgrade():
-            self.arrivals.heads += 1
-        if self.body_expected and not self.parser.should_upgrade():
-            self.arm(self.settings.body_timeout, self.body_timed_out)
-
-    def on_message_complete(self) -> None:
-        self.disarm()
-
-    # --- deadlines and refusals ---
-
-    def arm(self, seconds: float, callback: Callable) -> None:
-        self.disarm()
-        self.deadline = self.loop.call_later(seconds, callback)
-
-    def disarm(self) -> None:
-        if self.deadline is not None:
-            self.deadline.cancel()
-            self.deadline = None
-
-    def headers_timed_out(self) -> None:
-        self.deadline = None
-        if self.in_head:
-            self.refuse(408)
-        elif not self.transport.is_closing():
-            self.transport.close()                  # a silent connection gets no answer, just closed
-
-    def body_timed_out(self) -> None:
-        self.deadline = None
-        if self.reading_paused:                     # uvicorn stopped reading (the app is slow), not the client
-            self.arm(self.settings.body_timeout, self.body_timed_out)
-        else:
-            self.refuse(408)
-
-    def refuse(self, status: int) -> None:
-        """Answer (unless an answer to this request has begun) and close: the client broke a bound."""
-        self.disarm()
-        self.watching = False
-        if not self.transport.is_closing():
-            if not self.answered:
-                self.transport.write(refusal(status))
-            self.transport.close()
+            diff = await db_of(request).read(diff_channels, valid_channel(left, "left"), valid_channel(right, "right"))
+            savings = [("Left", await db_of(request).read(fork_saving, left)),
+                       ("Right", await db_of(request).read(fork_saving, right))]
+        except ActaeError as exc:
+            error = exc.message
+    channels = await db_of(request).read(list_channels)
+    return render(request, "diff.html", {"title": "Diff", "left": left, "right": right, "channels": channels[:1000],
+                                         "diff": diff, "error": error,
+                                         "savings": savings if savings and any(f for _, f in savings) else None},
+                    status=400 if error else 200)
 
 
-def bounded_http(settings: Settings, arrivals: Optional["Arrivals"] = None) -> type:
-    return type("ActaeHttp", (BoundedHttp,), {"settings": settings, "arrivals": arrivals})
+DIFF_API_ROUTES = (
+    Api("GET", "/api/v1/channels/diff", api_channels_diff, query=PairQuery, scopes=reads("query.left", "query.right")),
+    Api("GET", "/api/v1/channels/compare", api_channels_compare, query=PairQuery,
+        scopes=reads("query.left", "query.right")),
+    Api("GET", "/api/v1/channels/{channel_id}/trail", api_channels_trail, scopes=reads(P)),
+    Api("PATCH", "/api/v1/channels/{channel_id}/outcome", api_channels_outcome, body=SetOutcome, scopes=writes(P)),
+    Api("POST", "/api/v1/channels/{channel_id}/promote", api_channels_promote, body=Empty, body_optional=True,
+        scopes=writes(P, "parent.channel_id")),
+)
 
 
-@dataclass
-class Arrivals:
-    """Requests whose head this server's connections have read: with the answers the app has
-    finished, it says how many are in flight, tasks uvicorn made and has not run yet included
-    (a lone write commits on the event loop only when it is the one)."""
+DIFF_PAGE_ROUTES = (
+    ("GET", "/diff", page_diff),
+)
 
-    heads: int = 0
-
-
-def raise_open_file_limit() -> None:
-    """Each connection is a file descriptor: the default soft limit (often 1024) starves new clients."""
-    try:
-        import resource
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if hard == resource.RLIM_INFINITY or hard > soft:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (hard if hard != resource.RLIM_INFINITY else 65536, hard))
-    except (ImportError, ValueError, OSError):
-        pass                                      # not on this platform, or not allowed: keep the default
+DIFF = declare(Region("diff and outcome", routes=DIFF_API_ROUTES, pages=DIFF_PAGE_ROUTES,
+                      nav=(NavLink("Diff", "/diff", "diff", place=30),)))
 
 
 # =============================================================================
-# The request path: one for every route (API, pages, streams, static files, WebSocket)
+# Ledger: records
 # =============================================================================
-# Each concern of a request is defined once here and applies to every kind of route: the Host
-# check (host_refusal), the route table (RouteIndex), errors mapped to HTTP (error_response), gzip
-# (gzipped), the security headers (SECURITY_HEADERS) and the note each finished request leaves
-# (note_request, which the REQUEST_OBSERVERS hear). ActaeApp is a plain ASGI app: wrapped in any
-# ASGI middleware, or served by another ASGI server, it answers the same.
-
-SECURITY_HEADERS = [
-    (b"content-security-policy", b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                                 b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'; object-src 'none'"),
-    (b"x-frame-options", b"DENY"),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"same-origin"),
-]
-GZIP_MIN_BYTES = 1024                  # replays and pages shrink several times over; small answers do not pay
-REFUSED_CODING = re.compile(rb"\s*q\s*=\s*0(\.0*)?\s*")     # an Accept-Encoding entry's ";q=0"
+# --- the execution ledger ---------------------------------------------------------------
 
 
-def host_name(host: str) -> str:
-    """The name part of a Host header, lower-case: `[::1]:8002` -> `[::1]`, `Localhost:80` -> `localhost`."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host.partition("]")[0] + "]"
-    return host.partition(":")[0]
+class Claim(Record):
+    channel_id: ChannelId
+    key_name: Annotated[str, Meta(min_length=1, max_length=KEY_NAME_MAX_BYTES)]
+    tool_name: Name
+    params: Document = None
+    dedup_fields: Optional[Annotated[list[Label], Meta(max_length=LIST_MAX)]] = None
+    lease_seconds: Lease = LEASE_DEFAULT
+    emit_replay_event: bool = False
+    actor: Optional[Label] = None
+
+    def __post_init__(self):
+        if len(self.key_name.encode("utf-8", "surrogatepass")) > KEY_NAME_MAX_BYTES:   # bytes, not characters
+            raise ValueError(f"key_name must be at most {KEY_NAME_MAX_BYTES} bytes as UTF-8")
 
 
-def host_header(scope: dict) -> str:
-    return next((v.decode("latin-1") for k, v in scope["headers"] if k == b"host"), "")
+class ClaimToken(Record):
+    claim_token: Optional[Token] = None
 
 
-def served_hosts(settings: Settings) -> frozenset:
-    bound = f"[{settings.host}]" if ":" in settings.host else settings.host
-    return frozenset({"localhost", "127.0.0.1", "[::1]", bound.lower(), *(h.lower() for h in settings.allow_hosts)})
+class Complete(ClaimToken):
+    result: Document = None
 
 
-def host_refusal(hosts: frozenset, scope: dict) -> Optional[BadRequest]:
-    """None for a Host we serve, else the 400 that refuses it (a DNS-rebinding page names its own)."""
-    host = host_header(scope)
-    if host_name(host) in hosts:
-        return None
-    return BadRequest(f"host {host[:100]!r} is not served here; start the server with --allow-host NAME to serve it")
+class Fail(ClaimToken):
+    message: Optional[LongText] = None
+    error_type: Optional[Label] = None
+    stack: Optional[LongText] = None
 
 
-def accepts_gzip(scope: dict) -> bool:
-    """Whether Accept-Encoding accepts gzip: named (or, when it is not named, `*`) with a q-value
-    above 0; coding names are case-insensitive."""
-    accepted: dict = {}
-    for name, value in scope["headers"]:
-        if name == b"accept-encoding":
-            for coding in value.lower().split(b","):
-                token, _, params = coding.partition(b";")
-                accepted[token.strip()] = not REFUSED_CODING.fullmatch(params)
-    return accepted.get(b"gzip", accepted.get(b"*", False))
+class Heartbeat(ClaimToken):
+    lease_seconds: Optional[Lease] = None
 
 
-def gzipped(scope: dict, headers: list, body: bytes) -> tuple:
-    """(headers, body), gzipped when the client accepts it and the body is worth it. Level 1: a 300 KB
-    state compresses in 3 ms at it, 13 ms at level 5 (on the event loop, for 15% fewer bytes)."""
-    if len(body) < GZIP_MIN_BYTES or not accepts_gzip(scope):
-        return headers, body
-    body = gzip.compress(body, compresslevel=1, mtime=0)
-    headers = [(k, v) for k, v in headers if k != b"content-length"]
-    return headers + [(b"content-length", str(len(body)).encode()), (b"content-encoding", b"gzip"),
-                      (b"vary", b"accept-encoding")], body
+class ExecutionsQuery(Record):
+    channel_id: Optional[ChannelId] = None
+    limit: Annotated[int, Meta(ge=1, le=EXECUTIONS_LIMIT_MAX)] = 50
 
 
-class MethodNotAllowed(ActaeError, status=405, code="method_not_allowed"):
-    """The path exists; the method is not one it answers."""
+class LedgerPageQuery(Record):
+    channel_id: Optional[PageText] = None
+    tool: Optional[PageText] = None
+    status: Optional[PageText] = None       # one of EXECUTION_STATES
+    since: Optional[PageText] = None        # one of LEDGER_SINCE
+    before: Optional[PageText] = None       # the next page's token
 
 
-def error_response(request: Request, exc: Exception) -> Response:
-    """The one mapping of a failure to its HTTP answer, for every kind of route: an ActaeError is
-    its status and `{"status": code, "error": message}` (a page gets the error page instead, a
-    region its own shape through `context_of(request).error_shape`); anything else is a bug, logged once
-    and answered as an Internal error, so the connection stays sound."""
-    if isinstance(exc, ClientDisconnect):
-        return Response(status_code=499)          # nobody is left to read it: not a bug, nothing to log
-    if not isinstance(exc, ActaeError):
-        log.error("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-        exc = Internal(f"internal error ({type(exc).__name__}); the server log has the details")
-    shape = context_of(request).error_shape
-    if shape is not None:
-        return shape(exc)
-    if is_page(request) and exc.status != 401:
-        try:
-            return render(request, "error.html", {"title": f"Error {exc.status}", "status": exc.status,
-                                                  "message": exc.message}, status=exc.status)
-        except jinja2.TemplateError:
-            log.exception("error page failed to render")
-    return Response(error_body(exc.code, exc.message), status_code=exc.status, media_type="application/json")
+class ExecutionAnswer(Answer):
+    execution: Execution
 
 
-ACCESS_LOG = logging.getLogger("actae.access")
+class Executions(Answer):
+    executions: list[Execution]
 
 
-class AccessLines:
-    """The access log of a server that main() started: each request leaves a tuple here, and one
-    thread turns them into lines and writes them together a few times a second, as the log's own
-    lines read (text or JSON). A request pays for an append to a deque (thread-safe without a lock),
-    not for a log record, a format and a write; the thread writes each line straight from its tuple,
-    not through a LogRecord and a Formatter (those were 4% of server CPU per write under 32 writers).
-    The thread lives as long as the process (a timer thread per batch made the event loop wait for
-    each new thread to start)."""
+# =============================================================================
+# Ledger: the execution ledger and fork tool policies
+# =============================================================================
 
-    FLUSH_SECONDS = 0.25
-
-    def __init__(self, handler: "BatchedLines", form: str):
-        self.handler, self.pending = handler, collections.deque()
-        self.line_of = self.json_line if form == "json" else self.text_line
-        self.second, self.stamp = -1, ""
-        self.writer: Optional[threading.Thread] = None
-        self.starting = threading.Lock()
-
-    def add(self, entry: tuple) -> None:
-        self.pending.append(entry)
-        if self.writer is None:
-            self.start_writer()
-
-    def start_writer(self) -> None:
-        with self.starting:
-            if self.writer is None:
-                self.writer = threading.Thread(target=self.write_every_while, name="actae-access-log", daemon=True)
-                self.writer.start()
-
-    def write_every_while(self) -> None:
-        while True:
-            time.sleep(self.FLUSH_SECONDS)
-            self.flush()
-
-    def flush(self) -> None:
-        entries = [self.pending.popleft() for _ in range(len(self.pending))]
-        if entries:
-            self.handler.write_lines_now([self.line_of(*entry) for entry in entries])
-
-    def text_line(self, at: float, method: str, route: str, status: int, seconds: float, who: str) -> str:
-        """As logging.Formatter's "%(asctime)s %(levelname)s %(name)s: %(message)s" reads it."""
-        second = int(at)
-        if second != self.second:                   # strftime once a second, not once a line
-            self.second, self.stamp = second, time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(second))
-        return (f"{self.stamp},{int((at - second) * 1000):03d} INFO {ACCESS_LOG.name}: "
-                + access_message(method, route, status, seconds, who))
-
-    @staticmethod
-    def json_line(at: float, method: str, route: str, status: int, seconds: float, who: str) -> str:
-        return json_log_line(at, "info", ACCESS_LOG.name, access_message(method, route, status, seconds, who),
-                             {"method": method, "route": route, "status": status,
-                              "duration_ms": round(seconds * 1000, 2), "principal": who})
+def execution_of(row: Row) -> Execution:
+    return Execution(
+        id=row["id"], channel_id=row["channel_id"], key_name=row["key_name"], tool_name=row["tool_name"],
+        status=row["status"], attempts=row["attempts"], lease_until=row["lease_until"],
+        started_cursor=row["started_cursor"], completed_cursor=row["completed_cursor"],
+        started_event_id=row["started_event_id"], completed_event_id=row["completed_event_id"],
+        replay_emitted=bool(row["replay_emitted"]), params=load(row["params"]), result=load(row["result"]),
+        error=load(row["error"]), inherited_from=row["inherited_from"], created_at=row["created_at"],
+        updated_at=row["updated_at"], completed_at=row["completed_at"])
 
 
-def access_message(method: str, route: str, status: int, seconds: float, who: str) -> str:
-    return f"{method} {route} {status} {seconds * 1000:.1f}ms {who}"
+def channel_executions(conn: Conn, channel_id: str) -> list[Execution]:
+    return [execution_of(r) for r in rows_where(conn, "executions", "created_at, id", channel_id=channel_id)]
 
 
-ACCESS_LINES: list = []               # the one AccessLines of a process main() configured (else none)
+def executions_schema(w: SchemaWords) -> str:
+    """The ledger's table (in the first step, as it was before the ledger was a region)."""
+    return f"""
+    -- The execution ledger: one row per (channel, key); the unique index is the idempotency.
+    CREATE TABLE executions (
+        id                  TEXT PRIMARY KEY,
+        channel_id          TEXT NOT NULL REFERENCES channels(id),
+        key_name            TEXT NOT NULL,
+        tool_name           TEXT NOT NULL,
+        request_hash        TEXT NOT NULL,
+        params              TEXT,
+        -- running: claimed, the token holder may complete it; completed: result stored, claims
+        -- replay it; failed (error stored) and cancelled (released by its owner): a claim takes it
+        -- over. The SDK's vocabulary also has interrupted and expired; this server never writes
+        -- them (a lapsed lease stays 'running' until someone reclaims it), but a claim would take
+        -- them over like 'failed'.
+        status              TEXT NOT NULL CHECK (status IN ({sql_list(EXECUTION_STATES)})),
+        claim_token         TEXT,
+        lease_seconds       {w.integer} NOT NULL,
+        lease_until         TEXT,
+        attempts            {w.integer} NOT NULL DEFAULT 0,
+        result              TEXT,
+        error               TEXT,
+        started_cursor      {w.integer},
+        completed_cursor    {w.integer},
+        started_event_id    TEXT,
+        completed_event_id  TEXT,
+        replay_emitted      {w.integer} NOT NULL DEFAULT 0 CHECK (replay_emitted IN (0, 1)),
+        inherited_from      TEXT,             -- ancestor execution replayed onto a fork
+        created_at          TEXT NOT NULL,
+        updated_at          TEXT NOT NULL,
+        completed_at        TEXT,
+        UNIQUE (channel_id, key_name)
+    );
+    CREATE INDEX executions_by_time ON executions (channel_id, created_at);
+    """
 
 
-def note_request(services: "Services", route: str, method: str, status: int, seconds: float,
-                 scope: Optional[dict] = None) -> None:
-    """A finished request: one access line (the route's template, never its values: no key or ticket
-    in a query string reaches the log; who asked, by name), then whoever listens (metrics)."""
-    if ACCESS_LINES:
-        context = (scope or {}).get("actae")
-        principal = context.principal if context is not None else None
-        ACCESS_LINES[0].add((time.time(), method, route, status, seconds,
-                             principal.actor if principal is not None else "-"))
-    for hear in REQUEST_OBSERVERS:
-        hear(services, route, method, status, seconds)
+def execution_identity(tool_name: str, params: Json, dedup_fields: Optional[list]) -> str:
+    """Request hash over tool + params, projected on `dedup_fields` so volatile fields don't count."""
+    if dedup_fields is not None and isinstance(params, dict):
+        params = {k: params[k] for k in dedup_fields if k in params}
+    return request_hash({"tool": tool_name, "params": params})
+
+
+def require_execution(conn: Conn, execution_id: str) -> Row:
+    return fetch_or_raise(conn, lambda: execution_not_found(execution_id), "SELECT * FROM executions WHERE id = ?",
+                          execution_id)
+
+
+def lease_expired(row: Row, now: datetime) -> bool:
+    return row["lease_until"] is None or row["lease_until"] <= iso(now)
+
+
+def effective_policy(policies: Optional[dict], tool_name: str) -> str:
+    policies = policies or {}
+    return policies.get(tool_name) or policies.get("*") or "auto"
+
+
+def ancestor_execution(conn: Conn, channel: Row, key_name: str) -> Optional[tuple]:
+    """(row, boundary cursor) of the nearest ancestor that has this key, or None."""
+    for ancestor, boundary in lineage(conn, channel["id"])[1:]:
+        row = row_where(conn, "executions", channel_id=ancestor["id"], key_name=key_name)
+        if row is not None:
+            return row, boundary
+    return None
+
+
+def lifecycle_event(tx: Tx, row_id: str, channel_id: str, event_type: str, payload: dict,
+                    depends_on: Optional[str] = None) -> Event:
+    return append_event(tx, channel_id, event_type, payload, actor="ledger",
+                        metadata={"execution_id": row_id}, depends_on=depends_on)
+
+
+def start_attempt(tx: Tx, req: Claim, hashed: str, existing: Optional[Row]) -> Claimed:
+    """A new owner for (channel, key): a fresh token and lease, `tool.started` on the channel."""
+    token = secrets.token_urlsafe(24)
+    lease_until = iso(tx.now + timedelta(seconds=req.lease_seconds))
+    execution_id = existing["id"] if existing else str(uuid.uuid4())
+    attempts = (existing["attempts"] if existing else 0) + 1
+    started = lifecycle_event(tx, execution_id, req.channel_id, "tool.started", {
+        "execution_id": execution_id, "key_name": req.key_name, "tool_name": req.tool_name,
+        "attempt": attempts, "actor": req.actor,
+    })
+    if existing is None:
+        tx.conn.execute(
+            "INSERT INTO executions (id, channel_id, key_name, tool_name, request_hash, params, status, claim_token,"
+            " lease_seconds, lease_until, attempts, started_cursor, started_event_id, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, 'running', ?, ?, ?, 1, ?, ?, ?, ?)",
+            (execution_id, req.channel_id, req.key_name, req.tool_name, hashed, dump(req.params), token,
+             req.lease_seconds, lease_until, started.cursor, started.id, tx.ts, tx.ts))
+    else:
+        tx.conn.execute(
+            "UPDATE executions SET status = 'running', claim_token = ?, lease_seconds = ?, lease_until = ?,"
+            " attempts = ?, started_cursor = ?, started_event_id = ?, error = NULL, updated_at = ? WHERE id = ?",
+            (token, req.lease_seconds, lease_until, attempts, started.cursor, started.id, tx.ts, execution_id))
+    row = require_execution(tx.conn, execution_id)
+    return Claimed(status="reclaimed" if existing else "claimed", execution=execution_of(row), claim_token=token)
+
+
+def replay_completed(tx: Tx, row: Row, emit_event: bool) -> Claimed:
+    if emit_event and not row["replay_emitted"]:
+        lifecycle_event(tx, row["id"], row["channel_id"], "tool.replayed",
+                        {"execution_id": row["id"], "key_name": row["key_name"], "tool_name": row["tool_name"]},
+                        depends_on=row["completed_event_id"])
+        tx.conn.execute("UPDATE executions SET replay_emitted = 1, updated_at = ? WHERE id = ?", (tx.ts, row["id"]))
+        row = require_execution(tx.conn, row["id"])
+    return Claimed(status="replayed", execution=execution_of(row), result=load(row["result"]))
 
 
 @dataclass(frozen=True)
-class Endpoint:
-    """A route of the table as the request path calls it: `handle(request)` answers a Response;
-    a WebSocket route's `handle(websocket)` runs the connection."""
+class Refused:
+    """A write that commits (its audit event stays) and still answers the caller with an error."""
 
-    method: str                        # "WS" for a WebSocket route
-    path: str                          # the template, as /metrics labels it
-    handle: Callable
+    error: ActaeError
 
 
-class RouteIndex:
-    """(method, path) -> the endpoint and its path parameters: exact paths in a dict, templates in
-    table order. One table for the API, the pages, the streams and the WebSockets."""
-
-    def __init__(self, endpoints: list):
-        self.static: dict = {}
-        self.dynamic: dict = {}
-        self.paths: dict = {}                 # path or template -> methods served there (405 vs 404)
-        for endpoint in endpoints:
-            self.paths.setdefault(endpoint.path, set()).add(endpoint.method)
-            if "{" in endpoint.path:
-                regex = compile_path(endpoint.path)[0]
-                self.dynamic.setdefault(endpoint.method, []).append((regex, endpoint))
-            else:
-                earlier = [regex for regex, _ in self.dynamic.get(endpoint.method, ()) if regex.match(endpoint.path)]
-                assert not earlier, f"{endpoint.path} is shadowed by an earlier route"   # static-first is then exact
-                self.static[(endpoint.method, endpoint.path)] = endpoint
-        self.templates = [(compile_path(path)[0], methods) for path, methods in self.paths.items()]
-
-    def find(self, method: str, path: str) -> Optional[tuple]:
-        """(endpoint, path parameters), or None."""
-        endpoint = self.static.get((method, path))
-        if endpoint is not None:
-            return endpoint, {}
-        for regex, endpoint in self.dynamic.get(method, ()):
-            match = regex.match(path)
-            if match:
-                return endpoint, match.groupdict()
-        return None
-
-    def refusal(self, method: str, path: str) -> ActaeError:
-        """Why nothing answers `method path`: 405 where another method is served, else 404."""
-        if any(regex.match(path) and methods - {"WS"} for regex, methods in self.templates):
-            return MethodNotAllowed(f"{method} is not allowed on {path}")
-        return NotFound(f"no route for {method} {path}")
+def refuse_by_policy(tx: Tx, req: Claim, policy: str, reason: str) -> Refused:
+    """The refusal is recorded (`tool.blocked` commits) even though the caller gets a 409."""
+    lifecycle = {"policy": policy, "tool_name": req.tool_name, "key_name": req.key_name, "reason": reason}
+    append_event(tx, req.channel_id, "tool.blocked", lifecycle, actor="ledger")
+    return Refused(Conflict("fork_tool_blocked", f"fork tool policy '{policy}' refused {req.tool_name} ({reason})"))
 
 
-class ActaeApp:
-    """The whole server as one plain ASGI app. Every HTTP request takes `answer_http`, every
-    WebSocket `answer_websocket`: the Host check, the route table, the handler, errors mapped
-    once, gzip where accepted, the security headers, and the request noted. Everything one app
-    shares lives in `services`; nothing is shared between apps in one process."""
+def copy_inherited(tx: Tx, req: Claim, source: Row) -> Claimed:
+    """Replay an ancestor's completed effect onto the fork without running it (no tool.started).
 
-    def __init__(self, services: "Services", endpoints: list, lifespan: Callable):
-        self.services = services
-        self.routes = RouteIndex(endpoints)
-        self.lifespan = lifespan
-        self.static = StaticFiles(directory=str(UI_DIR / "static"))
-        self.in_flight = 0                    # HTTP requests being answered (a lone write may commit here)
-        self.arrivals = Arrivals()            # heads BoundedHttp read, when it serves this app (uvicorn_config)
-        self.answered = 0                     # HTTP requests answered since
-
-    def requests_in_flight(self) -> int:
-        """Requests being answered, or read and waiting for their turn (when BoundedHttp counts them:
-        under another server only those already inside the app)."""
-        waiting = self.arrivals.heads - self.answered if self.arrivals.heads else 0
-        return max(self.in_flight, waiting)
-
-    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        scope["app"] = self
-        if scope["type"] == "http":
-            await self.answer_http(scope, receive, send)
-        elif scope["type"] == "websocket":
-            await self.answer_websocket(scope, receive, send)
-        elif scope["type"] == "lifespan":
-            await self.run_lifespan(receive, send)
-
-    async def answer_http(self, scope: dict, receive: Callable, send: Callable) -> None:
-        started, noted = time.perf_counter(), []
-        self.in_flight += 1
-        try:
-            route = await self.respond(scope, receive, self.noting_send(send, noted))
-        finally:
-            self.in_flight -= 1
-            self.answered += 1
-        note_request(self.services, route, scope["method"], noted[0] if noted else 500, time.perf_counter() - started,
-                     scope)
-
-    async def respond(self, scope: dict, receive: Callable, send: Callable) -> str:
-        """Answer one HTTP request; returns the route template it took ("other" off the table)."""
-        request = Request(scope, receive)
-        method = "GET" if scope["method"] == "HEAD" else scope["method"]
-        refused = host_refusal(self.services.hosts, scope)
-        if refused is not None:
-            await self.reply(scope, receive, send, error_response(request, refused))
-            return "other"
-        if scope["path"].startswith("/static/") and method == "GET":
-            await self.static({**scope, "root_path": scope.get("root_path", "") + "/static"}, receive, send)
-            return "other"
-        found = self.routes.find(method, scope["path"])
-        if found is None:
-            refusal = self.routes.refusal(scope["method"], scope["path"])
-            await self.reply(scope, receive, send, error_response(request, refusal))
-            return "other"
-        endpoint, scope["path_params"] = found
-        try:
-            response = await endpoint.handle(request)
-        except Exception as exc:  # noqa: BLE001 - mapped to its answer in one place
-            response = error_response(request, exc)
-        await self.reply(scope, receive, send, response)
-        return endpoint.path
-
-    @staticmethod
-    async def reply(scope: dict, receive: Callable, send: Callable, response: Response) -> None:
-        """A response on the wire; a whole body is gzipped where it pays, a stream goes as it is."""
-        if isinstance(response, StreamingResponse) or not hasattr(response, "body"):
-            await response(scope, receive, send)
-            return
-        headers, body = gzipped(scope, response.raw_headers, response.body)
-        await send({"type": "http.response.start", "status": response.status_code, "headers": headers})
-        await send({"type": "http.response.body", "body": b"" if scope["method"] == "HEAD" else body})
-
-    @staticmethod
-    def noting_send(send: Callable, noted: list) -> Callable:
-        """`send` with the security headers on every answer, noting its status."""
-        async def sending(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                noted.append(message["status"])
-                message = {**message, "headers": [*message.get("headers", ()), *SECURITY_HEADERS]}
-            await send(message)
-        return sending
-
-    async def answer_websocket(self, scope: dict, receive: Callable, send: Callable) -> None:
-        started = time.perf_counter()
-        found = None if host_refusal(self.services.hosts, scope) else self.routes.find("WS", scope["path"])
-        if found is None:
-            await send({"type": "websocket.close", "code": 1008})
-            note_request(self.services, "other", "GET", 403, time.perf_counter() - started)
-            return
-        endpoint, scope["path_params"] = found
-        try:
-            await endpoint.handle(WebSocket(scope, receive, send))
-        except Exception:  # noqa: BLE001 - a bug in one connection; the others go on
-            log.exception("unhandled error on WebSocket %s", scope["path"])
-            with contextlib.suppress(Exception):
-                await send({"type": "websocket.close", "code": 1011})
-        note_request(self.services, endpoint.path, "GET", 101, time.perf_counter() - started)
-
-    async def run_lifespan(self, receive: Callable, send: Callable) -> None:
-        """ASGI's lifespan: start the services, serve until told to stop, stop them."""
-        await receive()                                       # lifespan.startup
-        phase = "startup"
-        try:
-            async with self.lifespan(self):
-                await send({"type": "lifespan.startup.complete"})
-                phase = "shutdown"
-                await receive()                               # lifespan.shutdown
-        except Exception as exc:  # noqa: BLE001 - told to the server, which stops
-            log.exception("the server could not %s cleanly", "start" if phase == "startup" else "stop")
-            await send({"type": f"lifespan.{phase}.failed", "message": f"{type(exc).__name__}: {exc}"})
-            return
-        await send({"type": "lifespan.shutdown.complete"})
-
-
-# =============================================================================
-# App factory: the services, the route table, the lifespan
-# =============================================================================
-
-
-def token_secret(data_dir: Path) -> bytes:
-    """The login tokens' signing secret: a file beside the database (mode 0600), made on first start.
-
-    Kept out of the database so that a copy of it (or a backup) cannot mint tokens.
+    The copy counts as completed at the fork's first cursor: the effect is part of everything the
+    fork inherited, so a fork of this fork inherits it too, whatever its boundary.
     """
-    path = data_dir / TOKEN_SECRET_FILE
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return bytes.fromhex(path.read_text().strip())
-    with os.fdopen(fd, "w") as out:
-        out.write(secrets.token_hex(32))
-    return bytes.fromhex(path.read_text().strip())
+    execution_id = str(uuid.uuid4())
+    tx.conn.execute(
+        "INSERT INTO executions (id, channel_id, key_name, tool_name, request_hash, params, status, lease_seconds,"
+        " attempts, result, completed_cursor, inherited_from, created_at, updated_at, completed_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, 'completed', ?, 0, ?, 1, ?, ?, ?, ?)",
+        (execution_id, req.channel_id, req.key_name, source["tool_name"], source["request_hash"],
+         source["params"], source["lease_seconds"], source["result"], source["id"], tx.ts, tx.ts, tx.ts))
+    return replay_completed(tx, require_execution(tx.conn, execution_id), req.emit_replay_event)
 
 
-def instance_identity(tx: Tx) -> str:
-    """This data dir's instance id, made once and kept across restarts."""
-    tx.conn.execute("INSERT INTO settings (name, value) VALUES ('instance_id', ?) ON CONFLICT (name) DO NOTHING",
-                    (str(uuid.uuid4()),))
-    return tx.conn.execute("SELECT value FROM settings WHERE name = 'instance_id'").fetchone()[0]
+def claim_on_fork(tx: Tx, req: Claim, hashed: str, channel: Row) -> Union[Claimed, Refused, None]:
+    """Apply the fork's tool policy to a first claim; None means 'run it live as usual'."""
+    if (req.key_name, req.tool_name) == SESSION_FENCE:
+        return None                     # AgentSession's writer lock, not a side effect
+    policy = effective_policy(load(channel["tool_policies"]), req.tool_name)
+    if policy == "live":
+        return None
+    if policy == "block":
+        # Even an exact inherited match is refused: a payment must never re-fire on a counterfactual.
+        return refuse_by_policy(tx, req, policy, "blocked")
+    found = ancestor_execution(tx.conn, channel, req.key_name)
+    row, boundary = found or (None, None)
+    if (row is not None and row["request_hash"] == hashed and row["status"] == "completed"
+            and row["completed_cursor"] is not None and row["completed_cursor"] <= boundary):
+        return copy_inherited(tx, req, row)
+    if policy == "auto":
+        return None
+    return refuse_by_policy(tx, req, policy, "mismatch" if row is not None and row["request_hash"] != hashed else "miss")
 
 
-@dataclass
-class Services:
-    """What every request of one app shares, built once by create_app (one app's, never another's).
-    A region keeps its own service in `regions`, by its type (`services.region(FleetState)`)."""
-
-    db: Database
-    hub: Hub
-    keys: KeyRing
-    settings: Settings
-    scheduler: Scheduler
-    templates: jinja2.Environment
-    flash: "FlashStore"
-    hosts: frozenset
-    data_dir: Path
-    token_secret: bytes
-    env_key: Optional[str]
-    instance_id: str = ""              # read from the database when the app starts
-    started: float = field(default_factory=time.monotonic)
-    started_at: str = field(default_factory=lambda: iso(utc_now()))
-    key_touched: dict = field(default_factory=dict)
-    background: set = field(default_factory=set)
-    openapi: dict = field(default_factory=dict)
-    regions: dict = field(default_factory=dict)
-
-    def region(self, kind: type) -> Any:
-        return self.regions[kind]
+def claim_execution(tx: Tx, req: Claim) -> Union[Claimed, Refused]:
+    """POST /executions/claim: claimed | replayed | in_progress | reclaimed, or Refused on a fork."""
+    ensure_channel(tx, req.channel_id)
+    hashed = execution_identity(req.tool_name, req.params, req.dedup_fields)
+    row = row_where(tx.conn, "executions", channel_id=req.channel_id, key_name=req.key_name)
+    if row is None:
+        channel = channel_by_id(tx.conn, req.channel_id)
+        if channel["parent_id"] is not None:
+            decided = claim_on_fork(tx, req, hashed, channel)
+            if decided is not None:
+                return decided
+        return start_attempt(tx, req, hashed, None)
+    if row["request_hash"] != hashed:
+        raise Conflict("idempotency_key_mismatch",
+                       f"key {req.key_name} on {req.channel_id} was claimed with a different request "
+                       "(tool or params differ); use a new key or the same request")
+    if row["status"] == "completed":
+        return replay_completed(tx, row, req.emit_replay_event)
+    if row["status"] == "running" and not lease_expired(row, tx.now):
+        return Claimed(status="in_progress", execution=execution_of(row))
+    return start_attempt(tx, req, hashed, row)
 
 
-PAGE_ROUTES = [
-    ("GET", "/", page_runs),
-    ("GET", "/runs/{channel_id}", page_run),
-    ("GET", "/runs/{channel_id}/tree", page_tree),
-    ("POST", "/runs/{channel_id}/fork", page_fork),
-    ("GET", "/runs/{channel_id}/delete", page_delete_confirm),
-    ("POST", "/runs/{channel_id}/delete", page_delete),
-    ("GET", "/diff", page_diff),
+def owned_execution(tx: Tx, execution_id: str, token: Optional[str]) -> Row:
+    row = require_execution(tx.conn, execution_id)
+    if token is None or row["claim_token"] is None or not same_secret(token, row["claim_token"]):
+        raise Conflict("execution_not_owned", f"execution {execution_id} is not owned by this claim token "
+                                              "(stale, missing, or taken over after its lease expired)")
+    return row
+
+
+def finish_execution(tx: Tx, execution_id: str, token: Optional[str], status: str,
+                     result: Json = None, error: Json = None) -> Execution:
+    """Complete or fail a running execution; repeating the same terminal call returns it unchanged."""
+    row = owned_execution(tx, execution_id, token)
+    if row["status"] == status:
+        return execution_of(row)
+    if row["status"] != "running":
+        raise Conflict("execution_not_owned", f"execution {execution_id} is {row['status']}, not running")
+    event_type = "tool.completed" if status == "completed" else "tool.failed"
+    event = lifecycle_event(tx, execution_id, row["channel_id"], event_type, {
+        "execution_id": execution_id, "key_name": row["key_name"], "tool_name": row["tool_name"],
+        **({"result": result} if status == "completed" else {"error": error}),
+    }, depends_on=row["started_event_id"])
+    tx.conn.execute(
+        "UPDATE executions SET status = ?, result = ?, error = ?, completed_cursor = ?, completed_event_id = ?,"
+        " completed_at = ?, lease_until = NULL, updated_at = ? WHERE id = ?",
+        (status, dump(result), dump(error), event.cursor, event.id, tx.ts, tx.ts, execution_id))
+    return execution_of(require_execution(tx.conn, execution_id))
+
+
+def heartbeat_execution(tx: Tx, execution_id: str, token: Optional[str], lease_seconds: Optional[int]) -> Execution:
+    row = owned_execution(tx, execution_id, token)
+    if row["status"] != "running":
+        raise Conflict("execution_not_owned", f"execution {execution_id} is {row['status']}, not running")
+    seconds = lease_seconds or row["lease_seconds"]
+    tx.conn.execute("UPDATE executions SET lease_until = ?, lease_seconds = ?, updated_at = ? WHERE id = ?",
+                    (iso(tx.now + timedelta(seconds=seconds)), seconds, tx.ts, execution_id))
+    return execution_of(require_execution(tx.conn, execution_id))
+
+
+def cancel_execution(tx: Tx, execution_id: str, token: Optional[str]) -> Execution:
+    """Release a claim (no lifecycle event); the next claim of the key takes it over.
+
+    A running claim can only be released by its owner: otherwise a second worker could cancel the
+    first one's claim and run the effect beside it.
+    """
+    row = require_execution(tx.conn, execution_id)
+    must_own = row["status"] == "running"            # a live claim: only its token may release it
+    if must_own or token is not None:                # any token that is given must be the current one
+        row = owned_execution(tx, execution_id, token)
+    if row["status"] in EXECUTION_RETRYABLE:
+        tx.conn.execute("UPDATE executions SET status = 'cancelled', lease_until = NULL, updated_at = ? WHERE id = ?",
+                        (tx.ts, execution_id))
+    return execution_of(require_execution(tx.conn, execution_id))
+
+
+def list_executions(conn: Conn, channel_id: Optional[str], limit: int) -> list[Execution]:
+    """Newest first; claims made in the same millisecond on a channel by the cursor of their start."""
+    where = Where().add_if(channel_id, "channel_id = ?")
+    rows = conn.execute(f"SELECT * FROM executions{where} ORDER BY created_at DESC, started_cursor DESC, id"
+                        " LIMIT ?", (*where.args, limit))
+    return [execution_of(r) for r in rows.fetchall()]
+
+
+def delete_execution(tx: Tx, execution_id: str) -> DeletedId:
+    require_execution(tx.conn, execution_id)
+    tx.conn.execute("DELETE FROM executions WHERE id = ?", (execution_id,))
+    return DeletedId(deleted=execution_id)
+
+
+# A run that has not completed and whose last event is one of these is stuck on a refusal or a human.
+LEDGER_SINCE = {"1h": timedelta(hours=1), "24h": timedelta(days=1), "7d": timedelta(days=7)}
+
+
+def ledger_page(conn: Conn, filters: dict, before: Optional[str]) -> tuple:
+    """One page of ledger rows, newest first, filtered by run, tool, status and age."""
+    where = Where().add_if(filters.get("channel_id"), "channel_id = ?").add_if(filters.get("tool"), "tool_name = ?")
+    where.add_if(filters.get("status"), "status = ?").add_if(filters.get("since_at"), "created_at >= ?")
+    if before:
+        where.add(*after_page_token(before, "created_at", "id"))
+    rows = conn.execute(f"SELECT * FROM executions{where} ORDER BY created_at DESC, id DESC LIMIT ?",
+                        (*where.args, RUNS_PAGE_SIZE + 1)).fetchall()
+    executions = [with_marks(execution_of(r)) for r in rows[:RUNS_PAGE_SIZE]]
+    tools = [r[0] for r in conn.execute("SELECT DISTINCT tool_name FROM executions ORDER BY tool_name LIMIT 200")]
+    return executions, blocked_attempts(conn, filters.get("channel_id")), next_page_token(rows, "created_at"), tools
+
+
+# =============================================================================
+# Ledger: handlers, routes and the ledger page
+# =============================================================================
+
+async def api_executions_claim(request: Request, body: Claim) -> Claimed:
+    """Claim a tool call before running it, so its side effect never runs twice (a replay gets the stored result)."""
+    outcome = await db_of(request).write(claim_execution, body)
+    if isinstance(outcome, Refused):
+        raise outcome.error
+    return outcome
+
+
+async def api_executions_complete(request: Request, path, body: Complete) -> ExecutionAnswer:
+    """Complete a claimed tool execution with its result."""
+    execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "completed",
+                                           body.result)
+    return ExecutionAnswer(execution=execution)
+
+
+async def api_executions_fail(request: Request, path, body: Fail) -> ExecutionAnswer:
+    """Mark a claimed tool execution failed, with its error."""
+    error = {"message": body.message or "", "error_type": body.error_type, "stack": body.stack}
+    execution = await db_of(request).write(finish_execution, path.execution_id, body.claim_token, "failed",
+                                           None, error)
+    return ExecutionAnswer(execution=execution)
+
+
+async def api_executions_heartbeat(request: Request, path, body: Heartbeat) -> ExecutionAnswer:
+    """Extend the lease of a claimed tool execution."""
+    execution = await db_of(request).write(heartbeat_execution, path.execution_id, body.claim_token,
+                                           body.lease_seconds)
+    return ExecutionAnswer(execution=execution)
+
+
+async def api_executions_cancel(request: Request, path, body: ClaimToken) -> ExecutionAnswer:
+    """Release a claimed tool execution without completing it; the next claim takes it over."""
+    return ExecutionAnswer(execution=await db_of(request).write(cancel_execution, path.execution_id, body.claim_token))
+
+
+async def api_executions_get(request: Request, path) -> ExecutionAnswer:
+    """One tool execution from the ledger."""
+    return ExecutionAnswer(execution=execution_of(await db_of(request).read(require_execution, path.execution_id)))
+
+
+async def api_executions_list(request: Request, query: ExecutionsQuery) -> Executions:
+    """The tool executions in the ledger, newest first (one run's, with channel_id)."""
+    return Executions(executions=await db_of(request).read(list_executions, query.channel_id, query.limit))
+
+
+async def api_executions_delete(request: Request, path) -> DeletedId:
+    """Delete one tool execution from the ledger."""
+    return await db_of(request).write(delete_execution, path.execution_id)
+
+
+def ledger_filters(query: LedgerPageQuery) -> dict:
+    filters = {"channel_id": query.channel_id, "tool": query.tool, "status": query.status, "since": query.since}
+    if filters["channel_id"]:
+        valid_channel(filters["channel_id"])
+    if filters["status"] and filters["status"] not in EXECUTION_STATES:
+        raise BadRequest(f"status must be one of {', '.join(EXECUTION_STATES)}")
+    if filters["since"] and filters["since"] not in LEDGER_SINCE:
+        raise BadRequest(f"since must be one of {', '.join(LEDGER_SINCE)}")
+    filters["since_at"] = iso(utc_now() - LEDGER_SINCE[filters["since"]]) if filters["since"] else None
+    return filters
+
+
+async def page_ledger(request: Request) -> Response:
+    query = page_query(request, LedgerPageQuery)
+    filters = ledger_filters(query)
+    executions, blocked, before, tools = await db_of(request).read(ledger_page, filters, query.before)
+    shown = {k: v for k, v in filters.items() if v and k != "since_at"}
+    next_url = f"/ledger?{urlencode({**shown, 'before': before})}" if before else None
+    return render(request, "ledger.html", {
+        "title": "Ledger", "executions": executions, "blocked": blocked, "channel_id": filters["channel_id"] or "",
+        "tool": filters["tool"] or "", "status": filters["status"] or "", "since": filters["since"] or "",
+        "tools": tools, "statuses": list(EXECUTION_STATES), "since_choices": list(LEDGER_SINCE),
+        "filtered": bool(shown), "next_url": next_url})
+
+
+LEDGER_API_ROUTES = (
+    Api("POST", "/api/v1/executions/claim", api_executions_claim, body=Claim, scopes=writes(B)),
+    Api("GET", "/api/v1/executions", api_executions_list, query=ExecutionsQuery, scopes=reads("query.channel_id")),
+    Api("GET", "/api/v1/executions/{execution_id}", api_executions_get, scopes=reads("execution.execution_id")),
+    Api("DELETE", "/api/v1/executions/{execution_id}", api_executions_delete,
+        scopes=deletes("execution.execution_id")),
+    Api("POST", "/api/v1/executions/{execution_id}/complete", api_executions_complete, body=Complete,
+        body_optional=True, scopes=writes("execution.execution_id")),
+    Api("POST", "/api/v1/executions/{execution_id}/fail", api_executions_fail, body=Fail, body_optional=True,
+        scopes=writes("execution.execution_id")),
+    Api("POST", "/api/v1/executions/{execution_id}/heartbeat", api_executions_heartbeat, body=Heartbeat,
+        body_optional=True, scopes=writes("execution.execution_id")),
+    Api("POST", "/api/v1/executions/{execution_id}/cancel", api_executions_cancel, body=ClaimToken,
+        body_optional=True, scopes=writes("execution.execution_id")),
+)
+
+
+LEDGER_PAGE_ROUTES = (
     ("GET", "/ledger", page_ledger),
-    ("GET", "/api", page_api),
-    ("GET", "/experiments", page_experiments),
-    ("GET", "/experiments/{group_id}", page_experiment),
-    ("POST", "/experiments/{group_id}/promote", page_experiment_promote),
-    ("GET", "/keys", page_keys),
-    ("POST", "/keys", page_keys_create),
-    ("POST", "/keys/{key_id}/revoke", page_keys_revoke),
-    ("POST", "/logout", page_logout),
-]
+)
 
-
-def page_routes() -> list:
-    """The dashboard's pages: the core's, then each region's (PAGE_LISTS)."""
-    return [*PAGE_ROUTES, *(page for pages in PAGE_LISTS for page in pages)]
-
-
-def page_endpoint(method: str, path: str, handler: Callable) -> Endpoint:
-    return Endpoint(method, path, dashboard(handler))
-
-
-def app_endpoints() -> list:
-    """The one route table: the API's routes, the pages, the WebSockets and streams, every region's too."""
-    endpoints = [Endpoint(route.method, route.path, wrapped_endpoint(route)) for route in api_routes()]
-    endpoints += [page_endpoint(method, path, handler) for method, path, handler in page_routes()]
-    return endpoints + [Endpoint("GET", "/login", page_login), Endpoint("POST", "/login", page_login_submit),
-                        Endpoint("GET", "/favicon.ico", favicon),
-                        Endpoint("WS", "/ws", ws_endpoint), *(e for extra in ENDPOINT_LISTS for e in extra)]
-
-
-def wrapped_endpoint(route: Api) -> Callable:
-    """A route's endpoint with what the regions wrap around every one (ENDPOINT_WRAPPERS)."""
-    endpoint = api_endpoint(route)
-    for wrap in ENDPOINT_WRAPPERS:
-        endpoint = wrap(route, endpoint)
-    return endpoint
-
-
-# The writes of an SDK step, a fork and a ledger call: small, quick, and on the path of a run that
-# waits for each. Alone on the server, one of these commits on the event loop's thread.
-LONE_WRITES = frozenset({record_event, save_state, transition, put_metadata, fork_channel, claim_execution,
-                         finish_execution, heartbeat_execution})
-
-# The writes that change only their own channel's rows (and read others' committed ones), with the
-# channels they name: on PostgreSQL a batch of these locks those channels, not the instance (see
-# POSTGRES_WRITE_LOCK). An event's hooks (the approvals inbox) write rows of its channel only.
-CHANNEL_WRITES: dict = {
-    record_event: lambda req: (req.channel_id,),
-    save_state: lambda channel_id, req: (channel_id,),
-    transition: lambda req: (req.channel_id,),
-    put_metadata: lambda channel_id, changes: (channel_id,),
-    fork_channel: lambda req: (req.source_channel_id, req.new_channel_id),
-    claim_execution: lambda req: (req.channel_id,),
-    touch_key: lambda key_id: (),        # no channel: one row, which its own row lock keeps
-}
-
-
-def channels_written(job: Job) -> Optional[tuple]:
-    named = CHANNEL_WRITES.get(job.work)
-    return None if named is None else named(*job.args)
-
-
-def create_app(data_dir: Path, *, database_url: Optional[str] = None, env_key: Optional[str] = None,
-               settings: Settings = Settings(), **region_options: Any) -> ActaeApp:
-    """The whole server: on the SQLite file in `data_dir`, or on PostgreSQL at `database_url`
-    (several servers may share that database). `env_key` is accepted besides stored keys;
-    `region_options` go to the regions that take them (`otlp=` turns on trace export)."""
-    data_dir = Path(data_dir)
-    data_dir.mkdir(parents=True, exist_ok=True)
-    # A lone SDK write commits on the event loop's thread while no other request waits (the app,
-    # built below, counts them; the policy is asked only once it serves).
-    db = Database(Location(data_dir, database_url), CommitPolicy(
-        alone=lambda job: job.work in LONE_WRITES and app.requests_in_flight() <= 1, channels_of=channels_written))
-    hub = Hub(db)
-    db.on_commit, db.on_notify = hub.on_commit, hub.on_notify
-    services = Services(db=db, hub=hub, keys=KeyRing(db, hub.recheck), settings=settings, scheduler=Scheduler(db),
-                        templates=template_env(), flash=FlashStore(), hosts=served_hosts(settings), data_dir=data_dir,
-                        token_secret=token_secret(data_dir), env_key=env_key or None, openapi=openapi_document(api_routes()))
-    starting, stopping = [services.scheduler.start, lambda: hub.start(services.keys)], [services.scheduler.stop, hub.stop]
-    for install in APP_INSTALLERS:
-        started, stopped = install(services, region_options)
-        starting += started
-        stopping[:0] = stopped
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: ActaeApp):
-        await db.open()
-        services.instance_id = await db.write(instance_identity)
-        for start in starting:
-            await start() if asyncio.iscoroutinefunction(start) else start()
-        try:
-            yield
-        finally:
-            for stop in stopping:
-                await stop() if asyncio.iscoroutinefunction(stop) else stop()
-            await db.close()
-
-    app = ActaeApp(services, app_endpoints(), lifespan)
-    return app
+LEDGER = declare(Region(
+    "ledger", features=("ledger",), schema=(SchemaPart(1, executions_schema),), routes=LEDGER_API_ROUTES, pages=LEDGER_PAGE_ROUTES,
+    nav=(NavLink("Ledger", "/ledger", "ledger", place=20),),
+    lone_writes=(claim_execution, finish_execution, heartbeat_execution),
+    channel_writes=((claim_execution, lambda req: (req.channel_id,)),)))
 
 
 # =============================================================================
-# Command line
+# Wake-ups: records
+# =============================================================================
+# --- wake-ups ---------------------------------------------------------------------------
+
+
+class ScheduleWakeup(Record):
+    channel_id: ChannelId
+    run_at: Timestamp
+    payload: Optional[JsonObject] = None
+
+    def __post_init__(self):
+        check_utc(self.run_at)
+
+
+class WakeupsQuery(Record):
+    channel_id: Optional[ChannelId] = None
+    status: Optional[Literal[WAKEUP_STATUSES]] = None
+
+
+# --- wake-ups and consumer groups ---------------------------------------------------------------
+
+
+class Wakeup(Answer):
+    id: str
+    channel_id: str
+    run_at: str
+    status: Literal[WAKEUP_STATUSES]
+    payload: Json
+    created_at: str
+    executed_at: Optional[str]
+    attempts: int
+    error: Optional[str]
+
+
+class Wakeups(Answer):
+    wakeups: list[Wakeup]
+
+
+class WakeupCancelled(Done, kw_only=True):
+    wakeup: Wakeup
+
+
+# =============================================================================
+# Wake-ups: stored wake-ups, and the scheduler that fires them across restarts
 # =============================================================================
 
-def program_name() -> str:
-    """The command as the user runs it, for hints: `python actae.py` from source, else the executable."""
-    if bundle_dir() is None:
-        return "python actae.py"
-    invoked = sys.argv[0] if sys.argv and sys.argv[0] else "actae"
-    return invoked if os.sep in invoked else "actae"
+WAKEUP_EVENT = "scheduler.wakeup"      # what a due wake-up appends to its channel
 
 
-class CommandLine(argparse.ArgumentParser):
-    """argparse that refuses bad input in one line (`actae: ...`, exit 2, never a traceback); a flag
-    it does not know gets the nearest one it does and the usage of the (sub)command it was given to."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
-        if wrong:
-            near = difflib.get_close_matches(wrong.group(1), re.findall(r"'([^']*)'", wrong.group(2)), n=1)
-            message += f" (did you mean {near[0]}?)" if near else ""
-        self.exit(2, f"{self.prog}: {message}\n")
-
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> tuple:
-        """As argparse's, noting which (sub)command parsed them: the deepest one, which parses first."""
-        parsed, extra = super().parse_known_args(args, namespace)
-        if getattr(parsed, "parsed_by", None) is None:
-            parsed.parsed_by = self
-        return parsed, extra
-
-    def unknown(self, extra: list) -> typing.NoReturn:
-        known = re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", self.format_help())
-        flag = extra[0].split("=", 1)[0]
-        near = difflib.get_close_matches(flag, known, n=1)
-        hint = f" (did you mean {near[0]}?)" if near else ""
-        self.exit(2, f"{self.format_usage()}{self.prog}: unrecognized argument {extra[0]!r}{hint}\n")
+def wakeups_schema(w: SchemaWords) -> str:
+    """The wake-ups' table (in the first step, as it was before wake-ups were a region)."""
+    return f"""
+    -- Scheduled wake-ups: at run_at a `scheduler.wakeup` event is appended to the channel.
+    CREATE TABLE wakeups (
+        id           TEXT PRIMARY KEY,
+        channel_id   TEXT NOT NULL,
+        run_at       TEXT NOT NULL,            -- normalised UTC, so it compares as text
+        status       TEXT NOT NULL CHECK (status IN ({sql_list(WAKEUP_STATUSES)})),
+        payload      TEXT,
+        attempts     {w.integer} NOT NULL DEFAULT 0,
+        error        TEXT,
+        created_at   TEXT NOT NULL,
+        executed_at  TEXT
+    );
+    CREATE INDEX wakeups_due ON wakeups (status, run_at);
+    """
 
 
-def whole(low: int, high: int) -> Callable[[str], int]:
-    """A flag's type: a whole number from `low` to `high`."""
-    def parse(text: str) -> int:
+def wakeup_of(row: Row) -> Wakeup:
+    return Wakeup(id=row["id"], channel_id=row["channel_id"], run_at=row["run_at"], status=row["status"],
+                  payload=load(row["payload"]), created_at=row["created_at"], executed_at=row["executed_at"],
+                  attempts=row["attempts"], error=row["error"])
+
+
+def require_wakeup(conn: Conn, wakeup_id: str) -> Row:
+    return fetch_or_raise(conn, lambda: NotFound(f"wake-up {wakeup_id} not found"),
+                          "SELECT * FROM wakeups WHERE id = ?", wakeup_id)
+
+
+def schedule_wakeup(tx: Tx, channel_id: str, run_at: str, payload: Optional[dict]) -> Wakeup:
+    wakeup_id = str(uuid.uuid4())
+    tx.conn.execute("INSERT INTO wakeups (id, channel_id, run_at, status, payload, created_at)"
+                    " VALUES (?, ?, ?, 'pending', ?, ?)", (wakeup_id, channel_id, run_at, dump(payload), tx.ts))
+    return wakeup_of(require_wakeup(tx.conn, wakeup_id))
+
+
+def list_wakeups(conn: Conn, channel_id: Optional[str], status: Optional[str]) -> list[Wakeup]:
+    where = Where().add_if(channel_id, "channel_id = ?").add_if(status, "status = ?")
+    rows = conn.execute(f"SELECT * FROM wakeups{where} ORDER BY run_at, id LIMIT 1000", where.args)
+    return [wakeup_of(r) for r in rows.fetchall()]
+
+
+def cancel_wakeup(tx: Tx, wakeup_id: str) -> WakeupCancelled:
+    row = require_wakeup(tx.conn, wakeup_id)
+    if row["status"] != "pending":
+        raise Conflict("wakeup_not_pending", f"wake-up {wakeup_id} is {row['status']}; only a pending one can be cancelled")
+    tx.conn.execute("UPDATE wakeups SET status = 'cancelled' WHERE id = ?", (wakeup_id,))
+    return WakeupCancelled(wakeup=wakeup_of(require_wakeup(tx.conn, wakeup_id)))
+
+
+def fire_due_wakeups(tx: Tx) -> int:
+    """Append `scheduler.wakeup` for up to WAKEUP_BATCH due wake-ups; returns how many were due.
+
+    Each fires in its own savepoint: one that cannot be delivered is marked failed with the
+    reason, and the others still fire.
+    """
+    due = tx.conn.execute("SELECT * FROM wakeups WHERE status = 'pending' AND run_at <= ? ORDER BY run_at LIMIT ?",
+                          (tx.ts, WAKEUP_BATCH)).fetchall()
+    for row in due:
+        payload = load(row["payload"])
+        tx.conn.execute("SAVEPOINT wakeup")
+        appended = len(tx.events)
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"takes a whole number from {low} to {high}, got {value}")
-        return value
-    return parse
+            append_event(tx, row["channel_id"], WAKEUP_EVENT,
+                         {**(payload if isinstance(payload, dict) else {}), "wakeup_id": row["id"],
+                          "run_at": row["run_at"]}, actor="scheduler")
+            status, error = "done", None
+        except Exception as exc:  # noqa: BLE001 - recorded on the wake-up, which then stops retrying
+            if not tx.conn.in_transaction:
+                raise
+            tx.conn.execute("ROLLBACK TO wakeup")
+            del tx.events[appended:]
+            status, error = "failed", f"{type(exc).__name__}: {exc}"
+        tx.conn.execute("RELEASE wakeup")
+        tx.conn.execute("UPDATE wakeups SET status = ?, error = ?, executed_at = ?, attempts = attempts + 1"
+                        " WHERE id = ?", (status, error, tx.ts, row["id"]))
+    return len(due)
 
 
-def bounded_number(text: str, low: float, high: float, unit: str, positive: bool) -> float:
+def next_wakeup_at(conn: Conn) -> Optional[str]:
+    row = conn.execute("SELECT MIN(run_at) FROM wakeups WHERE status = 'pending'").fetchone()
+    return row[0]
+def seconds_until(stamp: str) -> float:
+    """Seconds from now to a stored timestamp; one that cannot be read counts as a second away."""
     try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of {unit}, got {text!r}") from None
-    if not (math.isfinite(value) and (value > low if positive else value >= low) and value <= high):
-        raise argparse.ArgumentTypeError(f"takes a number of {unit} {'above' if positive else 'from'} {low:g}"
-                                         f" {'and at most' if positive else 'to'} {high:g}, got {text}")
-    return value
+        return (parse_iso(stamp) - utc_now()).total_seconds()
+    except ActaeError:
+        return 1.0
 
 
-def seconds(high: float) -> Callable[[str], float]:
-    return lambda text: bounded_number(text, 0, high, "seconds", positive=True)
+class Scheduler:
+    """Sleeps until the earliest pending wake-up (at most a second), then fires what is due."""
+
+    def __init__(self, db: Database):
+        self.db = db
+        self._nudged = asyncio.Event()
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # noqa: BLE001 - shutting down must still close the database
+                log.exception("the wake-up scheduler had failed")
+
+    def nudge(self) -> None:
+        """A new wake-up may be due sooner than the one we sleep for."""
+        self._nudged.set()
+
+    async def _run(self) -> None:
+        while True:
+            self._nudged.clear()
+            try:
+                upcoming = await self.fire_due()
+            except Exception:  # noqa: BLE001 - a failed round is retried; the loop must not die
+                log.exception("firing wake-ups failed")
+                upcoming = None
+            delay = 1.0 if upcoming is None else seconds_until(upcoming)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._nudged.wait(), timeout=min(max(delay, 0.01), 1.0))
+
+    async def fire_due(self) -> Optional[str]:
+        """Fire what is due; the next pending wake-up's time. A write only when one is due: the write
+        takes the instance lock on PostgreSQL (every server's scheduler looks each second)."""
+        upcoming = await self.db.read(next_wakeup_at)
+        while upcoming is not None and seconds_until(upcoming) <= 0:
+            if await self.db.write(fire_due_wakeups) == 0:
+                break                    # due by this clock, not yet by the write's: the next round
+            upcoming = await self.db.read(next_wakeup_at)
+        return upcoming
 
 
-def days(positive: bool = False) -> Callable[[str], float]:
-    return lambda text: bounded_number(text, 0, 36500, "days", positive=positive)
+# =============================================================================
+# Wake-ups: handlers and routes
+# =============================================================================
+
+async def api_wakeups_schedule(request: Request, body: ScheduleWakeup) -> Wakeup:
+    """Schedule a wake-up of a run at a time (run_at), with a payload."""
+    wakeup = await db_of(request).write(schedule_wakeup, body.channel_id, iso(body.run_at), body.payload)
+    request.app.services.region(Scheduler).nudge()
+    return wakeup
 
 
-def build_parser() -> argparse.ArgumentParser:
-    # SUPPRESS: `--data-dir` may come before or after `key rotate` without one erasing the other.
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", default=argparse.SUPPRESS, metavar="DIR",
-                        help="folder holding the SQLite database and the token secret"
-                             " (default: $ACTAE_DATA_DIR or ~/.actae)")
-    common.add_argument("--database", default=argparse.SUPPRESS, metavar="URL",
-                        help="a postgresql://user:password@host:port/name URL: keep the data in PostgreSQL,"
-                             " which several servers may share (default: $ACTAE_DATABASE_URL, else SQLite)")
-    parser = CommandLine(
-        prog="actae", parents=[common],
-        description="Actae community server: record agent runs, fork them at a step, never repeat a side effect.")
-    parser.add_argument("--host", default=DEFAULT_HOST, help=f"interface to listen on (default: {DEFAULT_HOST})")
-    parser.add_argument("--port", type=whole(0, 65535), default=DEFAULT_PORT,
-                        help=f"port to listen on; 0 picks a free one (default: {DEFAULT_PORT})")
-    parser.add_argument("--version", action="version", version=f"actae {__version__}",
-                        help="print the version and exit")
-    limits, default = parser.add_argument_group("who may connect, and for how long"), Settings()
-    limits.add_argument("--allow-host", action="append", default=[], metavar="NAME",
-                        help="also answer requests for this Host name (repeatable); loopback names and the "
-                             "bound address are always served, any other name gets 400 (DNS rebinding)")
-    limits.add_argument("--max-connections", type=whole(1, 1_000_000), default=default.max_connections, metavar="N",
-                        help=f"open connections before new requests get 503 (default: {default.max_connections})")
-    limits.add_argument("--header-timeout", type=seconds(3600), default=default.header_timeout, metavar="SECONDS",
-                        help=f"time for a request's headers (default: {default.header_timeout:g})")
-    limits.add_argument("--keepalive-timeout", type=seconds(3600), default=default.keepalive_timeout, metavar="SECONDS",
-                        help=f"how long an idle connection stays open (default: {default.keepalive_timeout:g})")
-    limits.add_argument("--body-timeout", type=seconds(86400), default=default.body_timeout, metavar="SECONDS",
-                        help=f"time for a request's whole body (default: {default.body_timeout:g})")
-    limits.add_argument("--max-header-bytes", type=whole(1024, 16 * 1024 * 1024), default=default.max_header_bytes, metavar="BYTES",
-                        help=f"request line and headers together (default: {default.max_header_bytes})")
-    parser.add_argument("--open-signup", action="store_true",
-                        help="let anyone create an account (by default only an admin key may)")
-    logs = parser.add_argument_group("what the server logs (to standard error)")
-    logs.add_argument("--log-level", choices=LOG_LEVELS, default="info",
-                      help="the least severe lines written: debug, info (one access line per request), warning or"
-                           " error (default: info)")
-    logs.add_argument("--log-format", choices=LOG_FORMATS, default="text",
-                      help="text, or json: one JSON object a line (time, level, logger, message and fields) for a"
-                           " log shipper (default: text)")
-    for add_flags in SERVE_FLAGS:
-        add_flags(parser)
-    # The same scope flags for a key and for an account.
-    scoped = argparse.ArgumentParser(add_help=False)
-    for action in ACTIONS[:3]:
-        scoped.add_argument(f"--{action}", action="append", default=[], metavar="PATTERN",
-                            help=f"channels it may {action}: '*', a prefix ending in '*', or an id (repeatable)")
-    scoped.add_argument("--admin", action="store_true", help="every action on every channel, plus keys and users")
-    commands = parser.add_subparsers(dest="command", parser_class=CommandLine)
-    add_core_commands(commands, common, scoped)
-    for add_commands in COMMAND_ADDERS:
-        add_commands(commands, common, scoped)
-    commands.metavar = "{" + ",".join(commands.choices) + "}"
-    return parser
+async def api_wakeups_list(request: Request, query: WakeupsQuery) -> Wakeups:
+    """The scheduled wake-ups (one run's, or of one status)."""
+    return Wakeups(wakeups=await db_of(request).read(list_wakeups, query.channel_id, query.status))
 
 
-def parse_command_line(argv: Optional[list]) -> argparse.Namespace:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:
-        args.parsed_by.unknown(extra)
-    return args
+async def api_wakeups_get(request: Request, path) -> Wakeup:
+    """One scheduled wake-up."""
+    return wakeup_of(await db_of(request).read(require_wakeup, path.wakeup_id))
 
 
-def add_core_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
-    """`actae key ...` and `actae user ...`: keys and accounts."""
-    key = add_command(commands, "key", key_command, [common], "manage API keys: create, list, revoke, rotate")
-    key_commands = add_credential_commands(key, "key", "key_id", "a key", "keys", (common, scoped), ("rotate",))
-    key_commands.add_parser("rotate", parents=[common],
-                            help="issue and print a new admin key; the old admin key stops working")
-    user = add_command(commands, "user", user_command, [common], "manage accounts: grant")
-    user_commands = user.add_subparsers(dest="user_command", required=True, metavar="{grant}")
-    grant = user_commands.add_parser("grant", parents=[common, scoped],
-                                     help="set the scopes an account's login tokens carry")
-    grant.add_argument("email")
+async def api_wakeups_cancel(request: Request, path) -> WakeupCancelled:
+    """Cancel a pending wake-up."""
+    return await db_of(request).write(cancel_wakeup, path.wakeup_id)
 
 
-LOG_LEVELS = ("debug", "info", "warning", "error")
-LOG_FORMATS = ("text", "json")
+WAKEUPS_API_ROUTES = (
+    Api("POST", "/api/v1/scheduler/wakeups", api_wakeups_schedule, body=ScheduleWakeup, scopes=writes(B)),
+    Api("GET", "/api/v1/scheduler/wakeups", api_wakeups_list, query=WakeupsQuery, scopes=reads("query.channel_id")),
+    Api("GET", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_get, scopes=reads("wakeup.wakeup_id")),
+    Api("DELETE", "/api/v1/scheduler/wakeups/{wakeup_id}", api_wakeups_cancel, scopes=deletes("wakeup.wakeup_id")),
+)
 
 
-def json_log_line(created: float, level: str, logger: str, message: str, fields: dict) -> str:
-    """A JSON log line: time, level, logger, message, and the record's fields beside them."""
-    return json.dumps({"time": iso(datetime.fromtimestamp(created, timezone.utc)), "level": level,
-                       "logger": logger, "message": message, **fields}, ensure_ascii=False, default=str)
+def install_scheduler(services: Services, options: dict) -> Installed:
+    """The task that fires due wake-ups, one per app."""
+    scheduler = Scheduler(services.db)
+    return Installed(services=(scheduler,), starts=(scheduler.start,), stops=(scheduler.stop,))
 
 
-class JsonLines(logging.Formatter):
-    """One JSON object a line (json_log_line), a record's `fields` and its exception included."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        fields = getattr(record, "fields", {})
-        if record.exc_info:
-            fields = {**fields, "exception": self.formatException(record.exc_info)}
-        return json_log_line(record.created, record.levelname.lower(), record.name, record.getMessage(), fields)
+WAKEUPS = declare(Region("wake-ups", features=("scheduler",), schema=(SchemaPart(1, wakeups_schema),),
+                         routes=WAKEUPS_API_ROUTES, installers=(install_scheduler,)))
 
 
-class BatchedLines(logging.StreamHandler):
-    """Standard error in batches: info lines (one access line a request) leave together at most a
-    quarter of a second later, in one write, not one write each; a warning or worse flushes at once."""
-
-    FLUSH_SECONDS, BATCH_MAX = 0.25, 256
-
-    def __init__(self, stream: Any):
-        super().__init__(stream)
-        self.lines: list = []
-        self.timer: Optional[threading.Timer] = None
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            line = self.format(record)
-        except Exception:  # noqa: BLE001 - as logging's own handlers: a bad record is reported, not raised
-            self.handleError(record)
-            return
-        with self.lock:
-            self.lines.append(line)
-            if record.levelno >= logging.WARNING or len(self.lines) >= self.BATCH_MAX:
-                self.write_lines()
-            elif self.timer is None:
-                self.timer = threading.Timer(self.FLUSH_SECONDS, self.flush)
-                self.timer.daemon = True
-                self.timer.start()
-
-    def write_lines_now(self, lines: list) -> None:
-        """Lines that come batched already (the access log's): written now, in one write, no timer."""
-        with self.lock:
-            self.lines += lines
-            self.write_lines()
-
-    def write_lines(self) -> None:
-        if self.lines:
-            self.stream.write("\n".join(self.lines) + "\n")
-            self.lines = []
-        self.stream.flush()
-
-    def flush(self) -> None:
-        with self.lock:
-            self.timer = None
-            self.write_lines()
+# =============================================================================
+# Groups: records
+# =============================================================================
+# --- consumer groups and execution groups ---------------------------------------------------
 
 
-def configure_logging(level: str, form: str) -> None:
-    """The process's log: to standard error, text or JSON lines, uvicorn's own lines included."""
-    handler = BatchedLines(sys.stderr)
-    handler.setFormatter(JsonLines() if form == "json" else
-                         logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level.upper())
-    ACCESS_LINES[:] = [AccessLines(handler, form)] if ACCESS_LOG.isEnabledFor(logging.INFO) else []
-    atexit.register(lambda: [lines.flush() for lines in ACCESS_LINES])
-    logging.getLogger("uvicorn").setLevel(max(logging.WARNING, root.level))
+class ChannelFilter(Record):
+    channel_id: Optional[ChannelId] = None
 
 
-def settings_of(args: argparse.Namespace) -> Settings:
-    regions: dict = {}
-    for read in SETTINGS_READERS:
-        regions.update(read(args))
-    return Settings(host=args.host, allow_hosts=tuple(args.allow_host), max_connections=args.max_connections,
-                    header_timeout=args.header_timeout, keepalive_timeout=args.keepalive_timeout,
-                    body_timeout=args.body_timeout, max_header_bytes=args.max_header_bytes,
-                    open_signup=args.open_signup, **regions)
+class CreateConsumerGroup(Record):
+    group_id: ChannelId
+    channel_id: ChannelId
+    metadata: Optional[JsonObject] = None
 
 
-def options_of(args: argparse.Namespace) -> dict:
-    """create_app's keywords for the regions (`otlp=`), from the flags they added."""
-    options: dict = {}
-    for read in OPTION_READERS:
-        options.update(read(args))
-    return options
+class Consumer(Record):
+    consumer_id: Name
+    lease_seconds: Lease = LEASE_DEFAULT
 
 
-def uvicorn_config(app: ActaeApp, settings: Settings) -> uvicorn.Config:
-    """uvicorn behind the connection's bounds (BoundedHttp); what it cannot bound itself is bounded there."""
-    arrivals = app.arrivals if isinstance(app, ActaeApp) else None
-    return uvicorn.Config(app, http=bounded_http(settings, arrivals), log_config=None, access_log=False,
-                          lifespan="on", ws_max_size=MAX_BODY_BYTES, timeout_graceful_shutdown=10,
-                          limit_concurrency=settings.max_connections,
-                          timeout_keep_alive=settings.keepalive_timeout)
+class ClaimWork(ClampedLimit, kw_only=True):
+    consumer_id: Name
 
 
-def serve(port: int, location: Location, settings: Settings, options: Optional[dict] = None) -> int:
-    """Bind first (so --port 0 prints the real port), print the banner, then serve until Ctrl-C."""
-    options = options or {}
-    host = settings.host
-    try:
-        sock = bind_socket(host, port)
-    except OSError as exc:
-        print(f"actae: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
-        return 1
-    raise_open_file_limit()
-    try:
-        key = write_once(location, first_key)
-    except (ActaeError, OSError, sqlite3.Error, *((psycopg.Error,) if psycopg else ())) as exc:
-        print(f"actae: cannot open the database at {location.describe()}: {exc}", file=sys.stderr)
-        return 1
-    shown_host = f"[{host}]" if ":" in host else host
-    print(f"Actae {__version__} — data in {location.describe()}")
-    print(f"Dashboard:   http://{shown_host}:{sock.getsockname()[1]}")
-    for line in BANNER_LINES:
-        text = line(settings, options)
-        if text:
-            print(text)
-    print_key_line(key)
-    sys.stdout.flush()
-    app = create_app(location.data_dir, database_url=location.url, env_key=os.environ.get("ACTAE_API_KEY"),
-                     settings=settings, **options)
-    log.info("listening on http://%s:%d (Press Ctrl-C to quit)", shown_host, sock.getsockname()[1],
-             extra={"fields": {"host": host, "port": sock.getsockname()[1], "backend": location.backend}})
-    try:
-        uvicorn.Server(uvicorn_config(app, settings)).run(sockets=[sock])
-    except KeyboardInterrupt:   # uvicorn re-raises Ctrl-C after its graceful shutdown has finished
-        pass
-    log.info("stopped: every answered write is on disk", extra={"fields": {"event": "shutdown"}})
-    return 0
+class AckWork(Record):
+    consumer_id: Name
+    cursor: Count
 
 
-def main(argv: Optional[list] = None) -> int:
-    args = parse_command_line(argv)
-    configure_logging(args.log_level, args.log_format)
-    try:
-        location = location_of(args)
-        run = getattr(args, "run", None)
-        if run is not None:
-            return run(args, location)
-        settings, options = settings_of(args), options_of(args)
-    except ActaeError as exc:           # a refused command or a bad flag's value: one line, as argparse's
-        raise SystemExit(f"actae: {exc.message}") from None
-    return serve(args.port, location, settings, options)
+class CreateExecutionGroup(Record):
+    group_id: ChannelId
+    metadata: Optional[JsonObject] = None
 
 
-def add_command(commands: Any, name: str, run: Callable, parents: list, help: str) -> argparse.ArgumentParser:
-    """A subcommand of `actae`: main calls `run(args, location)` for it."""
-    parser = commands.add_parser(name, parents=parents, help=help)
-    parser.set_defaults(run=run)
-    return parser
+class AddGroupMember(Record):
+    member_id: ChannelId
+    channel_id: ChannelId
+    role: Optional[Label] = None
+    metadata: Optional[JsonObject] = None
 
 
-def add_credential_commands(parser: argparse.ArgumentParser, command: str, id_name: str, one: str, many: str,
-                            parents: tuple, more: tuple = ()) -> Any:
-    """`actae COMMAND create|list|revoke` for a secret shown once at its creation (a key, an organisation
-    token); `more` names the further subcommands the caller adds to what this returns."""
-    common, scoped = parents
-    metavar = "{" + ",".join(("create", "list", "revoke", *more)) + "}"
-    kinds = parser.add_subparsers(dest=command.replace("-", "_") + "_command", required=True, metavar=metavar)
-    create = kinds.add_parser("create", parents=[common, scoped], help=f"issue {one} and print it once")
-    create.add_argument("--name", required=True, help=f"what it is for (shown by `{command} list`)")
-    create.add_argument("--expires-in", type=days(positive=True), metavar="DAYS", help="it stops working after DAYS days")
-    listing = kinds.add_parser("list", parents=[common], help=f"the active {many} (never the secrets themselves)")
-    listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
-    revoke = kinds.add_parser("revoke", parents=[common], help=f"end {one} now")
-    revoke.add_argument(id_name, type=whole(1, INT64_MAX), metavar="ID", help=f"the id `{command} list` shows")
-    return kinds
+class LeaseClaim(Record):
+    owner_id: Name
+    lease_seconds: Lease = LEASE_DEFAULT
 
 
-def print_listing(as_json: bool, document: Any, heading: str, lines: typing.Iterable[str]) -> None:
-    """A list command's answer: the JSON document with --json, else a table (its heading, then its lines)."""
-    if as_json:
-        print_json(document)
-        return
-    print(heading)
-    for line in lines:
-        print(line)
+class LeaseHolder(Record):
+    owner_id: Name
+    generation: Count
+    lease_seconds: Lease = LEASE_DEFAULT
 
 
-def print_issued(noun: str, issued: Any) -> None:
-    expires = f", expires {issued.expires_at}" if issued.expires_at else ""
-    print(f"{noun} {issued.id} ({issued.name}): {scopes_text(issued.scopes)}{expires}")
+class SendMessage(Idempotent, kw_only=True):
+    from_member_id: ChannelId
+    to_member_id: ChannelId
+    type: Name
+    payload: Document = None
+    causal_context: Optional[JsonObject] = None
 
 
-def print_revoked(noun: str, revoked: Any) -> None:
-    print(f"{noun} {revoked.id} ({revoked.name}) revoked at {revoked.revoked_at}")
+class InboxQuery(ClampedLimit):
+    after: Optional[Id] = None
 
 
-def print_passed_over(heading: str, items: list) -> None:
-    """The runs a command left alone, each with its reason; nothing when there are none."""
-    if items:
-        print(f"{heading}:")
-        for item in items:
-            print(f"  {item.channel_id}: {item.reason}")
+class ForkExecutionGroup(Record):
+    fork_group_id: ChannelId
+    source_group_id: ChannelId
+    intervention_member_id: ChannelId
+    intervention_cursor: Count
+    member_policies: Optional[dict[ChannelId, Literal[MEMBER_POLICIES]]] = None
+    tool_policies: Optional[ToolPolicies] = None
+
+    def __post_init__(self):
+        self.member_policies = self.member_policies or {}
+        self.tool_policies = self.tool_policies or {}
 
 
-def print_json(value: Any) -> None:
-    """A command's --json answer: the API's encoding, indented for a reader."""
-    print(msgspec.json.format(msgspec.json.encode(value), indent=2).decode())
+class ConsumerGroup(Answer):
+    group_id: str
+    channel_id: str
+    created_at: str
+    metadata: Json
+    committed_cursor: int
 
 
-def scopes_of_args(args: argparse.Namespace) -> dict:
-    """The scope flags as checked scopes (a bad pattern is a BadRequest: main says it in one line)."""
-    fields = {action: getattr(args, action) for action in ACTIONS[:3]}
-    fields["admin"] = ["*"] if args.admin else []
-    return msgspec.structs.asdict(record_from(Scopes, fields, "scopes"))
+class ConsumerGroups(Answer):
+    groups: list[ConsumerGroup]
 
 
-def scopes_text(scopes: Permissions) -> str:
-    granted = [(action, getattr(scopes, action)) for action in ACTIONS]
-    return "; ".join(f"{action}={','.join(patterns)}" for action, patterns in granted if patterns) or "(none)"
+class Offset(Answer):
+    group_id: str
+    consumer_id: str
+    last_cursor: int
+    claimed_cursor: int
+    lease_until: str
+    updated_at: str
 
 
-def key_command(args: argparse.Namespace, location: Location) -> int:
-    """`actae key create|list|revoke|rotate`."""
-    if args.key_command == "rotate":
-        print_key_line(write_once(location, rotate_key))
-    elif args.key_command == "create":
-        created = write_once(location, create_key, args.name, scopes_of_args(args), args.expires_in)
-        print_issued("Key", created)
-        print_key_line(created.key)
-    elif args.key_command == "list":
-        keys = read_once(location, list_keys)
-        print_listing(args.json, Keys(keys=keys),
-                      f"{'ID':>4}  {'NAME':<20} {'SCOPES':<40} {'CREATED':<25} {'LAST USED':<25} EXPIRES",
-                      (f"{k.id:>4}  {k.name or '':<20} {scopes_text(k.scopes):<40} {k.created_at:<25} "
-                       f"{k.last_used_at or 'never':<25} {k.expires_at or 'never'}" for k in keys))
+class Offsets(Answer):
+    offsets: list[Offset]
+
+
+class Work(Answer):
+    group_id: str
+    consumer_id: str
+    events: list[Event]
+    lease_until: str
+
+
+# --- execution groups ------------------------------------------------------------------------------
+
+
+class ExecutionGroup(Answer):
+    group_id: str
+    status: str
+    metadata: Json
+    created_at: str
+    updated_at: str
+
+
+class ExecutionGroups(Answer):
+    groups: list[ExecutionGroup]
+
+
+class MemberLease(Answer):
+    group_id: str
+    member_id: str
+    owner_id: Optional[str]
+    generation: int
+    lease_until: Optional[str]
+
+
+class Member(MemberLease):
+    channel_id: str
+    role: Optional[str]
+    metadata: Json
+
+
+class Members(Answer):
+    members: list[Member]
+
+
+class Released(Done, kw_only=True):
+    member: Member
+
+
+class Message(Answer):
+    message_id: str
+    group_id: str
+    from_member_id: str
+    to_member_id: str
+    type: str
+    payload: Json
+    causal_context: Json
+    source_event_id: Optional[str]
+    delivery_event_id: Optional[str]
+    status: str
+    acknowledged_at: Optional[str]
+    created_at: str
+
+
+class Messages(Answer):
+    messages: list[Message]
+
+
+class ForkedMember(Answer):
+    policy: Literal[MEMBER_POLICIES]
+    source_channel_id: str
+    channel_id: str
+    receipt: Optional[Receipt]
+
+
+class GroupFork(Answer):
+    """A group fork's one receipt, stored as it was first answered."""
+
+    fork_group_id: str
+    source_group_id: str
+    intervention_member_id: str
+    intervention_cursor: int
+    member_policies: dict[str, Literal[MEMBER_POLICIES]]
+    tool_policies: Optional[dict[str, str]]
+    members: dict[str, ForkedMember]
+    promoted: list[str]
+    created_at: str
+
+
+class GroupForkAnswer(Answer):
+    fork: GroupFork
+
+
+# =============================================================================
+# Groups: consumer groups (at-least-once workers on one channel)
+# =============================================================================
+
+def groups_schema(w: SchemaWords) -> str:
+    """The groups' tables (in the first step, as they were before groups were a region)."""
+    return f"""
+    -- Consumer groups: competing consumers share one channel; each claim reserves a cursor range.
+    CREATE TABLE consumer_groups (
+        id                TEXT PRIMARY KEY,
+        channel_id        TEXT NOT NULL,
+        metadata          TEXT,
+        committed_cursor  {w.integer} NOT NULL DEFAULT 0,   -- acked watermark: work at or below is done
+        created_at        TEXT NOT NULL
+    );
+    CREATE TABLE group_consumers (
+        group_id       TEXT NOT NULL REFERENCES consumer_groups(id),
+        consumer_id    TEXT NOT NULL,
+        lease_until    TEXT NOT NULL,
+        reserved_from  {w.integer} NOT NULL DEFAULT 0,     -- reservation is (reserved_from, claimed_cursor]
+        claimed_cursor {w.integer} NOT NULL DEFAULT 0,
+        acked_cursor   {w.integer} NOT NULL DEFAULT 0,     -- processed up to here within the reservation
+        updated_at     TEXT NOT NULL,
+        PRIMARY KEY (group_id, consumer_id)
+    );
+
+    -- Execution groups: members (each one channel), leased to one owner at a time, exchanging messages.
+    CREATE TABLE execution_groups (
+        id          TEXT PRIMARY KEY,
+        status      TEXT NOT NULL DEFAULT '{EXECUTION_GROUP_STATUSES[0]}'
+                        CHECK (status IN ({sql_list(EXECUTION_GROUP_STATUSES)})),
+        metadata    TEXT,
+        fork        TEXT,                      -- the group-fork receipt when this group is a fork
+        created_at  TEXT NOT NULL,
+        updated_at  TEXT NOT NULL
+    );
+    CREATE TABLE execution_group_members (
+        group_id     TEXT NOT NULL REFERENCES execution_groups(id),
+        member_id    TEXT NOT NULL,
+        channel_id   TEXT NOT NULL,
+        role         TEXT,
+        metadata     TEXT,
+        owner_id     TEXT,
+        generation   {w.integer} NOT NULL DEFAULT 0,   -- bumped by every claim: fences stale owners
+        lease_until  TEXT,
+        created_at   TEXT NOT NULL,
+        PRIMARY KEY (group_id, member_id)
+    );
+    CREATE TABLE group_messages (
+        seq                {w.serial},     -- delivery order
+        id                 TEXT NOT NULL UNIQUE,
+        group_id           TEXT NOT NULL REFERENCES execution_groups(id),
+        from_member_id     TEXT NOT NULL,
+        to_member_id       TEXT NOT NULL,
+        type               TEXT NOT NULL,
+        payload            TEXT,
+        causal_context     TEXT,
+        source_event_id    TEXT NOT NULL,
+        delivery_event_id  TEXT NOT NULL,
+        status             TEXT NOT NULL CHECK (status IN ({sql_list(GROUP_MESSAGE_STATUSES)})),
+        operation_id       TEXT,
+        request_hash       TEXT NOT NULL,
+        created_at         TEXT NOT NULL,
+        acknowledged_at    TEXT,
+        UNIQUE (group_id, operation_id)
+    );
+    CREATE INDEX group_messages_inbox ON group_messages (group_id, to_member_id, seq);
+    """
+
+
+def consumer_acks_schema(w: SchemaWords) -> str:
+    """Step 2: a consumer's own last acknowledged cursor."""
+    return f"""
+    -- acked_cursor restarts with each reservation; this one does not.
+    ALTER TABLE group_consumers ADD COLUMN last_acked_cursor {w.integer} NOT NULL DEFAULT 0;
+    """
+
+
+def consumer_group_of(row: Row) -> ConsumerGroup:
+    return ConsumerGroup(group_id=row["id"], channel_id=row["channel_id"], created_at=row["created_at"],
+                         metadata=load(row["metadata"]), committed_cursor=row["committed_cursor"])
+
+
+def require_consumer_group(conn: Conn, group_id: str) -> Row:
+    return present(row_where(conn, "consumer_groups", id=group_id), lambda: NotFound(f"consumer group {group_id} not found"))
+
+
+def create_consumer_group(tx: Tx, group_id: str, channel_id: str, metadata: Optional[dict]) -> ConsumerGroup:
+    existing = row_where(tx.conn, "consumer_groups", id=group_id)
+    if existing is not None:
+        if existing["channel_id"] != channel_id:
+            raise Conflict("channel_conflict", f"consumer group {group_id} already reads {existing['channel_id']}")
+        return consumer_group_of(existing)
+    tx.conn.execute("INSERT INTO consumer_groups (id, channel_id, metadata, created_at) VALUES (?, ?, ?, ?)",
+                    (group_id, channel_id, dump(metadata), tx.ts))
+    return consumer_group_of(require_consumer_group(tx.conn, group_id))
+
+
+def list_consumer_groups(conn: Conn, channel_id: Optional[str]) -> list[ConsumerGroup]:
+    rows = conn.execute("SELECT * FROM consumer_groups WHERE CAST(? AS TEXT) IS NULL OR channel_id = ? ORDER BY id",
+                        (channel_id, channel_id))
+    return [consumer_group_of(r) for r in rows.fetchall()]
+
+
+def delete_consumer_group(tx: Tx, group_id: str) -> DeletedId:
+    require_consumer_group(tx.conn, group_id)
+    tx.conn.execute("DELETE FROM group_consumers WHERE group_id = ?", (group_id,))
+    tx.conn.execute("DELETE FROM consumer_groups WHERE id = ?", (group_id,))
+    return DeletedId(deleted=group_id)
+
+
+def offset_of(group: Row, consumer: Row) -> Offset:
+    return Offset(group_id=group["id"], consumer_id=consumer["consumer_id"], last_cursor=consumer["last_acked_cursor"],
+                  claimed_cursor=consumer["claimed_cursor"], lease_until=consumer["lease_until"],
+                  updated_at=consumer["updated_at"])
+
+
+def active_consumer(tx: Tx, group_id: str, consumer_id: str) -> Row:
+    row = tx.conn.execute("SELECT * FROM group_consumers WHERE group_id = ? AND consumer_id = ?",
+                          (group_id, consumer_id)).fetchone()
+    if row is None or row["lease_until"] <= tx.ts:
+        raise Conflict("consumer_not_found", f"consumer {consumer_id} has no active lease in group {group_id}; join first")
+    return row
+
+
+def join_group(tx: Tx, group_id: str, consumer_id: str, lease_seconds: int) -> Offset:
+    group = require_consumer_group(tx.conn, group_id)
+    lease_until = iso(tx.now + timedelta(seconds=lease_seconds))
+    tx.conn.execute(
+        "INSERT INTO group_consumers (group_id, consumer_id, lease_until, updated_at) VALUES (?, ?, ?, ?)"
+        " ON CONFLICT (group_id, consumer_id) DO UPDATE SET lease_until = excluded.lease_until,"
+        " updated_at = excluded.updated_at", (group_id, consumer_id, lease_until, tx.ts))
+    return offset_of(group, active_consumer(tx, group_id, consumer_id))
+
+
+def release_lapsed(tx: Tx, group: Row) -> None:
+    """A consumer whose lease ran out loses its reservation: its unacked events are free to claim."""
+    tx.conn.execute("UPDATE group_consumers SET reserved_from = ?, claimed_cursor = ?, acked_cursor = ?"
+                    " WHERE group_id = ? AND lease_until <= ? AND claimed_cursor > ?",
+                    (group["committed_cursor"],) * 3 + (group["id"], tx.ts, group["committed_cursor"]))
+
+
+def first_unreserved(tx: Tx, group: Row) -> tuple:
+    """(start, stop): the lowest cursor range above the watermark that no reservation covers.
+
+    Fully acked reservations still count until the watermark passes them: that work is done.
+    """
+    held = tx.conn.execute(
+        "SELECT reserved_from, claimed_cursor FROM group_consumers WHERE group_id = ? AND claimed_cursor > ?"
+        " ORDER BY reserved_from", (group["id"], group["committed_cursor"]))
+    start = group["committed_cursor"]
+    for lower, upper in held.fetchall():
+        if lower > start:
+            return start, lower
+        start = max(start, upper)
+    return start, None
+
+
+def claim_work(tx: Tx, group_id: str, consumer_id: str, limit: int) -> Work:
+    """Reserve the next events for this consumer (at-least-once, competing consumers).
+
+    Each consumer holds at most one reservation, the cursor range (reserved_from, claimed_cursor].
+    Its own unacked rest is handed back first (a restarted worker resumes where it was); otherwise
+    it gets the lowest range above the group's watermark that no reservation covers. Lapsed
+    consumers' reservations are released first, so a crashed worker's events are redelivered.
+    Delivery is at-least-once: a consumer that takes over such a range gives up the record of its
+    own finished range above it, which is then delivered again.
+    """
+    group = require_consumer_group(tx.conn, group_id)
+    consumer = active_consumer(tx, group_id, consumer_id)
+    release_lapsed(tx, group)
+    if consumer["acked_cursor"] < consumer["claimed_cursor"]:
+        start = max(consumer["reserved_from"], consumer["acked_cursor"], group["committed_cursor"])
+        stop = consumer["claimed_cursor"]
     else:
-        print_revoked("Key", write_once(location, revoke_key, args.key_id))
-    return 0
+        start, stop = first_unreserved(tx, group)
+    events = [event_of(r) for r in events_after(tx.conn, group["channel_id"], start, limit, upto=stop)]
+    if events:
+        tx.conn.execute("UPDATE group_consumers SET reserved_from = ?, claimed_cursor = ?, acked_cursor = ?,"
+                        " updated_at = ? WHERE group_id = ? AND consumer_id = ?",
+                        (start, events[-1].cursor, start, tx.ts, group_id, consumer_id))
+    return Work(group_id=group_id, consumer_id=consumer_id, events=events, lease_until=consumer["lease_until"])
 
 
-def user_command(args: argparse.Namespace, location: Location) -> int:
-    """`actae user grant EMAIL [scope flags]`."""
-    granted = write_once(location, grant_user, args.email, scopes_of_args(args))
-    print(f"{granted.email}: {scopes_text(granted.scopes)}")
-    return 0
+def advance_watermark(tx: Tx, group_id: str) -> None:
+    """Move the group's watermark over every reservation that is fully acked, in cursor order."""
+    group = require_consumer_group(tx.conn, group_id)
+    position = group["committed_cursor"]
+    for lower, upper, acked in tx.conn.execute(
+            "SELECT reserved_from, claimed_cursor, acked_cursor FROM group_consumers WHERE group_id = ?"
+            " AND claimed_cursor > ? ORDER BY reserved_from", (group_id, position)).fetchall():
+        if lower > position:
+            break                       # nobody processed the events in between yet
+        position = max(position, acked)
+        if acked < upper:
+            break
+    tx.conn.execute("UPDATE consumer_groups SET committed_cursor = ? WHERE id = ?", (position, group_id))
 
 
-def location_of(args: argparse.Namespace) -> Location:
-    """--database (or $ACTAE_DATABASE_URL) picks PostgreSQL; otherwise the SQLite file in the data dir."""
-    url = getattr(args, "database", None) or os.environ.get("ACTAE_DATABASE_URL") or None
-    if url is not None:
-        if urlsplit(url).scheme not in ("postgresql", "postgres"):
-            raise SystemExit(f"actae: --database takes a postgresql://user:password@host:port/name URL (got {url!r});"
-                             " without it the server uses SQLite in the data dir")
-        if psycopg is None:
-            raise SystemExit("actae: PostgreSQL needs psycopg: pip install 'psycopg[binary]' psycopg_pool")
-    return Location(data_dir_of(args), url)
+def ack_work(tx: Tx, group_id: str, consumer_id: str, cursor: int) -> Offset:
+    """Mark this consumer's events up to `cursor` processed; the group watermark follows when it can."""
+    require_consumer_group(tx.conn, group_id)
+    consumer = active_consumer(tx, group_id, consumer_id)
+    if cursor > consumer["claimed_cursor"]:
+        raise Conflict("ack_beyond_claim", f"consumer {consumer_id} holds events up to cursor "
+                                           f"{consumer['claimed_cursor']}, not {cursor}; claim work first")
+    tx.conn.execute("UPDATE group_consumers SET acked_cursor = ?, last_acked_cursor = ?, updated_at = ?"
+                    " WHERE group_id = ? AND consumer_id = ?",
+                    (max(consumer["acked_cursor"], cursor), max(consumer["last_acked_cursor"], cursor), tx.ts,
+                     group_id, consumer_id))
+    advance_watermark(tx, group_id)
+    return offset_of(require_consumer_group(tx.conn, group_id), active_consumer(tx, group_id, consumer_id))
 
 
-def data_dir_of(args: argparse.Namespace) -> Path:
-    """The data folder, made when missing; exits (2) with one line when it cannot be used."""
-    chosen = getattr(args, "data_dir", None) or os.environ.get("ACTAE_DATA_DIR") or "~/.actae"
-    path = Path(chosen).expanduser()
-    if path.exists() and not path.is_dir():
-        refuse_flag(f"--data-dir {chosen} is a file, not a folder: name a folder (it is made when missing)")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        refuse_flag(f"--data-dir {chosen}: cannot make that folder: {exc.strerror or exc}")
-    if not os.access(path, os.W_OK | os.X_OK):
-        refuse_flag(f"--data-dir {chosen}: this user may not write in that folder")
-    return path
+def heartbeat_consumer(tx: Tx, group_id: str, consumer_id: str, lease_seconds: int) -> Offset:
+    group = require_consumer_group(tx.conn, group_id)
+    active_consumer(tx, group_id, consumer_id)
+    tx.conn.execute("UPDATE group_consumers SET lease_until = ?, updated_at = ? WHERE group_id = ? AND consumer_id = ?",
+                    (iso(tx.now + timedelta(seconds=lease_seconds)), tx.ts, group_id, consumer_id))
+    return offset_of(group, active_consumer(tx, group_id, consumer_id))
 
 
-def refuse_flag(message: str) -> typing.NoReturn:
-    print(f"actae: {message}", file=sys.stderr)
-    raise SystemExit(2)
+def group_offsets(conn: Conn, group_id: str) -> list[Offset]:
+    group = require_consumer_group(conn, group_id)
+    rows = conn.execute("SELECT * FROM group_consumers WHERE group_id = ? ORDER BY consumer_id", (group_id,))
+    return [offset_of(group, r) for r in rows.fetchall()]
 
 
-def write_once(location: Location, work: Callable, *args):
-    """One write transaction from the command line, on the same job runner the server uses."""
-    conn = connect_sync(location)
-    try:
-        ((result, events),) = run_jobs(conn, [Job(work, args, None)])
-    finally:
-        conn.close()
-    if events is None:
-        raise result
-    return result
+# =============================================================================
+# Groups: execution groups (members with fenced leases, durable messages, group forks)
+# =============================================================================
+
+def execution_group_of(row: Row) -> ExecutionGroup:
+    return ExecutionGroup(group_id=row["id"], status=row["status"], metadata=load(row["metadata"]) or {},
+                          created_at=row["created_at"], updated_at=row["updated_at"])
 
 
-def read_once(location: Location, work: Callable, *args):
-    conn = connect_sync(location)
-    try:
-        return work(conn, *args)
-    finally:
-        conn.close()
+def member_of(row: Row) -> Member:
+    return Member(group_id=row["group_id"], member_id=row["member_id"], channel_id=row["channel_id"], role=row["role"],
+                  metadata=load(row["metadata"]) or {}, owner_id=row["owner_id"], generation=row["generation"],
+                  lease_until=row["lease_until"])
 
 
-def print_key_line(key: Optional[str]) -> None:
-    if key:
-        print(f"API key:     {key}   (shown once — store it now)")
-    else:
-        print(f"API key:     already issued at first start (run `{program_name()} key rotate` for a new one)")
+def lease_of(row: Row) -> MemberLease:
+    return MemberLease(group_id=row["group_id"], member_id=row["member_id"], owner_id=row["owner_id"],
+                 generation=row["generation"], lease_until=row["lease_until"])
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    return sock
+def message_of(row: Row) -> Message:
+    return Message(message_id=row["id"], group_id=row["group_id"], from_member_id=row["from_member_id"],
+                   to_member_id=row["to_member_id"], type=row["type"], payload=load(row["payload"]),
+                   causal_context=load(row["causal_context"]), source_event_id=row["source_event_id"],
+                   delivery_event_id=row["delivery_event_id"], status=row["status"],
+                   acknowledged_at=row["acknowledged_at"], created_at=row["created_at"])
 
 
+def require_execution_group(conn: Conn, group_id: str) -> Row:
+    return present(row_where(conn, "execution_groups", id=group_id), lambda: NotFound(f"execution group {group_id} not found"))
 
 
+def require_member(conn: Conn, group_id: str, member_id: str) -> Row:
+    return present(row_where(conn, "execution_group_members", group_id=group_id, member_id=member_id),
+                   lambda: NotFound(f"member {member_id} of execution group {group_id} not found"))
 
 
+def list_execution_groups(conn: Conn) -> list[ExecutionGroup]:
+    return [execution_group_of(r) for r in conn.execute("SELECT * FROM execution_groups ORDER BY created_at, id")]
 
 
+def list_group_members(conn: Conn, group_id: str) -> list[Member]:
+    require_execution_group(conn, group_id)
+    return [member_of(r) for r in rows_where(conn, "execution_group_members", "member_id", group_id=group_id)]
 
 
+def create_execution_group(tx: Tx, group_id: str, metadata: Optional[dict], fork: Optional[dict] = None) -> ExecutionGroup:
+    tx.conn.execute("INSERT INTO execution_groups (id, metadata, fork, created_at, updated_at) VALUES (?, ?, ?, ?, ?)"
+                    " ON CONFLICT (id) DO NOTHING", (group_id, dump(metadata or {}), dump(fork), tx.ts, tx.ts))
+    return execution_group_of(require_execution_group(tx.conn, group_id))
+
+
+def add_group_member(tx: Tx, group_id: str, member_id: str, channel_id: str, role: Optional[str],
+                     metadata: Optional[dict]) -> Member:
+    require_execution_group(tx.conn, group_id)
+    existing = row_where(tx.conn, "execution_group_members", group_id=group_id, member_id=member_id)
+    if existing is not None and existing["channel_id"] != channel_id:
+        raise Conflict("channel_conflict", f"member {member_id} already runs on channel {existing['channel_id']}")
+    ensure_channel(tx, channel_id)
+    tx.conn.execute(
+        "INSERT INTO execution_group_members (group_id, member_id, channel_id, role, metadata, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (group_id, member_id) DO UPDATE SET role = excluded.role,"
+        " metadata = excluded.metadata", (group_id, member_id, channel_id, role, dump(metadata or {}), tx.ts))
+    return member_of(require_member(tx.conn, group_id, member_id))
+
+
+def claim_member(tx: Tx, group_id: str, member_id: str, owner_id: str, lease_seconds: int) -> MemberLease:
+    """Lease a member to one owner; every claim bumps the generation, so older leases go stale."""
+    member = require_member(tx.conn, group_id, member_id)
+    held = member["owner_id"] is not None and member["lease_until"] is not None and member["lease_until"] > tx.ts
+    if held and member["owner_id"] != owner_id:
+        raise Conflict("execution_not_owned", f"member {member_id} is leased to another owner until "
+                                              f"{member['lease_until']}")
+    tx.conn.execute("UPDATE execution_group_members SET owner_id = ?, generation = generation + 1, lease_until = ?"
+                    " WHERE group_id = ? AND member_id = ?",
+                    (owner_id, iso(tx.now + timedelta(seconds=lease_seconds)), group_id, member_id))
+    return lease_of(require_member(tx.conn, group_id, member_id))
+
+
+def current_lease(tx: Tx, group_id: str, member_id: str, owner_id: Optional[str], generation: Optional[int]) -> Row:
+    member = require_member(tx.conn, group_id, member_id)
+    if (member["owner_id"] != owner_id or member["generation"] != generation
+            or member["lease_until"] is None or member["lease_until"] <= tx.ts):
+        raise Conflict("execution_not_owned", f"owner {owner_id} generation {generation} no longer holds "
+                                              f"member {member_id} (stale, released or expired lease)")
+    return member
+
+
+def heartbeat_member(tx: Tx, group_id: str, member_id: str, owner_id: str, generation: int,
+                     lease_seconds: int) -> MemberLease:
+    current_lease(tx, group_id, member_id, owner_id, generation)
+    tx.conn.execute("UPDATE execution_group_members SET lease_until = ? WHERE group_id = ? AND member_id = ?",
+                    (iso(tx.now + timedelta(seconds=lease_seconds)), group_id, member_id))
+    return lease_of(require_member(tx.conn, group_id, member_id))
+
+
+def release_member(tx: Tx, group_id: str, member_id: str, owner_id: str, generation: int) -> Released:
+    current_lease(tx, group_id, member_id, owner_id, generation)
+    tx.conn.execute("UPDATE execution_group_members SET owner_id = NULL, lease_until = NULL"
+                    " WHERE group_id = ? AND member_id = ?", (group_id, member_id))
+    return Released(member=member_of(require_member(tx.conn, group_id, member_id)))
+
+
+def send_group_message(tx: Tx, group_id: str, req: SendMessage) -> Message:
+    """A source event on the sender's channel, `message.received` on the recipient's, one inbox row."""
+    require_execution_group(tx.conn, group_id)
+    hashed = request_hash({k: getattr(req, k) for k in ("from_member_id", "to_member_id", "type", "payload", "causal_context")})
+    if req.operation_id is not None:
+        earlier = tx.conn.execute("SELECT * FROM group_messages WHERE group_id = ? AND operation_id = ?",
+                                  (group_id, req.operation_id)).fetchone()
+        if earlier is not None:
+            require_same_request(earlier["request_hash"], hashed, req.operation_id, "message")
+            return message_of(earlier)
+    sender = require_member(tx.conn, group_id, req.from_member_id)
+    recipient = require_member(tx.conn, group_id, req.to_member_id)
+    message_id = str(uuid.uuid4())
+    body = {"message_id": message_id, "group_id": group_id, "from": {"member": sender["member_id"]},
+            "to": {"member": recipient["member_id"]}, "type": req.type, "payload": req.payload,
+            "causal_context": req.causal_context}
+    source = append_event(tx, sender["channel_id"], "message.sent", body, actor=sender["member_id"])
+    delivery = append_event(tx, recipient["channel_id"], "message.received", body, actor=sender["member_id"],
+                            depends_on=source.id)
+    tx.conn.execute(
+        "INSERT INTO group_messages (id, group_id, from_member_id, to_member_id, type, payload, causal_context,"
+        " source_event_id, delivery_event_id, status, operation_id, request_hash, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'delivered', ?, ?, ?)",
+        (message_id, group_id, sender["member_id"], recipient["member_id"], req.type, dump(req.payload),
+         dump(req.causal_context), source.id, delivery.id, req.operation_id, hashed, tx.ts))
+    return message_of(row_where(tx.conn, "group_messages", id=message_id))
+
+
+def member_inbox(conn: Conn, group_id: str, member_id: str, after: Optional[str], limit: int) -> list[Message]:
+    """Messages to a member, oldest first, strictly after the message `after` (a durable cursor)."""
+    require_member(conn, group_id, member_id)
+    after_seq = 0
+    if after:
+        row = conn.execute("SELECT seq FROM group_messages WHERE id = ? AND group_id = ?", (after, group_id)).fetchone()
+        if row is None:
+            raise NotFound(f"message {after} not found in execution group {group_id}")
+        after_seq = row["seq"]
+    rows = conn.execute("SELECT * FROM group_messages WHERE group_id = ? AND to_member_id = ? AND seq > ?"
+                        " ORDER BY seq LIMIT ?", (group_id, member_id, after_seq, limit))
+    return [message_of(r) for r in rows.fetchall()]
+
+
+def acknowledge_message(tx: Tx, message_id: str, owner_id: str, generation: int) -> Message:
+    row = present(row_where(tx.conn, "group_messages", id=message_id), lambda: NotFound(f"message {message_id} not found"))
+    current_lease(tx, row["group_id"], row["to_member_id"], owner_id, generation)
+    if row["status"] != "acknowledged":
+        tx.conn.execute("UPDATE group_messages SET status = 'acknowledged', acknowledged_at = ? WHERE id = ?",
+                        (tx.ts, message_id))
+    return message_of(row_where(tx.conn, "group_messages", id=message_id))
+
+
+def fork_execution_group(tx: Tx, req: ForkExecutionGroup) -> GroupFork:
+    """Fork a whole group: the intervention member at its cursor, the others at their latest state
+    (or shared as-is with policy "share"); one receipt, recovered as-is when asked again."""
+    fork_id, source_id = req.fork_group_id, req.source_group_id
+    definition = {k: getattr(req, k) for k in ("source_group_id", "intervention_member_id", "intervention_cursor",
+                                               "member_policies", "tool_policies")}
+    existing = row_where(tx.conn, "execution_groups", id=fork_id)
+    if existing is not None:
+        receipt = load(existing["fork"])
+        if receipt is None or {k: receipt.get(k) for k in definition} != definition:
+            raise Conflict("channel_conflict", f"execution group {fork_id} already exists with another definition")
+        return group_fork_of(receipt)
+    require_execution_group(tx.conn, source_id)
+    members = rows_where(tx.conn, "execution_group_members", "member_id", group_id=source_id)
+    member_ids = {m["member_id"] for m in members}
+    if req.intervention_member_id not in member_ids:
+        raise NotFound(f"member {req.intervention_member_id} of execution group {source_id} not found")
+    unknown = sorted(set(req.member_policies) - member_ids)
+    if unknown:
+        raise BadRequest(f"member_policies name members that {source_id} does not have: {', '.join(unknown)}")
+    if req.member_policies.get(req.intervention_member_id, "fork") != "fork":
+        raise BadRequest("the intervention member is always forked (at intervention_cursor); it cannot be shared")
+    create_execution_group(tx, fork_id, {"forked_from": source_id})
+    forked = {}
+    for member in members:
+        policy = req.member_policies.get(member["member_id"], "fork")
+        channel_id = member["channel_id"]
+        receipt = None
+        if policy == "fork":
+            at = req.intervention_cursor if member["member_id"] == req.intervention_member_id else 0
+            receipt = fork_channel(tx, Fork(
+                source_channel_id=channel_id, new_channel_id=valid_channel(f"{fork_id}.{member['member_id']}"),
+                at_cursor=at, display_name=f"{fork_id}/{member['member_id']}",
+                reason=f"group fork {fork_id} of {source_id}", manifest={"group_fork": fork_id},
+                tool_policies=req.tool_policies or None))
+            channel_id = receipt.child_channel_id
+        add_group_member(tx, fork_id, member["member_id"], channel_id, member["role"], load(member["metadata"]))
+        forked[member["member_id"]] = ForkedMember(policy=policy, source_channel_id=member["channel_id"],
+                                                   channel_id=channel_id, receipt=receipt)
+    fork = GroupFork(fork_group_id=fork_id, **definition, members=forked, promoted=[], created_at=tx.ts)
+    tx.conn.execute("UPDATE execution_groups SET fork = ? WHERE id = ?", (dump(fork), fork_id))
+    return fork
+
+
+def group_fork_of(stored: dict) -> GroupFork:
+    """A group fork's receipt as it was stored (the JSON of the first answer)."""
+    return msgspec.convert(stored, GroupFork)
+
+
+def require_group_fork(conn: Conn, fork_id: str) -> GroupFork:
+    fork = load(require_execution_group(conn, fork_id)["fork"])
+    if fork is None:
+        raise NotFound(f"execution group {fork_id} is not a group fork")
+    return group_fork_of(fork)
+
+
+def promote_group_fork_member(tx: Tx, fork_id: str, member_id: str) -> GroupFork:
+    fork = require_group_fork(tx.conn, fork_id)
+    member = fork.members.get(member_id)
+    if member is None:
+        raise NotFound(f"member {member_id} of group fork {fork_id} not found")
+    if member.receipt is None:
+        raise BadRequest(f"member {member_id} was shared, not forked: there is nothing to promote")
+    if member_id not in fork.promoted:
+        promote_channel(tx, member.channel_id)
+        fork.promoted.append(member_id)
+        tx.conn.execute("UPDATE execution_groups SET fork = ?, updated_at = ? WHERE id = ?",
+                        (dump(fork), tx.ts, fork_id))
+    return fork
+
+
+# =============================================================================
+# Groups: handlers and routes
+# =============================================================================
+
+async def api_groups_create(request: Request, body: CreateConsumerGroup) -> ConsumerGroup:
+    """Create a consumer group that reads a run's events at least once across competing consumers."""
+    return await db_of(request).write(create_consumer_group, body.group_id, body.channel_id, body.metadata)
+
+
+async def api_groups_list(request: Request, query: ChannelFilter) -> ConsumerGroups:
+    """The consumer groups (one run's, with channel_id)."""
+    return ConsumerGroups(groups=await db_of(request).read(list_consumer_groups, query.channel_id))
+
+
+async def api_groups_delete(request: Request, path) -> DeletedId:
+    """Delete a consumer group."""
+    return await db_of(request).write(delete_consumer_group, path.group_id)
+
+
+async def api_groups_join(request: Request, path, body: Consumer) -> Offset:
+    """Join a consumer group as a consumer (with a lease); the answer is its offset."""
+    return await db_of(request).write(join_group, path.group_id, body.consumer_id, body.lease_seconds)
+
+
+async def api_groups_work(request: Request, path, body: ClaimWork) -> Work:
+    """Reserve the next events of the group's run for this consumer."""
+    return await db_of(request).write(claim_work, path.group_id, body.consumer_id, body.limit)
+
+
+async def api_groups_ack(request: Request, path, body: AckWork) -> Offset:
+    """Mark this consumer's events up to a cursor processed."""
+    return await db_of(request).write(ack_work, path.group_id, body.consumer_id, body.cursor)
+
+
+async def api_groups_heartbeat(request: Request, path, body: Consumer) -> Offset:
+    """Extend a consumer's lease in its group."""
+    return await db_of(request).write(heartbeat_consumer, path.group_id, body.consumer_id, body.lease_seconds)
+
+
+async def api_groups_offsets(request: Request, path) -> Offsets:
+    """Each consumer's offset in a consumer group."""
+    return Offsets(offsets=await db_of(request).read(group_offsets, path.group_id))
+
+
+async def api_execution_groups_create(request: Request, body: CreateExecutionGroup) -> ExecutionGroup:
+    """Create an execution group: runs of several agents that work and message together."""
+    return await db_of(request).write(create_execution_group, body.group_id, body.metadata)
+
+
+async def api_execution_groups_list(request: Request) -> ExecutionGroups:
+    """The execution groups on this server."""
+    return ExecutionGroups(groups=await db_of(request).read(list_execution_groups))
+
+
+async def api_execution_groups_add_member(request: Request, path, body: AddGroupMember) -> Member:
+    """Add a member (an agent's run) to an execution group."""
+    return await db_of(request).write(add_group_member, path.group_id, body.member_id, body.channel_id,
+                                      body.role, body.metadata)
+
+
+async def api_execution_groups_members(request: Request, path) -> Members:
+    """The members of an execution group, with their leases."""
+    return Members(members=await db_of(request).read(list_group_members, path.group_id))
+
+
+async def api_execution_groups_claim(request: Request, path, body: LeaseClaim) -> MemberLease:
+    """Lease a member of an execution group to one owner; each claim bumps its generation."""
+    return await db_of(request).write(claim_member, path.group_id, path.member_id, body.owner_id, body.lease_seconds)
+
+
+async def api_execution_groups_heartbeat(request: Request, path, body: LeaseHolder) -> MemberLease:
+    """Extend an owner's lease on an execution group member."""
+    return await db_of(request).write(heartbeat_member, path.group_id, path.member_id, body.owner_id,
+                                      body.generation, body.lease_seconds)
+
+
+async def api_execution_groups_release(request: Request, path, body: LeaseHolder) -> Released:
+    """Release an owner's lease on an execution group member."""
+    return await db_of(request).write(release_member, path.group_id, path.member_id, body.owner_id,
+                                      body.generation)
+
+
+async def api_execution_groups_send(request: Request, path, body: SendMessage) -> Message:
+    """Send a message from one member of an execution group to another."""
+    return await db_of(request).write(send_group_message, path.group_id, body)
+
+
+async def api_execution_groups_inbox(request: Request, path, query: InboxQuery) -> Messages:
+    """The messages to a member, oldest first, after a message (a durable cursor)."""
+    messages = await db_of(request).read(member_inbox, path.group_id, path.member_id, query.after, query.limit)
+    return Messages(messages=messages)
+
+
+async def api_execution_group_messages_ack(request: Request, path, body: LeaseHolder) -> Message:
+    """Acknowledge a message received by a member of an execution group."""
+    return await db_of(request).write(acknowledge_message, path.message_id, body.owner_id, body.generation)
+
+
+async def api_execution_group_forks_create(request: Request, body: ForkExecutionGroup) -> GroupForkAnswer:
+    """Fork a whole execution group at one member's cursor; the answer is the group fork receipt."""
+    return GroupForkAnswer(fork=await db_of(request).write(fork_execution_group, body))
+
+
+async def api_execution_group_forks_get(request: Request, path) -> GroupForkAnswer:
+    """One execution group fork with its members."""
+    return GroupForkAnswer(fork=await db_of(request).read(require_group_fork, path.fork_group_id))
+
+
+async def api_execution_group_forks_promote(request: Request, path, body: Empty) -> GroupForkAnswer:
+    """Promote one forked member of an execution group fork into its source run."""
+    return GroupForkAnswer(fork=await db_of(request).write(promote_group_fork_member, path.fork_group_id, path.member_id))
+
+
+GROUPS_API_ROUTES = (
+    Api("POST", "/api/v1/groups", api_groups_create, body=CreateConsumerGroup, scopes=writes(B)),
+    Api("GET", "/api/v1/groups", api_groups_list, query=ChannelFilter, scopes=reads("query.channel_id")),
+    Api("DELETE", "/api/v1/groups/{group_id}", api_groups_delete, scopes=deletes("group.group_id")),
+    Api("POST", "/api/v1/groups/{group_id}/join", api_groups_join, body=Consumer, scopes=writes("group.group_id")),
+    Api("POST", "/api/v1/groups/{group_id}/work", api_groups_work, body=ClaimWork, scopes=writes("group.group_id")),
+    Api("POST", "/api/v1/groups/{group_id}/ack", api_groups_ack, body=AckWork, scopes=writes("group.group_id")),
+    Api("POST", "/api/v1/groups/{group_id}/heartbeat", api_groups_heartbeat, body=Consumer,
+        scopes=writes("group.group_id")),
+    Api("GET", "/api/v1/groups/{group_id}/offsets", api_groups_offsets, scopes=reads("group.group_id")),
+    instance_wide("POST", "/api/v1/execution-groups", api_execution_groups_create, body=CreateExecutionGroup),
+    instance_wide("GET", "/api/v1/execution-groups", api_execution_groups_list),
+    instance_wide("POST", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_add_member,
+                  body=AddGroupMember),
+    instance_wide("GET", "/api/v1/execution-groups/{group_id}/members", api_execution_groups_members),
+    instance_wide("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/claim", api_execution_groups_claim,
+                  body=LeaseClaim),
+    instance_wide("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/heartbeat", api_execution_groups_heartbeat,
+                  body=LeaseHolder),
+    instance_wide("POST", "/api/v1/execution-groups/{group_id}/members/{member_id}/release", api_execution_groups_release,
+                  body=LeaseHolder),
+    instance_wide("POST", "/api/v1/execution-groups/{group_id}/messages", api_execution_groups_send, body=SendMessage),
+    instance_wide("GET", "/api/v1/execution-groups/{group_id}/members/{member_id}/messages", api_execution_groups_inbox,
+                  query=InboxQuery),
+    instance_wide("POST", "/api/v1/execution-group-messages/{message_id}/ack", api_execution_group_messages_ack,
+                  body=LeaseHolder),
+    instance_wide("POST", "/api/v1/execution-group-forks", api_execution_group_forks_create, body=ForkExecutionGroup),
+    instance_wide("GET", "/api/v1/execution-group-forks/{fork_group_id}", api_execution_group_forks_get),
+    instance_wide("POST", "/api/v1/execution-group-forks/{fork_group_id}/members/{member_id}/promote", api_execution_group_forks_promote,
+                  body=Empty, body_optional=True),
+)
+
+GROUPS = declare(Region("groups", features=("consumer_groups", "execution_groups"),
+                        schema=(SchemaPart(1, groups_schema), SchemaPart(2, consumer_acks_schema)),
+                        routes=GROUPS_API_ROUTES))
+
+
+# =============================================================================
+# Experiments: named groups of runs, compared side by side and ranked
+# =============================================================================
+# Region: an experiment names a baseline run and its variants (forks, mostly); the API ranks them by
+# result score, the dashboard shows them side by side and promotes the winner (promote_channel).
+
+class CreateExperiment(Record):
+    name: Annotated[str, Meta(min_length=1, max_length=4096)]
+    description: Optional[LongText] = None
+    baseline_channel_id: Optional[ChannelId] = None
+
+
+class AddExperimentMember(Record):
+    channel_id: ChannelId
+    role: Optional[Label] = None
+    declared_delta: Optional[JsonObject] = None
+
+
+class ExperimentPageQuery(Record):
+    promoted: PageText = ""                 # the fork just promoted from this page
+
+
+class ExperimentMember(Answer):
+    channel_id: str
+    role: Optional[str]
+    declared_delta: Json
+    result_score: Optional[float]
+    outcome: Optional[str]
+    added_at: str
+
+
+class Experiment(Answer):
+    id: str
+    group_id: str
+    name: str
+    description: Optional[str]
+    baseline_channel_id: Optional[str]
+    created_at: str
+    members: list[ExperimentMember]
+
+
+class Experiments(Answer):
+    experiments: list[Experiment]
+
+
+class RankedMember(ExperimentMember):
+    rank: int
+
+
+class RankedExperiment(Experiment):
+    ranking: list[RankedMember]
+
+
+def experiment_answer(conn: Conn, row: Row) -> Experiment:
+    members = conn.execute(
+        "SELECT m.*, c.result_score, c.outcome FROM experiment_members m LEFT JOIN channels c ON c.id = m.channel_id"
+        " WHERE m.experiment_id = ? ORDER BY m.added_at, m.channel_id", (row["id"],)).fetchall()
+    return Experiment(
+        id=row["id"], group_id=row["id"], name=row["name"], description=row["description"],
+        baseline_channel_id=row["baseline_channel_id"], created_at=row["created_at"],
+        members=[ExperimentMember(channel_id=m["channel_id"], role=m["role"], declared_delta=load(m["declared_delta"]),
+                                  result_score=m["result_score"], outcome=m["outcome"], added_at=m["added_at"])
+                 for m in members])
+
+
+def require_experiment(conn: Conn, experiment_id: str) -> Row:
+    return fetch_or_raise(conn, lambda: NotFound(f"experiment {experiment_id} not found"),
+                          "SELECT * FROM experiments WHERE id = ?", experiment_id)
+
+
+def add_member(tx: Tx, experiment_id: str, channel_id: str, role: str, declared_delta: Json) -> None:
+    tx.conn.execute(
+        "INSERT INTO experiment_members (experiment_id, channel_id, role, declared_delta, added_at)"
+        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (experiment_id, channel_id) DO UPDATE SET role = excluded.role,"
+        " declared_delta = excluded.declared_delta",
+        (experiment_id, channel_id, role, dump(declared_delta), tx.ts))
+
+
+def create_experiment(tx: Tx, name: str, description: Optional[str], baseline: Optional[str]) -> Experiment:
+    experiment_id = str(uuid.uuid4())
+    tx.conn.execute("INSERT INTO experiments (id, name, description, baseline_channel_id, created_at)"
+                    " VALUES (?, ?, ?, ?, ?)", (experiment_id, name, description, baseline, tx.ts))
+    if baseline:
+        add_member(tx, experiment_id, baseline, "baseline", None)
+    return experiment_answer(tx.conn, require_experiment(tx.conn, experiment_id))
+
+
+def add_experiment_member(tx: Tx, experiment_id: str, channel_id: str, role: str, declared_delta: Json) -> Experiment:
+    require_experiment(tx.conn, experiment_id)
+    add_member(tx, experiment_id, channel_id, role, declared_delta)
+    return experiment_answer(tx.conn, require_experiment(tx.conn, experiment_id))
+
+
+def list_experiments(conn: Conn) -> list[Experiment]:
+    return [experiment_answer(conn, r) for r in conn.execute("SELECT * FROM experiments ORDER BY created_at DESC")]
+
+
+def get_experiment(conn: Conn, experiment_id: str) -> Experiment:
+    return experiment_answer(conn, require_experiment(conn, experiment_id))
+
+
+def rank_experiment(conn: Conn, experiment_id: str) -> RankedExperiment:
+    experiment = experiment_answer(conn, require_experiment(conn, experiment_id))
+    ranked = sorted(experiment.members, key=lambda m: (m.result_score is None, -(m.result_score or 0)))
+    ranking = [RankedMember(**msgspec.structs.asdict(member), rank=rank) for rank, member in enumerate(ranked, start=1)]
+    fields = msgspec.structs.asdict(experiment)
+    # Members of the answer carry their rank too, as the ranking lists them.
+    fields["members"] = [next(r for r in ranking if r.channel_id == m.channel_id) for m in experiment.members]
+    return RankedExperiment(**fields, ranking=ranking)
+
+
+async def api_experiments_create(request: Request, body: CreateExperiment) -> Experiment:
+    """Create an experiment: a named group of runs compared against a baseline run."""
+    return await db_of(request).write(create_experiment, body.name, body.description, body.baseline_channel_id)
+
+
+async def api_experiments_list(request: Request) -> Experiments:
+    """The experiments on this server."""
+    return Experiments(experiments=await db_of(request).read(list_experiments))
+
+
+async def api_experiments_get(request: Request, path) -> Experiment:
+    """One experiment with its member runs."""
+    return await db_of(request).read(get_experiment, path.group_id)
+
+
+async def api_experiments_member(request: Request, path, body: AddExperimentMember) -> Experiment:
+    """Add a run to an experiment as a variant (or another role), with the change it declares."""
+    return await db_of(request).write(add_experiment_member, path.group_id, body.channel_id,
+                                      body.role or "variant", body.declared_delta)
+
+
+async def api_experiments_rank(request: Request, path) -> RankedExperiment:
+    """Rank an experiment's runs by result score, best first."""
+    return await db_of(request).read(rank_experiment, path.group_id)
+
+
+EXPERIMENT_PATHS_SHOWN = 20                # state paths listed per variant where it left the baseline
+
+
+def experiments_page(conn: Conn) -> dict:
+    """Every experiment group, newest first, with its size."""
+    groups = list_experiments(conn)
+    return {"experiments": [{"id": g.id, "name": g.name, "description": g.description, "created_at": g.created_at,
+                             "baseline_channel_id": g.baseline_channel_id, "members": len(g.members)} for g in groups]}
+
+
+def experiment_column(conn: Conn, channel_id: str, baseline: Optional[Json], rank: Optional[int]) -> dict:
+    """One run of an experiment as its column: what it was asked to do differently, how it ended,
+    what it spent, and where its state left the baseline's."""
+    row = channel_by_id(conn, channel_id)
+    if row is None:
+        return {"channel_id": channel_id, "missing": True}
+    meta = experiment_of(row)
+    spent = spend_of(conn, [(channel_id, None)])
+    state = latest_state(conn, channel_id).state
+    paths = ["/".join(map(str, entry.path)) for entry in diff_values(baseline, state)] if baseline is not None else []
+    return {"channel_id": channel_id, "missing": False, "is_fork": row["parent_id"] is not None,
+            "parent_channel_id": row["parent_id"], "intervention": meta.get("intervention"),
+            "tool_policies": load(row["tool_policies"]) or {}, "outcome": row["outcome"],
+            "score": row["result_score"], "status": shown_status(row["run_state"]), "spent": spent,
+            "diverged": paths[:EXPERIMENT_PATHS_SHOWN], "diverged_total": len(paths), "rank": rank,
+            "last_output": last_output(conn, channel_id), "promoted": row["promoted_event_id"] is not None}
+
+
+def experiment_page(conn: Conn, experiment_id: str) -> dict:
+    """One experiment side by side: its baseline first, then each variant, with the ranking
+    rank_experiment answers (best score first) and the winner, the fork a promote would merge."""
+    ranked = rank_experiment(conn, experiment_id)
+    ranks = {member.channel_id: member.rank for member in ranked.members}
+    order = [m.channel_id for m in ranked.members if m.channel_id == ranked.baseline_channel_id]
+    order += [m.channel_id for m in ranked.members if m.channel_id != ranked.baseline_channel_id]
+    if ranked.baseline_channel_id and ranked.baseline_channel_id not in order:
+        order.insert(0, ranked.baseline_channel_id)
+    baseline = (latest_state(conn, ranked.baseline_channel_id).state
+                if ranked.baseline_channel_id and channel_by_id(conn, ranked.baseline_channel_id) else None)
+    columns = [experiment_column(conn, channel_id, baseline if channel_id != ranked.baseline_channel_id else None,
+                                 ranks.get(channel_id)) for channel_id in order]
+    scored = [c for c in columns if not c["missing"] and c["score"] is not None]
+    winner = max(scored, key=lambda c: c["score"])["channel_id"] if scored else None
+    return {"experiment": {"id": ranked.id, "name": ranked.name, "description": ranked.description,
+                           "baseline_channel_id": ranked.baseline_channel_id, "created_at": ranked.created_at},
+            "columns": columns, "ranking": [{"channel_id": r.channel_id, "rank": r.rank, "score": r.result_score}
+                                            for r in ranked.ranking], "winner": winner}
+
+
+def experiments_of_run(conn: Conn, channel_id: str) -> list:
+    """The experiment groups a run belongs to (as baseline or member), for links from its page."""
+    return [{"id": r["id"], "name": r["name"]} for r in conn.execute(
+        "SELECT DISTINCT e.id, e.name, e.created_at FROM experiments e LEFT JOIN experiment_members m"
+        " ON m.experiment_id = e.id WHERE m.channel_id = ? OR e.baseline_channel_id = ?"
+        " ORDER BY e.created_at DESC", (channel_id, channel_id))]
+
+
+async def page_experiments(request: Request) -> Response:
+    data = await db_of(request).read(experiments_page)
+    return render(request, "experiments.html", {"title": "Experiments", **data, "experiment": None})
+
+
+async def page_experiment(request: Request) -> Response:
+    query = page_query(request, ExperimentPageQuery)
+    data = await db_of(request).read(experiment_page, request.path_params["group_id"])
+    return render(request, "experiments.html", {"title": f"Experiment {data['experiment']['name']}", **data,
+                                                "promoted": query.promoted[:256]})
+
+
+async def page_experiment_promote(request: Request) -> Response:
+    """Promote one fork of the experiment into its parent (the API's promote), then show the experiment."""
+    group_id = request.path_params["group_id"]
+    channel_id = valid_channel((await read_form(request)).get("channel_id", ""), "channel_id")
+    experiment = await db_of(request).read(get_experiment, group_id)
+    if channel_id not in {m.channel_id for m in experiment.members}:
+        raise BadRequest(f"run {channel_id} is not in experiment {experiment.name}")
+    context_of(request).principal.require("write", channel_id)
+    row = await db_of(request).read(channel_by_id, channel_id)
+    if row is not None and row["parent_id"]:
+        context_of(request).principal.require("write", row["parent_id"])
+    await db_of(request).write(promote_channel, channel_id)
+    return RedirectResponse(f"/experiments/{quote_segment(group_id)}?{urlencode({'promoted': channel_id})}",
+                            status_code=303)
+
+
+def experiments_schema(w: SchemaWords) -> str:
+    return """
+    CREATE TABLE experiments (
+        id                   TEXT PRIMARY KEY,
+        name                 TEXT NOT NULL,
+        description          TEXT,
+        baseline_channel_id  TEXT,
+        created_at           TEXT NOT NULL
+    );
+    CREATE TABLE experiment_members (
+        experiment_id   TEXT NOT NULL REFERENCES experiments(id),
+        channel_id      TEXT NOT NULL,
+        role            TEXT NOT NULL,
+        declared_delta  TEXT,
+        added_at        TEXT NOT NULL,
+        PRIMARY KEY (experiment_id, channel_id)
+    );
+    """
+
+
+def delete_memberships(tx: Tx, channel_id: str) -> None:
+    """A deleted run leaves the experiments it was in (the experiment stays)."""
+    tx.conn.execute("DELETE FROM experiment_members WHERE channel_id = ?", (channel_id,))
+
+
+def experiment_links(conn: Conn, channel_id: str) -> dict:
+    """What a run's page shows of its experiments: a link to each."""
+    return {"experiments": experiments_of_run(conn, channel_id)}
+
+
+EXPERIMENTS_ROUTES = (
+    instance_wide("POST", "/api/v1/experiments", api_experiments_create, body=CreateExperiment),
+    instance_wide("GET", "/api/v1/experiments", api_experiments_list),
+    instance_wide("GET", "/api/v1/experiments/{group_id}", api_experiments_get),
+    instance_wide("POST", "/api/v1/experiments/{group_id}/members", api_experiments_member, body=AddExperimentMember),
+    instance_wide("GET", "/api/v1/experiments/{group_id}/rank", api_experiments_rank),
+)
+# The tables were part of the first step, before experiments were a region: they stay in step 1.
+EXPERIMENTS = declare(Region(
+    "experiments", features=("experiments",), schema=(SchemaPart(1, experiments_schema),),
+    deleters=(delete_memberships,), routes=EXPERIMENTS_ROUTES,
+    pages=(("GET", "/experiments", page_experiments), ("GET", "/experiments/{group_id}", page_experiment),
+           ("POST", "/experiments/{group_id}/promote", page_experiment_promote)),
+    nav=(NavLink("Experiments", "/experiments", "experiments", place=40),), run_page_parts=(experiment_links,)))
 
 
 # =============================================================================
@@ -11469,7 +11806,7 @@ class Approval(Answer):
     request_id: str
     channel_id: str
     summary: Optional[str]
-    details: Any
+    details: Json
     requester: str
     requested_at: str
     timeout_at: Optional[str]
@@ -11577,7 +11914,6 @@ def many_runs_indexes(w: SchemaWords) -> str:
     """
 
 
-
 # =============================================================================
 # Many runs: the approvals inbox (an index of approval events, kept in each event's transaction)
 # =============================================================================
@@ -11589,12 +11925,11 @@ def many_runs_indexes(w: SchemaWords) -> str:
 # so the inbox reads one small table and never scans logs.
 
 APPROVAL_REQUESTED, APPROVAL_DECIDED, APPROVAL_EXPIRED = "approval.requested", "approval.decided", "approval.expired"
-WAKEUP_EVENT = "scheduler.wakeup"
 APPROVAL_INDEXED = frozenset({APPROVAL_REQUESTED, APPROVAL_DECIDED, APPROVAL_EXPIRED, WAKEUP_EVENT})
 OPERATION_NAMESPACE = uuid.UUID("3f74e5f1-9b2c-4a7e-8f1d-000000000001")   # the SDKs' deterministic ids
 
 
-def deterministic_operation_key(scope: str, action: str, *identity: Any) -> str:
+def deterministic_operation_key(scope: str, action: str, *identity: object) -> str:
     """The SDKs' deterministic operation id: a UUIDv5 over the NUL-joined parts, capped at 256 bytes."""
     parts = [scope, action, *("" if v is None else v if isinstance(v, str) else str(v) for v in identity)]
     name = "\x00".join(parts).encode("utf-8", "surrogatepass")[:256]
@@ -11604,7 +11939,7 @@ def deterministic_operation_key(scope: str, action: str, *identity: Any) -> str:
     return str(uuid.UUID(bytes=bytes(raw)))
 
 
-def approval_deadline(requested_at: str, timeout: Any) -> Optional[str]:
+def approval_deadline(requested_at: str, timeout: Json) -> Optional[str]:
     """requested_at + `timeout` seconds; None without a number, or for a deadline past the year 9999."""
     if not is_number(timeout):
         return None
@@ -11614,7 +11949,7 @@ def approval_deadline(requested_at: str, timeout: Any) -> Optional[str]:
         return None
 
 
-def inbox_text(value: Any) -> Optional[str]:
+def inbox_text(value: Json) -> Optional[str]:
     """A payload value as the inbox stores it: text as it is, anything else as JSON; no NUL (PostgreSQL
     text cannot hold one, and the event itself keeps the exact value)."""
     if value is None:
@@ -11623,7 +11958,7 @@ def inbox_text(value: Any) -> Optional[str]:
     return text.replace("\x00", "\ufffd")
 
 
-def index_approval(conn: Conn, channel_id: str, cursor: int, event_type: str, payload: Any, actor: str,
+def index_approval(conn: Conn, channel_id: str, cursor: int, event_type: str, payload: Json, actor: str,
                    ts: str) -> None:
     """Keep the inbox in step with one event of APPROVAL_INDEXED (any payload: what is not an
     approval's changes nothing). A request is pending until its first decision, an approval.expired
@@ -12161,9 +12496,7 @@ class Retention:
 # =============================================================================
 # Many runs: handlers, routes, pages and commands
 # =============================================================================
-
 # --- many runs: the bulk fork, the approvals inbox, retention ------------------------------------
-
 
 async def api_forks_bulk(request: Request, body: BulkFork) -> BulkForkAnswer:
     """Fork every selected run after its own last good step (dry_run: only say what would be forked)."""
@@ -12348,7 +12681,7 @@ async def page_storage(request: Request) -> Response:
     return render(request, "storage.html", {"title": "Storage", "storage": storage})
 
 
-def add_many_runs_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
+def add_many_runs_commands(commands: Subcommands, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
     """`actae fork-failed` and `actae prune`: the bulk fork and retention, beside a running server too."""
     fork = add_command(commands, "fork-failed", fork_failed_command, [common],
                        "fork every run that went wrong after its own last good step")
@@ -12387,7 +12720,7 @@ def bulk_fork_of_args(args: argparse.Namespace) -> BulkFork:
             raise SystemExit(f"actae: --policy takes TOOL=POLICY with POLICY one of {', '.join(TOOL_POLICIES)} "
                              f"(got {item!r})")
         policies[tool] = policy
-    intervention = decode_json(args.intervention.encode(), Any, "--intervention") if args.intervention else None
+    intervention = decode_json(args.intervention.encode(), Json, "--intervention") if args.intervention else None
     selection = {"status": args.status or list(FAILURE_STATES), "since": args.since, "until": args.until,
                  "channel_prefix": args.prefix, "failure_contains": args.contains}
     return record_from(BulkFork, {"filter": {k: v for k, v in selection.items() if v is not None},
@@ -12487,10 +12820,11 @@ def index_approval_event(tx: Tx, event: Event) -> None:
     index_approval(tx.conn, event.channel_id, event.cursor, event.type, event.payload, event.actor, tx.ts)
 
 
-def install_retention(services: Services, options: dict) -> tuple:
-    """The daily prune (--retain-days), one per app."""
-    retention = services.regions[Retention] = Retention(services.db, services.settings.retain_days)
-    return [retention.start], [retention.stop]
+def install_retention(services: Services, options: dict) -> Installed:
+    """The daily prune (--retain-days; create_app's `retain_days=`), one per app."""
+    retain_days = options.get("retain_days")
+    retention = Retention(services.db, typing.cast(Optional[float], retain_days))
+    return Installed(services=(retention,), starts=(retention.start,), stops=(retention.stop,))
 
 
 def add_retention_flag(parser: argparse.ArgumentParser) -> None:
@@ -12505,22 +12839,19 @@ def retention_settings_of(args: argparse.Namespace) -> dict:
 # Schema: step 7 indexes the answers to approvals; step 9 adds the approvals index and the bulk forks'
 # answers (after the core's run facts) and fills the index in for the events already stored; step 16
 # drops step 7's index, which no query uses since.
-schema_step(7, approval_answers_index)
-schema_step(9, many_runs_schema)
-schema_step(9, many_runs_indexes, reindex_approvals)
-schema_step(16, approval_answers_unindexed)
-ROUTE_LISTS.append(MANY_RUNS_ROUTES)
-PAGE_LISTS.append([("GET", "/forks/bulk", page_bulk_fork_form), ("POST", "/forks/bulk", page_bulk_fork),
-                   ("GET", "/approvals", page_approvals), ("POST", "/approvals/{request_id}/decide", page_approval_decide),
-                   ("GET", "/storage", page_storage)])
-on_events(APPROVAL_INDEXED, index_approval_event)
-RUN_REINDEXERS.append(reindex_approvals)
-RUN_DELETERS.append(delete_approvals)
-APP_INSTALLERS.append(install_retention)
-SERVE_FLAGS.append(add_retention_flag)
-SETTINGS_READERS.append(retention_settings_of)
-COMMAND_ADDERS.append(add_many_runs_commands)
-
+MANY_RUNS = declare(Region(
+    "many runs", features=("bulk_fork", "approvals", "retention"),
+    schema=(SchemaPart(7, approval_answers_index), SchemaPart(9, many_runs_schema),
+            SchemaPart(9, many_runs_indexes, reindex_approvals), SchemaPart(16, approval_answers_unindexed)),
+    event_hooks=(EventHook(APPROVAL_INDEXED, index_approval_event),), reindexers=(reindex_approvals,),
+    deleters=(delete_approvals,), routes=tuple(MANY_RUNS_ROUTES),
+    pages=(("GET", "/forks/bulk", page_bulk_fork_form), ("POST", "/forks/bulk", page_bulk_fork),
+           ("GET", "/approvals", page_approvals), ("POST", "/approvals/{request_id}/decide", page_approval_decide),
+           ("GET", "/storage", page_storage)),
+    nav=(NavLink("Approvals", "/approvals", "approvals", place=50),
+         NavLink("Storage", "/storage", "storage", place=80, admin=True)),
+    installers=(install_retention,), commands=(add_many_runs_commands,), serve_flags=(add_retention_flag,),
+    options=(retention_settings_of,)))
 
 
 # =============================================================================
@@ -12533,6 +12864,18 @@ COMMAND_ADDERS.append(add_many_runs_commands)
 # on its own. JSON columns travel as their stored text, so every event re-chains to the same
 # hash and every state to the same sha256; import checks both, writes everything in one
 # transaction or nothing, and skips a channel that is already here with the same rows.
+
+class ImportRows(Answer):
+    events: int
+    states: int
+    executions: int
+
+
+class Imported(Done, kw_only=True):
+    imported: list[str]
+    unchanged: list[str]
+    rows: ImportRows
+
 
 EXPORT_FORMAT, EXPORT_VERSION = "actae-export", 1
 EXPORT_MEDIA_TYPE = "application/x-ndjson"
@@ -12578,7 +12921,7 @@ class ExportLine(Struct, kw_only=True, forbid_unknown_fields=True, tag_field="ki
 
 class ChannelLine(ExportLine, tag="channel"):
     TABLE: ClassVar[str] = "channels"
-    JSON_TEXTS: ClassVar[dict] = {"experiment_metadata": dict[str, Any], "manifest": dict[str, Any],
+    JSON_TEXTS: ClassVar[dict] = {"experiment_metadata": dict[str, Json], "manifest": dict[str, Json],
                                   "tool_policies": ToolPolicies}
     FLAGS: ClassVar[tuple] = ("restorable",)
     DERIVED: ClassVar[tuple] = ("last_cursor", "chain_head")      # its last event's (CHANNEL_HEAD)
@@ -12615,7 +12958,7 @@ class ChannelLine(ExportLine, tag="channel"):
 
 class EventLine(ExportLine, tag="event"):
     TABLE: ClassVar[str] = "events"
-    JSON_TEXTS: ClassVar[dict] = {"payload": Any, "metadata": dict[str, Any], "dependencies": list[dict[str, str]]}
+    JSON_TEXTS: ClassVar[dict] = {"payload": Json, "metadata": dict[str, Json], "dependencies": list[dict[str, str]]}
     channel_id: ChannelId
     cursor: Positive
     id: Id
@@ -12651,7 +12994,7 @@ class ExecutionLine(ExportLine, tag="execution"):
     """A ledger row. The claim token stays behind: it is a live owner's secret, and no owner moves."""
 
     TABLE: ClassVar[str] = "executions"
-    JSON_TEXTS: ClassVar[dict] = {"params": Any, "result": Any, "error": Any}
+    JSON_TEXTS: ClassVar[dict] = {"params": Json, "result": Json, "error": Json}
     FLAGS: ClassVar[tuple] = ("replay_emitted",)
     id: Id
     channel_id: ChannelId
@@ -12792,7 +13135,7 @@ def file_lines(raw: bytes) -> list:
 
 
 def read_header(text: str) -> ExportHeader:
-    found = decode_json(text, Any, "line 1")
+    found = decode_json(text, Json, "line 1")
     if not isinstance(found, dict) or found.get("format") != EXPORT_FORMAT:
         raise BadRequest(f'line 1 is not an export header: an export file starts with {{"format": "{EXPORT_FORMAT}", '
                          f'"version": {EXPORT_VERSION}, ...}}')
@@ -12802,7 +13145,7 @@ def read_header(text: str) -> ExportHeader:
     return decode_json(text, ExportHeader, "header on line 1")
 
 
-def json_text_value(text: str, kind: Any, what: str) -> Any:
+def json_text_value(text: str, kind: object, what: str) -> Json:
     """The value a JSON text column holds: strict JSON of the expected shape, at most 64 levels deep,
     no larger than the record path takes (MAX_DOCUMENT_BYTES)."""
     if len(text) > MAX_DOCUMENT_BYTES and len(text.encode("utf-8")) > MAX_DOCUMENT_BYTES:
@@ -12816,7 +13159,7 @@ def json_text_value(text: str, kind: Any, what: str) -> Any:
 
 def check_state_hash(line: StateLine, number: int) -> None:
     """A snapshot must still be what its sha256 says (receipts and forks quote that hash)."""
-    state = None if line.state is None else json_text_value(line.state, Any, f"state on line {number}")
+    state = None if line.state is None else json_text_value(line.state, Json, f"state on line {number}")
     if sha256_hex(canonical_json(state)) != line.sha256:
         raise BadRequest(f"line {number}: state version {line.version} of {line.channel_id} does not match its "
                          "sha256 (the line was changed after export)")
@@ -13080,7 +13423,7 @@ def import_runs(tx: Tx, file: ExportFile, reach: "Reach") -> Imported:
                         " channels.parent_id AND e.cursor = channels.resolved_cursor) WHERE id = ?", (run.channel.id,))
         refresh_run_facts(tx.conn, run.channel.id)      # what the write path would have kept on the row
         index_usage(tx.conn, run.channel.id)
-        for reindex in RUN_REINDEXERS:
+        for reindex in tx.hooks.reindexers:
             reindex(tx.conn, run.channel.id)
     for run in new:
         check_imported_chain(tx.conn, run, file)
@@ -13133,7 +13476,7 @@ def import_command(args: argparse.Namespace, location: Location) -> int:
     print(f"Already here, unchanged: {', '.join(answer.unchanged) or '-'}")
     return 0
 
-def add_moving_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
+def add_moving_commands(commands: Subcommands, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
     export = add_command(commands, "export", export_command, [common],
                          "write a run, with its ancestors, to standard output as JSON Lines")
     export.add_argument("channel_id", metavar="CHANNEL")
@@ -13152,9 +13495,7 @@ MOVING_ROUTES = [
         "ExportFile", f"JSON Lines ({EXPORT_MEDIA_TYPE}), as GET /api/v1/channels/{{channel_id}}/export writes it",
         (BYTES,), IMPORT_BYTES_MAX, parse_export, file_type=EXPORT_MEDIA_TYPE)),
 ]
-ROUTE_LISTS.append(MOVING_ROUTES)
-COMMAND_ADDERS.append(add_moving_commands)
-
+MOVING_RUNS = declare(Region("moving runs", routes=tuple(MOVING_ROUTES), commands=(add_moving_commands,)))
 
 
 # =============================================================================
@@ -13185,6 +13526,25 @@ COMMAND_ADDERS.append(add_moving_commands)
 # the session crashed or failed in the run's metadata, or when the run is closed. A run that ends
 # again (resumed after a crash) sends its root again, same ids, newer end and status. A fork is a
 # trace of its own whose root links to the parent's span of the step it forked after.
+
+class BackPressure(Answer):
+    queue_limit: int
+    dropped_connections: int
+
+
+class WebSocketFigures(Answer):
+    connections: int
+    topics: int
+    messages_sent: int
+    messages_received: int
+    total_messages: int
+    back_pressure: BackPressure
+
+
+class DatabaseFigures(Answer):
+    write_batches: int
+    write_jobs: int
+
 
 class MetricsJson(Answer):
     status: str
@@ -13335,7 +13695,7 @@ class Metrics:
         return prometheus_client.generate_latest(self.registry)
 
 
-def claim_outcome(result: Any) -> str:
+def claim_outcome(result: Json) -> str:
     """How a claim job ended, as actae_ledger_claims_total counts it."""
     if isinstance(result, Claimed):
         return result.status
@@ -13407,9 +13767,7 @@ def stored_figures(conn: Conn, now: str) -> dict:
 # =============================================================================
 # Observability: traces (every run as an OTLP trace, live and backfilled)
 # =============================================================================
-
 # --- traces: configuration ---------------------------------------------------------
-
 
 @dataclass(frozen=True)
 class OtlpConfig:
@@ -13470,7 +13828,7 @@ def iso_ns(stamp: str) -> int:
     return round(moment.timestamp() * 1000) * 1_000_000
 
 
-def lifted_gen_ai(payload: Any, metadata: Any) -> dict:
+def lifted_gen_ai(payload: Json, metadata: Json) -> dict:
     """gen_ai.* attributes found in a step's payload (top level, output, input, usage) or metadata:
     the places usage_of looks in, in its order; the token counts are usage_of's own (the one rule)."""
     places = usage_places(payload, metadata)
@@ -13911,7 +14269,7 @@ def observer(metrics: Metrics, traces: Optional[TraceExport]) -> Callable:
 # =============================================================================
 
 async def metrics_text(request: Request) -> Response:
-    """Prometheus metrics (the list: see "Observability: traces and metrics")."""
+    """Prometheus metrics (the list: see "Observability: metrics")."""
     metrics = request.app.services.region(Metrics)
     await metrics.refresh_stored(db_of(request))
     await metrics.count_savings(db_of(request))
@@ -13962,7 +14320,7 @@ def add_otlp_flag(parser: argparse.ArgumentParser) -> None:
                              " reads it); default: $OTEL_SERVICE_NAME, else actae")
 
 
-def add_observability_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
+def add_observability_commands(commands: Subcommands, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
     otlp_flag = argparse.ArgumentParser(add_help=False)
     add_otlp_flag(otlp_flag)
     otel = add_command(commands, "otel-export", otel_export_command, [common, otlp_flag],
@@ -13975,19 +14333,20 @@ def otlp_option_of(args: argparse.Namespace) -> dict:
     return {"otlp": otlp_config(getattr(args, "otlp_endpoint", None), project=getattr(args, "otel_project", None))}
 
 
-def traces_banner(settings: Settings, options: dict) -> Optional[str]:
+def traces_banner(options: dict) -> Optional[str]:
     otlp = options.get("otlp")
     return f"Traces:      every run to {otlp.endpoint} (OTLP/HTTP, service.name {otlp.service_name})" if otlp else None
 
 
-def install_observability(services: Services, options: dict) -> tuple:
+def install_observability(services: Services, options: dict) -> Installed:
     """The app's Prometheus registry, and (with `otlp=`) the live trace export behind the writer."""
-    metrics = services.regions[Metrics] = Metrics()
-    otlp = options.get("otlp")
-    traces = services.regions[TraceExport] = TraceExport(services.db, otlp, metrics) if otlp else None
-    services.db.on_batch = observer(metrics, traces)
+    metrics, otlp = Metrics(), options.get("otlp")
+    traces = TraceExport(services.db, typing.cast(OtlpConfig, otlp), metrics) if otlp else None
     metrics.registry.register(LiveFigures(services, metrics))
-    return ([traces.start], [traces.stop]) if traces else ([], [])
+    if traces is None:
+        return Installed(services=(metrics,), on_batch=observer(metrics, None))
+    return Installed(services=(metrics, traces), starts=(traces.start,), stops=(traces.stop,),
+                     on_batch=observer(metrics, traces))
 
 
 def observe_request(services: Services, route: str, method: str, status: int, seconds: float) -> None:
@@ -13998,14 +14357,10 @@ OBSERVABILITY_ROUTES = [
     Api("GET", "/metrics", metrics_text, answers="text/plain"),
     Api("GET", "/metrics.json", metrics_json),
 ]
-ROUTE_LISTS.append(OBSERVABILITY_ROUTES)
-APP_INSTALLERS.append(install_observability)
-REQUEST_OBSERVERS.append(observe_request)
-SERVE_FLAGS.append(add_otlp_flag)
-OPTION_READERS.append(otlp_option_of)
-BANNER_LINES.append(traces_banner)
-COMMAND_ADDERS.append(add_observability_commands)
-
+OBSERVABILITY = declare(Region(
+    "observability", routes=tuple(OBSERVABILITY_ROUTES), json_paths=("/metrics", "/metrics.json"),
+    installers=(install_observability,), request_observers=(observe_request,), commands=(add_observability_commands,),
+    serve_flags=(add_otlp_flag,), options=(otlp_option_of,), banner_lines=(traces_banner,)))
 
 
 # =============================================================================
@@ -14156,7 +14511,7 @@ class FleetEvents(Answer):
 
 
 # POST .../ops/{operation_id} answers what the operation's own direct route answers (documented there).
-OperationAnswer = dict[str, Any]
+OperationAnswer = dict[str, Json]
 
 
 class RemoteInstanceInfo(Answer):
@@ -14250,9 +14605,6 @@ def fleet_schema(w: SchemaWords) -> str:
     """
 
 
-schema_step(8, fleet_schema)
-
-
 # =============================================================================
 # Fleet: remote instances, organisation tokens, fleet tokens, stream tickets
 # =============================================================================
@@ -14292,7 +14644,7 @@ def is_fleet_path(path: str) -> bool:
     return path.startswith(FLEET_PATHS)
 
 
-def org_grant(stored: Any) -> dict:
+def org_grant(stored: Json) -> dict:
     """An organisation token's channel patterns for read, write and delete (admin: all three on '*')."""
     scopes = scopes_of(stored)
     if "*" in scopes["admin"]:
@@ -14308,7 +14660,7 @@ def granted_scopes(grant: dict, requested: Optional[list]) -> list:
     return allowed if not wanted else [name for name in allowed if name in wanted]
 
 
-def fleet_patterns(grant: dict, fleet_scopes: Any) -> dict:
+def fleet_patterns(grant: dict, fleet_scopes: Json) -> dict:
     """The channel patterns a fleet token acts with: the grant's, for the actions its scopes name."""
     actions = set()
     for name in fleet_scopes:
@@ -14343,7 +14695,7 @@ class FleetPrincipal(Principal):
             raise Forbidden(f"this fleet token lacks the {scope} scope (it has {', '.join(self.fleet_scopes) or 'none'})")
 
 
-def fleet_principal(row: Row, organization_id: str, fleet_scopes: Any) -> FleetPrincipal:
+def fleet_principal(row: Row, organization_id: str, fleet_scopes: Json) -> FleetPrincipal:
     scopes = tuple(fleet_scopes)
     return FleetPrincipal(f"fleet:{row['id']}", fleet_patterns(org_grant(row["scopes"]), scopes), "fleet",
                           "fleet_token", expires_at=row["expires_at"], organization_id=organization_id,
@@ -14353,7 +14705,7 @@ def fleet_principal(row: Row, organization_id: str, fleet_scopes: Any) -> FleetP
 # --- remote instances: their keys encrypted beside the database ------------------------------------
 
 
-def fleet_cipher(data_dir: Path) -> Any:
+def fleet_cipher(data_dir: Path) -> "cryptography.fernet.Fernet":
     """The Fernet key that encrypts remote instances' keys: a file beside the database (0600), made on
     first use. A copy of the database alone cannot decrypt them."""
     from cryptography.fernet import Fernet        # imported here: only the fleet needs it
@@ -14389,7 +14741,7 @@ class RemoteInstance:
     added_at: str
 
 
-def remote_of(row: Row, cipher: Any) -> RemoteInstance:
+def remote_of(row: Row, cipher: "cryptography.fernet.Fernet") -> RemoteInstance:
     try:
         key = cipher.decrypt(row["key_ciphertext"].encode("ascii")).decode("utf-8")
     except Exception:  # noqa: BLE001 - a fleet_key that is not the one it was encrypted with
@@ -14530,7 +14882,7 @@ class FleetDirectory:
 
     def __init__(self, db: Database, data_dir: Path):
         self.db, self.data_dir = db, Path(data_dir)
-        self.cipher: Any = None
+        self.cipher: Optional["cryptography.fernet.Fernet"] = None
         self.instances: dict = {}          # id -> RemoteInstance
         self.tokens_by_hash: dict = {}     # token hash -> row (dict)
         self.tokens_by_id: dict = {}
@@ -14573,16 +14925,16 @@ async def check_org_token(app: "ActaeApp", token: str) -> dict:
     return row
 
 
-async def org_token_principal(app: "ActaeApp", token_id: int, organization_id: str, fleet_scopes: Any,
+async def org_token_principal(app: "ActaeApp", token_id: int, organization_id: str, fleet_scopes: Json,
                               max_age: float = FLEET_REFRESH_SECONDS) -> FleetPrincipal:
     """The principal of a fleet token (or ticket) made from organisation token `token_id`, while that
     lives (as the directory read at most `max_age` seconds ago says)."""
     row = live_org_token((await app.services.region(FleetState).directory.fresh(max_age)).tokens_by_id.get(token_id))
     if row is None:
         raise Unauthorized("the organisation token behind this fleet token was revoked or expired")
-    if organization_id != app.services.settings.organization:
+    if organization_id != fleet_settings(app).organization:
         raise Forbidden(f"this token is for organisation {organization_id!r}; this gateway serves "
-                        f"{app.services.settings.organization!r}")
+                        f"{fleet_settings(app).organization!r}")
     return fleet_principal(row, organization_id, fleet_scopes)
 
 
@@ -14603,19 +14955,34 @@ async def fleet_authenticate(request: Request, route: Api) -> FleetPrincipal:
     app = request.app
     if route.auth == "org":
         row = context_of(request).org_token = await check_org_token(app, token)
-        return fleet_principal(row, app.services.settings.organization, granted_scopes(org_grant(row["scopes"]), None))
+        return fleet_principal(row, fleet_settings(app).organization, granted_scopes(org_grant(row["scopes"]), None))
     return await check_fleet_token(app, token)
 
 
-class FleetState:
-    """The gateway's per-server state: the directory, remote login tokens, the HTTP threads."""
+@dataclass(frozen=True)
+class FleetSettings:
+    """The gateway's organisation and bounds (the `serve` flags of the same names; create_app's `fleet=`)."""
 
-    def __init__(self, db: Database, data_dir: Path):
+    organization: str = "local"        # --organization: the id in /v1/organizations/{id}/...
+    fleet_token_ttl: float = 300.0     # seconds a fleet token (POST /api/v1/fleet/token) lives
+    fleet_ticket_ttl: float = 30.0     # seconds a stream ticket waits for its one use
+    fleet_timeout: float = 10.0        # seconds a remote instance has to answer one gateway request
+
+
+class FleetState:
+    """The gateway's per-server state: its settings, the directory, remote login tokens, the HTTP threads."""
+
+    def __init__(self, db: Database, data_dir: Path, settings: FleetSettings):
+        self.settings = settings
         self.directory = FleetDirectory(db, data_dir)
         self.remote_tokens: dict = {}      # instance id -> (login token, monotonic expiry) for Bearer-only routes
         # Remote instances are called with urllib (no HTTP client dependency) on these threads, each
         # call bounded by its instance's timeout.
         self.http = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="actae-fleet")
+
+
+def fleet_settings(app: ActaeApp) -> FleetSettings:
+    return app.services.region(FleetState).settings
 
 
 # =============================================================================
@@ -14741,7 +15108,7 @@ def route_operations() -> dict:
     return {(op.method, route_shape(op.path)): op for op in FLEET_MANIFEST.values()}
 
 
-def fleet_route(operation_id: str) -> Any:
+def fleet_route(operation_id: str) -> Api:
     return fleet_operation_routes()[operation_id]
 
 
@@ -14770,7 +15137,7 @@ async def fleet_target(app: "ActaeApp", instance_id: str) -> Target:
         return Target(instance_id)
     remote = (await app.services.region(FleetState).directory.fresh()).instances.get(instance_id)
     if remote is None:
-        raise NotFound(f"instance {instance_id} is not in organisation {app.services.settings.organization}",
+        raise NotFound(f"instance {instance_id} is not in organisation {fleet_settings(app).organization}",
                        code="unknown_instance")
     if remote.key is None:
         raise InstanceFailed(instance_id, "key_unreadable", f"its key cannot be decrypted with this data dir's"
@@ -14823,13 +15190,15 @@ def internal_request(app: "ActaeApp", route: Api, params: dict, query: str, raw:
 
 
 async def fleet_dispatch(app: "ActaeApp", principal: FleetPrincipal, target: Target, route: Api, params: dict, query: str,
-                         raw: Optional[bytes], *, idempotency_key: Optional[str] = None, verbatim: bool = False) -> Any:
+                         raw: Optional[bytes], *, idempotency_key: Optional[str] = None, verbatim: bool = False) -> object:
     """`route` on `target` for `principal`: the direct route's answer record, or its error raised. With
     `verbatim`, a remote's answer (checked against the record) is passed on byte for byte, so nothing
     it says beyond the record's declared fields is lost on the way."""
     raw = with_operation_id(route, raw, idempotency_key)
     request = internal_request(app, route, params, query, raw)
     if target.remote is None:
+        if not any(route is served for served in api_routes(app.services.hooks)):   # its region left out
+            raise NotFound(f"this instance does not serve {route.method} {route.path}")
         if route.auth == "bearer":         # GET /auth/me: the organisation token, as a user without an address
             asked = context_of(request)
             asked.user, asked.bearer = principal.user(), None
@@ -14842,7 +15211,7 @@ async def fleet_dispatch(app: "ActaeApp", principal: FleetPrincipal, target: Tar
     return Response(data, media_type="application/json") if seen is answer else api_response(seen)
 
 
-def seen_answer(principal: Principal, answer: Any) -> Any:
+def seen_answer(principal: Principal, answer: object) -> object:
     """A remote's answer (made with the gateway's key for it) as the caller may see it: lists hold only
     the channels the caller's reach sees, and its capabilities are the scopes it really has there."""
     # Events need no filter: authorize_remote asked read of every channel a replay or query names.
@@ -14902,7 +15271,7 @@ def authorize_remote(principal: Principal, route: Api, parts: dict) -> None:
 
 
 def remote_timeout(app: "ActaeApp", remote: RemoteInstance) -> float:
-    return remote.timeout or app.services.settings.fleet_timeout
+    return remote.timeout or fleet_settings(app).fleet_timeout
 
 
 def http_exchange(method: str, url: str, headers: dict, body: Optional[bytes], timeout: float) -> tuple:
@@ -15125,9 +15494,9 @@ async def fleet_query(app: "ActaeApp", principal: FleetPrincipal, body: FleetQue
 # --- the handlers ---------------------------------------------------------------------------------------
 
 
-def fleet_caller(request: Request, path: Any) -> FleetPrincipal:
+def fleet_caller(request: Request, path: Record) -> FleetPrincipal:
     """The fleet token's principal, when the path names the organisation it and this gateway belong to."""
-    principal, organization = context_of(request).principal, request.app.services.settings.organization
+    principal, organization = context_of(request).principal, fleet_settings(request.app).organization
     if path.organization_id != organization:
         raise Forbidden(f"this gateway serves organisation {organization!r}, not {path.organization_id!r}")
     return principal
@@ -15140,7 +15509,7 @@ def local_instance(app: "ActaeApp") -> FleetInstance:
 
 async def fleet_token_exchange(request: Request, body: FleetTokenRequest) -> FleetToken:
     """Exchange an organisation token for a short-lived fleet token with the requested scopes it grants."""
-    row, settings = context_of(request).org_token, request.app.services.settings
+    row, settings = context_of(request).org_token, fleet_settings(request.app)
     if body.organization_id not in (None, settings.organization):
         raise Forbidden(f"this gateway serves organisation {settings.organization!r}, not {body.organization_id!r}")
     scopes = granted_scopes(org_grant(row["scopes"]), body.scopes)
@@ -15164,7 +15533,7 @@ async def fleet_instances(request: Request, path) -> FleetInstances:
     directory = await app.services.region(FleetState).directory.fresh()
     remotes = [FleetInstance(instance_id=r.id, name=r.name, local=False, url=r.url, dashboard_url=r.url + "/",
                              added_at=r.added_at) for r in directory.instances.values()]
-    return FleetInstances(organization_id=app.services.settings.organization,
+    return FleetInstances(organization_id=fleet_settings(app).organization,
                           gateway_protocol_version=FLEET_PROTOCOL_VERSION, instances=[local_instance(app), *remotes])
 
 
@@ -15174,7 +15543,7 @@ async def fleet_capabilities(request: Request, path) -> FleetCapabilities:
     target = await fleet_target(app, path.instance_id)
     info = await fleet_dispatch(app, principal, target, fleet_route("actae.api.v1.instance.get"), {}, "", None)
     return FleetCapabilities(
-        organization_id=app.services.settings.organization, instance_id=path.instance_id, local=target.remote is None,
+        organization_id=fleet_settings(app).organization, instance_id=path.instance_id, local=target.remote is None,
         gateway_protocol_version=FLEET_PROTOCOL_VERSION, api_version=info.api_version, version=info.version,
         engine_version=info.version, backend=info.backend, features=info.features,
         supported_fleet_operations=[op.id for op in FLEET_MANIFEST.values() if op.fleet_supported])
@@ -15201,7 +15570,7 @@ async def fleet_operation(request: Request, path, body: OperationEnvelope) -> Op
                                 verbatim=True)
 
 
-async def fleet_resource(request: Request, path, operation_id: str, params: dict, record: Record) -> Any:
+async def fleet_resource(request: Request, path, operation_id: str, params: dict, record: Record) -> object:
     principal, app = fleet_caller(request, path), request.app
     principal.require_scope(FLEET_MANIFEST[operation_id].scope)
     return await fleet_dispatch(app, principal, await fleet_target(app, path.instance_id), fleet_route(operation_id),
@@ -15239,7 +15608,7 @@ async def fleet_stream_ticket(request: Request, path, body: StreamTicketRequest)
     await fleet_target(app, body.instance_id)
     if body.channel_id is not None:
         principal.require("read", body.channel_id)
-    ticket, ttl = FLEET_TICKET_PREFIX + secrets.token_urlsafe(24), app.services.settings.fleet_ticket_ttl
+    ticket, ttl = FLEET_TICKET_PREFIX + secrets.token_urlsafe(24), fleet_settings(app).fleet_ticket_ttl
     await db_of(request).write(mint_ticket, sha256_hex(ticket), principal.org_token_id, list(principal.fleet_scopes),
                                body.instance_id, body.channel_id, body.resume_cursor, ttl)
     return StreamTicket(ticket=ticket, expires_in=max(1, round(ttl)), instance_id=body.instance_id,
@@ -15255,7 +15624,7 @@ def fleet_error(exc: ActaeError) -> Response:
                     status_code=exc.status, media_type="application/json")
 
 
-async def fleet_direct_call(request: Request, route: Api, token: str) -> Any:
+async def fleet_direct_call(request: Request, route: Api, token: str) -> object:
     """A direct route's request carrying a fleet token: the manifest operation it is, dispatched to the
     instance X-Actae-Instance-Id names (this server without one). Only fleet commands: no open proxy."""
     app = request.app
@@ -15327,7 +15696,7 @@ class FleetStreamConnection(WsConnection):
     """A gateway stream's subscription to this server's hub: only events go out, as fleet events
     (the stream's own pump sends them)."""
 
-    def __init__(self, websocket: Any, hub: Hub, instance_id: str, principal: Principal):
+    def __init__(self, websocket: WebSocket, hub: Hub, instance_id: str, principal: Principal):
         super().__init__(websocket, hub)
         self.instance_id, self.principal = instance_id, principal
 
@@ -15348,7 +15717,7 @@ class FleetStreamConnection(WsConnection):
         return fleet_ws_frame(fleet_event)
 
 
-async def recv_frame(ws: Any, timeout: float) -> dict:
+async def recv_frame(ws: "websockets.asyncio.client.ClientConnection", timeout: float) -> dict:
     frame = json.loads(await asyncio.wait_for(ws.recv(), timeout))
     return frame if isinstance(frame, dict) else {}
 
@@ -15397,7 +15766,7 @@ async def remote_events(app: "ActaeApp", remote: RemoteInstance, channel_id: Opt
 
 
 async def open_fleet_stream(app: "ActaeApp", principal: Principal, target: Target, channel_id: Optional[str],
-                            cursor: Optional[int], sink: Any) -> tuple:
+                            cursor: Optional[int], sink: WebSocket) -> tuple:
     """Subscribe to `channel_id` of the target from `cursor` (None: to every channel the principal
     may read, from a position); (the queue its fleet frames arrive on as dicts, the tasks feeding
     it). Raises (403, 502, ...) before anything is open when it cannot be."""
@@ -15459,7 +15828,7 @@ async def fleet_stream_endpoint(websocket: WebSocket) -> None:
     {"type": "event", "instance_id", "channel_id", "event"}, each once, in cursor order."""
     app = websocket.app
     try:
-        organization = app.services.settings.organization
+        organization = fleet_settings(app).organization
         if websocket.path_params.get("organization_id") != organization:
             raise Forbidden(f"this gateway serves organisation {organization!r}")
         query = decode_params(websocket.query_params, FleetStreamQuery, "query string")
@@ -15562,6 +15931,7 @@ async def fleet_ndjson_stream(request: Request) -> Response:
 
 FLEET_STREAMS = [Endpoint("WS", "/v1/organizations/{organization_id}/events/stream", fleet_stream_endpoint),
                  Endpoint("GET", "/api/v1/fleet/stream", fleet_ndjson_stream)]
+
 
 # =============================================================================
 # Fleet: enrollment (an instance links itself to an organisation's gateway, opt-in)
@@ -15721,7 +16091,7 @@ def printable_key(key: str) -> str:
     return key
 
 
-def bounded_version(text: Any) -> Optional[str]:
+def bounded_version(text: object) -> Optional[str]:
     """A version a gateway sent back, if it is one (digits and dots, a short suffix); None otherwise."""
     return text if isinstance(text, str) and VERSION_TEXT.match(text) else None
 
@@ -15754,7 +16124,7 @@ def drop_enrolled(tx: Tx, body: LinkRequest) -> None:
 async def api_fleet_enrollment_inspect(request: Request, body: EnrollmentToken) -> EnrollmentInfo:
     """What an enrollment token allows (the first step of `actae enroll`), before it is used."""
     row = await db_of(request).read(usable_enrollment, body.token, iso(utc_now()))
-    return EnrollmentInfo(organization_id=request.app.services.settings.organization, name=row["name"],
+    return EnrollmentInfo(organization_id=fleet_settings(request.app).organization, name=row["name"],
                           permissions=permissions_of(scopes_of(row["scopes"])), expires_at=row["expires_at"])
 
 
@@ -15766,7 +16136,7 @@ async def api_fleet_enroll(request: Request, body: EnrollRequest) -> Enrolled:
     fleet = app.services.region(FleetState)
     try:
         info = await asyncio.get_running_loop().run_in_executor(
-            fleet.http, instance_info, url, key, app.services.settings.fleet_timeout)
+            fleet.http, instance_info, url, key, fleet_settings(app).fleet_timeout)
         if not (0 < len(info.instance_id) <= 128 and info.instance_id.isascii() and info.instance_id.isprintable()):
             raise BadRequest(f"{url} does not answer like an Actae server")
         if info.instance_id == app.services.instance_id:
@@ -15781,21 +16151,21 @@ async def api_fleet_enroll(request: Request, body: EnrollRequest) -> Enrolled:
     ciphertext = cipher.encrypt(key.encode("utf-8")).decode("ascii")
     link = secrets.token_urlsafe(32)
     await db.write(register_enrolled, body.token, info, body.name or urlsplit(url).netloc, url, ciphertext, key[:7], link)
-    return Enrolled(organization_id=app.services.settings.organization, gateway_instance_id=app.services.instance_id,
+    return Enrolled(organization_id=fleet_settings(app).organization, gateway_instance_id=app.services.instance_id,
                     gateway_version=__version__, instance_id=info.instance_id, link=link)
 
 
 async def api_fleet_link(request: Request, body: LinkRequest) -> LinkState:
     """An enrolled instance asks after its link: the gateway's version (its dashboard's release notice)."""
     await db_of(request).read(linked_instance, body)
-    return LinkState(organization_id=request.app.services.settings.organization, gateway_version=__version__,
+    return LinkState(organization_id=fleet_settings(request.app).organization, gateway_version=__version__,
                      enrolled=True)
 
 
 async def api_fleet_unenroll(request: Request, body: LinkRequest) -> LinkState:
     """An enrolled instance leaves the organisation: the gateway forgets it (and the key it held)."""
     await db_of(request).write(drop_enrolled, body)
-    return LinkState(organization_id=request.app.services.settings.organization, gateway_version=__version__,
+    return LinkState(organization_id=fleet_settings(request.app).organization, gateway_version=__version__,
                      enrolled=False)
 
 
@@ -15896,7 +16266,7 @@ class GatewayEnrolled(Struct, kw_only=True):
     gateway_version: str = ""                          # kept only if bounded_version takes it
 
 
-def gateway_answer(answer: dict, kind: type) -> Any:
+def gateway_answer(answer: dict, kind: type) -> object:
     try:
         return msgspec.convert(answer, kind)
     except msgspec.ValidationError as exc:
@@ -15932,7 +16302,7 @@ def unenroll(location: Location, link: Optional[dict]) -> int:
     return 0
 
 
-def add_enrollment_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
+def add_enrollment_commands(commands: Subcommands, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
     enrollment = add_command(commands, "enrollment", enrollment_command, [common],
                              "on a gateway: one-use tokens an instance enrolls itself with")
     kinds = enrollment.add_subparsers(dest="enrollment_command", required=True, metavar="{create}")
@@ -16009,22 +16379,14 @@ class ReleaseNotice:
                 f" {__version__})") if newer else None
 
 
-def install_release_notice(services: Services, options: dict) -> tuple:
-    notice = services.regions[ReleaseNotice] = ReleaseNotice(services.db)
-    return [notice.start], [notice.stop]
+def install_release_notice(services: Services, options: dict) -> Installed:
+    notice = ReleaseNotice(services.db)
+    return Installed(services=(notice,), starts=(notice.start,), stops=(notice.stop,))
 
 
 def release_notice(services: Services) -> Optional[str]:
     notice = services.regions.get(ReleaseNotice)
     return notice.notice() if notice is not None else None
-
-
-schema_step(13, enrollment_schema)
-schema_step(24, enrollment_tries_schema)
-ROUTE_LISTS.append(ENROLLMENT_ROUTES)
-APP_INSTALLERS.append(install_release_notice)
-PAGE_NOTICES.append(release_notice)
-COMMAND_ADDERS.append(add_enrollment_commands)
 
 
 # =============================================================================
@@ -16068,7 +16430,10 @@ async def fleet_instance_row(app: "ActaeApp", principal: FleetPrincipal, instanc
     return row
 
 
-def dataclasses_replace(value: Any, **changes) -> Any:
+Replaced = typing.TypeVar("Replaced")
+
+
+def dataclasses_replace(value: Replaced, **changes: object) -> Replaced:
     import dataclasses
     return dataclasses.replace(value, **changes)
 
@@ -16084,18 +16449,18 @@ async def page_fleet(request: Request) -> Response:
                       added_at=r.added_at) for r in directory.instances.values()]
     # The page asks each instance what any API caller with every scope would get.
     viewer = FleetPrincipal("dashboard", {**ADMIN_SCOPES, "admin": []}, "fleet", "session",
-                            organization_id=app.services.settings.organization, fleet_scopes=tuple(FLEET_SCOPES),
+                            organization_id=fleet_settings(app).organization, fleet_scopes=tuple(FLEET_SCOPES),
                             name="dashboard")
     rows = await asyncio.gather(*(fleet_instance_row(app, viewer, i) for i in instances))
     return render(request, "fleet.html", {"title": "Fleet", "active": "fleet",
-                                          "organization_id": app.services.settings.organization, "instances": rows})
+                                          "organization_id": fleet_settings(app).organization, "instances": rows})
 
 
 # --- the fleet: --organization, `instance`, `org-token` ------------------------------------------------
 
 
 def add_fleet_flags(parser: argparse.ArgumentParser) -> None:
-    fleet, default = parser.add_argument_group("the fleet gateway (the SDK's FleetClient)"), Settings()
+    fleet, default = parser.add_argument_group("the fleet gateway (the SDK's FleetClient)"), FleetSettings()
     fleet.add_argument("--organization", default=default.organization, metavar="ID",
                        help=f"the organisation this server's gateway serves, /v1/organizations/ID/ "
                             f"(default: {default.organization})")
@@ -16112,11 +16477,11 @@ def add_fleet_flags(parser: argparse.ArgumentParser) -> None:
 def fleet_settings_of(args: argparse.Namespace) -> dict:
     if not ORGANIZATION_ID.fullmatch(args.organization):
         raise SystemExit("actae: --organization takes 1-128 characters of A-Z a-z 0-9 . _ : -")
-    return {"organization": args.organization, "fleet_token_ttl": args.fleet_token_ttl,
-            "fleet_ticket_ttl": args.fleet_ticket_ttl, "fleet_timeout": args.fleet_timeout}
+    return {"fleet": FleetSettings(organization=args.organization, fleet_token_ttl=args.fleet_token_ttl,
+                                   fleet_ticket_ttl=args.fleet_ticket_ttl, fleet_timeout=args.fleet_timeout)}
 
 
-def add_fleet_commands(commands: Any, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
+def add_fleet_commands(commands: Subcommands, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
     instance = add_command(commands, "instance", instance_command, [common],
                            "the fleet's remote instances: add, list, remove")
     instance_commands = instance.add_subparsers(dest="instance_command", required=True, metavar="{add,list,remove}")
@@ -16221,34 +16586,36 @@ def org_token_command(args: argparse.Namespace, location: Location) -> int:
     return 0
 
 
-
 # --- how the fleet plugs into the core ----------------------------------------------------------
 
 
-def install_fleet(services: Services, options: dict) -> tuple:
-    services.regions[FleetState] = FleetState(services.db, services.data_dir)
-    return [], []
+def install_fleet(services: Services, options: dict) -> Installed:
+    settings = options.get("fleet") or FleetSettings()
+    return Installed(services=(FleetState(services.db, services.data_dir, typing.cast(FleetSettings, settings)),))
 
 
-def organization_banner(settings: Settings, options: dict) -> str:
-    return f"Organization: {settings.organization} (fleet gateway: /v1/organizations/{settings.organization}/)"
+def organization_banner(options: dict) -> str:
+    organization = (options.get("fleet") or FleetSettings()).organization
+    return f"Organization: {organization} (fleet gateway: /v1/organizations/{organization}/)"
 
 
 # The gateway (the SDK's FleetClient): a fleet token each, whose scopes fleet_dispatch checks per
 # operation; the exchange takes the organisation token. The streams are outside the API table.
-ROUTE_LISTS.append(FLEET_ROUTES)
-PAGE_LISTS.append([("GET", "/fleet", page_fleet)])
-ENDPOINT_LISTS.append(FLEET_STREAMS)
-ENDPOINT_WRAPPERS.append(fleet_endpoint)
-AUTHENTICATORS.update(fleet=fleet_authenticate, org=fleet_authenticate)
-APP_INSTALLERS.append(install_fleet)
-SERVE_FLAGS.append(add_fleet_flags)
-SETTINGS_READERS.append(fleet_settings_of)
-BANNER_LINES.insert(0, organization_banner)
-COMMAND_ADDERS.append(add_fleet_commands)
-
+# Enrollment (its own section) links this server to another's gateway.
+FLEET = declare(Region(
+    "fleet", schema=(SchemaPart(8, fleet_schema), SchemaPart(13, enrollment_schema),
+                     SchemaPart(24, enrollment_tries_schema)),
+    routes=(*ENROLLMENT_ROUTES, *FLEET_ROUTES), pages=(("GET", "/fleet", page_fleet),), endpoints=tuple(FLEET_STREAMS),
+    nav=(NavLink("Fleet", "/fleet", "fleet", place=90, admin=True),),
+    json_paths=("/v1/",), wrappers=(fleet_endpoint,),
+    authenticators=(("fleet", fleet_authenticate), ("org", fleet_authenticate)),
+    installers=(install_release_notice, install_fleet), page_notices=(release_notice,),
+    commands=(add_enrollment_commands, add_fleet_commands), serve_flags=(add_fleet_flags,),
+    options=(fleet_settings_of,), banner_lines=(organization_banner,)))
 
 
 # Every region has registered itself by here: the command line sees them all.
 if __name__ == "__main__":
     sys.exit(main())
+
+

@@ -18,6 +18,7 @@ never a user's option, and the branches live here, not on its write path.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -45,16 +46,18 @@ def without_run_state() -> None:
     actae.state_facts_args = lambda tx, channel_id, status: None
 
 
+def region_without(name: str, **fields) -> None:
+    """Replace the declared region `name` by a copy with `fields` (hooks left out) before main() runs."""
+    at = next(i for i, region in enumerate(actae.REGIONS) if region.name == name)
+    actae.REGIONS[at] = dataclasses.replace(actae.REGIONS[at], **fields)
+
+
 def without_approvals() -> None:
-    for event_type in actae.APPROVAL_INDEXED:
-        hooks = actae.EVENT_HOOKS.get(event_type, [])
-        hooks[:] = [hook for hook in hooks if hook is not actae.index_approval_event]
-        if not hooks:
-            actae.EVENT_HOOKS.pop(event_type, None)
+    region_without("many runs", event_hooks=())
 
 
 def without_request_metrics() -> None:
-    actae.REQUEST_OBSERVERS[:] = [observe for observe in actae.REQUEST_OBSERVERS if observe is not actae.observe_request]
+    region_without("observability", request_observers=())
     actae.Metrics.observe_batch = lambda self, jobs, outcomes, seconds: []
 
 

@@ -5,6 +5,8 @@ Both read actae.py as text (its AST and its banners); neither starts a server.
 from __future__ import annotations
 
 import ast
+import collections
+import itertools
 import re
 from collections import defaultdict
 
@@ -71,8 +73,10 @@ def banner_titles(source: str) -> list:
 
 
 def map_lines(tree: ast.Module) -> list:
+    """The map's lines: after its opening paragraph, every line but the two headings."""
     doc = ast.get_docstring(tree)
-    return [line for line in doc.split("The map:", 1)[1].splitlines()[3:] if line.strip()]
+    listing = doc.split("The map:", 1)[1].split("\n\n", 1)[1]
+    return [line for line in listing.splitlines() if line.strip() and line not in ("Kernel", "Regions")]
 
 
 def test_the_docstring_map_lists_every_section_in_file_order():
@@ -89,28 +93,40 @@ def test_related_sections_sit_together():
     titles = banner_titles(SOURCE)
     full = banners(SOURCE)
     at = {title: i for i, title in enumerate(full)}
-    principals = next(i for t, i in at.items() if t.startswith("Domain: principals, API keys"))
+    principals = next(i for t, i in at.items() if t.startswith("Principals: API keys"))
     assert titles[principals + 1] == "Authentication"
-    assert titles[next(i for t, i in at.items() if t.startswith("Domain: scheduled wake-ups")) + 1] == "Scheduler"
-    assert any(t.startswith("Dashboard: page handlers") for t in full)
-    # the dashboard's query records are request records like the others
-    request_section = SOURCE.split("# Request records", 1)[1].split("# Response records", 1)[0]
-    assert "class RunPageQuery(" in request_section and "class RunsPageQuery(" in request_section
+    handlers = next(i for t, i in at.items() if t.startswith("HTTP API: the kernel's handlers"))
+    assert full[handlers + 1].startswith("HTTP API: the route table")
+    # each region's banners are one run: a region is read in one place
+    owners = [region_of(title) for title in full]
+    runs = [owner for owner, _ in itertools.groupby(owners) if owner is not None]
+    assert runs == list(REGIONS), runs
+    # a record only one region decodes or answers is that region's, beside its other records
+    for region, record in (("Runs", "RunsPageQuery"), ("Diff and outcome", "DiffPageQuery"),
+                           ("Ledger", "LedgerPageQuery"), ("Experiments", "ExperimentPageQuery")):
+        records = SOURCE.split(f"# {region}: ", 1)[1].split("\n# =====", 2)[1]
+        assert f"\nclass {record}(" in records, (region, record)
 
 
 # --- the core in layers, each capability in a region of its own -----------------------------------
 
-REGIONS = ("Many runs", "Moving runs", "Observability", "Fleet")
+REGIONS = ("Runs", "Forks", "Diff and outcome", "Ledger", "Wake-ups", "Groups", "Experiments", "Many runs",
+           "Moving runs", "Observability", "Fleet")
 # The names that say which capability a definition belongs to.
 CAPABILITY_NAMES = {
+    "Wake-ups": re.compile(r"wakeup|Wakeup|WAKEUP|Scheduler"),
+    "Groups": re.compile(r"consumer_group|ConsumerGroup|execution_group|ExecutionGroup|group_message|GroupMessage"
+                         r"|group_fork|GroupFork"),
+    # experiment_metadata is the SDK's metadata of every run (experiment_of reads it), not the region's.
+    "Experiments": re.compile(r"[Ee]xperiment(?!_metadata|_of$)|EXPERIMENT"),
     "Fleet": re.compile(r"fleet|Fleet|FLEET|org_token|OrgToken|ORG_TOKEN|RemoteInstance|FleetInstance"),
     "Many runs": re.compile(r"approval|Approval|APPROVAL|bulk|Bulk|BULK|prune|Prune|PRUNE|retention|Retention"
                             r"|RETENTION"),
     "Observability": re.compile(r"span|Span|SPAN|otel|Otel|OTEL|otlp|Otlp|OTLP|metric|Metric|METRIC"),
 }
-HOOK_LISTS = {"SCHEMA_PARTS", "EVENT_HOOKS", "ROUTE_LISTS", "PAGE_LISTS", "ENDPOINT_LISTS", "ENDPOINT_WRAPPERS",
-              "AUTHENTICATORS", "REQUEST_OBSERVERS", "APP_INSTALLERS", "COMMAND_ADDERS", "SERVE_FLAGS",
-              "SETTINGS_READERS", "OPTION_READERS", "BANNER_LINES"}
+# What the kernel declares for the regions: the record, the list, and the hooks built from it.
+REGION_KERNEL = {"Region", "REGIONS", "declare", "SchemaPart", "EventHook", "Installed", "Hooks", "hooks_of",
+                 "StoreHooks", "store_hooks"}
 
 
 def defined_names(node: ast.AST) -> list:
@@ -145,12 +161,14 @@ def test_the_map_lists_the_core_then_the_regions():
     assert all(t is None for t in titles[:first]) and all(t is not None for t in titles[first:]), titles
     assert [t for t in dict.fromkeys(titles[first:])] == list(REGIONS)
     doc = ast.get_docstring(TREE)
-    assert doc.index("Command line —") < doc.index("Many runs:") < doc.index("Fleet: records")
+    assert doc.index("Command line —") < doc.index("Experiments —") < doc.index("Many runs:") < doc.index("Fleet: records")
 
 
 def test_every_definition_of_a_capability_lies_in_its_region():
     misplaced = []
     for title, nodes in sections_of(SOURCE, TREE):
+        if title.startswith("Constants and vocabulary"):     # the states a schema CHECK lists are the kernel's
+            continue
         for node in nodes:
             for name in defined_names(node):
                 for capability, pattern in CAPABILITY_NAMES.items():
@@ -159,11 +177,11 @@ def test_every_definition_of_a_capability_lies_in_its_region():
     assert not misplaced, "\n".join(misplaced)
 
 
-def test_the_core_names_no_region_except_through_the_hook_lists():
+def test_the_core_names_no_region_and_each_region_plugs_in_by_one_declaration():
     sections = sections_of(SOURCE, TREE)
     regional = {name for title, nodes in sections if region_of(title) for node in nodes
                 for name in defined_names(node)}
-    assert len(regional) > 300 and not (regional & HOOK_LISTS)
+    assert len(regional) > 300 and not (regional & REGION_KERNEL)
     leaks = []
     for title, nodes in sections:
         if region_of(title):
@@ -173,8 +191,38 @@ def test_the_core_names_no_region_except_through_the_hook_lists():
             if used:
                 leaks.append(f"{defined_names(node)} under {title!r} uses {sorted(used)}")
     assert not leaks, "\n".join(leaks)
-    hooks = dict(sections)["Hooks: where the regions plug into the core"]
-    assert HOOK_LISTS <= {name for node in hooks for name in defined_names(node)}
+    kernel = dict(sections)["Regions: the one declaration by which a capability plugs into the kernel"]
+    assert REGION_KERNEL <= {name for node in kernel for name in defined_names(node)}
+    # A region's one tie: `NAME = declare(Region(...))`, once per region, and nothing assigned onto
+    # the kernel's objects (no `db.x = ...`, `services.x = ...`, `app.x = ...`) outside the kernel.
+    declared, assigned = collections.Counter(), []
+    for title, nodes in sections:
+        for node in nodes:
+            if region_of(title) and isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) \
+                    and getattr(node.value.func, "id", None) == "declare":
+                declared[region_of(title)] += 1
+            for inner in ast.walk(node):
+                if region_of(title) and isinstance(inner, (ast.Assign, ast.AugAssign)):
+                    targets = inner.targets if isinstance(inner, ast.Assign) else [inner.target]
+                    for target in targets:
+                        while isinstance(target, ast.Subscript):
+                            target = target.value
+                        if isinstance(target, ast.Attribute) and isinstance(target.value, (ast.Name, ast.Attribute)) \
+                                and ast.unparse(target.value).split(".")[-1] in ("db", "app", "services", "hub"):
+                            assigned.append(f"{ast.unparse(target)} assigned under {title!r}")
+            if not region_of(title):
+                continue
+            calls = {n.func.id for n in ast.walk(node) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+            assert not ({"schema_step", "on_events"} & calls), f"{defined_names(node)} plugs in outside its Region"
+    assert declared == {region: 1 for region in REGIONS}, declared
+    assert not assigned, "\n".join(assigned)
+    # Every field of Region is read by the kernel (a hook nobody calls is a region's silent no-op).
+    region_class = next(n for n in TREE.body if isinstance(n, ast.ClassDef) and n.name == "Region")
+    fields = [n.target.id for n in region_class.body if isinstance(n, ast.AnnAssign)]
+    kernel_text = "\n".join(ast.unparse(node) for title, nodes in sections if not region_of(title) for node in nodes)
+    unread = [f for f in fields if f != "name" and f"'{f}'" not in kernel_text and f"\"{f}\"" not in kernel_text
+              and f".{f}" not in kernel_text]
+    assert not unread, unread
 
 
 # --- one request path --------------------------------------------------------------------------------

@@ -28,11 +28,12 @@ HEADINGS = {"sqlite": "## SQLite", "postgresql": "## PostgreSQL"}
 PREAMBLE = """# The schema
 
 Every table of each backend as a new database has it after every migration (the step count is
-`PRAGMA user_version` on SQLite, the highest version in `actae_migrations` on PostgreSQL). Written
-by `tests/test_schema_doc.py` from each backend's own catalog; the suite fails when this file no
-longer matches the migrations (`ACTAE_WRITE_SCHEMA=1 python -m pytest tests/test_schema_doc.py`
-writes it, once per backend). The migrations themselves are `MIGRATIONS` and the regions'
-`schema_step` parts in `actae.py`.
+`PRAGMA user_version` on SQLite, the highest version in `actae_migrations` on PostgreSQL, where
+steps 1-5 are version 1 and step n is version n - 4). Written by `tests/test_schema_doc.py` from
+each backend's own catalog; the suite fails when this file no longer matches the migrations
+(`ACTAE_WRITE_SCHEMA=1 python -m pytest tests/test_schema_doc.py` writes it, once per backend).
+The migrations themselves are `MIGRATIONS` in `actae.py` (one numbering: a step's number is its
+place there) and the `SchemaPart`s each region's `Region` declaration adds to a step by number.
 """
 
 
