@@ -61,6 +61,10 @@ Groups: consumer groups — at-least-once workers on one channel
 Groups: execution groups — fenced member leases, durable messages, group forks
 Groups: handlers and routes
 Experiments — region: named groups of runs, ranked by score, side by side on a page, the winner promoted
+Model calls: records and schema — region: the gateway in front of the model APIs; passes, its tables
+Model calls: recording and replay — a call claimed, answered from the record or sent, its llm.call event, its price
+Model calls: a run's calls on its page — each under its step, and a call's page: what the model was given and answered
+Model calls: the gateway, its routes and commands — provider-shaped answers and errors, streams relayed and kept
 Many runs: records and schema — region: the approvals inbox, bulk fork, retention; their records and tables
 Many runs: the approvals inbox — the index of approval events (an event hook), listing, deciding
 Many runs: bulk fork from failure — select by status, fork each run after its own last good step
@@ -158,7 +162,8 @@ __all__ = ["ActaeApp", "ACTIVE_AT_CHARS", "api_routes", "app_endpoints", "append
            "events_after_position", "EVERYWHERE", "EXECUTION_GROUP_STATUSES", "EXECUTION_STATES", "failure_event_sql",
            "FAILURE_STATES", "FLEET_MANIFEST", "fleet_operation_routes", "free_dependents", "GROUP_MESSAGE_STATUSES",
            "heads_from_events", "index_approval_event", "is_failure_event", "Job", "LEDGER_OUTCOMES",
-           "list_approvals", "list_executions", "list_forks", "Location", "main", "MAX_BODY_BYTES", "member_inbox",
+           "list_approvals", "list_executions", "list_forks", "LLM_CALL_STATES", "completed_call_at",
+           "delete_llm_calls", "Location", "main", "MAX_BODY_BYTES", "member_inbox",
            "Metrics", "MIGRATIONS", "next_wakeup_at", "observe_request", "OUTCOMES", "page_routes", "POSTGRES",
            "prune_runs", "put_metadata", "PutMetadata", "query_events", "record_event", "RecordEvent",
            "Region", "REGIONS", "ReleaseNotice", "REPRODUCIBILITY_GRADES", "require_approval", "resolve_step",
@@ -299,7 +304,9 @@ ACTIVE_AT_CHARS = 19
 # the first place that has it wins. Token counts may be decimal strings: OTLP's JSON writes 64-bit
 # integers so, and adapters pass them on. A step is an event with a step number, or one that reports
 # a token count or a cost without one (an adapter's model call); a numbered step that names none of
-# them spent an unknown amount, never zero.
+# them spent an unknown amount, never zero. A payload marked `"measured": true` (a model call the
+# server itself recorded, and priced) is no step's report: its figures are kept apart, so usage an
+# application reports for the same call is never counted twice.
 USAGE_NAMES = (
     ("input_tokens", ("input_tokens", "prompt_tokens", "tokens", "input_token_count", "gen_ai.usage.input_tokens"),
      int),
@@ -435,6 +442,8 @@ def usage_of(payload: Json, metadata: Json) -> Optional[dict]:
     names no token count and no cost (its spend is unknown)."""
     places = usage_places(payload, metadata)
     if all(SPEND_NAMES.isdisjoint(place) for place in places):   # most events: no spend named, ~1 us
+        return None
+    if isinstance(payload, dict) and payload.get("measured") is True:
         return None
     found = {}
     for figure, names, kind in USAGE_NAMES:
@@ -741,6 +750,9 @@ class Region:
     nav: tuple[NavLink, ...] = ()               # its pages' links in the top bar
     # What it adds to a run's page: `part(conn, channel_id) -> dict`, merged into the page's context.
     run_page_parts: tuple[Callable[["Conn", str], dict], ...] = ()
+    # What it measured a fork did not spend again: `measure(conn, channel_id) -> MeasuredSpend | None`
+    # (the model-call gateway's recorded calls), shown beside what the steps reported.
+    savings_measures: tuple[Callable[["Conn", str], Optional["MeasuredSpend"]], ...] = ()
     # Its writes that are small, quick, and on the path of a run that waits for each (an SDK step, a
     # fork, a ledger call): alone on the server, one of these commits on the event loop's thread.
     lone_writes: tuple[Callable, ...] = ()
@@ -812,6 +824,7 @@ class Hooks:
     page_notices: tuple[Callable, ...]
     nav: tuple[NavLink, ...]                    # the kernel's links and the regions', by place
     run_page_parts: tuple[Callable, ...]
+    savings_measures: tuple[Callable, ...]
     lone_writes: tuple[Callable, ...]
     channel_writes: tuple[tuple[Callable, Callable], ...]
 
@@ -827,7 +840,8 @@ def hooks_of(regions: Optional[typing.Sequence[Region]] = None) -> Hooks:
                  features=every("features"), wrappers=every("wrappers"), authenticators=dict(every("authenticators")),
                  request_observers=every("request_observers"), page_notices=every("page_notices"),
                  nav=tuple(sorted((*KERNEL_NAV, *every("nav")), key=lambda link: link.place)),
-                 run_page_parts=every("run_page_parts"), lone_writes=every("lone_writes"),
+                 run_page_parts=every("run_page_parts"), savings_measures=every("savings_measures"),
+                 lone_writes=every("lone_writes"),
                  channel_writes=every("channel_writes"))
 
 
@@ -1756,7 +1770,7 @@ def base_schema(w: SchemaWords) -> str:
 
 
 def sessions_schema(w: SchemaWords) -> str:
-    return f"""
+    return """
     -- Dashboard sessions live on the server: the cookie holds a random id, this table only its hash,
     -- so reading the database does not give anyone a session.
     CREATE TABLE sessions (
@@ -2138,6 +2152,7 @@ MIGRATIONS = [
     Migration(22, fork_only_channel_indexes),
     Migration(23, heads_from_events),
     Migration(24),                                        # enrollments' failed tries (Fleet)
+    Migration(25),                                        # model calls and their bodies (Model calls)
 ]
 if [step.number for step in MIGRATIONS] != list(range(1, len(MIGRATIONS) + 1)):
     raise RuntimeError("MIGRATIONS must be numbered 1, 2, 3, ... in order")
@@ -8679,7 +8694,7 @@ def default_fork_name(conn: Conn, channel_id: str, fork_count: int) -> str:
 
 
 def run_page(conn: Conn, channel_id: str, start: int, event_type: str, reach: "Reach",
-             parts: tuple[Callable[[Conn, str], dict], ...] = ()) -> dict:
+             parts: tuple[Callable[[Conn, str], dict], ...] = (), measures: tuple = ()) -> dict:
     """Everything the run page shows; the timeline is one page of TIMELINE_PAGE_SIZE events."""
     row = fetch_or_raise(conn, lambda: NotFound(f"channel {channel_id} not found"),
                          f"SELECT {RUN_COLUMNS} FROM channels c WHERE c.id = ?", channel_id)
@@ -8699,7 +8714,7 @@ def run_page(conn: Conn, channel_id: str, start: int, event_type: str, reach: "R
                 "duration_ms": millis_between(row["first_event_at"], row["active_time"])},
         "failure": failure.as_json() if failure else None,
         "receipt": receipt_of(row) if row["parent_id"] else None,
-        "saving": fork_saving(conn, channel_id) if row["parent_id"] else None,
+        "saving": fork_saving(conn, channel_id, measures) if row["parent_id"] else None,
         "timeline": items, "more": more, "event_types": event_types(conn, channel_id),
         "total": row["last_cursor"], "start": start,
         "end": max((i["event"]["cursor"] for i in items if i["kind"] == "event"), default=start),
@@ -9001,8 +9016,9 @@ asyncio.run(main())
 async def run_context(request: Request, channel_id: str, jump_error: Optional[str] = None) -> dict:
     query = page_query(request, RunPageQuery)
     start, event_type = query.start, query.type
+    hooks = request.app.services.hooks
     data = await db_of(request).read(run_page, channel_id, start, event_type, reach_of(request),
-                                     request.app.services.hooks.run_page_parts)
+                                     hooks.run_page_parts, hooks.savings_measures)
     total, more = data.pop("total"), data.pop("more")
     page = {**timeline_links(channel_id, start, total, event_type, more), "start": data.pop("start"),
             "end": data.pop("end"), "total": data["run"]["event_count"], "filtered": bool(event_type)}
@@ -9136,14 +9152,28 @@ class Spend(Answer):
     wall_seconds: float                # from its first event to its last
 
 
+class MeasuredSpend(Answer):
+    """What a fork did not spend again, as the server measured it (the model calls the gateway recorded
+    in the prefix it kept, and those it answered from the record), each call counted once."""
+
+    calls: int
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int
+    cost: Optional[float]              # None: none of the calls has a known cost
+    calls_without_cost: int
+
+
 class ForkSaving(Answer):
-    """A fork's inherited prefix (steps it did not run, or pay for, again) and its own tail."""
+    """A fork's inherited prefix (steps it did not run, or pay for, again) and its own tail, as the
+    steps reported them; `measured`: what the server itself measured (None: nothing measured)."""
 
     channel_id: str
     parent_channel_id: str
     forked_at_step: Optional[int]
     saved: Spend
     tail: Spend
+    measured: Optional[MeasuredSpend] = None
 
 
 class Savings(Answer):
@@ -9153,6 +9183,7 @@ class Savings(Answer):
     fork: Optional[ForkSaving]
     forks: list[ForkSaving]
     forks_saved: Spend
+    forks_measured: Optional[MeasuredSpend] = None
 
 
 # =============================================================================
@@ -9300,23 +9331,38 @@ def spend_of(conn: Conn, stretches: list) -> Spend:
                  cost=None if cost is None else round(cost, 9), wall_seconds=round(wall, 6))
 
 
-def fork_saving(conn: Conn, channel_id: str) -> Optional[ForkSaving]:
+def fork_saving(conn: Conn, channel_id: str, measures: tuple = ()) -> Optional[ForkSaving]:
     """What a fork did not spend again (the history it inherited, across every ancestor it reaches)
-    and what its own tail spent; None for a run that is no fork."""
+    and what its own tail spent; None for a run that is no fork. `measures`: the regions' own
+    measurements of it (Region.savings_measures), the first that measured anything."""
     chain = lineage(conn, channel_id)
     row = chain[0][0]
     if row["parent_id"] is None:
         return None
+    measured = next((m for m in (measure(conn, channel_id) for measure in measures) if m is not None), None)
     return ForkSaving(channel_id=channel_id, parent_channel_id=row["parent_id"], forked_at_step=row["forked_at_step"],
                       saved=spend_of(conn, [(ancestor["id"], upto) for ancestor, upto in chain[1:]]),
-                      tail=spend_of(conn, [(channel_id, None)]))
+                      tail=spend_of(conn, [(channel_id, None)]), measured=measured)
 
 
-def savings_of(conn: Conn, channel_id: str, reach: "Reach") -> Savings:
+def measured_total(figures: list) -> Optional[MeasuredSpend]:
+    """The sum of measured savings (None when none was measured)."""
+    found = [figure for figure in figures if figure is not None]
+    if not found:
+        return None
+    costs = [figure.cost for figure in found if figure.cost is not None]
+    return MeasuredSpend(calls=sum(f.calls for f in found), input_tokens=sum(f.input_tokens for f in found),
+                         output_tokens=sum(f.output_tokens for f in found),
+                         cached_input_tokens=sum(f.cached_input_tokens for f in found),
+                         cost=round(sum(costs), 9) if costs else None,
+                         calls_without_cost=sum(f.calls_without_cost for f in found))
+
+
+def savings_of(conn: Conn, channel_id: str, reach: "Reach", measures: tuple = ()) -> Savings:
     """GET /channels/{id}/savings: the run's own saving as a fork, and its forks' (those `reach` sees)
     with their totals."""
     require_channel(conn, channel_id)
-    forks = [fork_saving(conn, child) for child in child_ids(conn, channel_id, reach)]
+    forks = [fork_saving(conn, child, measures) for child in child_ids(conn, channel_id, reach)]
     totals = {"steps": 0, "steps_without_usage": 0, "input_tokens": 0, "output_tokens": 0, "wall_seconds": 0.0}
     cost = None
     for fork in forks:
@@ -9324,8 +9370,8 @@ def savings_of(conn: Conn, channel_id: str, reach: "Reach") -> Savings:
             totals[name] += getattr(fork.saved, name)
         if fork.saved.cost is not None:
             cost = (cost or 0.0) + fork.saved.cost
-    return Savings(channel_id=channel_id, fork=fork_saving(conn, channel_id), forks=forks,
-                   forks_saved=Spend(**totals, cost=cost))
+    return Savings(channel_id=channel_id, fork=fork_saving(conn, channel_id, measures), forks=forks,
+                   forks_saved=Spend(**totals, cost=cost), forks_measured=measured_total([f.measured for f in forks]))
 
 
 def lineage_tree(conn: Conn, channel_id: str, reach: "Reach") -> ForkTree:
@@ -9447,7 +9493,8 @@ async def api_channels_receipt(request: Request, path) -> Receipt:
 
 async def api_channels_savings(request: Request, path) -> Savings:
     """What forking saved: the fork's inherited steps, tokens, cost and time, its tail's, and its forks'."""
-    return await db_of(request).read(savings_of, path.channel_id, reach_of(request))
+    return await db_of(request).read(savings_of, path.channel_id, reach_of(request),
+                                     request.app.services.hooks.savings_measures)
 
 
 async def api_channels_fork_tree(request: Request, path) -> ForkTree:
@@ -11677,6 +11724,1143 @@ EXPERIMENTS = declare(Region(
 
 
 # =============================================================================
+# Model calls: records and schema
+# =============================================================================
+# Region: a gateway in front of the model APIs. An application points its provider client's base
+# URL at `/llm/runs/{run}/{upstream}/v1` and changes nothing else; each call it makes is sent to the
+# configured upstream, recorded into the run (an `llm.call` event and a row of llm_calls, its bodies
+# stored once per distinct content), priced, and, when the run re-runs its code (a fork from the
+# start, a re-entered session), answered from the record instead of paid for again.
+#
+# Replay follows passes. A run's calls fall into passes: its first pass begins when it does (a fork's
+# at its fork point), and each `session.started` the SDK records when an AgentSession is entered
+# begins another. A call of a pass is compared with the call at the same position of the pass before
+# it (a fork's first pass: the source's pass at the fork point, the calls it kept): the same request
+# (its canonical JSON, the API included) is answered with the recorded bytes; the first call that
+# differs, and every call after it in that pass, goes to the upstream. Only completed calls are
+# positions (a failed or abandoned call is recorded, never replayed, and its retry takes its place).
+# A fork's `tool_policies` name the tool `llm`: `live` (always the upstream), `replay` (a call that is
+# not an exact replay is refused), `block` (no model call at all).
+
+LLM_CALL_EVENT = "llm.call"
+LLM_TOOL = "llm"                               # the model calls' name in a fork's tool_policies
+LLM_CALL_STATES = ("running", "completed", "failed", "incomplete")
+LLM_TIMEOUT_DEFAULT = 300.0                    # seconds an upstream has for one call (--llm-timeout)
+LLM_STALE_SECONDS = 30.0                       # past its timeout by this much, a running call is abandoned
+LLM_WAIT_SECONDS = 0.05                        # an identical call waits for the running one this often
+LLM_KEY_VARIABLE = "ACTAE_LLM_KEY_{}"          # an upstream's key, by its name in capitals
+# The APIs the gateway speaks, by the path after /v1/: the provider whose shape it is, its name.
+LLM_APIS = {"chat/completions": ("openai", "chat.completions"), "responses": ("openai", "responses"),
+            "messages": ("anthropic", "messages")}
+LLM_FORCE_HEADER = "x-actae-llm"               # `live`: this call goes to the upstream whatever the record
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """A model server the gateway may call: its name in the path, its root URL (the API's own path,
+    `/v1/chat/completions`, is added to it), the key it is called with (never shown)."""
+
+    name: str
+    url: str
+    key: Optional[str] = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class LlmSettings:
+    """The gateway's upstreams and bound (the `serve` flags --llm-upstream, --llm-key-file, --llm-timeout;
+    create_app's `llm=`)."""
+
+    upstreams: tuple[Upstream, ...] = ()
+    timeout: float = LLM_TIMEOUT_DEFAULT
+
+    def upstream(self, name: str) -> Optional[Upstream]:
+        return next((upstream for upstream in self.upstreams if upstream.name == name), None)
+
+
+@dataclass(frozen=True)
+class LlmRequest:
+    """One call as the application sent it, decoded once."""
+
+    channel_id: str
+    upstream: Upstream
+    provider: str                              # whose API shape: openai | anthropic
+    api: str                                   # chat.completions | responses | messages
+    path: str                                  # after /v1/: what is called on the upstream
+    body: bytes
+    model: Optional[str]
+    streamed: bool
+    sha256: str                                # of the canonical request (the API and its JSON)
+    forced_live: bool
+    headers: tuple[tuple[str, str], ...]       # what goes upstream besides the key
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A completed call's answer as it was recorded: what a replay sends again."""
+
+    call_id: str
+    body: bytes
+    content_type: str
+    http_status: int
+    streamed: bool
+
+
+@dataclass(frozen=True)
+class LlmDecision:
+    """What begin_llm_call decided: `replay` (the record answers), `live` (claimed: call the upstream),
+    `wait` (an identical call at this position is running: wait for it), or `refused`."""
+
+    action: Literal["replay", "live", "wait", "refused"]
+    call_id: str = ""
+    recorded: Optional[Recorded] = None
+    refusal: str = ""
+    position: int = 0
+    claim: Optional["LlmClaim"] = None         # a live call claimed in memory, not yet a row (see LlmGateway)
+
+
+@dataclass(frozen=True)
+class LlmClaim:
+    """A live call claimed in this server's memory: its row is written whole when it ends, with this."""
+
+    req: "LlmRequest"
+    pass_start: int
+    position: int
+    claim_key: str
+    matched: bool
+    claimed_at: str
+
+    @property
+    def key(self) -> tuple:
+        return self.req.channel_id, self.pass_start, self.claim_key
+
+
+@dataclass(frozen=True)
+class LlmOutcome:
+    """How a live call ended: its status, what the upstream answered, and when."""
+
+    status: Literal["completed", "failed", "incomplete"]
+    http_status: Optional[int]
+    body: bytes
+    content_type: str
+    latency_ms: int
+    first_byte_ms: Optional[int]
+    error: Optional[str] = None
+
+
+class UpstreamFailed(ActaeError, status=502, code="upstream_unavailable"):
+    """The upstream model server is down, too slow (504), or answered what is no answer."""
+
+
+def llm_schema(w: SchemaWords) -> str:
+    # IF NOT EXISTS: a database rewound to an earlier step (the upgrade tests do) runs this step again.
+    return f"""
+    -- Bodies of model calls, once per distinct content (a long agent loop resends most of its
+    -- context each call): the bytes as they crossed the wire, zlib-compressed.
+    CREATE TABLE IF NOT EXISTS llm_bodies (
+        sha256  TEXT PRIMARY KEY,
+        packed  {w.packed} NOT NULL,
+        size    {w.integer} NOT NULL
+    );
+    -- Each model call a run made through the gateway, claimed before it is sent.
+    CREATE TABLE IF NOT EXISTS llm_calls (
+        id               TEXT PRIMARY KEY,
+        channel_id       TEXT NOT NULL,
+        pass_start       {w.integer} NOT NULL,   -- the cursor its pass began after
+        position         {w.integer} NOT NULL,   -- completed: its place among the pass's; else where it was decided
+        claim_key        TEXT NOT NULL,          -- position and request: an identical call waits for it
+        request_sha256   TEXT NOT NULL,
+        matched          {w.integer} NOT NULL CHECK (matched IN (0, 1)),   -- the pass before had it there
+        upstream         TEXT NOT NULL,
+        provider         TEXT NOT NULL,
+        api              TEXT NOT NULL,
+        model            TEXT,
+        streamed         {w.integer} NOT NULL CHECK (streamed IN (0, 1)),
+        status           TEXT NOT NULL CHECK (status IN ({sql_list(LLM_CALL_STATES)})),
+        request_body     TEXT NOT NULL,          -- llm_bodies.sha256
+        response_body    TEXT,
+        content_type     TEXT,
+        http_status      {w.integer},
+        replayed_from    TEXT,                   -- the call whose record answered it
+        input_tokens     {w.integer},
+        output_tokens    {w.integer},
+        cached_input_tokens {w.integer},
+        cost             {w.real},
+        latency_ms       {w.integer},
+        first_byte_ms    {w.integer},
+        error            TEXT,
+        event_id         TEXT,                   -- its llm.call event, once it ended
+        cursor           {w.integer},
+        created_at       TEXT NOT NULL,
+        ended_at         TEXT
+    );
+    CREATE INDEX IF NOT EXISTS llm_calls_by_pass ON llm_calls (channel_id, pass_start, position);
+    CREATE INDEX IF NOT EXISTS llm_calls_by_request_body ON llm_calls (request_body);
+    CREATE INDEX IF NOT EXISTS llm_calls_by_response_body ON llm_calls (response_body) WHERE response_body IS NOT NULL;
+    -- Where each run's current pass began (kept by session.started's event hook).
+    CREATE TABLE IF NOT EXISTS llm_passes (
+        channel_id  TEXT PRIMARY KEY,
+        pass_start  {w.integer} NOT NULL
+    );
+    -- Each pass's calls counted as they end, so a call is decided in constant time however long the
+    -- run: its completed calls (the next one's position), whether one went astray of the pass
+    -- before, and the cursor of its first completed call (what a fork at a cursor kept of it).
+    CREATE TABLE IF NOT EXISTS llm_tallies (
+        channel_id    TEXT NOT NULL,
+        pass_start    {w.integer} NOT NULL,
+        completed     {w.integer} NOT NULL DEFAULT 0,
+        diverged      {w.integer} NOT NULL DEFAULT 0,
+        first_cursor  {w.integer},
+        PRIMARY KEY (channel_id, pass_start)
+    );
+    """
+
+
+# =============================================================================
+# Model calls: recording and replay
+# =============================================================================
+
+def canonical_llm_request(api: str, body: Json) -> str:
+    """The request's identity: the API and its JSON, canonical (key order and spacing do not count)."""
+    return sha256_hex(canonical_json({"api": api, "body": body}))
+
+
+def keep_body(conn: Conn, data: bytes) -> str:
+    """Store `data` once (by its SHA-256) and name it."""
+    digest = hashlib.sha256(data).hexdigest()
+    conn.execute("INSERT INTO llm_bodies (sha256, packed, size) VALUES (?, ?, ?) ON CONFLICT (sha256) DO NOTHING",
+                 (digest, zlib.compress(data, 6), len(data)))
+    return digest
+
+
+def body_of(conn: Conn, digest: Optional[str]) -> bytes:
+    if digest is None:
+        return b""
+    row = conn.execute("SELECT packed FROM llm_bodies WHERE sha256 = ?", (digest,)).fetchone()
+    return zlib.decompress(bytes(row[0])) if row is not None else b""
+
+
+def note_pass(tx: Tx, event: Event) -> None:
+    """session.started's hook: a new pass of model calls begins after this event."""
+    tx.conn.execute("INSERT INTO llm_passes (channel_id, pass_start) VALUES (?, ?) ON CONFLICT (channel_id)"
+                    " DO UPDATE SET pass_start = excluded.pass_start", (event.channel_id, event.cursor))
+
+
+def forget_pass(conn: Conn, channel_id: str) -> None:
+    conn.execute("DELETE FROM llm_passes WHERE channel_id = ?", (channel_id,))
+
+
+def reindex_passes(conn: Conn, channel_id: str) -> None:
+    """An imported run's pass: its last session.started."""
+    forget_pass(conn, channel_id)
+    conn.execute("INSERT INTO llm_passes (channel_id, pass_start) SELECT channel_id, MAX(cursor) FROM events"
+                 " WHERE channel_id = ? AND type = 'session.started' GROUP BY channel_id", (channel_id,))
+
+
+def delete_llm_calls(tx: Tx, channel_id: str) -> None:
+    """A deleted run's calls, and the bodies no other call holds."""
+    bodies = {digest for row in tx.conn.execute(
+        "SELECT request_body, response_body FROM llm_calls WHERE channel_id = ?", (channel_id,)).fetchall()
+        for digest in row if digest is not None}
+    tx.conn.execute("DELETE FROM llm_calls WHERE channel_id = ?", (channel_id,))
+    tx.conn.execute("DELETE FROM llm_tallies WHERE channel_id = ?", (channel_id,))
+    forget_pass(tx.conn, channel_id)
+    for digest in sorted(bodies):
+        tx.conn.execute("DELETE FROM llm_bodies WHERE sha256 = ? AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE"
+                        " request_body = ?) AND NOT EXISTS (SELECT 1 FROM llm_calls WHERE response_body = ?)",
+                        (digest, digest, digest))
+
+
+def current_pass(conn: Conn, channel: Row) -> int:
+    """The cursor the run's current pass began after: its last session.started, else its fork point."""
+    row = conn.execute("SELECT pass_start FROM llm_passes WHERE channel_id = ?", (channel["id"],)).fetchone()
+    fork_point = channel["resolved_cursor"] if channel["parent_id"] is not None else 0
+    return max(row[0] if row is not None else 0, fork_point or 0)
+
+
+def completed_call_at(conn: Conn, channel_id: str, pass_start: int, position: int, upto: int) -> Optional[Row]:
+    """The pass's completed call at `position` (the order they completed in), if at or before cursor `upto`."""
+    return conn.execute(
+        "SELECT * FROM llm_calls WHERE channel_id = ? AND pass_start = ? AND position = ? AND status = 'completed'"
+        " AND cursor <= ?", (channel_id, pass_start, position, upto)).fetchone()
+
+
+def tally_of(conn: Conn, channel_id: str, pass_start: int) -> tuple:
+    """(completed calls, whether one went astray) of a pass."""
+    row = conn.execute("SELECT completed, diverged FROM llm_tallies WHERE channel_id = ? AND pass_start = ?",
+                       (channel_id, pass_start)).fetchone()
+    return (row[0], bool(row[1])) if row is not None else (0, False)
+
+
+def tally(tx: Tx, row: Row) -> None:
+    """Count a call that ended (or a claim that went astray) in its pass's tally."""
+    completed = row["status"] == "completed"
+    tx.conn.execute(
+        "INSERT INTO llm_tallies (channel_id, pass_start, completed, diverged, first_cursor) VALUES (?, ?, ?, ?, ?)"
+        " ON CONFLICT (channel_id, pass_start) DO UPDATE SET completed = llm_tallies.completed + excluded.completed,"
+        " diverged = CASE WHEN excluded.diverged = 1 THEN 1 ELSE llm_tallies.diverged END,"
+        " first_cursor = COALESCE(llm_tallies.first_cursor, excluded.first_cursor)",
+        (row["channel_id"], row["pass_start"], int(completed), int(not row["matched"]),
+         row["cursor"] if completed else None))
+
+
+def script_source(conn: Conn, channel: Row, pass_start: int) -> Optional[tuple]:
+    """Whose pass the pass beginning after `pass_start` is compared with, as (run, its pass, the
+    highest cursor seen): the run's previous pass that completed calls; for a fork's first pass,
+    its source's last pass with completed calls at the fork point, and so on up its lineage."""
+    previous = conn.execute("SELECT MAX(pass_start) FROM llm_tallies WHERE channel_id = ? AND pass_start < ?"
+                            " AND completed > 0", (channel["id"], pass_start)).fetchone()[0]
+    if previous is not None:
+        return channel["id"], previous, INT64_MAX
+    upto = channel["resolved_cursor"] or 0
+    for row, _ in lineage(conn, channel["id"])[1:] if channel["parent_id"] is not None else ():
+        found = conn.execute("SELECT MAX(pass_start) FROM llm_tallies WHERE channel_id = ? AND first_cursor <= ?",
+                             (row["id"], upto)).fetchone()[0]
+        if found is not None:
+            return row["id"], found, upto
+        upto = min(upto, row["resolved_cursor"] or 0)
+    return None
+
+
+def recorded_answer(conn: Conn, row: Row) -> Recorded:
+    return Recorded(call_id=row["id"], body=body_of(conn, row["response_body"]),
+                    content_type=row["content_type"] or "application/json", http_status=row["http_status"] or 200,
+                    streamed=bool(row["streamed"]))
+
+
+def stale(row: Row, now: datetime, timeout: float) -> bool:
+    return row["created_at"] <= iso(now - timedelta(seconds=timeout + LLM_STALE_SECONDS))
+
+
+def begin_llm_call(tx: Tx, req: LlmRequest, timeout: float, claim_in_database: bool) -> LlmDecision:
+    """Decide one call in the run's transaction: answered from the record, or claimed for the
+    upstream (an identical call already running at its position: wait for that one). Where other
+    servers share the database the claim is a committed row; where this server alone writes it, the
+    claim is kept in its memory (LlmGateway.claims) and the call's row written once, as it ends: a
+    live call then costs one durable commit, not two."""
+    ensure_channel(tx, req.channel_id)
+    channel = channel_by_id(tx.conn, req.channel_id)
+    if channel["closed_at"] is not None:
+        return LlmDecision("refused", refusal=f"run {req.channel_id} is closed")
+    pass_start = current_pass(tx.conn, channel)
+    position, diverged = tally_of(tx.conn, req.channel_id, pass_start)
+    source = None if diverged else script_source(tx.conn, channel, pass_start)
+    expected = completed_call_at(tx.conn, source[0], source[1], position, source[2]) if source else None
+    matched = expected is not None and expected["request_sha256"] == req.sha256
+    policy = effective_policy(load(channel["tool_policies"]), LLM_TOOL) if channel["parent_id"] else "auto"
+    where = f"position {position} of the pass after cursor {pass_start}"
+    if policy == "block":
+        return refuse_llm_call(tx, req, policy, f"no model call on this fork ({where})", position)
+    if matched and policy != "live" and not req.forced_live:
+        return replay_llm_call(tx, req, expected, pass_start, position)
+    if policy == "replay" and not matched:
+        return refuse_llm_call(tx, req, policy, f"not an exact replay of the recorded call at {where}", position)
+    claim_key = f"{position}:{req.sha256}"
+    if not claim_in_database:
+        return LlmDecision("live", call_id=str(uuid.uuid4()), position=position, claim=LlmClaim(
+            req=req, pass_start=pass_start, position=position, claim_key=claim_key, matched=matched,
+            claimed_at=tx.ts))
+    running = tx.conn.execute("SELECT * FROM llm_calls WHERE channel_id = ? AND pass_start = ? AND claim_key = ?"
+                              " AND status = 'running'", (req.channel_id, pass_start, claim_key)).fetchone()
+    if running is not None:
+        if not stale(running, tx.now, timeout):
+            return LlmDecision("wait", call_id=running["id"], position=position)
+        end_abandoned(tx, running)
+    call_id = str(uuid.uuid4())
+    insert_claimed(tx, call_id, LlmClaim(req=req, pass_start=pass_start, position=position, claim_key=claim_key,
+                                         matched=matched, claimed_at=tx.ts))
+    if not matched:
+        tally(tx, require_call(tx.conn, call_id))       # astray: what follows in the pass goes upstream
+    return LlmDecision("live", call_id=call_id, position=position)
+
+
+def insert_claimed(tx: Tx, call_id: str, claim: LlmClaim) -> None:
+    """A live call's row, running."""
+    req = claim.req
+    tx.conn.execute(
+        "INSERT INTO llm_calls (id, channel_id, pass_start, position, claim_key, request_sha256, matched, upstream,"
+        " provider, api, model, streamed, status, request_body, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
+        (call_id, req.channel_id, claim.pass_start, claim.position, claim.claim_key, req.sha256, int(claim.matched),
+         req.upstream.name, req.provider, req.api, req.model, int(req.streamed), keep_body(tx.conn, req.body),
+         claim.claimed_at))
+
+
+def refuse_llm_call(tx: Tx, req: LlmRequest, policy: str, reason: str, position: int) -> LlmDecision:
+    """The refusal is part of the run (`tool.blocked`, as the ledger records one)."""
+    append_event(tx, req.channel_id, "tool.blocked", {"policy": policy, "tool_name": LLM_TOOL, "reason": reason,
+                                                      "model": req.model, "request_sha256": req.sha256},
+                 actor="gateway")
+    return LlmDecision("refused", refusal=f"fork tool policy '{policy}' for {LLM_TOOL}: {reason}", position=position)
+
+
+def replay_llm_call(tx: Tx, req: LlmRequest, source: Row, pass_start: int, position: int) -> LlmDecision:
+    """Answer from `source`'s record; the replay is a call of this run too (it spent nothing)."""
+    call_id = str(uuid.uuid4())
+    tx.conn.execute(
+        "INSERT INTO llm_calls (id, channel_id, pass_start, position, claim_key, request_sha256, matched, upstream,"
+        " provider, api, model, streamed, status, request_body, response_body, content_type, http_status,"
+        " replayed_from, input_tokens, output_tokens, cached_input_tokens, cost, latency_ms, first_byte_ms,"
+        " created_at, ended_at) VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, 'completed', ?, ?, ?, ?, ?, ?, ?, ?, ?,"
+        " 0, 0, ?, ?)",
+        (call_id, req.channel_id, pass_start, position, f"{position}:{req.sha256}", req.sha256, req.upstream.name,
+         req.provider, req.api, req.model, int(req.streamed), keep_body(tx.conn, req.body), source["response_body"],
+         source["content_type"], source["http_status"], source["replayed_from"] or source["id"], source["input_tokens"],
+         source["output_tokens"], source["cached_input_tokens"], source["cost"], tx.ts, tx.ts))
+    tally(tx, note_call_event(tx, require_call(tx.conn, call_id)))
+    return LlmDecision("replay", call_id=call_id, recorded=recorded_answer(tx.conn, source), position=position)
+
+
+def require_call(conn: Conn, call_id: str) -> Row:
+    found = call_state(conn, call_id)
+    if found is None:
+        raise NotFound(f"model call {call_id} not found")
+    return found
+
+
+def end_abandoned(tx: Tx, row: Row) -> None:
+    """A running call whose server went away before it ended: incomplete."""
+    tx.conn.execute("UPDATE llm_calls SET status = 'incomplete', error = ?, ended_at = ? WHERE id = ?",
+                    ("abandoned: the server stopped before the call ended", tx.ts, row["id"]))
+    note_call_event(tx, require_call(tx.conn, row["id"]))       # counted astray (or not) when claimed
+
+
+def finish_llm_call(tx: Tx, call_id: str, outcome: LlmOutcome, claim: Optional[LlmClaim] = None) -> None:
+    """A live call ended: its answer stored, its usage and cost, its llm.call event (and, claimed in
+    memory, its row)."""
+    if claim is not None:
+        insert_claimed(tx, call_id, claim)
+    row = require_call(tx.conn, call_id)
+    if row["status"] != "running":
+        return                                   # ended already (abandoned, then answered late)
+    completed = outcome.status == "completed"
+    usage = call_usage(row["api"], outcome.body, bool(row["streamed"])) if completed else CallUsage()
+    cost = call_cost(row["provider"], usage.model or row["model"], usage)
+    # A completed call takes the next place among its pass's completed calls (what a replay follows).
+    position = tally_of(tx.conn, row["channel_id"], row["pass_start"])[0] if completed else row["position"]
+    tx.conn.execute(
+        "UPDATE llm_calls SET status = ?, response_body = ?, content_type = ?, http_status = ?, input_tokens = ?,"
+        " output_tokens = ?, cached_input_tokens = ?, cost = ?, latency_ms = ?, first_byte_ms = ?, error = ?,"
+        " model = COALESCE(?, model), position = ?, ended_at = ? WHERE id = ?",
+        (outcome.status, keep_body(tx.conn, outcome.body) if outcome.body else None, outcome.content_type,
+         outcome.http_status, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, cost,
+         outcome.latency_ms, outcome.first_byte_ms, outcome.error, usage.model, position, tx.ts, call_id))
+    tally(tx, note_call_event(tx, require_call(tx.conn, call_id)))
+
+
+def note_call_event(tx: Tx, row: Row) -> Row:
+    """The call's llm.call event: what it was and how it ended. A live call's usage and cost are in
+    `usage` and `cost` (what the run spent, which the savings and /metrics sum); a replayed one's are
+    in `saved` (what it did not spend)."""
+    figures = {"input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
+               "cached_input_tokens": row["cached_input_tokens"]}
+    replayed = row["replayed_from"] is not None
+    payload = {
+        "call_id": row["id"], "provider": row["provider"], "upstream": row["upstream"], "api": row["api"],
+        "model": row["model"], "request_sha256": row["request_sha256"], "request_body": row["request_body"],
+        "response_body": row["response_body"], "streamed": bool(row["streamed"]), "status": row["status"],
+        "http_status": row["http_status"], "latency_ms": row["latency_ms"], "first_byte_ms": row["first_byte_ms"],
+        "pass_start": row["pass_start"], "position": row["position"], "replayed": replayed,
+        "replayed_from": row["replayed_from"], "measured": True,
+        **({"saved": {**figures, "cost": row["cost"]}} if replayed else {"usage": figures, "cost": row["cost"]}),
+        **({"error": row["error"]} if row["error"] else {}),
+    }
+    event = append_event(tx, row["channel_id"], LLM_CALL_EVENT, payload, actor="gateway")
+    tx.conn.execute("UPDATE llm_calls SET event_id = ?, cursor = ? WHERE id = ?", (event.id, event.cursor, row["id"]))
+    return require_call(tx.conn, row["id"])
+
+
+def measured_saving(conn: Conn, channel_id: str) -> Optional[MeasuredSpend]:
+    """What a fork did not pay for again, as the gateway measured it: the calls of the prefix it kept
+    (each ancestor's own, up to where the line below it left) and the calls it answered from the
+    record, each original call once (a replay names the call that was paid for)."""
+    chain = lineage(conn, channel_id)
+    if chain[0][0]["parent_id"] is None:
+        return None
+    originals: dict = {}
+    for ancestor, upto in chain[1:]:
+        for row in conn.execute("SELECT * FROM llm_calls WHERE channel_id = ? AND status = 'completed' AND cursor <= ?",
+                                (ancestor["id"], upto)).fetchall():
+            originals.setdefault(row["replayed_from"] or row["id"], row)
+    for row in conn.execute("SELECT * FROM llm_calls WHERE channel_id = ? AND status = 'completed'"
+                            " AND replayed_from IS NOT NULL", (channel_id,)).fetchall():
+        originals.setdefault(row["replayed_from"], row)
+    if not originals:
+        return None
+    rows = list(originals.values())
+    costs = [row["cost"] for row in rows if row["cost"] is not None]
+    return MeasuredSpend(calls=len(rows), input_tokens=sum(row["input_tokens"] or 0 for row in rows),
+                         output_tokens=sum(row["output_tokens"] or 0 for row in rows),
+                         cached_input_tokens=sum(row["cached_input_tokens"] or 0 for row in rows),
+                         cost=round(sum(costs), 9) if costs else None, calls_without_cost=len(rows) - len(costs))
+
+
+def call_state(conn: Conn, call_id: str) -> Optional[Row]:
+    return conn.execute("SELECT * FROM llm_calls WHERE id = ?", (call_id,)).fetchone()
+
+
+@dataclass(frozen=True)
+class CallUsage:
+    """What one answer says it used: tokens in (cached ones among them) and out, and the model."""
+
+    input_tokens: Optional[int] = None
+    output_tokens: Optional[int] = None
+    cached_input_tokens: Optional[int] = None
+    model: Optional[str] = None
+
+
+def sse_documents(body: bytes) -> list:
+    """The JSON documents of a server-sent-events stream's `data:` lines, in order ([DONE] left out)."""
+    documents = []
+    for line in body.decode("utf-8", "replace").splitlines():
+        if line.startswith("data:"):
+            text = line[5:].strip()
+            if text and text != "[DONE]":
+                try:
+                    documents.append(json.loads(text))
+                except ValueError:
+                    continue
+    return documents
+
+
+def whole_count(value: object) -> Optional[int]:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= USAGE_COUNT_MAX else None
+
+
+def usage_fields(usage: object) -> dict:
+    """Tokens under the names each API gives them (chat: prompt/completion; responses and messages:
+    input/output; cached input: prompt_tokens_details, input_tokens_details, cache_read_input_tokens)."""
+    if not isinstance(usage, dict):
+        return {}
+    details = usage.get("prompt_tokens_details") or usage.get("input_tokens_details") or {}
+    found = {"input_tokens": whole_count(usage.get("prompt_tokens", usage.get("input_tokens"))),
+             "output_tokens": whole_count(usage.get("completion_tokens", usage.get("output_tokens"))),
+             "cached_input_tokens": whole_count(details.get("cached_tokens") if isinstance(details, dict) else None)
+             if "cache_read_input_tokens" not in usage else whole_count(usage.get("cache_read_input_tokens"))}
+    return {name: value for name, value in found.items() if value is not None}
+
+
+def call_usage(api: str, body: bytes, streamed: bool) -> CallUsage:
+    """Usage and model from an answer: a whole JSON answer, or a stream's events (a chat stream's
+    last chunk; a responses stream's response.completed; a messages stream's message_start and
+    message_delta, whose counts add up)."""
+    try:
+        documents = sse_documents(body) if streamed else [json.loads(body)]
+    except ValueError:
+        return CallUsage()
+    found: dict = {}
+    model = None
+    for document in documents:
+        if not isinstance(document, dict):
+            continue
+        inner = document.get("response") or document.get("message") or document
+        if isinstance(inner, dict):
+            model = inner.get("model") or model
+            for name, value in usage_fields(inner.get("usage")).items():
+                found[name] = value if api != "messages" else max(found.get(name, 0), value)
+        for name, value in usage_fields(document.get("usage")).items():
+            found[name] = value if api != "messages" else max(found.get(name, 0), value)
+    return CallUsage(model=model, **found)
+
+
+def call_cost(provider: str, model: Optional[str], usage: CallUsage) -> Optional[float]:
+    """The call's price in USD from genai-prices' own data (no network), or None: a model it does not
+    know, or an answer without counts, has an unknown cost, never zero."""
+    if model is None or usage.input_tokens is None or usage.output_tokens is None:
+        return None
+    cached = usage.cached_input_tokens or 0
+    import genai_prices        # imported here: a tenth of a second, paid by the first priced call only
+
+    try:
+        price = genai_prices.calc_price(
+            genai_prices.Usage(input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                               cache_read_tokens=cached or None),
+            model_ref=model, provider_id=provider if provider in ("openai", "anthropic") else None)
+    except (LookupError, ValueError):
+        return None
+    return float(price.total_price)
+
+
+
+# =============================================================================
+# Model calls: a run's calls on its page, and a call's page (what the model was given and answered)
+# =============================================================================
+
+LLM_CALLS_SHOWN = 200                          # a run page lists this many of its model calls
+
+
+def step_of_call(conn: Conn, channel_id: str, cursor: int) -> Optional[int]:
+    """The step a call belongs to: the step whose event the application records next (None: it came
+    after the run's last step)."""
+    row = conn.execute("SELECT step_number FROM events WHERE channel_id = ? AND cursor > ? AND step_number IS NOT"
+                       " NULL ORDER BY cursor LIMIT 1", (channel_id, cursor)).fetchone()
+    return row[0] if row is not None else None
+
+
+def run_llm_calls(conn: Conn, channel_id: str) -> dict:
+    """A run page's part: its model calls, each under its step, and what its replayed ones saved."""
+    rows = conn.execute("SELECT * FROM llm_calls WHERE channel_id = ? AND cursor IS NOT NULL ORDER BY cursor LIMIT ?",
+                        (channel_id, LLM_CALLS_SHOWN + 1)).fetchall()
+    if not rows:
+        return {}
+    calls = [{"id": row["id"], "step": step_of_call(conn, channel_id, row["cursor"]), "cursor": row["cursor"],
+              "model": row["model"], "api": row["api"], "status": row["status"], "streamed": bool(row["streamed"]),
+              "replayed": row["replayed_from"] is not None, "input_tokens": row["input_tokens"],
+              "output_tokens": row["output_tokens"], "cost": row["cost"], "latency_ms": row["latency_ms"]}
+             for row in rows[:LLM_CALLS_SHOWN]]
+    replayed = [call for call in calls if call["replayed"]]
+    costs = [call["cost"] for call in replayed]
+    return {"llm_calls": calls, "llm_calls_more": len(rows) > LLM_CALLS_SHOWN,
+            "llm_replayed": {"calls": len(replayed), "input_tokens": sum(c["input_tokens"] or 0 for c in replayed),
+                             "output_tokens": sum(c["output_tokens"] or 0 for c in replayed),
+                             "cost": None if not costs or None in costs else round(sum(costs), 9)}}
+
+
+def text_of(content: object) -> str:
+    """A message's text: a string, or the text of its parts (text, input_text, output_text)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part.get("text", "") for part in content if isinstance(part, dict) and "text" in part)
+    return ""
+
+
+def shown(role: str, text: str = "", tools: tuple = (), answers: Optional[str] = None) -> dict:
+    return {"role": role, "text": text, "tools": [{"name": name, "arguments": arguments} for name, arguments in tools],
+            "answers": answers}
+
+
+def arguments_text(value: object) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+def chat_messages(messages: list) -> list:
+    found = []
+    for message in messages:
+        if not isinstance(message, dict):
+            continue
+        calls = tuple((str((c.get("function") or {}).get("name")), arguments_text((c.get("function") or {}).get("arguments")))
+                      for c in message.get("tool_calls") or [] if isinstance(c, dict))
+        found.append(shown(str(message.get("role")), text_of(message.get("content")), calls,
+                           message.get("tool_call_id")))
+    return found
+
+
+def anthropic_blocks(role: str, content: object) -> list:
+    if not isinstance(content, list):
+        return [shown(role, text_of(content))]
+    text = "\n".join(block.get("text", "") for block in content if isinstance(block, dict) and block.get("type") == "text")
+    tools = tuple((str(block.get("name")), arguments_text(block.get("input"))) for block in content
+                  if isinstance(block, dict) and block.get("type") == "tool_use")
+    found = [shown(role, text, tools)] if text or tools else []
+    found += [shown("tool", text_of(block.get("content")), answers=block.get("tool_use_id")) for block in content
+              if isinstance(block, dict) and block.get("type") == "tool_result"]
+    return found
+
+
+def response_items(items: object) -> list:
+    if isinstance(items, str):
+        return [shown("user", items)]
+    found = []
+    for item in items if isinstance(items, list) else []:
+        if not isinstance(item, dict):
+            continue
+        if item.get("type") == "function_call":
+            found.append(shown("assistant", tools=((str(item.get("name")), arguments_text(item.get("arguments"))),)))
+        elif item.get("type") == "function_call_output":
+            found.append(shown("tool", arguments_text(item.get("output")), answers=item.get("call_id")))
+        elif item.get("role") or item.get("type") == "message":
+            found.append(shown(str(item.get("role", "assistant")), text_of(item.get("content"))))
+    return found
+
+
+def asked_messages(api: str, body: Json) -> list:
+    """What the model was given, readable: each message's role, its text, the tools it called and
+    the results it was handed."""
+    if not isinstance(body, dict):
+        return []
+    if api == "messages":
+        system = [shown("system", text_of(body.get("system")))] if body.get("system") else []
+        return system + [m for message in body.get("messages") or [] if isinstance(message, dict)
+                         for m in anthropic_blocks(str(message.get("role")), message.get("content"))]
+    if api == "responses":
+        system = [shown("system", str(body["instructions"]))] if body.get("instructions") else []
+        return system + response_items(body.get("input"))
+    return chat_messages(body.get("messages") or [])
+
+
+def streamed_answer(api: str, body: bytes) -> Json:
+    """A streamed answer put back together as the whole answer it stands for."""
+    documents = sse_documents(body)
+    if api == "responses":
+        done = [d["response"] for d in documents if isinstance(d, dict) and d.get("type") == "response.completed"]
+        return done[-1] if done else {}
+    if api == "messages":
+        blocks: dict = {}
+        for d in (d for d in documents if isinstance(d, dict)):
+            if d.get("type") == "content_block_start":
+                blocks[d.get("index")] = dict(d.get("content_block") or {})
+            elif d.get("type") == "content_block_delta":
+                block, delta = blocks.setdefault(d.get("index"), {"type": "text"}), d.get("delta") or {}
+                block["text"] = block.get("text", "") + str(delta.get("text", ""))
+                block["partial"] = block.get("partial", "") + str(delta.get("partial_json", ""))
+        for block in blocks.values():
+            if block.get("type") == "tool_use" and block.get("partial"):
+                block["input"] = block["partial"]
+        return {"content": [blocks[i] for i in sorted(blocks, key=lambda index: (index is None, index))]}
+    text, tools = "", {}
+    for d in (d for d in documents if isinstance(d, dict)):
+        for choice in d.get("choices") or []:
+            delta = (choice or {}).get("delta") or {}
+            text += str(delta.get("content") or "")
+            for call in delta.get("tool_calls") or []:
+                entry = tools.setdefault(call.get("index"), {"function": {"name": "", "arguments": ""}})
+                function = call.get("function") or {}
+                entry["function"]["name"] += str(function.get("name") or "")
+                entry["function"]["arguments"] += str(function.get("arguments") or "")
+    return {"choices": [{"message": {"role": "assistant", "content": text, "tool_calls": list(tools.values())}}]}
+
+
+def answered_messages(api: str, body: bytes, streamed: bool) -> list:
+    """What the model answered, readable (as asked_messages)."""
+    try:
+        document = streamed_answer(api, body) if streamed else json.loads(body)
+    except ValueError:
+        return [shown("assistant", body.decode("utf-8", "replace")[:PAGE_JSON_CHARS])]
+    if not isinstance(document, dict):
+        return []
+    if api == "messages":
+        return anthropic_blocks("assistant", document.get("content"))
+    if api == "responses":
+        return response_items(document.get("output"))
+    choices = document.get("choices") or [{}]
+    return chat_messages([(choices[0] or {}).get("message") or {}])
+
+
+def call_page(conn: Conn, channel_id: str, call_id: str, reach: Reach) -> dict:
+    """One model call: what it was, what the model was given and what it answered."""
+    row = call_state(conn, call_id)
+    if row is None or row["channel_id"] != channel_id or not reach.sees(channel_id):
+        raise NotFound(f"model call {call_id} of run {channel_id} not found")
+    asked = body_of(conn, row["request_body"])
+    answered = body_of(conn, row["response_body"])
+    try:
+        request_document = json.loads(asked)
+    except ValueError:
+        request_document = None
+    return {"call": {"id": row["id"], "channel_id": channel_id, "model": row["model"], "api": row["api"],
+                     "upstream": row["upstream"], "status": row["status"], "streamed": bool(row["streamed"]),
+                     "replayed_from": row["replayed_from"], "http_status": row["http_status"],
+                     "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
+                     "cached_input_tokens": row["cached_input_tokens"], "cost": row["cost"],
+                     "latency_ms": row["latency_ms"], "first_byte_ms": row["first_byte_ms"], "error": row["error"],
+                     "step": step_of_call(conn, channel_id, row["cursor"]) if row["cursor"] is not None else None,
+                     "request_sha256": row["request_sha256"], "created_at": row["created_at"]},
+            "asked": asked_messages(row["api"], request_document),
+            "answered": answered_messages(row["api"], answered, bool(row["streamed"])) if answered else []}
+
+
+async def page_llm_call(request: Request) -> Response:
+    channel_id = path_channel(request)
+    data = await db_of(request).read(call_page, channel_id, request.path_params["call_id"], reach_of(request))
+    return render(request, "llm_call.html", {"title": f"Model call of {channel_id}", **data})
+
+
+# =============================================================================
+# Model calls: the gateway, its routes and commands
+# =============================================================================
+
+def llm_settings(app: ActaeApp) -> LlmSettings:
+    return app.services.region(LlmGateway).settings
+
+
+class LlmGateway:
+    """The gateway in one app: its settings and the HTTP client every upstream call goes through."""
+
+    def __init__(self, settings: LlmSettings):
+        self.settings = settings
+        self._http: Optional["httpx.AsyncClient"] = None
+        # The live calls claimed in memory (a database no other server writes), by (run, pass, claim
+        # key): each resolves to its call's id when the call's row is written.
+        self.claims: dict[tuple, asyncio.Future] = {}
+        self.background: set = set()       # the ends of streams whose client went away, being recorded
+
+    def release(self, claim: Optional[LlmClaim], call_id: str) -> None:
+        """An in-memory claim's call ended (its row written, or not): whoever waits on it reads it."""
+        if claim is not None:
+            waiting = self.claims.pop(claim.key, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(call_id)
+
+    def http(self) -> "httpx.AsyncClient":
+        """One pool for every upstream, made by the first call (a server that never calls one does
+        not import httpx); each call is bounded by the settings' timeout."""
+        if self._http is None:
+            import httpx
+            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self.settings.timeout, connect=10.0),
+                                           follow_redirects=False, trust_env=False)
+        return self._http
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+
+
+def provider_error(provider: str, status: int, message: str, kind: str) -> Response:
+    """An error in the provider's own shape (its clients read the message from there)."""
+    if provider == "anthropic":
+        document = {"type": "error", "error": {"type": kind, "message": message}}
+    else:
+        document = {"error": {"message": message, "type": kind, "param": None, "code": kind}}
+    return Response(msgspec.json.encode(document), status_code=status, media_type="application/json",
+                    headers={"x-actae-replayed": "false"})
+
+
+PROVIDER_ERROR_KINDS = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                        404: "not_found_error", 413: "request_too_large", 502: "api_error", 503: "overloaded_error",
+                        504: "api_error"}
+
+
+def error_for(provider: str, exc: ActaeError) -> Response:
+    return provider_error(provider, exc.status, exc.message, PROVIDER_ERROR_KINDS.get(exc.status, "api_error"))
+
+
+def llm_credential(request: Request) -> Optional[str]:
+    """The Actae key, sent as the provider client sends its own: OpenAI's `Authorization: Bearer`,
+    Anthropic's `x-api-key`."""
+    return request.headers.get("x-api-key") or bearer_token(request)
+
+
+async def llm_principal(request: Request, channel_id: str) -> Principal:
+    """Who calls, and that it may write the run: a run it may not write is answered as one that does
+    not exist."""
+    principal = await check_key(request.app, llm_credential(request))
+    if not principal.can("write", channel_id):
+        raise NotFound(f"run {channel_id} not found")
+    return principal
+
+
+async def llm_request(request: Request, channel_id: str, upstream_name: str, path: str) -> LlmRequest:
+    provider, api = LLM_APIS[path]
+    upstream = llm_settings(request.app).upstream(upstream_name)
+    if upstream is None:
+        raise NotFound(f"no upstream named {upstream_name!r} is configured (--llm-upstream NAME=URL)")
+    body = await read_capped(request)
+    document = decode_json(body, Json, "the request body")
+    if not isinstance(document, dict):
+        raise BadRequest("the request body is not a JSON object")
+    problem = document_problem(document)
+    if problem is not None:
+        raise BadRequest(f"the request body: {problem}")
+    model = document.get("model") if isinstance(document.get("model"), str) else None
+    passed = [(name, value) for name, value in request.headers.items()
+              if name.startswith("anthropic-") or name in ("openai-organization", "openai-project")]
+    return LlmRequest(channel_id=channel_id, upstream=upstream, provider=provider, api=api, path=path, body=body,
+                      model=model, streamed=document.get("stream") is True,
+                      sha256=canonical_llm_request(api, document),
+                      forced_live=request.headers.get(LLM_FORCE_HEADER, "").lower() == "live",
+                      headers=tuple(passed))
+
+
+def upstream_headers(req: LlmRequest) -> dict:
+    headers = {"content-type": "application/json", "accept-encoding": "identity", **dict(req.headers)}
+    if req.upstream.key:
+        if req.provider == "anthropic":
+            headers["x-api-key"] = req.upstream.key
+        else:
+            headers["authorization"] = f"Bearer {req.upstream.key}"
+    if req.provider == "anthropic":
+        headers.setdefault("anthropic-version", "2023-06-01")
+    return headers
+
+
+def upstream_url(req: LlmRequest) -> str:
+    root = req.upstream.url.rstrip("/")
+    return (root[:-3] if root.endswith("/v1") else root) + "/v1/" + req.path
+
+
+def replayed_response(recorded: Recorded, call_id: str) -> Response:
+    """The recorded bytes again; a stream as it was recorded, event by event."""
+    headers = {"x-actae-replayed": "true", "x-actae-call-id": call_id}
+    if not recorded.streamed:
+        return Response(recorded.body, status_code=recorded.http_status, media_type=recorded.content_type,
+                        headers=headers)
+
+    async def events():
+        for piece in re.split(rb"(?<=\n\n)", recorded.body):
+            if piece:
+                yield piece
+    return StreamingResponse(events(), status_code=recorded.http_status, media_type=recorded.content_type,
+                             headers={**headers, "content-encoding": "identity", "cache-control": "no-store"})
+
+
+async def decided(db: Database, gateway: LlmGateway, req: LlmRequest) -> LlmDecision:
+    """begin_llm_call, waiting out an identical running call at the same position (then answered by
+    its record, or, when it failed, decided again). A live decision claimed in memory is registered
+    before anything else runs on the loop, so an identical call decided next finds it."""
+    timeout = gateway.settings.timeout
+    deadline = time.monotonic() + timeout + LLM_STALE_SECONDS
+    while True:
+        decision = await db.write(begin_llm_call, req, timeout, db.location.shared)
+        if decision.action == "live" and decision.claim is not None:
+            running = gateway.claims.get(decision.claim.key)
+            if running is None:
+                gateway.claims[decision.claim.key] = asyncio.get_running_loop().create_future()
+                return decision
+            row = await ended_claim(db, running, deadline)
+        elif decision.action == "wait":
+            row = await ended_row(db, decision.call_id, deadline)
+        else:
+            return decision
+        if row is not None and row["status"] == "completed":
+            recorded = await db.read(recorded_answer, row)
+            return LlmDecision("replay", call_id=row["id"], recorded=recorded, position=decision.position)
+        if time.monotonic() >= deadline:
+            raise UpstreamFailed("an identical call at this position did not end in time", status=504)
+
+
+async def ended_claim(db: Database, running: asyncio.Future, deadline: float) -> Optional[Row]:
+    """The row of an identical call claimed in memory, once it ended (None: it did not in time)."""
+    try:
+        call_id = await asyncio.wait_for(asyncio.shield(running), max(0.0, deadline - time.monotonic()))
+    except asyncio.TimeoutError:
+        return None
+    return await db.read(call_state, call_id)
+
+
+async def ended_row(db: Database, call_id: str, deadline: float) -> Optional[Row]:
+    """An identical call's committed claim, once it is no longer running (or at the deadline)."""
+    row = None
+    while time.monotonic() < deadline:
+        await asyncio.sleep(LLM_WAIT_SECONDS)
+        row = await db.read(call_state, call_id)
+        if row is None or row["status"] != "running":
+            break
+    return row
+
+
+async def llm_call(request: Request) -> Response:
+    """POST /llm/runs/{channel_id}/{upstream}/v1/{chat/completions | responses | messages}."""
+    params = request.path_params
+    path = request.url.path.split("/v1/", 1)[1]
+    provider = LLM_APIS[path][0]
+    try:
+        channel_id = valid_channel(params["channel_id"])
+        await llm_principal(request, channel_id)
+        req = await llm_request(request, channel_id, params["upstream"], path)
+        gateway = request.app.services.region(LlmGateway)
+        decision = await decided(request.app.services.db, gateway, req)
+    except ActaeError as exc:
+        return error_for(provider, exc)
+    if decision.action == "refused":
+        return provider_error(provider, 403, decision.refusal, "permission_error")
+    if decision.action == "replay":
+        return replayed_response(decision.recorded, decision.call_id)
+    ending = CallEnding(request.app.services.db, gateway, decision.call_id, decision.claim)
+    try:
+        return await live_call(gateway, req, ending)
+    except BaseException:
+        ending.abandon()
+        raise
+
+
+@dataclass
+class CallEnding:
+    """How a live call's end is recorded: its row finished (or written whole, claimed in memory), then
+    its in-memory claim released, once."""
+
+    db: Database
+    gateway: LlmGateway
+    call_id: str
+    claim: Optional[LlmClaim]
+    streaming: bool = False            # a stream records its own end, after the response was handed over
+
+    async def record(self, outcome: "LlmOutcome") -> None:
+        try:
+            await self.db.write(finish_llm_call, self.call_id, outcome, self.claim)
+        finally:
+            self.gateway.release(self.claim, self.call_id)
+
+    def abandon(self) -> None:
+        """The handler failed before the call ended: nobody waits on it any more."""
+        if not self.streaming:
+            self.gateway.release(self.claim, self.call_id)
+
+
+async def live_call(gateway: LlmGateway, req: LlmRequest, ending: CallEnding) -> Response:
+    """Send the call upstream and answer what it answers, recording it as it ends."""
+    import httpx
+
+    started, http = time.perf_counter(), gateway.http()
+    elapsed = lambda: int((time.perf_counter() - started) * 1000)  # noqa: E731
+    headers = {"x-actae-replayed": "false", "x-actae-call-id": ending.call_id}
+    try:
+        upstream = await http.send(http.build_request(
+            "POST", upstream_url(req), content=req.body, headers=upstream_headers(req)), stream=True)
+    except httpx.TimeoutException:
+        return await failed_call(ending, req, elapsed(), 504, f"the upstream {req.upstream.name} did not answer"
+                                                              f" within {gateway.settings.timeout:g} s")
+    except httpx.HTTPError as exc:
+        return await failed_call(ending, req, elapsed(), 502,
+                                 f"the upstream {req.upstream.name} is unavailable ({type(exc).__name__})")
+    first_byte = elapsed()
+    content_type = upstream.headers.get("content-type", "application/json")
+    if not (req.streamed and upstream.status_code < 400):
+        try:
+            body = await upstream.aread()
+        except httpx.HTTPError as exc:
+            return await failed_call(ending, req, elapsed(), 502,
+                                     f"the upstream {req.upstream.name} broke off its answer ({type(exc).__name__})")
+        finally:
+            await upstream.aclose()
+        ok = upstream.status_code < 400
+        if ok and not json_answer(body):
+            return await failed_call(ending, req, elapsed(), 502,
+                                     f"the upstream {req.upstream.name} answered what is not JSON")
+        await ending.record(LlmOutcome("completed" if ok else "failed", upstream.status_code, body, content_type,
+                                       elapsed(), first_byte, None if ok else f"the upstream answered {upstream.status_code}"))
+        return Response(body, status_code=upstream.status_code, media_type=content_type, headers=headers)
+    ending.streaming = True
+    return StreamingResponse(relayed(ending, upstream, started, first_byte), status_code=upstream.status_code,
+                             media_type=content_type,
+                             headers={**headers, "content-encoding": "identity", "cache-control": "no-store"})
+
+
+def json_answer(body: bytes) -> bool:
+    try:
+        return isinstance(json.loads(body), dict)
+    except ValueError:
+        return False
+
+
+async def relayed(ending: CallEnding, upstream: "httpx.Response", started: float, first_byte: int):
+    """The upstream's stream, passed on as it comes and kept; a client that goes away ends it
+    (the upstream request is closed) and the call is recorded as incomplete."""
+    import httpx
+
+    chunks: list = []
+
+    def ended(status: str, error: Optional[str]) -> LlmOutcome:
+        return LlmOutcome(status, upstream.status_code, b"".join(chunks),
+                          upstream.headers.get("content-type", "text/event-stream"),
+                          int((time.perf_counter() - started) * 1000), first_byte, error)
+    try:
+        async for chunk in upstream.aiter_raw():
+            chunks.append(chunk)
+            yield chunk
+    except httpx.HTTPError as exc:
+        outcome = ended("failed", f"the upstream broke off its stream ({type(exc).__name__})")
+    except BaseException:
+        # The client went away (the response was cancelled): every await here would be cancelled
+        # too, so the upstream is closed and the call recorded on a task of its own.
+        background = ending.gateway.background
+        finishing = asyncio.get_running_loop().create_task(close_and_record(
+            ending, upstream, ended("incomplete", "the client went away before the stream ended")))
+        background.add(finishing)
+        finishing.add_done_callback(background.discard)
+        raise
+    else:
+        outcome = ended("completed", None)
+    await close_and_record(ending, upstream, outcome)
+
+
+async def close_and_record(ending: CallEnding, upstream: "httpx.Response", outcome: LlmOutcome) -> None:
+    try:
+        await upstream.aclose()
+    finally:
+        await ending.record(outcome)
+
+
+async def failed_call(ending: CallEnding, req: LlmRequest, latency_ms: int, status: int, message: str) -> Response:
+    await ending.record(LlmOutcome("failed", None, b"", "", latency_ms, None, message))
+    response = provider_error(req.provider, status, message, PROVIDER_ERROR_KINDS[status])
+    response.headers["x-actae-call-id"] = ending.call_id
+    return response
+
+
+async def llm_unknown(request: Request) -> Response:
+    """Any other path under a run's upstream (models, embeddings, ...): not served (404), in the
+    provider's shape: the gateway forwards only the calls it records."""
+    provider = "anthropic" if request.path_params.get("upstream") == "anthropic" else "openai"
+    return provider_error(provider, 404, f"the gateway does not serve {request.method} {request.url.path}: it"
+                                         " forwards chat/completions, responses and messages", "not_found_error")
+
+
+def upstream_flag(text: str) -> tuple:
+    name, sep, url = text.partition("=")
+    parts = urlsplit(url)
+    well_named = re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name)
+    extra = parts.query or parts.fragment or parts.username
+    if not (sep and well_named and parts.scheme in ("http", "https") and parts.hostname) or extra:
+        raise argparse.ArgumentTypeError("takes NAME=URL: a name of letters, digits, . _ -, and an http(s) URL"
+                                         " with no query or user (e.g. ollama=http://127.0.0.1:11434)")
+    return name, url
+
+
+def key_file_flag(text: str) -> tuple:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError("takes NAME=PATH: the upstream's name and a file holding its key")
+    return name, path
+
+
+def add_llm_flags(parser: argparse.ArgumentParser) -> None:
+    llm = parser.add_argument_group("the model-call gateway (/llm/runs/RUN/NAME/v1/...)")
+    llm.add_argument("--llm-upstream", type=upstream_flag, action="append", default=[], metavar="NAME=URL",
+                     help="a model server the gateway may call as NAME (repeatable): openai=https://api.openai.com,"
+                          " anthropic=https://api.anthropic.com, or any OpenAI-compatible server; its key comes"
+                          " from $ACTAE_LLM_KEY_<NAME> or --llm-key-file")
+    llm.add_argument("--llm-key-file", type=key_file_flag, action="append", default=[], metavar="NAME=PATH",
+                     help="read upstream NAME's key from this file (repeatable)")
+    llm.add_argument("--llm-timeout", type=seconds(3600), default=LLM_TIMEOUT_DEFAULT, metavar="SECONDS",
+                     help=f"time an upstream has for one call (default: {LLM_TIMEOUT_DEFAULT:g})")
+
+
+def llm_settings_of(args: argparse.Namespace) -> dict:
+    files = dict(getattr(args, "llm_key_file", []))
+    upstreams = []
+    for name, url in getattr(args, "llm_upstream", []):
+        variable = LLM_KEY_VARIABLE.format(re.sub(r"[^A-Z0-9]", "_", name.upper()))
+        key = os.environ.get(variable)
+        if name in files:
+            try:
+                key = Path(files[name]).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise SystemExit(f"actae: cannot read the key file of upstream {name}: {exc.strerror}") from None
+        upstreams.append(Upstream(name=name, url=url, key=key or None))
+    unknown = sorted(set(files) - {upstream.name for upstream in upstreams})
+    if unknown:
+        raise SystemExit(f"actae: --llm-key-file names no --llm-upstream: {', '.join(unknown)}")
+    return {"llm": LlmSettings(upstreams=tuple(upstreams), timeout=getattr(args, "llm_timeout", LLM_TIMEOUT_DEFAULT))}
+
+
+def llm_banner(options: dict) -> Optional[str]:
+    settings = options.get("llm")
+    if not settings or not settings.upstreams:
+        return None
+    served = ", ".join(f"{upstream.name} ({upstream.url})" for upstream in settings.upstreams)
+    return f"Model calls: {served} at /llm/runs/RUN/NAME/v1"
+
+
+def install_llm_gateway(services: Services, options: dict) -> Installed:
+    gateway = LlmGateway(typing.cast(LlmSettings, options.get("llm") or LlmSettings()))
+    return Installed(services=(gateway,), stops=(gateway.stop,))
+
+
+LLM_PREFIX = "/llm/runs/{channel_id}/{upstream}/v1"
+MODEL_CALLS = declare(Region(
+    "model calls", features=("llm_gateway",), schema=(SchemaPart(25, llm_schema),),
+    event_hooks=(EventHook(("session.started",), note_pass),), reindexers=(reindex_passes,),
+    deleters=(delete_llm_calls,),
+    endpoints=(*(Endpoint("POST", f"{LLM_PREFIX}/{path}", llm_call) for path in LLM_APIS),
+               Endpoint("POST", LLM_PREFIX + "/{rest:path}", llm_unknown),
+               Endpoint("GET", LLM_PREFIX + "/{rest:path}", llm_unknown)),
+    json_paths=("/llm/",), pages=(("GET", "/runs/{channel_id}/calls/{call_id}", page_llm_call),),
+    run_page_parts=(run_llm_calls,), savings_measures=(measured_saving,), installers=(install_llm_gateway,),
+    serve_flags=(add_llm_flags,),
+    options=(llm_settings_of,), banner_lines=(llm_banner,), lone_writes=(begin_llm_call, finish_llm_call)))
+
+
+# =============================================================================
 # Many runs: records and schema
 # =============================================================================
 # Region: the approvals inbox, bulk fork from failure, retention. Each plugs into the core through
@@ -13613,6 +14797,16 @@ class Metrics:
             " recorded it: cost or cost_usd)", registry=r)
         for direction in ("input", "output"):
             self.saved_tokens.labels(direction)
+        # the model-call gateway's calls, from their committed llm.call events (measured, not reported)
+        self.llm_calls = prometheus_client.Counter(
+            "actae_llm_calls", "Model calls through the gateway, by how they ended and whether the record answered",
+            ("status", "replayed"), registry=r)
+        self.llm_tokens = prometheus_client.Counter(
+            "actae_llm_tokens", "Tokens of the model calls through the gateway: spent (sent upstream) or saved"
+            " (answered from the record)", ("direction", "kind"), registry=r)
+        self.llm_cost = prometheus_client.Counter(
+            "actae_llm_cost", "USD of the model calls through the gateway with a known price: spent or saved",
+            ("kind",), registry=r)
         # forks committed since the last scrape: what they saved is read when /metrics is asked, in one
         # read, so a fork's write path pays for a list append only
         self.forks_to_count: list = []
@@ -13656,6 +14850,8 @@ class Metrics:
                 if event.type == "fork.started":
                     self.forks.inc()
                     self.forks_to_count.append(event.channel_id)
+                elif event.type == LLM_CALL_EVENT:
+                    self.count_llm_call(event.payload)
             if job.work is claim_execution:
                 self.claims.labels(claim_outcome(result)).inc()
             elif job.work is put_metadata and isinstance(result, ChannelMetadata):
@@ -13663,6 +14859,21 @@ class Metrics:
                 if isinstance(meta, dict) and meta.get("status") in FAILURE_STATES:
                     ended.append(result.channel_id)
         return ended
+
+    def count_llm_call(self, payload: Json) -> None:
+        if not isinstance(payload, dict):
+            return
+        replayed = payload.get("replayed") is True
+        self.llm_calls.labels(str(payload.get("status")), "true" if replayed else "false").inc()
+        figures, kind = (payload.get("saved"), "saved") if replayed else (payload.get("usage"), "spent")
+        if isinstance(figures, dict):
+            for direction in ("input", "output"):
+                count = figures.get(f"{direction}_tokens")
+                if isinstance(count, int) and count > 0:
+                    self.llm_tokens.labels(direction, kind).inc(count)
+        cost = (figures or {}).get("cost") if replayed else payload.get("cost")
+        if isinstance(cost, (int, float)) and cost > 0:
+            self.llm_cost.labels(kind).inc(cost)
 
     async def refresh_stored(self, db: "Database") -> None:
         """Re-read the stored-data gauges when they are older than STORE_GAUGES_SECONDS (one read at a
@@ -13870,9 +15081,10 @@ class SpanMaker:
     """ReadableSpans built directly: the ids are the record's (otel_trace_id, otel_span_id) and the
     times are the events', which the SDK's Tracer (random ids, times of the call) cannot give."""
 
-    def __init__(self, service_name: str = "actae", project: Optional[str] = None):
+    def __init__(self, service_name: str = "actae", project: Optional[str] = None, measures: tuple = ()):
         self.resource = Resource.create({"service.name": service_name, "service.version": __version__,
                                          "openinference.project.name": project or service_name})
+        self.measures = measures           # the regions' measured savings of a fork (Region.savings_measures)
         self.scope = InstrumentationScope("actae", __version__)
         self.sampled = TraceFlags(TraceFlags.SAMPLED)
 
@@ -13978,7 +15190,13 @@ def run_root_span(conn: Conn, channel_id: str, maker: SpanMaker, trigger: str = 
         if row["source_state_sha256"]:
             attributes["actae.receipt_sha256"] = row["source_state_sha256"]
         links = (fork_boundary_link(conn, row, maker),)
-        saving = fork_saving(conn, channel_id)
+        saving = fork_saving(conn, channel_id, maker.measures)
+        if saving.measured is not None:
+            attributes.update({"actae.fork.measured.calls": saving.measured.calls,
+                               "actae.fork.measured.input_tokens": saving.measured.input_tokens,
+                               "actae.fork.measured.output_tokens": saving.measured.output_tokens})
+            if saving.measured.cost is not None:
+                attributes["actae.fork.measured.cost"] = saving.measured.cost
         attributes.update({"actae.fork.saved.steps": saving.saved.steps,
                            "actae.fork.saved.steps_without_usage": saving.saved.steps_without_usage,
                            "actae.fork.saved.input_tokens": saving.saved.input_tokens,
@@ -14148,9 +15366,9 @@ class TraceExport:
     reading the database where the clock of a channel is not known (first sight of it, or another
     server wrote to it in between), and hands them to the BatchSpanProcessor."""
 
-    def __init__(self, db: "Database", config: OtlpConfig, metrics: Metrics):
+    def __init__(self, db: "Database", config: OtlpConfig, metrics: Metrics, measures: tuple = ()):
         self.db, self.config, self.metrics = db, config, metrics
-        self.maker = SpanMaker(config.service_name, config.project)
+        self.maker = SpanMaker(config.service_name, config.project, measures)
         self.exporter = otlp_exporter(config, metrics)
         self.processor = BatchSpanProcessor(self.exporter, max_queue_size=SPAN_QUEUE_MAX,
                                             max_export_batch_size=SPAN_BATCH_MAX, schedule_delay_millis=500)
@@ -14296,7 +15514,8 @@ def otel_export_command(args: argparse.Namespace, location: Location) -> int:
         raise SystemExit("actae: otel-export needs a collector: --otlp-endpoint URL, or OTEL_EXPORTER_OTLP_ENDPOINT"
                          " (or OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)")
     spans, runs = read_once(location, backfill_spans, valid_channel(args.channel_id, "CHANNEL"),
-                            args.with_forks, SpanMaker(config.service_name, config.project))
+                            args.with_forks, SpanMaker(config.service_name, config.project,
+                                                       hooks_of().savings_measures))
     exporter = otlp_exporter(config)
     try:
         for start in range(0, len(spans), SPAN_BATCH_MAX):
@@ -14341,7 +15560,8 @@ def traces_banner(options: dict) -> Optional[str]:
 def install_observability(services: Services, options: dict) -> Installed:
     """The app's Prometheus registry, and (with `otlp=`) the live trace export behind the writer."""
     metrics, otlp = Metrics(), options.get("otlp")
-    traces = TraceExport(services.db, typing.cast(OtlpConfig, otlp), metrics) if otlp else None
+    traces = TraceExport(services.db, typing.cast(OtlpConfig, otlp), metrics,
+                         services.hooks.savings_measures) if otlp else None
     metrics.registry.register(LiveFigures(services, metrics))
     if traces is None:
         return Installed(services=(metrics,), on_batch=observer(metrics, None))

@@ -94,3 +94,17 @@ def test_fork_fidelity_forks_run_only_the_tail(server, with_client, unique, tmp_
     fork_steps = [e.payload["step_number"] for e in events
                   if isinstance(e.payload, dict) and "step_number" in e.payload]
     assert fork_steps == list(range(k + 1, steps + 1))
+
+
+def test_the_model_call_demo_replays_the_kept_calls_offline(tmp_path):
+    """examples/llm_fork_demo.py starts its own server and tiny model server: every check passes and it
+    says what the re-run did not spend."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "llm_fork_demo.py"), "--data-dir", str(tmp_path)],
+                          capture_output=True, text=True, timeout=180, cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "FAIL" not in proc.stdout and proc.stdout.count("replayed from the record") == 3, proc.stdout
+    assert "not spent again: 3 model calls" in proc.stdout, proc.stdout

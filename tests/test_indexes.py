@@ -35,7 +35,9 @@ from typing import Callable, Optional
 
 import pytest
 
-from conftest import BACKEND, ROOT, Recording, ServerProcess, database_url_for, using
+import httpx
+
+from conftest import BACKEND, ROOT, Recording, ServerProcess, database_url_for, import_example, using
 
 sys.path.insert(0, str(ROOT))
 import actae  # noqa: E402  (its query functions, and the EXPLAIN of what they send)
@@ -173,6 +175,17 @@ INDEX_USES = {
     "fleet_tickets_pkey": constraint("a ticket's hash names one stream ticket (used once)"),
     "fleet_enrollments_pkey": constraint("an enrollment token's hash names one enrollment (used once)"),
     "fleet_enrollment_failures_pkey": constraint("one count of failed enrollments per enrollment token"),
+    # the model-call gateway
+    "llm_calls_pkey": constraint("a call id names one call"),
+    "llm_bodies_pkey": constraint("a body's SHA-256 names it: each distinct body is stored once"),
+    "llm_passes_pkey": constraint("one current pass per run"),
+    "llm_tallies_pkey": constraint("one tally per (run, pass)"),
+    "llm_calls_by_pass": query("a pass's completed call at a position (completed_call_at)",
+                               lambda c: actae.completed_call_at(c, RUN, 0, 0, 2**62)),
+    "llm_calls_by_request_body": query("a deleted run's bodies that no other call holds (delete_llm_calls)",
+                                       lambda c: actae.delete_llm_calls(write_tx(c), RUN)),
+    "llm_calls_by_response_body": query("a deleted run's bodies that no other call holds (delete_llm_calls)",
+                                        lambda c: actae.delete_llm_calls(write_tx(c), RUN)),
     # PostgreSQL's migration bookkeeping (SQLite counts with PRAGMA user_version)
     "actae_migrations_pkey": constraint("a schema version is recorded once", only=PG),
 }
@@ -274,8 +287,17 @@ def names_index(lines: list, index: str) -> bool:
 def filled(tmp_path_factory):
     """The Location of a database the real server filled through the SDK (the server stopped after)."""
     data_dir = tmp_path_factory.mktemp("actae-indexes")
-    with ServerProcess(data_dir).start() as server:
-        using(server, fill)
+    model_server, _ = import_example("tiny_model_server.py").serve()
+    upstream = f"tiny=http://127.0.0.1:{model_server.server_address[1]}"
+    try:
+        with ServerProcess(data_dir, args=["--llm-upstream", upstream]).start() as server:
+            using(server, fill)
+            answer = httpx.post(f"{server.url}/llm/runs/{RUN}/tiny/v1/chat/completions", timeout=30,
+                                headers={"x-api-key": server.key},
+                                json={"model": "m", "messages": [{"role": "user", "content": "a recorded call"}]})
+            assert answer.status_code == 200, answer.text
+    finally:
+        model_server.shutdown()
     return actae.Location(server.data_dir, server.database)
 
 

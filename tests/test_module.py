@@ -110,8 +110,8 @@ def test_related_sections_sit_together():
 
 # --- the core in layers, each capability in a region of its own -----------------------------------
 
-REGIONS = ("Runs", "Forks", "Diff and outcome", "Ledger", "Wake-ups", "Groups", "Experiments", "Many runs",
-           "Moving runs", "Observability", "Fleet")
+REGIONS = ("Runs", "Forks", "Diff and outcome", "Ledger", "Wake-ups", "Groups", "Experiments", "Model calls",
+           "Many runs", "Moving runs", "Observability", "Fleet")
 # The names that say which capability a definition belongs to.
 CAPABILITY_NAMES = {
     "Wake-ups": re.compile(r"wakeup|Wakeup|WAKEUP|Scheduler"),
@@ -161,7 +161,8 @@ def test_the_map_lists_the_core_then_the_regions():
     assert all(t is None for t in titles[:first]) and all(t is not None for t in titles[first:]), titles
     assert [t for t in dict.fromkeys(titles[first:])] == list(REGIONS)
     doc = ast.get_docstring(TREE)
-    assert doc.index("Command line —") < doc.index("Experiments —") < doc.index("Many runs:") < doc.index("Fleet: records")
+    assert doc.index("Command line —") < doc.index("Experiments —") < doc.index("Model calls:")
+    assert doc.index("Model calls:") < doc.index("Many runs:") < doc.index("Fleet: records")
 
 
 def test_every_definition_of_a_capability_lies_in_its_region():
@@ -351,6 +352,7 @@ def test_the_schema_s_check_lists_are_the_vocabulary_constants(tmp_path):
         ("execution_groups", "status"): actae.EXECUTION_GROUP_STATUSES,
         ("group_messages", "status"): actae.GROUP_MESSAGE_STATUSES,
         ("approvals", "status"): actae.APPROVAL_STATUSES, ("approvals", "decision"): actae.APPROVAL_DECISIONS,
+        ("llm_calls", "status"): actae.LLM_CALL_STATES,
     }, checks
     # each vocabulary is spelled once in the module: its constant
     for vocabulary in (actae.EXECUTION_STATES, actae.REPRODUCIBILITY_GRADES, actae.LEDGER_OUTCOMES[4:],

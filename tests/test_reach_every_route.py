@@ -186,6 +186,8 @@ def build(srv) -> World:
         "member_id": "m-mine", "message_id": message.get("message_id") or message.get("id") or
         (message.get("message") or {}).get("id"), "fork_group_id": fork_group,
         "organization_id": ORG, "instance_id": w.instance_id,
+        # the model-call gateway: an upstream name, a path under it, a call (of no run: every door answers 404)
+        "upstream": "openai", "rest": "models", "call_id": f"no-call-{UID}",
     }
     w.fill_under = {
         ("/api/v1/experiments/", "group_id"): experiment_id, ("/experiments/", "group_id"): experiment_id,
@@ -438,6 +440,20 @@ def run_page(w: World, seen: Seen, method: str, template: str, csrf: str) -> Non
         call(seen, f"page {method} {template} -> GET {location[:80]}", "GET", target, headers=cookie)
 
 
+def run_llm_call(w: World, seen: Seen, method: str, template: str) -> None:
+    """The model-call gateway, with the key where a provider client sends its own (both ways), on mine and on
+    the runs around it: every answer is checked like any other."""
+    body = json.dumps({"model": "probe", "messages": [{"role": "user", "content": "hello"}]}).encode()
+    for run in (MINE, PARENT, CHILD, SIBLING):
+        path = fill_path(w, template).replace(f"/llm/runs/{MINE}/", f"/llm/runs/{run}/", 1)
+        for headers in ({"authorization": f"Bearer {w.key}"}, {"x-api-key": w.key}):
+            status, _, content = http(method, w.srv.url + path, raw=body if method == "POST" else None,
+                                      headers={**headers, "content-type": "application/json"}, redirects=False,
+                                      decode=False, timeout=30)
+            # The id the request itself named may come back ("run ... not found"); nothing else may.
+            seen.check(f"llm {method} {template} ({run[:6]})", status, content.replace(run.encode(), b"<the run asked>"))
+
+
 # --- the streams ---------------------------------------------------------------------------------------------
 
 async def read_until(receive, sentinel: str, seconds: float) -> list[str]:
@@ -576,6 +592,8 @@ def endpoints_in_order(w: World):
             kind = "fleet-ws"
         elif e.method == "GET" and e.path == "/api/v1/fleet/stream":
             kind = "ndjson"
+        elif e.path.startswith("/llm/runs/"):
+            kind = "llm"
         else:
             unknown.append(f"{e.method} {e.path} ({getattr(e.handle, '__name__', e.handle)})")
             continue
@@ -622,6 +640,8 @@ def test_a_key_scoped_to_one_run_learns_nothing_of_the_runs_around_it_through_an
                 asyncio.run(fleet_ws_session(w, seen, path))
             elif kind == "ndjson":
                 ndjson_session(w, seen, path)
+            elif kind == "llm":
+                run_llm_call(w, seen, method, path)
             covered.append((method, path))
         except Unfillable as exc:
             seen.unfillable.append(f"{method} {path}: cannot fill {exc}")
