@@ -11991,16 +11991,15 @@ def tally_of(conn: Conn, channel_id: str, pass_start: int) -> tuple:
     return (row[0], bool(row[1])) if row is not None else (0, False)
 
 
-def tally(tx: Tx, row: Row) -> None:
-    """Count a call that ended (or a claim that went astray) in its pass's tally."""
-    completed = row["status"] == "completed"
+def tally(tx: Tx, channel_id: str, pass_start: int, completed_at: Optional[int], astray: bool) -> None:
+    """Count a call in its pass's tally: one that completed (its llm.call event's cursor), one whose
+    request went astray of the pass before (what follows in the pass goes upstream), or both."""
     tx.conn.execute(
         "INSERT INTO llm_tallies (channel_id, pass_start, completed, diverged, first_cursor) VALUES (?, ?, ?, ?, ?)"
         " ON CONFLICT (channel_id, pass_start) DO UPDATE SET completed = llm_tallies.completed + excluded.completed,"
         " diverged = CASE WHEN excluded.diverged = 1 THEN 1 ELSE llm_tallies.diverged END,"
         " first_cursor = COALESCE(llm_tallies.first_cursor, excluded.first_cursor)",
-        (row["channel_id"], row["pass_start"], int(completed), int(not row["matched"]),
-         row["cursor"] if completed else None))
+        (channel_id, pass_start, int(completed_at is not None), int(astray), completed_at))
 
 
 def script_source(conn: Conn, channel: Row, pass_start: int) -> Optional[tuple]:
@@ -12031,12 +12030,15 @@ def stale(row: Row, now: datetime, timeout: float) -> bool:
     return row["created_at"] <= iso(now - timedelta(seconds=timeout + LLM_STALE_SECONDS))
 
 
-def begin_llm_call(tx: Tx, req: LlmRequest, timeout: float, claim_in_database: bool) -> LlmDecision:
+def begin_llm_call(tx: Tx, req: LlmRequest, reach: Reach, timeout: float, claim_in_database: bool) -> LlmDecision:
     """Decide one call in the run's transaction: answered from the record, or claimed for the
     upstream (an identical call already running at its position: wait for that one). Where other
     servers share the database the claim is a committed row; where this server alone writes it, the
     claim is kept in its memory (LlmGateway.claims) and the call's row written once, as it ends: a
-    live call then costs one durable commit, not two."""
+    live call then costs one durable commit, not two. A run `reach` may not change is answered as one
+    that does not exist."""
+    if not reach.changes(req.channel_id):
+        raise NotFound(f"run {req.channel_id} not found")
     ensure_channel(tx, req.channel_id)
     channel = channel_by_id(tx.conn, req.channel_id)
     if channel["closed_at"] is not None:
@@ -12069,7 +12071,7 @@ def begin_llm_call(tx: Tx, req: LlmRequest, timeout: float, claim_in_database: b
     insert_claimed(tx, call_id, LlmClaim(req=req, pass_start=pass_start, position=position, claim_key=claim_key,
                                          matched=matched, claimed_at=tx.ts))
     if not matched:
-        tally(tx, require_call(tx.conn, call_id))       # astray: what follows in the pass goes upstream
+        tally(tx, req.channel_id, pass_start, None, astray=True)
     return LlmDecision("live", call_id=call_id, position=position)
 
 
@@ -12106,7 +12108,7 @@ def replay_llm_call(tx: Tx, req: LlmRequest, source: Row, pass_start: int, posit
          req.provider, req.api, req.model, int(req.streamed), keep_body(tx.conn, req.body), source["response_body"],
          source["content_type"], source["http_status"], source["replayed_from"] or source["id"], source["input_tokens"],
          source["output_tokens"], source["cached_input_tokens"], source["cost"], tx.ts, tx.ts))
-    tally(tx, note_call_event(tx, require_call(tx.conn, call_id)))
+    tally(tx, req.channel_id, pass_start, note_call_event(tx, require_call(tx.conn, call_id)).cursor, astray=False)
     return LlmDecision("replay", call_id=call_id, recorded=recorded_answer(tx.conn, source), position=position)
 
 
@@ -12144,10 +12146,11 @@ def finish_llm_call(tx: Tx, call_id: str, outcome: LlmOutcome, claim: Optional[L
         (outcome.status, keep_body(tx.conn, outcome.body) if outcome.body else None, outcome.content_type,
          outcome.http_status, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, cost,
          outcome.latency_ms, outcome.first_byte_ms, outcome.error, usage.model, position, tx.ts, call_id))
-    tally(tx, note_call_event(tx, require_call(tx.conn, call_id)))
+    event = note_call_event(tx, require_call(tx.conn, call_id))
+    tally(tx, row["channel_id"], row["pass_start"], event.cursor if completed else None, astray=not row["matched"])
 
 
-def note_call_event(tx: Tx, row: Row) -> Row:
+def note_call_event(tx: Tx, row: Row) -> Event:
     """The call's llm.call event: what it was and how it ended. A live call's usage and cost are in
     `usage` and `cost` (what the run spent, which the savings and /metrics sum); a replayed one's are
     in `saved` (what it did not spend)."""
@@ -12166,7 +12169,7 @@ def note_call_event(tx: Tx, row: Row) -> Row:
     }
     event = append_event(tx, row["channel_id"], LLM_CALL_EVENT, payload, actor="gateway")
     tx.conn.execute("UPDATE llm_calls SET event_id = ?, cursor = ? WHERE id = ?", (event.id, event.cursor, row["id"]))
-    return require_call(tx.conn, row["id"])
+    return event
 
 
 def measured_saving(conn: Conn, channel_id: str) -> Optional[MeasuredSpend]:
@@ -12288,21 +12291,20 @@ def call_cost(provider: str, model: Optional[str], usage: CallUsage) -> Optional
 LLM_CALLS_SHOWN = 200                          # a run page lists this many of its model calls
 
 
-def step_of_call(conn: Conn, channel_id: str, cursor: int) -> Optional[int]:
-    """The step a call belongs to: the step whose event the application records next (None: it came
-    after the run's last step)."""
-    row = conn.execute("SELECT step_number FROM events WHERE channel_id = ? AND cursor > ? AND step_number IS NOT"
-                       " NULL ORDER BY cursor LIMIT 1", (channel_id, cursor)).fetchone()
-    return row[0] if row is not None else None
+# A call with the step it belongs to: the step whose event the application records next (NULL: it
+# came after the run's last step).
+CALLS_WITH_STEP = (
+    "SELECT c.*, (SELECT e.step_number FROM events e WHERE e.channel_id = c.channel_id AND e.cursor > c.cursor"
+    " AND e.step_number IS NOT NULL ORDER BY e.cursor LIMIT 1) AS step FROM llm_calls c")
 
 
 def run_llm_calls(conn: Conn, channel_id: str) -> dict:
     """A run page's part: its model calls, each under its step, and what its replayed ones saved."""
-    rows = conn.execute("SELECT * FROM llm_calls WHERE channel_id = ? AND cursor IS NOT NULL ORDER BY cursor LIMIT ?",
-                        (channel_id, LLM_CALLS_SHOWN + 1)).fetchall()
+    rows = conn.execute(f"{CALLS_WITH_STEP} WHERE c.channel_id = ? AND c.cursor IS NOT NULL ORDER BY c.cursor"
+                        " LIMIT ?", (channel_id, LLM_CALLS_SHOWN + 1)).fetchall()
     if not rows:
         return {}
-    calls = [{"id": row["id"], "step": step_of_call(conn, channel_id, row["cursor"]), "cursor": row["cursor"],
+    calls = [{"id": row["id"], "step": row["step"], "cursor": row["cursor"],
               "model": row["model"], "api": row["api"], "status": row["status"], "streamed": bool(row["streamed"]),
               "replayed": row["replayed_from"] is not None, "input_tokens": row["input_tokens"],
               "output_tokens": row["output_tokens"], "cost": row["cost"], "latency_ms": row["latency_ms"]}
@@ -12438,7 +12440,7 @@ def answered_messages(api: str, body: bytes, streamed: bool) -> list:
 
 def call_page(conn: Conn, channel_id: str, call_id: str, reach: Reach) -> dict:
     """One model call: what it was, what the model was given and what it answered."""
-    row = call_state(conn, call_id)
+    row = conn.execute(f"{CALLS_WITH_STEP} WHERE c.id = ?", (call_id,)).fetchone()
     if row is None or row["channel_id"] != channel_id or not reach.sees(channel_id):
         raise NotFound(f"model call {call_id} of run {channel_id} not found")
     asked = body_of(conn, row["request_body"])
@@ -12453,7 +12455,7 @@ def call_page(conn: Conn, channel_id: str, call_id: str, reach: Reach) -> dict:
                      "input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
                      "cached_input_tokens": row["cached_input_tokens"], "cost": row["cost"],
                      "latency_ms": row["latency_ms"], "first_byte_ms": row["first_byte_ms"], "error": row["error"],
-                     "step": step_of_call(conn, channel_id, row["cursor"]) if row["cursor"] is not None else None,
+                     "step": row["step"],
                      "request_sha256": row["request_sha256"], "created_at": row["created_at"]},
             "asked": asked_messages(row["api"], request_document),
             "answered": answered_messages(row["api"], answered, bool(row["streamed"])) if answered else []}
@@ -12530,15 +12532,6 @@ def llm_credential(request: Request) -> Optional[str]:
     return request.headers.get("x-api-key") or bearer_token(request)
 
 
-async def llm_principal(request: Request, channel_id: str) -> Principal:
-    """Who calls, and that it may write the run: a run it may not write is answered as one that does
-    not exist."""
-    principal = await check_key(request.app, llm_credential(request))
-    if not principal.can("write", channel_id):
-        raise NotFound(f"run {channel_id} not found")
-    return principal
-
-
 async def llm_request(request: Request, channel_id: str, upstream_name: str, path: str) -> LlmRequest:
     provider, api = LLM_APIS[path]
     upstream = llm_settings(request.app).upstream(upstream_name)
@@ -12593,14 +12586,14 @@ def replayed_response(recorded: Recorded, call_id: str) -> Response:
                              headers={**headers, "content-encoding": "identity", "cache-control": "no-store"})
 
 
-async def decided(db: Database, gateway: LlmGateway, req: LlmRequest) -> LlmDecision:
+async def decided(db: Database, gateway: LlmGateway, req: LlmRequest, reach: Reach) -> LlmDecision:
     """begin_llm_call, waiting out an identical running call at the same position (then answered by
     its record, or, when it failed, decided again). A live decision claimed in memory is registered
     before anything else runs on the loop, so an identical call decided next finds it."""
     timeout = gateway.settings.timeout
     deadline = time.monotonic() + timeout + LLM_STALE_SECONDS
     while True:
-        decision = await db.write(begin_llm_call, req, timeout, db.location.shared)
+        decision = await db.write(begin_llm_call, req, reach, timeout, db.location.shared)
         if decision.action == "live" and decision.claim is not None:
             running = gateway.claims.get(decision.claim.key)
             if running is None:
@@ -12638,17 +12631,21 @@ async def ended_row(db: Database, call_id: str, deadline: float) -> Optional[Row
     return row
 
 
-async def llm_call(request: Request) -> Response:
-    """POST /llm/runs/{channel_id}/{upstream}/v1/{chat/completions | responses | messages}."""
-    params = request.path_params
-    path = request.url.path.split("/v1/", 1)[1]
-    provider = LLM_APIS[path][0]
+def llm_endpoint(path: str) -> Callable:
+    """The handler of POST /llm/runs/{channel_id}/{upstream}/v1/{path}, one per API (LLM_APIS)."""
+    async def llm_call(request: Request) -> Response:
+        return await answer_llm_call(request, path)
+    return llm_call
+
+
+async def answer_llm_call(request: Request, path: str) -> Response:
+    params, provider = request.path_params, LLM_APIS[path][0]
     try:
         channel_id = valid_channel(params["channel_id"])
-        await llm_principal(request, channel_id)
+        principal = await check_key(request.app, llm_credential(request))
         req = await llm_request(request, channel_id, params["upstream"], path)
         gateway = request.app.services.region(LlmGateway)
-        decision = await decided(request.app.services.db, gateway, req)
+        decision = await decided(request.app.services.db, gateway, req, principal.reach)
     except ActaeError as exc:
         return error_for(provider, exc)
     if decision.action == "refused":
@@ -12851,7 +12848,7 @@ MODEL_CALLS = declare(Region(
     "model calls", features=("llm_gateway",), schema=(SchemaPart(25, llm_schema),),
     event_hooks=(EventHook(("session.started",), note_pass),), reindexers=(reindex_passes,),
     deleters=(delete_llm_calls,),
-    endpoints=(*(Endpoint("POST", f"{LLM_PREFIX}/{path}", llm_call) for path in LLM_APIS),
+    endpoints=(*(Endpoint("POST", f"{LLM_PREFIX}/{path}", llm_endpoint(path)) for path in LLM_APIS),
                Endpoint("POST", LLM_PREFIX + "/{rest:path}", llm_unknown),
                Endpoint("GET", LLM_PREFIX + "/{rest:path}", llm_unknown)),
     json_paths=("/llm/",), pages=(("GET", "/runs/{channel_id}/calls/{call_id}", page_llm_call),),
