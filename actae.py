@@ -229,6 +229,9 @@ SESSION_MAX_AGE = 7 * 24 * 3600
 KEY_REFRESH_SECONDS = 1.0              # a key revoked by another process stops working within this
 KEY_MISS_RELOAD_SECONDS = 0.1          # an unknown key re-reads the keys when they are older than this
 TOKEN_SECRET_FILE = "token_secret"     # signs login tokens; beside the database, never inside it
+# Encrypts the keys of other servers kept in the database (the fleet's remote instances, the model
+# gateway's upstreams); beside the database, never inside it. Named for its first user, and kept so.
+KEYS_CIPHER_FILE = "fleet_key"
 TOKEN_TTL_SECONDS = 24 * 3600
 KEY_TOUCH_SECONDS = 60                 # a key's last_used_at is written at most this often
 # scrypt at 2**14 x 8 x 1 costs 16 MiB and tens of milliseconds: slow for a guesser, fine for a login.
@@ -2153,6 +2156,7 @@ MIGRATIONS = [
     Migration(23, heads_from_events),
     Migration(24),                                        # enrollments' failed tries (Fleet)
     Migration(25),                                        # model calls and their bodies (Model calls)
+    Migration(26),                                        # the upstreams `actae llm add` keeps (Model calls)
 ]
 if [step.number for step in MIGRATIONS] != list(range(1, len(MIGRATIONS) + 1)):
     raise RuntimeError("MIGRATIONS must be numbered 1, 2, 3, ... in order")
@@ -3505,6 +3509,21 @@ class Database:
 
     async def write(self, fn: Callable, *args, exclude: object = None):
         return await self._queue(Job(fn, args, None, exclude))
+
+    def read_here(self, fn: Callable, *args):
+        """`fn(conn, *args)` on the writer's connection on this (the event loop's) thread, outside any
+        transaction, when the writer is idle and the engine runs lone writes here (SQLite); None
+        otherwise, and the caller goes to the writer. No write can commit between this read and the
+        caller's next await, so what it decides from the read holds as if decided in a transaction."""
+        if self._here is None or self.location.shared:
+            return None
+        batch = self._jobs.take_alone(Job(fn, args, None, bare=True))
+        if batch is None:
+            return None                            # a batch is queued or being written
+        try:
+            return self._here(fn, *args)
+        finally:
+            self._jobs.done(batch)
 
     async def on_writer(self, fn: Callable, *args):
         """`fn(conn, *args)` on the writer's connection between two batches, outside any transaction
@@ -6568,6 +6587,30 @@ def token_secret(data_dir: Path) -> bytes:
     return bytes.fromhex(path.read_text().strip())
 
 
+def keys_cipher(data_dir: Path) -> "cryptography.fernet.Fernet":
+    """The Fernet key that encrypts other servers' keys kept in the database (a remote instance's, a
+    model upstream's): a file beside the database (0600), made on first use. A copy of the database
+    alone cannot decrypt them."""
+    from cryptography.fernet import Fernet        # imported here: only a stored key needs it
+
+    path = Path(data_dir) / KEYS_CIPHER_FILE
+    if not path.exists():
+        # Written whole under another name, then linked into place: a second process starting at the
+        # same moment finds no file or the whole key, never a half-written one (the first link wins).
+        draft = path.with_name(f".{KEYS_CIPHER_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(Fernet.generate_key())
+                out.flush()
+                os.fsync(out.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(draft, path)
+        finally:
+            draft.unlink()
+    return Fernet(path.read_bytes().strip())
+
+
 def instance_identity(tx: Tx) -> str:
     """This data dir's instance id, made once and kept across restarts."""
     tx.conn.execute("INSERT INTO settings (name, value) VALUES ('instance_id', ?) ON CONFLICT (name) DO NOTHING",
@@ -7142,6 +7185,23 @@ def data_dir_of(args: argparse.Namespace) -> Path:
 def refuse_flag(message: str) -> typing.NoReturn:
     print(f"actae: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def key_of_args(key_file: Optional[str], key: Optional[str], variable: str, prompt: str) -> Optional[str]:
+    """Another server's key for a command that stores it: --key-file (- reads standard input), else
+    --key, else $variable, else asked for on a terminal without echo; None when there is none."""
+    if key_file:
+        try:
+            text = sys.stdin.read() if key_file == "-" else Path(key_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SystemExit(f"actae: cannot read the key file {key_file}: {getattr(exc, 'strerror', exc)}")
+        key = text.strip()
+    else:
+        key = (key or os.environ.get(variable) or "").strip()
+    if not key and sys.stdin.isatty():
+        import getpass
+        key = getpass.getpass(prompt).strip()
+    return key or None
 
 
 def write_once(location: Location, work: Callable, *args):
@@ -11758,11 +11818,22 @@ LLM_FORCE_HEADER = "x-actae-llm"               # `live`: this call goes to the u
 @dataclass(frozen=True)
 class Upstream:
     """A model server the gateway may call: its name in the path, its root URL (the API's own path,
-    `/v1/chat/completions`, is added to it), the key it is called with (never shown)."""
+    `/v1/chat/completions`, is added to it), the key it is called with (never shown). `unreadable`:
+    kept by `actae llm add`, its key can no longer be decrypted (the keys cipher file was lost)."""
 
     name: str
     url: str
     key: Optional[str] = field(default=None, repr=False)
+    unreadable: bool = False
+
+
+class StoredUpstream(Record):
+    """An upstream `actae llm add` keeps (`llm list`): never its key, only whether it has one."""
+
+    name: str
+    url: str
+    has_key: bool
+    added_at: str
 
 
 @dataclass(frozen=True)
@@ -11915,6 +11986,44 @@ def llm_schema(w: SchemaWords) -> str:
     """
 
 
+def llm_upstreams_schema(w: SchemaWords) -> str:
+    return """
+    -- The upstreams `actae llm add` keeps (a --llm-upstream flag of the same name wins). The key is
+    -- encrypted (Fernet) with the keys cipher beside the database (KEYS_CIPHER_FILE), never in clear.
+    CREATE TABLE IF NOT EXISTS llm_upstreams (
+        name            TEXT PRIMARY KEY,
+        url             TEXT NOT NULL,
+        key_ciphertext  TEXT,
+        added_at        TEXT NOT NULL
+    );
+    """
+
+
+def add_llm_upstream(tx: Tx, name: str, url: str, ciphertext: Optional[str]) -> StoredUpstream:
+    """`llm add`: keep an upstream (again: its URL and key are replaced)."""
+    tx.conn.execute("INSERT INTO llm_upstreams (name, url, key_ciphertext, added_at) VALUES (?, ?, ?, ?)"
+                    " ON CONFLICT (name) DO UPDATE SET url = excluded.url, key_ciphertext = excluded.key_ciphertext,"
+                    " added_at = excluded.added_at", (name, url, ciphertext, tx.ts))
+    return StoredUpstream(name=name, url=url, has_key=ciphertext is not None, added_at=tx.ts)
+
+
+def remove_llm_upstream(tx: Tx, name: str) -> StoredUpstream:
+    row = tx.conn.execute("SELECT * FROM llm_upstreams WHERE name = ?", (name,)).fetchone()
+    if row is None:
+        raise NotFound(f"no upstream named {name!r} is kept (`llm list` shows them)")
+    tx.conn.execute("DELETE FROM llm_upstreams WHERE name = ?", (name,))
+    return stored_upstream(row)
+
+
+def llm_upstream_rows(conn: Conn) -> list:
+    return conn.execute("SELECT * FROM llm_upstreams ORDER BY name").fetchall()
+
+
+def stored_upstream(row: Row) -> StoredUpstream:
+    return StoredUpstream(name=row["name"], url=row["url"], has_key=row["key_ciphertext"] is not None,
+                          added_at=row["added_at"])
+
+
 # =============================================================================
 # Model calls: recording and replay
 # =============================================================================
@@ -11924,12 +12033,25 @@ def canonical_llm_request(api: str, body: Json) -> str:
     return sha256_hex(canonical_json({"api": api, "body": body}))
 
 
-def keep_body(conn: Conn, data: bytes) -> str:
-    """Store `data` once (by its SHA-256) and name it."""
-    digest = hashlib.sha256(data).hexdigest()
+@dataclass(frozen=True)
+class PackedBody:
+    """A body compressed and named, ready to keep (a live call's request is packed while the upstream
+    works on it, off the time the call waits for)."""
+
+    digest: str
+    packed: bytes
+    size: int
+
+
+def pack_body(data: bytes) -> PackedBody:
+    return PackedBody(hashlib.sha256(data).hexdigest(), zlib.compress(data, 6), len(data))
+
+
+def keep_body(conn: Conn, body: PackedBody) -> str:
+    """Store a body once (by its SHA-256) and name it."""
     conn.execute("INSERT INTO llm_bodies (sha256, packed, size) VALUES (?, ?, ?) ON CONFLICT (sha256) DO NOTHING",
-                 (digest, zlib.compress(data, 6), len(data)))
-    return digest
+                 (body.digest, body.packed, body.size))
+    return body.digest
 
 
 def body_of(conn: Conn, digest: Optional[str]) -> bytes:
@@ -12030,61 +12152,135 @@ def stale(row: Row, now: datetime, timeout: float) -> bool:
     return row["created_at"] <= iso(now - timedelta(seconds=timeout + LLM_STALE_SECONDS))
 
 
+@dataclass(frozen=True)
+class LlmPlan:
+    """What a call is in its run, as read: the pass it falls in, its position, the recorded call at
+    that position of the pass it follows (and whether the request is that one's), the fork's policy."""
+
+    closed: bool
+    pass_start: int
+    position: int
+    expected: Optional[Row]
+    matched: bool
+    policy: str
+
+    @property
+    def where(self) -> str:
+        return f"position {self.position} of the pass after cursor {self.pass_start}"
+
+    def replays(self, req: LlmRequest) -> bool:
+        return self.matched and self.policy != "live" and not req.forced_live
+
+    def live(self) -> bool:
+        """Sent to the upstream (claimed), neither refused nor answered from the record."""
+        return not self.closed and self.policy != "block" and (self.matched or self.policy != "replay")
+
+    def claim(self, req: LlmRequest, claimed_at: str) -> LlmClaim:
+        return LlmClaim(req=req, pass_start=self.pass_start, position=self.position,
+                        claim_key=f"{self.position}:{req.sha256}", matched=self.matched, claimed_at=claimed_at)
+
+
+def plan_llm_call(conn: Conn, req: LlmRequest, reach: Reach) -> Optional[LlmPlan]:
+    """The call's plan, or None for a run that does not exist yet (its first call makes it). A run
+    `reach` may not change is answered as one that does not exist."""
+    if not reach.changes(req.channel_id):
+        raise NotFound(f"run {req.channel_id} not found")
+    channel = channel_by_id(conn, req.channel_id)
+    if channel is None:
+        return None
+    pass_start = current_pass(conn, channel)
+    position, diverged = tally_of(conn, req.channel_id, pass_start)
+    source = None if diverged else script_source(conn, channel, pass_start)
+    expected = completed_call_at(conn, source[0], source[1], position, source[2]) if source else None
+    return LlmPlan(closed=channel["closed_at"] is not None, pass_start=pass_start, position=position,
+                   expected=expected, matched=expected is not None and expected["request_sha256"] == req.sha256,
+                   policy=effective_policy(load(channel["tool_policies"]), LLM_TOOL) if channel["parent_id"] else "auto")
+
+
+def claim_in_memory(conn: Conn, req: LlmRequest, reach: Reach) -> Optional[LlmDecision]:
+    """The common call, decided by a read (Database.read_here): a live call of an existing run, claimed
+    in this server's memory, writes nothing until it ends, so it needs no write transaction. None: the
+    call needs begin_llm_call (a new run, a replay, a refusal)."""
+    plan = plan_llm_call(conn, req, reach)
+    if plan is None or not plan.live() or plan.replays(req):
+        return None
+    return LlmDecision("live", call_id=str(uuid.uuid4()), position=plan.position,
+                       claim=plan.claim(req, iso(utc_now())))
+
+
 def begin_llm_call(tx: Tx, req: LlmRequest, reach: Reach, timeout: float, claim_in_database: bool) -> LlmDecision:
     """Decide one call in the run's transaction: answered from the record, or claimed for the
     upstream (an identical call already running at its position: wait for that one). Where other
     servers share the database the claim is a committed row; where this server alone writes it, the
     claim is kept in its memory (LlmGateway.claims) and the call's row written once, as it ends: a
-    live call then costs one durable commit, not two. A run `reach` may not change is answered as one
-    that does not exist."""
-    if not reach.changes(req.channel_id):
-        raise NotFound(f"run {req.channel_id} not found")
-    ensure_channel(tx, req.channel_id)
-    channel = channel_by_id(tx.conn, req.channel_id)
-    if channel["closed_at"] is not None:
+    live call then costs one durable commit, not two."""
+    plan = plan_llm_call(tx.conn, req, reach)
+    if plan is None:                 # a run's first call makes it, as its first event would
+        ensure_channel(tx, req.channel_id)
+        plan = plan_llm_call(tx.conn, req, reach)
+    if plan.closed:
         return LlmDecision("refused", refusal=f"run {req.channel_id} is closed")
-    pass_start = current_pass(tx.conn, channel)
-    position, diverged = tally_of(tx.conn, req.channel_id, pass_start)
-    source = None if diverged else script_source(tx.conn, channel, pass_start)
-    expected = completed_call_at(tx.conn, source[0], source[1], position, source[2]) if source else None
-    matched = expected is not None and expected["request_sha256"] == req.sha256
-    policy = effective_policy(load(channel["tool_policies"]), LLM_TOOL) if channel["parent_id"] else "auto"
-    where = f"position {position} of the pass after cursor {pass_start}"
-    if policy == "block":
-        return refuse_llm_call(tx, req, policy, f"no model call on this fork ({where})", position)
-    if matched and policy != "live" and not req.forced_live:
-        return replay_llm_call(tx, req, expected, pass_start, position)
-    if policy == "replay" and not matched:
-        return refuse_llm_call(tx, req, policy, f"not an exact replay of the recorded call at {where}", position)
-    claim_key = f"{position}:{req.sha256}"
+    if plan.policy == "block":
+        return refuse_llm_call(tx, req, plan.policy, f"no model call on this fork ({plan.where})", plan.position)
+    if plan.replays(req):
+        return replay_llm_call(tx, req, plan.expected, plan.pass_start, plan.position)
+    if not plan.live():
+        return refuse_llm_call(tx, req, plan.policy, f"not an exact replay of the recorded call at {plan.where}",
+                               plan.position)
+    claim = plan.claim(req, tx.ts)
     if not claim_in_database:
-        return LlmDecision("live", call_id=str(uuid.uuid4()), position=position, claim=LlmClaim(
-            req=req, pass_start=pass_start, position=position, claim_key=claim_key, matched=matched,
-            claimed_at=tx.ts))
+        return LlmDecision("live", call_id=str(uuid.uuid4()), position=plan.position, claim=claim)
     running = tx.conn.execute("SELECT * FROM llm_calls WHERE channel_id = ? AND pass_start = ? AND claim_key = ?"
-                              " AND status = 'running'", (req.channel_id, pass_start, claim_key)).fetchone()
+                              " AND status = 'running'", (req.channel_id, plan.pass_start, claim.claim_key)).fetchone()
     if running is not None:
         if not stale(running, tx.now, timeout):
-            return LlmDecision("wait", call_id=running["id"], position=position)
+            return LlmDecision("wait", call_id=running["id"], position=plan.position)
         end_abandoned(tx, running)
     call_id = str(uuid.uuid4())
-    insert_claimed(tx, call_id, LlmClaim(req=req, pass_start=pass_start, position=position, claim_key=claim_key,
-                                         matched=matched, claimed_at=tx.ts))
-    if not matched:
-        tally(tx, req.channel_id, pass_start, None, astray=True)
-    return LlmDecision("live", call_id=call_id, position=position)
+    insert_claimed(tx, call_id, claim)
+    if not plan.matched:
+        tally(tx, req.channel_id, plan.pass_start, None, astray=True)
+    return LlmDecision("live", call_id=call_id, position=plan.position)
+
+
+LLM_CALL_COLUMNS = ("id", "channel_id", "pass_start", "position", "claim_key", "request_sha256", "matched",
+                    "upstream", "provider", "api", "model", "streamed", "status", "request_body", "response_body",
+                    "content_type", "http_status", "replayed_from", "input_tokens", "output_tokens",
+                    "cached_input_tokens", "cost", "latency_ms", "first_byte_ms", "error", "event_id", "cursor",
+                    "created_at", "ended_at")
+INSERT_LLM_CALL = (f"INSERT INTO llm_calls ({', '.join(LLM_CALL_COLUMNS)})"
+                   f" VALUES ({', '.join('?' for _ in LLM_CALL_COLUMNS)})")
+UPDATE_LLM_CALL = (f"UPDATE llm_calls SET {', '.join(f'{name} = ?' for name in LLM_CALL_COLUMNS[1:])}"
+                   " WHERE id = ?")
+
+
+def claimed_call(tx: Tx, call_id: str, claim: LlmClaim, request: Optional[PackedBody] = None) -> dict:
+    """A live call's row as it is claimed (running): its columns by name."""
+    req = claim.req
+    return dict.fromkeys(LLM_CALL_COLUMNS) | {
+        "id": call_id, "channel_id": req.channel_id, "pass_start": claim.pass_start, "position": claim.position,
+        "claim_key": claim.claim_key, "request_sha256": req.sha256, "matched": int(claim.matched),
+        "upstream": req.upstream.name, "provider": req.provider, "api": req.api, "model": req.model,
+        "streamed": int(req.streamed), "status": "running",
+        "request_body": keep_body(tx.conn, request or pack_body(req.body)), "created_at": claim.claimed_at}
 
 
 def insert_claimed(tx: Tx, call_id: str, claim: LlmClaim) -> None:
-    """A live call's row, running."""
-    req = claim.req
-    tx.conn.execute(
-        "INSERT INTO llm_calls (id, channel_id, pass_start, position, claim_key, request_sha256, matched, upstream,"
-        " provider, api, model, streamed, status, request_body, created_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'running', ?, ?)",
-        (call_id, req.channel_id, claim.pass_start, claim.position, claim.claim_key, req.sha256, int(claim.matched),
-         req.upstream.name, req.provider, req.api, req.model, int(req.streamed), keep_body(tx.conn, req.body),
-         claim.claimed_at))
+    """A live call's row, running, claimed in the database (other servers share it)."""
+    call = claimed_call(tx, call_id, claim)
+    tx.conn.execute(INSERT_LLM_CALL, tuple(call[name] for name in LLM_CALL_COLUMNS))
+
+
+def store_ended_call(tx: Tx, call: dict, new: bool) -> Event:
+    """An ended call's llm.call event, then its row with the event's place in one statement: inserted
+    whole (a replay, or a call claimed in memory) or updated (a claim the database holds)."""
+    event = append_event(tx, call["channel_id"], LLM_CALL_EVENT, call_payload(call), actor="gateway")
+    call = call | {"event_id": event.id, "cursor": event.cursor}
+    if new:
+        tx.conn.execute(INSERT_LLM_CALL, tuple(call[name] for name in LLM_CALL_COLUMNS))
+    else:
+        tx.conn.execute(UPDATE_LLM_CALL, tuple(call[name] for name in LLM_CALL_COLUMNS[1:]) + (call["id"],))
+    return event
 
 
 def refuse_llm_call(tx: Tx, req: LlmRequest, policy: str, reason: str, position: int) -> LlmDecision:
@@ -12098,17 +12294,14 @@ def refuse_llm_call(tx: Tx, req: LlmRequest, policy: str, reason: str, position:
 def replay_llm_call(tx: Tx, req: LlmRequest, source: Row, pass_start: int, position: int) -> LlmDecision:
     """Answer from `source`'s record; the replay is a call of this run too (it spent nothing)."""
     call_id = str(uuid.uuid4())
-    tx.conn.execute(
-        "INSERT INTO llm_calls (id, channel_id, pass_start, position, claim_key, request_sha256, matched, upstream,"
-        " provider, api, model, streamed, status, request_body, response_body, content_type, http_status,"
-        " replayed_from, input_tokens, output_tokens, cached_input_tokens, cost, latency_ms, first_byte_ms,"
-        " created_at, ended_at) VALUES (?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?, 'completed', ?, ?, ?, ?, ?, ?, ?, ?, ?,"
-        " 0, 0, ?, ?)",
-        (call_id, req.channel_id, pass_start, position, f"{position}:{req.sha256}", req.sha256, req.upstream.name,
-         req.provider, req.api, req.model, int(req.streamed), keep_body(tx.conn, req.body), source["response_body"],
-         source["content_type"], source["http_status"], source["replayed_from"] or source["id"], source["input_tokens"],
-         source["output_tokens"], source["cached_input_tokens"], source["cost"], tx.ts, tx.ts))
-    tally(tx, req.channel_id, pass_start, note_call_event(tx, require_call(tx.conn, call_id)).cursor, astray=False)
+    claim = LlmClaim(req=req, pass_start=pass_start, position=position, claim_key=f"{position}:{req.sha256}",
+                     matched=True, claimed_at=tx.ts)
+    call = claimed_call(tx, call_id, claim) | {
+        "status": "completed", "replayed_from": source["replayed_from"] or source["id"], "latency_ms": 0,
+        "first_byte_ms": 0, "ended_at": tx.ts,
+        **{name: source[name] for name in ("response_body", "content_type", "http_status", "input_tokens",
+                                           "output_tokens", "cached_input_tokens", "cost")}}
+    tally(tx, req.channel_id, pass_start, store_ended_call(tx, call, new=True).cursor, astray=False)
     return LlmDecision("replay", call_id=call_id, recorded=recorded_answer(tx.conn, source), position=position)
 
 
@@ -12120,56 +12313,54 @@ def require_call(conn: Conn, call_id: str) -> Row:
 
 
 def end_abandoned(tx: Tx, row: Row) -> None:
-    """A running call whose server went away before it ended: incomplete."""
-    tx.conn.execute("UPDATE llm_calls SET status = 'incomplete', error = ?, ended_at = ? WHERE id = ?",
-                    ("abandoned: the server stopped before the call ended", tx.ts, row["id"]))
-    note_call_event(tx, require_call(tx.conn, row["id"]))       # counted astray (or not) when claimed
+    """A running call whose server went away before it ended: incomplete (counted astray, or not,
+    when it was claimed)."""
+    store_ended_call(tx, dict(row) | {"status": "incomplete", "ended_at": tx.ts,
+                                      "error": "abandoned: the server stopped before the call ended"}, new=False)
 
 
-def finish_llm_call(tx: Tx, call_id: str, outcome: LlmOutcome, claim: Optional[LlmClaim] = None) -> None:
-    """A live call ended: its answer stored, its usage and cost, its llm.call event (and, claimed in
-    memory, its row)."""
+def finish_llm_call(tx: Tx, call_id: str, outcome: LlmOutcome, claim: Optional[LlmClaim] = None,
+                    request: Optional[PackedBody] = None) -> None:
+    """A live call ended: its answer stored, its usage and cost, its llm.call event. Claimed in
+    memory, its row is written whole now (`request`: its body, packed while the upstream worked)."""
     if claim is not None:
-        insert_claimed(tx, call_id, claim)
-    row = require_call(tx.conn, call_id)
-    if row["status"] != "running":
-        return                                   # ended already (abandoned, then answered late)
+        call = claimed_call(tx, call_id, claim, request)
+    else:
+        call = dict(require_call(tx.conn, call_id))
+        if call["status"] != "running":
+            return                               # ended already (abandoned, then answered late)
     completed = outcome.status == "completed"
-    usage = call_usage(row["api"], outcome.body, bool(row["streamed"])) if completed else CallUsage()
-    cost = call_cost(row["provider"], usage.model or row["model"], usage)
+    usage = call_usage(call["api"], outcome.body, bool(call["streamed"])) if completed else CallUsage()
+    model = usage.model or call["model"]
     # A completed call takes the next place among its pass's completed calls (what a replay follows).
-    position = tally_of(tx.conn, row["channel_id"], row["pass_start"])[0] if completed else row["position"]
-    tx.conn.execute(
-        "UPDATE llm_calls SET status = ?, response_body = ?, content_type = ?, http_status = ?, input_tokens = ?,"
-        " output_tokens = ?, cached_input_tokens = ?, cost = ?, latency_ms = ?, first_byte_ms = ?, error = ?,"
-        " model = COALESCE(?, model), position = ?, ended_at = ? WHERE id = ?",
-        (outcome.status, keep_body(tx.conn, outcome.body) if outcome.body else None, outcome.content_type,
-         outcome.http_status, usage.input_tokens, usage.output_tokens, usage.cached_input_tokens, cost,
-         outcome.latency_ms, outcome.first_byte_ms, outcome.error, usage.model, position, tx.ts, call_id))
-    event = note_call_event(tx, require_call(tx.conn, call_id))
-    tally(tx, row["channel_id"], row["pass_start"], event.cursor if completed else None, astray=not row["matched"])
+    position = tally_of(tx.conn, call["channel_id"], call["pass_start"])[0] if completed else call["position"]
+    call |= {"status": outcome.status, "response_body": keep_body(tx.conn, pack_body(outcome.body)) if outcome.body
+             else None, "content_type": outcome.content_type, "http_status": outcome.http_status,
+             "input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens,
+             "cached_input_tokens": usage.cached_input_tokens, "cost": call_cost(call["provider"], model, usage),
+             "latency_ms": outcome.latency_ms, "first_byte_ms": outcome.first_byte_ms, "error": outcome.error,
+             "model": model, "position": position, "ended_at": tx.ts}
+    event = store_ended_call(tx, call, new=claim is not None)
+    tally(tx, call["channel_id"], call["pass_start"], event.cursor if completed else None, astray=not call["matched"])
 
 
-def note_call_event(tx: Tx, row: Row) -> Event:
+def call_payload(call: dict) -> dict:
     """The call's llm.call event: what it was and how it ended. A live call's usage and cost are in
     `usage` and `cost` (what the run spent, which the savings and /metrics sum); a replayed one's are
     in `saved` (what it did not spend)."""
-    figures = {"input_tokens": row["input_tokens"], "output_tokens": row["output_tokens"],
-               "cached_input_tokens": row["cached_input_tokens"]}
-    replayed = row["replayed_from"] is not None
-    payload = {
-        "call_id": row["id"], "provider": row["provider"], "upstream": row["upstream"], "api": row["api"],
-        "model": row["model"], "request_sha256": row["request_sha256"], "request_body": row["request_body"],
-        "response_body": row["response_body"], "streamed": bool(row["streamed"]), "status": row["status"],
-        "http_status": row["http_status"], "latency_ms": row["latency_ms"], "first_byte_ms": row["first_byte_ms"],
-        "pass_start": row["pass_start"], "position": row["position"], "replayed": replayed,
-        "replayed_from": row["replayed_from"], "measured": True,
-        **({"saved": {**figures, "cost": row["cost"]}} if replayed else {"usage": figures, "cost": row["cost"]}),
-        **({"error": row["error"]} if row["error"] else {}),
+    figures = {"input_tokens": call["input_tokens"], "output_tokens": call["output_tokens"],
+               "cached_input_tokens": call["cached_input_tokens"]}
+    replayed = call["replayed_from"] is not None
+    return {
+        "call_id": call["id"], "provider": call["provider"], "upstream": call["upstream"], "api": call["api"],
+        "model": call["model"], "request_sha256": call["request_sha256"], "request_body": call["request_body"],
+        "response_body": call["response_body"], "streamed": bool(call["streamed"]), "status": call["status"],
+        "http_status": call["http_status"], "latency_ms": call["latency_ms"], "first_byte_ms": call["first_byte_ms"],
+        "pass_start": call["pass_start"], "position": call["position"], "replayed": replayed,
+        "replayed_from": call["replayed_from"], "measured": True,
+        **({"saved": {**figures, "cost": call["cost"]}} if replayed else {"usage": figures, "cost": call["cost"]}),
+        **({"error": call["error"]} if call["error"] else {}),
     }
-    event = append_event(tx, row["channel_id"], LLM_CALL_EVENT, payload, actor="gateway")
-    tx.conn.execute("UPDATE llm_calls SET event_id = ?, cursor = ? WHERE id = ?", (event.id, event.cursor, row["id"]))
-    return event
 
 
 def measured_saving(conn: Conn, channel_id: str) -> Optional[MeasuredSpend]:
@@ -12471,20 +12662,46 @@ async def page_llm_call(request: Request) -> Response:
 # Model calls: the gateway, its routes and commands
 # =============================================================================
 
-def llm_settings(app: ActaeApp) -> LlmSettings:
-    return app.services.region(LlmGateway).settings
-
-
 class LlmGateway:
-    """The gateway in one app: its settings and the HTTP client every upstream call goes through."""
+    """The gateway in one app: its settings, the upstreams `actae llm add` keeps (read again when
+    KEY_REFRESH_SECONDS old: the command may run while the server does), and the HTTP client every
+    upstream call goes through."""
 
-    def __init__(self, settings: LlmSettings):
-        self.settings = settings
-        self._http: Optional["httpx.AsyncClient"] = None
+    def __init__(self, settings: LlmSettings, db: Database, data_dir: Path):
+        self.settings, self.db, self.data_dir = settings, db, data_dir
+        self.stored: dict[str, Upstream] = {}
+        self.stored_at = -math.inf
+        self.loading: Optional[asyncio.Future] = None
+        self._http: Optional["aiohttp.ClientSession"] = None
         # The live calls claimed in memory (a database no other server writes), by (run, pass, claim
         # key): each resolves to its call's id when the call's row is written.
         self.claims: dict[tuple, asyncio.Future] = {}
         self.background: set = set()       # the ends of streams whose client went away, being recorded
+
+    async def upstream(self, name: str) -> Optional[Upstream]:
+        """The upstream called `name`: a --llm-upstream flag's, else one `actae llm add` keeps."""
+        flagged = self.settings.upstream(name)
+        if flagged is not None:
+            return flagged
+        await self.fresh(KEY_REFRESH_SECONDS)
+        if name not in self.stored:
+            await self.fresh(KEY_MISS_RELOAD_SECONDS)
+        return self.stored.get(name)
+
+    async def fresh(self, max_age: float) -> None:
+        """The kept upstreams read again when older than `max_age`, one read shared by every call waiting."""
+        if time.monotonic() - self.stored_at > max_age:
+            if self.loading is None or self.loading.done():
+                self.loading = asyncio.ensure_future(self.reload())
+            await asyncio.shield(self.loading)
+
+    async def reload(self) -> None:
+        rows = await self.db.read(llm_upstream_rows)
+        cipher = None
+        if any(row["key_ciphertext"] is not None for row in rows):
+            cipher = await asyncio.to_thread(keys_cipher, self.data_dir)
+        self.stored = {row["name"]: kept_upstream(row, cipher) for row in rows}
+        self.stored_at = time.monotonic()
 
     def release(self, claim: Optional[LlmClaim], call_id: str) -> None:
         """An in-memory claim's call ended (its row written, or not): whoever waits on it reads it."""
@@ -12493,18 +12710,27 @@ class LlmGateway:
             if waiting is not None and not waiting.done():
                 waiting.set_result(call_id)
 
-    def http(self) -> "httpx.AsyncClient":
-        """One pool for every upstream, made by the first call (a server that never calls one does
-        not import httpx); each call is bounded by the settings' timeout."""
+    def http(self) -> "aiohttp.ClientSession":
+        """One connection pool for every upstream, made by the first call (a server that never calls
+        one does not import aiohttp). It follows no redirect, keeps no cookie from one run's answer
+        for the next, and passes bodies on as they came (no decompression). The timeout bounds each
+        wait on the upstream (its first byte, and each gap in a stream), not a whole stream."""
         if self._http is None:
-            import httpx
-            self._http = httpx.AsyncClient(timeout=httpx.Timeout(self.settings.timeout, connect=10.0),
-                                           follow_redirects=False, trust_env=False)
+            import aiohttp
+            timeout = self.settings.timeout
+            self._http = aiohttp.ClientSession(
+                cookie_jar=aiohttp.DummyCookieJar(), auto_decompress=False, trust_env=False,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=min(10.0, timeout), sock_read=timeout))
         return self._http
+
+    async def send(self, req: LlmRequest) -> "aiohttp.ClientResponse":
+        """The call sent to its upstream: the answer's status and headers (its body still to read)."""
+        return await self.http().post(upstream_url(req), data=req.body, headers=upstream_headers(req),
+                                      allow_redirects=False)
 
     async def stop(self) -> None:
         if self._http is not None:
-            await self._http.aclose()
+            await self._http.close()
 
 
 def provider_error(provider: str, status: int, message: str, kind: str) -> Response:
@@ -12532,11 +12758,37 @@ def llm_credential(request: Request) -> Optional[str]:
     return request.headers.get("x-api-key") or bearer_token(request)
 
 
+def kept_upstream(row: Row, cipher: Optional["cryptography.fernet.Fernet"]) -> Upstream:
+    """A kept upstream with its key decrypted (none kept: $ACTAE_LLM_KEY_<NAME>, as for a flag's)."""
+    from cryptography.fernet import InvalidToken
+
+    if row["key_ciphertext"] is None:
+        return Upstream(name=row["name"], url=row["url"], key=upstream_key_variable(row["name"]))
+    try:
+        key = cipher.decrypt(row["key_ciphertext"].encode("ascii")).decode("utf-8")
+    except (InvalidToken, ValueError):
+        return Upstream(name=row["name"], url=row["url"], unreadable=True)
+    return Upstream(name=row["name"], url=row["url"], key=key)
+
+
+def key_variable(name: str) -> str:
+    """The environment variable that holds upstream `name`'s key: ACTAE_LLM_KEY_<NAME>."""
+    return LLM_KEY_VARIABLE.format(re.sub(r"[^A-Z0-9]", "_", name.upper()))
+
+
+def upstream_key_variable(name: str) -> Optional[str]:
+    return os.environ.get(key_variable(name)) or None
+
+
 async def llm_request(request: Request, channel_id: str, upstream_name: str, path: str) -> LlmRequest:
     provider, api = LLM_APIS[path]
-    upstream = llm_settings(request.app).upstream(upstream_name)
+    upstream = await request.app.services.region(LlmGateway).upstream(upstream_name)
     if upstream is None:
-        raise NotFound(f"no upstream named {upstream_name!r} is configured (--llm-upstream NAME=URL)")
+        raise NotFound(f"no upstream named {upstream_name!r} is configured (--llm-upstream NAME=URL, or"
+                       f" `actae llm add NAME --url URL`)")
+    if upstream.unreadable:
+        raise UpstreamFailed(f"the key of upstream {upstream_name} cannot be decrypted with {KEYS_CIPHER_FILE}:"
+                             f" run `actae llm add {upstream_name} --url URL --key-file FILE` again")
     body = await read_capped(request)
     document = decode_json(body, Json, "the request body")
     if not isinstance(document, dict):
@@ -12593,7 +12845,8 @@ async def decided(db: Database, gateway: LlmGateway, req: LlmRequest, reach: Rea
     timeout = gateway.settings.timeout
     deadline = time.monotonic() + timeout + LLM_STALE_SECONDS
     while True:
-        decision = await db.write(begin_llm_call, req, reach, timeout, db.location.shared)
+        decision = db.read_here(claim_in_memory, req, reach) or await db.write(
+            begin_llm_call, req, reach, timeout, db.location.shared)
         if decision.action == "live" and decision.claim is not None:
             running = gateway.claims.get(decision.claim.key)
             if running is None:
@@ -12670,10 +12923,11 @@ class CallEnding:
     call_id: str
     claim: Optional[LlmClaim]
     streaming: bool = False            # a stream records its own end, after the response was handed over
+    request: Optional[PackedBody] = None   # claimed in memory: the request's body, packed while the upstream works
 
     async def record(self, outcome: "LlmOutcome") -> None:
         try:
-            await self.db.write(finish_llm_call, self.call_id, outcome, self.claim)
+            await self.db.write(finish_llm_call, self.call_id, outcome, self.claim, self.request)
         finally:
             self.gateway.release(self.claim, self.call_id)
 
@@ -12685,41 +12939,55 @@ class CallEnding:
 
 async def live_call(gateway: LlmGateway, req: LlmRequest, ending: CallEnding) -> Response:
     """Send the call upstream and answer what it answers, recording it as it ends."""
-    import httpx
+    import aiohttp
 
-    started, http = time.perf_counter(), gateway.http()
+    started = time.perf_counter()
     elapsed = lambda: int((time.perf_counter() - started) * 1000)  # noqa: E731
     headers = {"x-actae-replayed": "false", "x-actae-call-id": ending.call_id}
     try:
-        upstream = await http.send(http.build_request(
-            "POST", upstream_url(req), content=req.body, headers=upstream_headers(req)), stream=True)
-    except httpx.TimeoutException:
+        upstream = await sent_while_packing(gateway, req, ending)
+    except asyncio.TimeoutError:
         return await failed_call(ending, req, elapsed(), 504, f"the upstream {req.upstream.name} did not answer"
                                                               f" within {gateway.settings.timeout:g} s")
-    except httpx.HTTPError as exc:
+    except aiohttp.ClientError as exc:
         return await failed_call(ending, req, elapsed(), 502,
                                  f"the upstream {req.upstream.name} is unavailable ({type(exc).__name__})")
     first_byte = elapsed()
     content_type = upstream.headers.get("content-type", "application/json")
-    if not (req.streamed and upstream.status_code < 400):
+    if not (req.streamed and upstream.status < 400):
         try:
-            body = await upstream.aread()
-        except httpx.HTTPError as exc:
+            body = await upstream.read()
+        except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+            upstream.close()
             return await failed_call(ending, req, elapsed(), 502,
                                      f"the upstream {req.upstream.name} broke off its answer ({type(exc).__name__})")
-        finally:
-            await upstream.aclose()
-        ok = upstream.status_code < 400
+        upstream.release()
+        ok = upstream.status < 400
         if ok and not json_answer(body):
             return await failed_call(ending, req, elapsed(), 502,
                                      f"the upstream {req.upstream.name} answered what is not JSON")
-        await ending.record(LlmOutcome("completed" if ok else "failed", upstream.status_code, body, content_type,
-                                       elapsed(), first_byte, None if ok else f"the upstream answered {upstream.status_code}"))
-        return Response(body, status_code=upstream.status_code, media_type=content_type, headers=headers)
+        await ending.record(LlmOutcome("completed" if ok else "failed", upstream.status, body, content_type,
+                                       elapsed(), first_byte, None if ok else f"the upstream answered {upstream.status}"))
+        return Response(body, status_code=upstream.status, media_type=content_type, headers=headers)
     ending.streaming = True
-    return StreamingResponse(relayed(ending, upstream, started, first_byte), status_code=upstream.status_code,
+    return StreamingResponse(relayed(ending, upstream, started, first_byte), status_code=upstream.status,
                              media_type=content_type,
                              headers={**headers, "content-encoding": "identity", "cache-control": "no-store"})
+
+
+async def sent_while_packing(gateway: LlmGateway, req: LlmRequest, ending: CallEnding) -> "aiohttp.ClientResponse":
+    """The upstream's answer (its headers; the body still to read). A call claimed in memory has its
+    request packed for its row meanwhile: the request is on its way first, so a long context's
+    compression costs the call nothing while the upstream works on it."""
+    sending = asyncio.ensure_future(gateway.send(req))
+    try:
+        if ending.claim is not None:
+            await asyncio.sleep(0)                # the request goes out before the body is packed
+            ending.request = pack_body(req.body)
+        return await sending
+    except BaseException:
+        sending.cancel()                          # the client went away: so does the upstream request
+        raise
 
 
 def json_answer(body: bytes) -> bool:
@@ -12729,42 +12997,38 @@ def json_answer(body: bytes) -> bool:
         return False
 
 
-async def relayed(ending: CallEnding, upstream: "httpx.Response", started: float, first_byte: int):
+async def relayed(ending: CallEnding, upstream: "aiohttp.ClientResponse", started: float, first_byte: int):
     """The upstream's stream, passed on as it comes and kept; a client that goes away ends it
-    (the upstream request is closed) and the call is recorded as incomplete."""
-    import httpx
+    (the upstream connection is closed) and the call is recorded as incomplete."""
+    import aiohttp
 
     chunks: list = []
 
     def ended(status: str, error: Optional[str]) -> LlmOutcome:
-        return LlmOutcome(status, upstream.status_code, b"".join(chunks),
+        return LlmOutcome(status, upstream.status, b"".join(chunks),
                           upstream.headers.get("content-type", "text/event-stream"),
                           int((time.perf_counter() - started) * 1000), first_byte, error)
     try:
-        async for chunk in upstream.aiter_raw():
+        async for chunk in upstream.content.iter_any():
             chunks.append(chunk)
             yield chunk
-    except httpx.HTTPError as exc:
+    except (asyncio.TimeoutError, aiohttp.ClientError) as exc:
+        upstream.close()
         outcome = ended("failed", f"the upstream broke off its stream ({type(exc).__name__})")
     except BaseException:
         # The client went away (the response was cancelled): every await here would be cancelled
-        # too, so the upstream is closed and the call recorded on a task of its own.
+        # too, so the upstream is closed now and the call recorded on a task of its own.
+        upstream.close()
         background = ending.gateway.background
-        finishing = asyncio.get_running_loop().create_task(close_and_record(
-            ending, upstream, ended("incomplete", "the client went away before the stream ended")))
+        finishing = asyncio.get_running_loop().create_task(
+            ending.record(ended("incomplete", "the client went away before the stream ended")))
         background.add(finishing)
         finishing.add_done_callback(background.discard)
         raise
     else:
+        upstream.release()
         outcome = ended("completed", None)
-    await close_and_record(ending, upstream, outcome)
-
-
-async def close_and_record(ending: CallEnding, upstream: "httpx.Response", outcome: LlmOutcome) -> None:
-    try:
-        await upstream.aclose()
-    finally:
-        await ending.record(outcome)
+    await ending.record(outcome)
 
 
 async def failed_call(ending: CallEnding, req: LlmRequest, latency_ms: int, status: int, message: str) -> Response:
@@ -12816,8 +13080,7 @@ def llm_settings_of(args: argparse.Namespace) -> dict:
     files = dict(getattr(args, "llm_key_file", []))
     upstreams = []
     for name, url in getattr(args, "llm_upstream", []):
-        variable = LLM_KEY_VARIABLE.format(re.sub(r"[^A-Z0-9]", "_", name.upper()))
-        key = os.environ.get(variable)
+        key = upstream_key_variable(name)
         if name in files:
             try:
                 key = Path(files[name]).read_text(encoding="utf-8").strip()
@@ -12839,13 +13102,58 @@ def llm_banner(options: dict) -> Optional[str]:
 
 
 def install_llm_gateway(services: Services, options: dict) -> Installed:
-    gateway = LlmGateway(typing.cast(LlmSettings, options.get("llm") or LlmSettings()))
+    gateway = LlmGateway(typing.cast(LlmSettings, options.get("llm") or LlmSettings()), services.db,
+                         services.data_dir)
     return Installed(services=(gateway,), stops=(gateway.stop,))
+
+
+def add_llm_commands(commands: Subcommands, common: argparse.ArgumentParser, scoped: argparse.ArgumentParser) -> None:
+    llm = add_command(commands, "llm", llm_command, [common], "the model-call gateway's upstreams: add, list, remove")
+    kinds = llm.add_subparsers(dest="llm_command", required=True, metavar="{add,list,remove}")
+    add = kinds.add_parser("add", parents=[common], help="keep an upstream the gateway may call as NAME (its key"
+                                                         " encrypted beside the database); a running server sees it"
+                                                         " within a second")
+    add.add_argument("name", metavar="NAME", help="its name in the path: /llm/runs/RUN/NAME/v1/...")
+    add.add_argument("--url", required=True, metavar="URL",
+                     help="its root URL, such as https://api.openai.com or http://127.0.0.1:11434")
+    given = add.add_mutually_exclusive_group()
+    given.add_argument("--key-file", metavar="PATH",
+                       help="a file holding its API key (preferred: the key stays out of `ps` and shell history);"
+                            " - reads standard input. Default: $ACTAE_LLM_KEY_<NAME>, else a prompt on a terminal,"
+                            " else none (a local server needs none)")
+    given.add_argument("--key", metavar="KEY",
+                       help="the key itself, for scripts (it shows in `ps` and shell history: prefer --key-file)")
+    listing = kinds.add_parser("list", parents=[common], help="the upstreams kept (never their keys)")
+    listing.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    remove = kinds.add_parser("remove", parents=[common], help="forget a kept upstream and its key")
+    remove.add_argument("name", metavar="NAME")
+
+
+def llm_command(args: argparse.Namespace, location: Location) -> int:
+    """`actae llm add|list|remove`."""
+    if args.llm_command == "add":
+        try:
+            name, url = upstream_flag(f"{args.name}={args.url}")
+        except argparse.ArgumentTypeError as exc:
+            raise SystemExit(f"actae: llm add {exc}") from None
+        key = key_of_args(args.key_file, args.key, key_variable(name), f"API key of upstream {name} (none: press Enter): ")
+        ciphertext = keys_cipher(location.data_dir).encrypt(key.encode("utf-8")).decode("ascii") if key else None
+        kept = write_once(location, add_llm_upstream, name, url, ciphertext)
+        print(f"Upstream {kept.name} at {kept.url} ({'its key stored encrypted' if kept.has_key else 'no key'}):"
+              f" /llm/runs/RUN/{kept.name}/v1")
+    elif args.llm_command == "list":
+        kept = [stored_upstream(row) for row in read_once(location, llm_upstream_rows)]
+        print_listing(args.json, {"upstreams": kept}, f"{'NAME':<20} {'URL':<48} {'KEY':<4} ADDED",
+                      (f"{u.name:<20} {u.url:<48} {'yes' if u.has_key else 'no':<4} {u.added_at}" for u in kept))
+    else:
+        removed = write_once(location, remove_llm_upstream, args.name)
+        print(f"Upstream {removed.name} ({removed.url}) removed")
+    return 0
 
 
 LLM_PREFIX = "/llm/runs/{channel_id}/{upstream}/v1"
 MODEL_CALLS = declare(Region(
-    "model calls", features=("llm_gateway",), schema=(SchemaPart(25, llm_schema),),
+    "model calls", features=("llm_gateway",), schema=(SchemaPart(25, llm_schema), SchemaPart(26, llm_upstreams_schema)),
     event_hooks=(EventHook(("session.started",), note_pass),), reindexers=(reindex_passes,),
     deleters=(delete_llm_calls,),
     endpoints=(*(Endpoint("POST", f"{LLM_PREFIX}/{path}", llm_endpoint(path)) for path in LLM_APIS),
@@ -12853,7 +13161,7 @@ MODEL_CALLS = declare(Region(
                Endpoint("GET", LLM_PREFIX + "/{rest:path}", llm_unknown)),
     json_paths=("/llm/",), pages=(("GET", "/runs/{channel_id}/calls/{call_id}", page_llm_call),),
     run_page_parts=(run_llm_calls,), savings_measures=(measured_saving,), installers=(install_llm_gateway,),
-    serve_flags=(add_llm_flags,),
+    serve_flags=(add_llm_flags,), commands=(add_llm_commands,),
     options=(llm_settings_of,), banner_lines=(llm_banner,), lone_writes=(begin_llm_call, finish_llm_call)))
 
 
@@ -15828,13 +16136,12 @@ def fleet_schema(w: SchemaWords) -> str:
 # Every server is also the gateway of one organisation (--organization, default "local"). Its
 # instances are the server itself, under its own instance id, and the remote Actae servers
 # registered with `actae instance add`. A remote's API key is stored encrypted (Fernet) with a key
-# kept in FLEET_KEY_FILE beside the database, never inside it. Organisation tokens are stored as
+# kept in KEYS_CIPHER_FILE beside the database, never inside it. Organisation tokens are stored as
 # hashes, like API keys; the SDK's FleetClient exchanges one for a short-lived fleet token, signed
 # (like login tokens, under a key of its own) and carrying the SDK's scope names, and a stream
 # ticket is a one-use row that expires. The organisation's instances and tokens are held in memory
 # and read again when more than FLEET_REFRESH_SECONDS old, as the key ring is.
 
-FLEET_KEY_FILE = "fleet_key"           # encrypts the remote instances' keys; beside the database, never inside it
 FLEET_PROTOCOL_VERSION = "1"           # the gateway protocol this server speaks (capabilities report it)
 FLEET_REFRESH_SECONDS = KEY_REFRESH_SECONDS
 ORG_TOKEN_PREFIX = "ot-"
@@ -15920,29 +16227,6 @@ def fleet_principal(row: Row, organization_id: str, fleet_scopes: Json) -> Fleet
 
 
 # --- remote instances: their keys encrypted beside the database ------------------------------------
-
-
-def fleet_cipher(data_dir: Path) -> "cryptography.fernet.Fernet":
-    """The Fernet key that encrypts remote instances' keys: a file beside the database (0600), made on
-    first use. A copy of the database alone cannot decrypt them."""
-    from cryptography.fernet import Fernet        # imported here: only the fleet needs it
-
-    path = Path(data_dir) / FLEET_KEY_FILE
-    if not path.exists():
-        # Written whole under another name, then linked into place: a second process starting at the
-        # same moment finds no file or the whole key, never a half-written one (the first link wins).
-        draft = path.with_name(f".{FLEET_KEY_FILE}.{os.getpid()}.{secrets.token_hex(4)}")
-        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            with os.fdopen(fd, "wb") as out:
-                out.write(Fernet.generate_key())
-                out.flush()
-                os.fsync(out.fileno())
-            with contextlib.suppress(FileExistsError):
-                os.link(draft, path)
-        finally:
-            draft.unlink()
-    return Fernet(path.read_bytes().strip())
 
 
 @dataclass(frozen=True)
@@ -16109,7 +16393,7 @@ class FleetDirectory:
     async def reload(self) -> None:
         instances, tokens = await self.db.read(fleet_directory_rows)
         if instances and self.cipher is None:
-            self.cipher = await asyncio.to_thread(fleet_cipher, self.data_dir)
+            self.cipher = await asyncio.to_thread(keys_cipher, self.data_dir)
         self.instances = {row["id"]: remote_of(row, self.cipher) for row in instances}
         rows = [dict(row) for row in tokens]
         self.tokens_by_hash = {row["token_hash"]: row for row in rows}
@@ -16358,7 +16642,7 @@ async def fleet_target(app: "ActaeApp", instance_id: str) -> Target:
                        code="unknown_instance")
     if remote.key is None:
         raise InstanceFailed(instance_id, "key_unreadable", f"its key cannot be decrypted with this data dir's"
-                             f" {FLEET_KEY_FILE}: run `actae instance add` for it again", retryable=False)
+                             f" {KEYS_CIPHER_FILE}: run `actae instance add` for it again", retryable=False)
     return Target(instance_id, remote)
 
 
@@ -17364,7 +17648,7 @@ async def api_fleet_enroll(request: Request, body: EnrollRequest) -> Enrolled:
         if isinstance(exc, Conflict):
             raise
         raise BadRequest(f"{exc.message} (the gateway must reach the instance at the URL it gives: --url)") from None
-    cipher = fleet.directory.cipher or await asyncio.to_thread(fleet_cipher, fleet.directory.data_dir)
+    cipher = fleet.directory.cipher or await asyncio.to_thread(keys_cipher, fleet.directory.data_dir)
     ciphertext = cipher.encrypt(key.encode("utf-8")).decode("ascii")
     link = secrets.token_urlsafe(32)
     await db.write(register_enrolled, body.token, info, body.name or urlsplit(url).netloc, url, ciphertext, key[:7], link)
@@ -17739,26 +18023,6 @@ def instance_info(url: str, key: str, timeout: float = 10.0) -> Instance:
         raise BadRequest(f"{url} does not answer like an Actae server") from None
 
 
-def remote_key_of(args: argparse.Namespace) -> str:
-    """The remote's key for `instance add`: --key-file (or - for standard input), --key, $ACTAE_REMOTE_KEY,
-    else asked for on a terminal without echo. Exits with why when there is none."""
-    if args.key_file:
-        try:
-            text = sys.stdin.read() if args.key_file == "-" else Path(args.key_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise SystemExit(f"actae: cannot read the key file {args.key_file}: {getattr(exc, 'strerror', exc)}")
-        key = text.strip()
-    else:
-        key = (args.key or os.environ.get("ACTAE_REMOTE_KEY") or "").strip()
-    if not key and sys.stdin.isatty():
-        import getpass
-        key = getpass.getpass("API key of the remote server: ").strip()
-    if not key:
-        raise SystemExit("actae: give the remote server's API key: --key-file PATH, $ACTAE_REMOTE_KEY, or type it"
-                         " when asked (on a terminal)")
-    return key
-
-
 def instance_command(args: argparse.Namespace, location: Location) -> int:
     """`actae instance add|list|remove`."""
     if args.instance_command == "add":
@@ -17766,11 +18030,14 @@ def instance_command(args: argparse.Namespace, location: Location) -> int:
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
             raise SystemExit(f"actae: give the server's base URL, such as http://10.0.0.5:8002 (got {args.url!r})")
-        key = remote_key_of(args)
+        key = key_of_args(args.key_file, args.key, "ACTAE_REMOTE_KEY", "API key of the remote server: ")
+        if not key:
+            raise SystemExit("actae: give the remote server's API key: --key-file PATH, $ACTAE_REMOTE_KEY, or type"
+                             " it when asked (on a terminal)")
         info = instance_info(url, key)
         if info.instance_id == write_once(location, instance_identity):
             raise SystemExit("actae: that is this server itself: it is always an instance of its own fleet")
-        ciphertext = fleet_cipher(location.data_dir).encrypt(key.encode("utf-8")).decode("ascii")
+        ciphertext = keys_cipher(location.data_dir).encrypt(key.encode("utf-8")).decode("ascii")
         added = write_once(location, add_instance, info.instance_id, args.name or parts.netloc, url, ciphertext,
                            key[:7], args.timeout)
         print(f"Instance {added.instance_id} ({added.name}) at {added.url}: Actae {info.version}, {info.backend}")

@@ -38,10 +38,11 @@ FIXED = "charge the card once"
 MODEL = "gpt-4o-mini"          # the tiny server answers as any model; this one genai-prices knows
 
 
-def start_actae(data_dir: str, upstream: str) -> tuple:
-    """`python actae.py` on a free port with the tiny server as upstream `tiny`: (process, URL, key)."""
+def start_actae(data_dir: str, upstream: str, program: Path = HERE.parent / "actae.py") -> tuple:
+    """`python actae.py` (or another checkout's `program`) on a free port with the tiny server as
+    upstream `tiny`: (process, URL, key)."""
     process = subprocess.Popen(
-        [sys.executable, str(HERE.parent / "actae.py"), "--port", "0", "--data-dir", data_dir,
+        [sys.executable, str(program), "--port", "0", "--data-dir", data_dir,
          "--llm-upstream", f"tiny={upstream}", "--log-level", "warning"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={k: v for k, v in os.environ.items() if k not in ("ACTAE_API_KEY", "ACTAE_DATABASE_URL")})

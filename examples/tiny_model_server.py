@@ -47,6 +47,7 @@ def conversation(body: dict) -> tuple:
 class Stats:
     def __init__(self):
         self.lock, self.calls, self.aborted = threading.Lock(), 0, 0
+        self.last_key = None        # the key the last call came with (what a gateway sent as the upstream's)
 
     def count(self, name: str) -> None:
         with self.lock:
@@ -78,6 +79,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))) or b"{}")
         self.stats.count("calls")
+        self.stats.last_key = self.headers.get("authorization") or self.headers.get("x-api-key")
         model = str(body.get("model", "tiny"))
         if model.startswith("slow-"):
             time.sleep(float(model[5:]))

@@ -108,3 +108,26 @@ def test_the_model_call_demo_replays_the_kept_calls_offline(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "FAIL" not in proc.stdout and proc.stdout.count("replayed from the record") == 3, proc.stdout
     assert "not spent again: 3 model calls" in proc.stdout, proc.stdout
+
+
+def test_the_gateway_bench_prints_its_figures_against_a_baseline(tmp_path):
+    """examples/bench_llm.py, a few calls: direct, ours and the baseline's gateway (HEAD's, from a git
+    worktree it removes after), each with its added milliseconds, and the ratio of the two. No figure
+    is judged here: the benchmark's figures are in docs/benchmarks.md."""
+    import json
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+    out = tmp_path / "bench-llm.json"
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "bench_llm.py"), "--calls", "5", "--baseline", "HEAD",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300, cwd=str(ROOT))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    figures = json.loads(out.read_text())
+    labels = [label for label in figures["call"] if label != "direct"]
+    assert labels[0] == "ours" and (len(labels) == 2 or "no baseline" in proc.stdout), proc.stdout
+    for name in ("call", "first_byte"):
+        assert all(figures[name][label]["median_ms"] > 0 for label in labels), figures
+    assert ("added, ours / baseline" in proc.stdout) == (len(labels) == 2), proc.stdout
+    worktrees = subprocess.run(["git", "worktree", "list"], capture_output=True, text=True, cwd=str(ROOT)).stdout
+    assert "baseline-" not in worktrees, worktrees

@@ -179,6 +179,7 @@ INDEX_USES = {
     "llm_calls_pkey": constraint("a call id names one call"),
     "llm_bodies_pkey": constraint("a body's SHA-256 names it: each distinct body is stored once"),
     "llm_passes_pkey": constraint("one current pass per run"),
+    "llm_upstreams_pkey": constraint("a name names one kept upstream (`llm add` again replaces it)"),
     "llm_tallies_pkey": constraint("one tally per (run, pass)"),
     "llm_calls_by_pass": query("a pass's completed call at a position (completed_call_at)",
                                lambda c: actae.completed_call_at(c, RUN, 0, 0, 2**62)),

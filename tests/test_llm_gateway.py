@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import socket
 import uuid
 
@@ -20,7 +21,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import ServerProcess, api, fork, import_example, poll, record, save_state, using
+from conftest import ServerProcess, api, cli, fork, import_example, poll, record, save_state, using
 
 TINY = import_example("tiny_model_server.py")
 
@@ -407,3 +408,38 @@ def test_a_body_that_is_no_json_object_is_refused_before_any_upstream_call(gatew
         assert answer.status_code == 400 and answer.json()["error"]["type"] == "invalid_request_error", raw[:40]
     assert stats.calls == before and calls_of(gateway, run) == []
     assert api(gateway, "GET", "/healthz", key=None)[0] == 200
+
+
+# --- upstreams kept by `actae llm add` --------------------------------------------------------------
+
+def test_an_upstream_kept_by_llm_add_is_called_with_its_key_which_is_stored_encrypted(tmp_path, upstream):
+    url, stats = upstream
+    data, secret = tmp_path / "kept", "sk-upstream-" + uuid.uuid4().hex
+    (tmp_path / "key").write_text(secret + "\n")
+    added = cli("llm", "add", "kept", "--url", url, "--key-file", str(tmp_path / "key"), data_dir=data)
+    assert "its key stored encrypted" in added.stdout and secret not in added.stdout
+    listed = json.loads(cli("llm", "list", "--json", data_dir=data).stdout)["upstreams"]
+    assert [(u["name"], u["url"], u["has_key"]) for u in listed] == [("kept", url, True)], listed
+    assert secret not in json.dumps(listed)
+    cli("llm", "add", "plain", "--url", url, data_dir=data, input="")          # a local server needs no key
+    with ServerProcess(data).start() as srv:
+        if srv.database is None:                 # SQLite: the key is nowhere in the database's files
+            stored = b"".join(path.read_bytes() for path in data.glob("actae.db*"))
+            assert secret.encode() not in stored and (data / "fleet_key").exists()
+        run = run_id("kept")
+        answer = post(srv, run, "chat/completions", chat_body("through a kept upstream"), upstream="kept")
+        assert answer.status_code == 200, answer.text
+        assert stats.last_key == f"Bearer {secret}"
+        assert post(srv, run, "chat/completions", chat_body("no key"), upstream="plain").status_code == 200
+        assert stats.last_key is None
+        assert [c["upstream"] for c in calls_of(srv, run)] == ["kept", "plain"]
+        cli("llm", "remove", "kept", data_dir=data)
+        gone = poll(lambda: (lambda a: a if a.status_code == 404 else None)(
+            post(srv, run, "chat/completions", chat_body("after remove"), upstream="kept")), timeout=10,
+            what="a removed upstream answered 404")
+        assert "no upstream named 'kept'" in gone.json()["error"]["message"]
+        assert not any(secret in line for line in srv.lines)
+    bad = cli("llm", "add", "no good", "--url", "ftp://x", data_dir=data, check=False)
+    assert bad.returncode != 0 and "NAME=URL" in bad.stderr and "Traceback" not in bad.stderr
+    missing = cli("llm", "remove", "never", data_dir=data, check=False)
+    assert missing.returncode != 0 and "no upstream named 'never'" in missing.stderr

@@ -44,7 +44,7 @@ from urllib.parse import parse_qs, urlencode
 import msgspec
 import pytest
 
-from conftest import ROOT, SESSION_COOKIE, ServerProcess, dashboard_cookie, http, org_token
+from conftest import ROOT, SESSION_COOKIE, ServerProcess, dashboard_cookie, http, import_example, org_token
 
 sys.path.insert(0, str(ROOT))
 import actae  # noqa: E402  - read for its route table only; never served in process
@@ -155,6 +155,8 @@ def build(srv) -> World:
                                                  "at_cursor": step3["cursor"], "display_name": f"child {MARKER}",
                                                  "reason": f"why {MARKER}"})
     record(srv, CHILD, payload={"note": MARKER})
+    # model calls through the gateway on the runs out of scope, the marker in what was asked and answered
+    out_of_scope_calls = {run: llm_call(srv, run, f"tell me {MARKER}") for run in (PARENT, CHILD, SIBLING)}
 
     claim = admin(srv, "POST", "/api/v1/executions/claim", {"channel_id": MINE, "key_name": f"k-{UID}",
                                                              "tool_name": "send_email"})
@@ -186,8 +188,8 @@ def build(srv) -> World:
         "member_id": "m-mine", "message_id": message.get("message_id") or message.get("id") or
         (message.get("message") or {}).get("id"), "fork_group_id": fork_group,
         "organization_id": ORG, "instance_id": w.instance_id,
-        # the model-call gateway: an upstream name, a path under it, a call (of no run: every door answers 404)
-        "upstream": "openai", "rest": "models", "call_id": f"no-call-{UID}",
+        # the model-call gateway: an upstream name, a path under it, a call (of zz-child: asked as mine's, 404)
+        "upstream": "openai", "rest": "models", "call_id": out_of_scope_calls[CHILD],
     }
     w.fill_under = {
         ("/api/v1/experiments/", "group_id"): experiment_id, ("/experiments/", "group_id"): experiment_id,
@@ -219,10 +221,24 @@ def build(srv) -> World:
     return w
 
 
+def llm_call(srv, run: str, text: str) -> str:
+    """A model call of `run` through the gateway, with the admin key: its call id."""
+    status, headers, answer = http("POST", f"{srv.url}/llm/runs/{run}/openai/v1/chat/completions",
+                                   headers={"authorization": f"Bearer {srv.key}"},
+                                   body={"model": "probe", "messages": [{"role": "user", "content": text}]})
+    assert status == 200 and text in json.dumps(answer), (status, answer)
+    return headers["x-actae-call-id"]
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    with ServerProcess(tmp_path_factory.mktemp("reach")).start() as srv:
-        yield build(srv)
+    upstream, _ = import_example("tiny_model_server.py").serve()
+    args = ["--llm-upstream", f"openai=http://127.0.0.1:{upstream.server_address[1]}"]
+    try:
+        with ServerProcess(tmp_path_factory.mktemp("reach"), args=args).start() as srv:
+            yield build(srv)
+    finally:
+        upstream.shutdown()
 
 
 # --- requests built from the route table ---------------------------------------------------------------
