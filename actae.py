@@ -26,7 +26,7 @@ Request records — the bodies, queries and frames more than one region (or the 
 Response records — the answers more than one region (or the kernel) gives; /openapi.json documents them all
 Schema and migrations — the schema's one numbered history (the tables written before regions were; a region adds its parts by number)
 Storage — the connection interface, one Dialect per backend, SQLite's and PostgreSQL's connections, the state cache
-Database — the one writer path (group commit), the engines, backend_for, the app factory's CommitPolicy
+Database — the one writer path (group commit), a read on the writer between batches, the engines, backend_for, the CommitPolicy
 Store — the queries more than one region (or the kernel's streams) needs, one named function each
 Principals — API keys, accounts, login tokens, dashboard sessions: in the kernel, as every door asks them
 Authentication — the key ring, token and session checks, same-origin and form tokens
@@ -36,13 +36,13 @@ Streams — the hub: in-band auth, shared frames bounded in bytes, one feed for 
 Dashboard — rendering, sign-in, the keys and API pages, the forms' checks
 Connections — BoundedHttp: each request's head and body bounded, in front of uvicorn's own protocol
 The request path — ActaeApp, a plain ASGI app: Host check, routes, errors, gzip, headers, request notes, once
-App factory — Services and create_app: the regions' hooks, the commit policy, the installers, the lifespan
+App factory — Services and create_app: the regions' hooks, the commit policy, the installers, the lifespan; the keys cipher
 Command line — main(): serve, key, user, and the regions' subcommands
 
 Regions
 Runs: records — region: channels, events and state; the bodies and answers only it uses
-Runs: channels, events and state — append_event (cursor, chain, the regions' event hooks), snapshots, metadata, steps, delete
-Runs: the failure rule, runs by activity — what the runs list and a run's page show (the other regions read them here)
+Runs: channels, events and state — append_event (cursor, chain, the regions' event hooks), snapshots, state blame, metadata, steps, delete
+Runs: the failure rule, runs by activity — what the runs list and a run's page show: a failure, the values it names, the fork that handled it
 Runs: handlers, routes, pages and the /ws stream — the SDK's events and state, the runs pages, the WebSocket
 Forks: records — region: copy-on-write forks
 Forks: copy-on-write forks — receipts, the fork tree, what a fork saved (usage kept per step)
@@ -164,7 +164,8 @@ __all__ = ["ActaeApp", "ACTIVE_AT_CHARS", "api_routes", "app_endpoints", "append
            "heads_from_events", "index_approval_event", "is_failure_event", "Job", "LEDGER_OUTCOMES",
            "list_approvals", "list_executions", "list_forks", "LLM_CALL_STATES", "completed_call_at",
            "delete_llm_calls", "Location", "main", "MAX_BODY_BYTES", "member_inbox",
-           "Metrics", "MIGRATIONS", "next_wakeup_at", "observe_request", "OUTCOMES", "page_routes", "POSTGRES",
+           "Metrics", "MIGRATIONS", "next_wakeup_at", "observe_request", "openapi_document", "OUTCOMES", "page_routes",
+           "POSTGRES",
            "prune_runs", "put_metadata", "PutMetadata", "query_events", "record_event", "RecordEvent",
            "Region", "REGIONS", "ReleaseNotice", "REPRODUCIBILITY_GRADES", "require_approval", "resolve_step",
            "Retention", "revoke_key", "run_jobs", "runs_page", "serve", "Services", "Settings", "sql_list", "SQLITE",
@@ -1136,6 +1137,54 @@ def decoder_for(kind: type) -> msgspec.json.Decoder:
     return msgspec.json.Decoder(kind)
 
 
+def type_at(kind: object, where: str) -> Optional[object]:
+    """The msgspec.inspect type of the value at `where` (msgspec's error path: `.name`, `[0]`) in `kind`."""
+    mi = msgspec.inspect
+    info = mi.type_info(kind)
+    for step in re.findall(r"\.([^.\[]+)|\[([^\]]*)\]", where):
+        name, index = step
+        while isinstance(info, (mi.Metadata, mi.UnionType)):
+            info = info.type if isinstance(info, mi.Metadata) else next(
+                (t for t in info.types if not isinstance(t, mi.NoneType)), None)
+        if name and isinstance(info, mi.StructType):
+            info = next((f.type for f in info.fields if f.encode_name == name), None)
+        elif index and isinstance(info, (mi.ListType, mi.SetType, mi.VarTupleType)):
+            info = info.item_type
+        elif index and isinstance(info, mi.DictType):
+            info = info.value_type
+        else:
+            return None
+    return info
+
+
+def in_words(exc: msgspec.ValidationError, kind: object) -> str:
+    """msgspec's message, saying in words what the field takes where it names only a regular
+    expression, and listing a fixed set's values where it says only that one was not among them."""
+    text = str(exc)
+    try:
+        return explained(text, kind)
+    except Exception:  # noqa: BLE001 - explaining an error never makes one: msgspec's own message, then
+        return text
+
+
+def explained(text: str, kind: object) -> str:
+    message, _, where = text.partition(" - at `$")
+    where = where.rstrip("`")
+    info, mi = type_at(kind, where), msgspec.inspect
+    names = re.sub(r"\[[^\]]*\]", "", where).split(".")
+    field = names[-1] or "the value"
+    described = info.extra_json_schema.get("description") if isinstance(info, mi.Metadata) and info.extra_json_schema else None
+    while isinstance(info, (mi.Metadata, mi.UnionType)):
+        info = info.type if isinstance(info, mi.Metadata) else next(
+            (t for t in info.types if isinstance(t, (mi.LiteralType, mi.EnumType, mi.Metadata))), None)
+    if message.startswith("Invalid enum value") and isinstance(info, (mi.LiteralType, mi.EnumType)):
+        values = info.values if isinstance(info, mi.LiteralType) else [m.value for m in info.cls]
+        return f"{text}: {field} must be one of {', '.join(map(str, values))}"
+    if "matching regex" in message and described:
+        return f"{field} must be {described}" + (f" (at `${where}`)" if where.count(".") > 1 or "[" in where else "")
+    return text
+
+
 def decode_json(raw: bytes, kind: object, what: str) -> Json:
     """Strict JSON (no NaN, no lone surrogates, finite numbers) into `kind`; BadRequest otherwise."""
     try:
@@ -1143,7 +1192,7 @@ def decode_json(raw: bytes, kind: object, what: str) -> Json:
     except RecursionError:
         raise BadRequest(f"{what} is nested too deeply") from None
     except msgspec.ValidationError as exc:
-        raise BadRequest(f"invalid {what}: {exc}") from None
+        raise BadRequest(f"invalid {what}: {in_words(exc, kind)}") from None
     except msgspec.DecodeError as exc:
         raise BadRequest(f"{what} is not valid JSON: {exc}") from None
 
@@ -1170,7 +1219,7 @@ def decode_params(params: Json, kind: type, what: str) -> Struct:
     try:
         return msgspec.convert(dict(params), kind, strict=False)
     except msgspec.ValidationError as exc:
-        raise BadRequest(f"invalid {what}: {exc}") from None
+        raise BadRequest(f"invalid {what}: {in_words(exc, kind)}") from None
 
 
 def record_from(kind: type, value: dict, what: str) -> Struct:
@@ -1178,7 +1227,7 @@ def record_from(kind: type, value: dict, what: str) -> Struct:
     try:
         record = msgspec.convert(value, kind)
     except msgspec.ValidationError as exc:
-        raise BadRequest(f"invalid {what}: {exc}") from None
+        raise BadRequest(f"invalid {what}: {in_words(exc, kind)}") from None
     check_documents(record, measure=True)
     return record
 
@@ -3720,8 +3769,16 @@ def channel_event_rows(conn: Conn, channel_id: str) -> list:
     return conn.execute("SELECT * FROM events WHERE channel_id = ? ORDER BY cursor", (channel_id,)).fetchall()
 
 
+# A run's duration, wherever a page shows one (the runs list, a run's page and its chart, what a fork's
+# own steps took): from its first event to its last, where a fork's first is the one after its
+# fork.started marker (cursor 1, written when the fork is made: its tail may start days later).
+FIRST_OWN_EVENT = "CASE WHEN {c}parent_id IS NULL THEN 1 ELSE 2 END"
+
+
 def first_event_at(conn: Conn, channel_id: str) -> Optional[str]:
-    row = conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND cursor = 1", (channel_id,)).fetchone()
+    """When a run's own work began (see FIRST_OWN_EVENT)."""
+    row = conn.execute(f"SELECT e.created_at FROM channels c JOIN events e ON e.channel_id = c.id"
+                       f" AND e.cursor = {FIRST_OWN_EVENT.format(c='c.')} WHERE c.id = ?", (channel_id,)).fetchone()
     return row[0] if row else None
 
 
@@ -4920,10 +4977,19 @@ def free_form_objects(schema: Json) -> Json:
         return schema
     out = {k: free_form_objects(v) for k, v in schema.items()}
     kinds = out.get("type")
-    if (kinds == "object" or (isinstance(kinds, list) and "object" in kinds)) and not any(
-            k in out for k in ("properties", "additionalProperties", "patternProperties", "$ref")):
+    # `properties: {}` names no member either (Empty: an object whose members are not read)
+    if (kinds == "object" or (isinstance(kinds, list) and "object" in kinds)) and not out.get("properties") and not any(
+            k in out for k in ("additionalProperties", "patternProperties", "$ref")):
         out["additionalProperties"] = True
     return out
+
+
+def default_said(member: dict) -> None:
+    """A member's `default` moved into its description (a null default goes unsaid)."""
+    default = member.pop("default")
+    if default is not None:
+        said = f"default: {json.dumps(default)}"
+        member["description"] = f"{member['description']}; {said}" if member.get("description") else said
 
 
 def optional_when_written(schema: dict) -> None:
@@ -4934,21 +5000,20 @@ def optional_when_written(schema: dict) -> None:
         required = set(shape.get("required", ()))
         for name, member in shape["properties"].items():
             if isinstance(member, dict) and "default" in member and name not in required:
-                default = member.pop("default")
-                if default is not None:
-                    said = f"default: {json.dumps(default)}"
-                    member["description"] = f"{member['description']}; {said}" if member.get("description") else said
+                default_said(member)
 
 
 def always_answered(schema: dict) -> None:
     """An answer record's members with a default are always sent (answers omit nothing but UNSET
-    members, which have no default): required, so generators type them as present."""
+    members, which have no default): required, so generators type them as present, and so without
+    their `default` (a required member has none to fall back on; a non-null one is said in words)."""
     for shape in object_schemas(schema):
         members = shape["properties"]
         defaulted = [name for name, member in members.items() if isinstance(member, dict) and "default" in member]
-        missing = [name for name in defaulted if name not in shape.get("required", ())]
-        if missing:
-            shape["required"] = [name for name in members if name in {*shape.get("required", ()), *missing}]
+        if defaulted:
+            shape["required"] = [name for name in members if name in {*shape.get("required", ()), *defaulted}]
+            for name in defaulted:
+                default_said(members[name])
 
 
 def openapi_document(routes: list) -> dict:
@@ -5709,9 +5774,19 @@ def duration_text(ms: Optional[float]) -> str:
     return f"{hours} h {minutes} min"
 
 
+BRIEF_CHARS = 40                      # a value shown inline, in a step's row: its JSON cut to this
+
+
+def brief_json(value: Json, chars: int = BRIEF_CHARS) -> str:
+    """A value as one short line of JSON (cut with an ellipsis): a step row's old and new values."""
+    text = json.dumps(value, ensure_ascii=False, separators=(", ", ": "), default=str)
+    return text if len(text) <= chars else text[:chars - 1] + "…"
+
+
 def template_env() -> jinja2.Environment:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(UI_DIR)), autoescape=True)
     env.filters["pretty"] = pretty_json
+    env.filters["brief"] = brief_json
     env.filters["jsontree"] = json_tree
     env.filters["duration"] = duration_text
     return env
@@ -5751,9 +5826,12 @@ def dashboard(handler: Callable) -> Callable:
     async def endpoint(request: Request) -> Response:
         session_id = await current_session(request)
         if session_id is None:
-            if request.query_params.get("format") == "json":
-                raise Unauthorized("log in at /login first")
-            return RedirectResponse("/login", status_code=303)
+            if request.query_params.get("format") != "json":
+                return RedirectResponse("/login", status_code=303)
+            if request.method != "GET" or not (request.headers.get("x-api-key") or bearer_token(request)):
+                raise Unauthorized("log in at /login first, or send an API key as x-api-key (as the API takes it)")
+            context_of(request).principal = await twin_principal(request)
+            return await handler(request)
         asked = context_of(request)
         asked.logged_in, asked.session_id, asked.csrf_token = True, session_id, form_token(session_id)
         if request.method == "POST":
@@ -5762,6 +5840,21 @@ def dashboard(handler: Callable) -> Callable:
         return await handler(request)
     endpoint.__name__ = handler.__name__
     return endpoint
+
+
+async def twin_principal(request: Request) -> Principal:
+    """A page's JSON twin asked with a credential, answered as the API answers one: a login token as
+    `authorization: Bearer`, else the key in x-api-key (401 when it is not valid). Every page lists
+    runs across the server, so, as at /login, it must read every run (403 when it may not)."""
+    bearer = bearer_token(request)
+    if bearer is not None:
+        principal, context_of(request).user = await check_token(request.app, bearer)
+    else:
+        principal = await check_key(request.app, request.headers.get("x-api-key"))
+    if not principal.can_everywhere("read"):
+        raise Forbidden("a page's JSON shows runs across the server: it needs a credential that may read every"
+                        " run ('*'); this one has less (the API's routes answer it within its scopes)")
+    return principal
 
 
 async def read_form(request: Request) -> dict:
@@ -6774,24 +6867,43 @@ class CommandLine(argparse.ArgumentParser):
     """argparse that refuses bad input in one line (`actae: ...`, exit 2, never a traceback); a flag
     it does not know gets the nearest one it does and the usage of the (sub)command it was given to."""
 
+    NEAR = 0.75      # how alike a mistyped name and a known one must be to suggest it (--prot: --port; not --verbose: --version)
+    argv: Optional[list] = None
+
     def error(self, message: str) -> typing.NoReturn:
         wrong = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
         if wrong:
-            near = difflib.get_close_matches(wrong.group(1), re.findall(r"'([^']*)'", wrong.group(2)), n=1)
+            mistyped = self.flag_before(wrong.group(1))
+            if mistyped is not None:     # `--prot 8003`: the flag was mistyped, its value taken for a command
+                self.unknown([mistyped])
+            near = difflib.get_close_matches(wrong.group(1), re.findall(r"'([^']*)'", wrong.group(2)), n=1,
+                                             cutoff=self.NEAR)
             message += f" (did you mean {near[0]}?)" if near else ""
         self.exit(2, f"{self.prog}: {message}\n")
 
+    def flag_before(self, value: str) -> Optional[str]:
+        """The flag just before `value` on the command line when this parser knows no such flag."""
+        argv, known = self.argv or [], self.known_flags()
+        for before, token in zip(argv, argv[1:]):
+            if token == value and before.startswith("-") and before.split("=", 1)[0] not in known:
+                return before
+        return None
+
+    def known_flags(self) -> list:
+        return re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", self.format_help())
+
     def parse_known_args(self, args: Optional[typing.Sequence[str]] = None, namespace: Optional[argparse.Namespace] = None) -> tuple:
         """As argparse's, noting which (sub)command parsed them: the deepest one, which parses first."""
+        self.argv = list(sys.argv[1:] if args is None else args)
         parsed, extra = super().parse_known_args(args, namespace)
         if getattr(parsed, "parsed_by", None) is None:
             parsed.parsed_by = self
         return parsed, extra
 
     def unknown(self, extra: list) -> typing.NoReturn:
-        known = re.findall(r"(?<![\w-])(--?[A-Za-z][\w-]*)", self.format_help())
+        known = self.known_flags()
         flag = extra[0].split("=", 1)[0]
-        near = difflib.get_close_matches(flag, known, n=1)
+        near = difflib.get_close_matches(flag, known, n=1, cutoff=self.NEAR)
         hint = f" (did you mean {near[0]}?)" if near else ""
         self.exit(2, f"{self.format_usage()}{self.prog}: unrecognized argument {extra[0]!r}{hint}\n")
 
@@ -7363,6 +7475,31 @@ class DeletedChannels(Done, kw_only=True):
 class LastStep(Answer):
     channel_id: str
     last_step_number: int
+
+
+class BlameQuery(Record):
+    at_step: Optional[Positive] = None        # the state as it was after this step (default: the latest)
+
+
+class BlameLine(Answer):
+    """One path of a run's state, its current value, and the step whose snapshot set it."""
+
+    path: list[str]                           # keys and list indexes from the top, as the diff names them
+    value: Json
+    step: Optional[int]                       # None: set before the run's first step
+    cursor: int                               # the snapshot that set it
+    channel_id: str                           # whose snapshot: an ancestor's, for a value a fork inherited
+
+
+class Blame(Answer):
+    """Every path of a run's state (as of `at_step`) with the step that set its current value."""
+
+    channel_id: str
+    at_step: Optional[int]                    # the last step the blamed state includes
+    version: Optional[int]                    # the snapshot blamed (None: the run has no state)
+    cursor: Optional[int]
+    paths: list[BlameLine]
+    total: int                                # paths in all; `paths` holds the first BLAME_PATHS_MAX
 
 
 class StepLocation(Answer):
@@ -8163,11 +8300,25 @@ def put_metadata(tx: Tx, channel_id: str, changes: PutMetadata) -> ChannelMetada
     given = {column: dump(value) if column == "experiment_metadata" else value
              for column, value in (("display_name", changes.display_name), ("reason", changes.reason),
                                    ("experiment_metadata", changes.experiment_metadata)) if value is not UNSET}
+    if "display_name" in given and parents_name_over_own(tx.conn, channel_id, given["display_name"]):
+        del given["display_name"]
     if given:
         # One UPDATE (each one names run_state's column, experiment_metadata: an index rewrite each).
         sets = ", ".join(f"{column} = ?" for column in given)
         tx.conn.execute(f"UPDATE channels SET {sets}, updated_at = ? WHERE id = ?", (*given.values(), tx.ts, channel_id))
     return metadata_of(channel_by_id(tx.conn, channel_id))
+
+
+def parents_name_over_own(conn: Conn, channel_id: str, name: Optional[str]) -> bool:
+    """Whether `name` is a fork's parent's name about to replace the fork's own. AgentSession.resume(...,
+    fork_at_step=k, name=X) makes the fork X under its own name, then hands the session it returns the
+    parent's display name, which the session writes back on entering and leaving: the fork keeps its
+    own (a name other than the parent's is written as asked)."""
+    row = channel_by_id(conn, channel_id)
+    if row is None or row["parent_id"] is None or not row["display_name"] or name is None:
+        return False
+    parent = channel_by_id(conn, row["parent_id"])
+    return parent is not None and name in (parent["display_name"], parent["id"]) and row["display_name"] != name
 
 
 def list_channels(conn: Conn) -> list:
@@ -8220,6 +8371,77 @@ def last_step_number(conn: Conn, channel_id: str) -> int:
     own = conn.execute("SELECT MAX(step_number) FROM events WHERE channel_id = ? AND step_number IS NOT NULL",
                        (channel_id,)).fetchone()[0]
     return max(own or 0, row["forked_at_step"] or 0)
+
+
+BLAME_PATHS_MAX = 5000                 # paths a blame answer lists (its total counts them all)
+
+
+def state_leaves(value: Json, path: tuple = ()) -> dict:
+    """Path -> value of every leaf (a scalar, or an empty object or list), keys and indexes as the diff
+    names them."""
+    if isinstance(value, dict) and value:
+        return {leaf: found for key, item in value.items() for leaf, found in state_leaves(item, (*path, str(key))).items()}
+    if isinstance(value, list) and value:
+        return {leaf: found for i, item in enumerate(value) for leaf, found in state_leaves(item, (*path, str(i))).items()}
+    return {path: value}
+
+
+def state_history(conn: Conn, channel_id: str) -> list:
+    """(channel row, version, cursor) of every snapshot a run's state went through, in order: each
+    ancestor's up to where the line below it left, then the run's own."""
+    history = []
+    for row, upto in reversed(lineage(conn, channel_id)):
+        history += [(row, r["version"], r["cursor"]) for r in conn.execute(
+            "SELECT version, cursor FROM states WHERE channel_id = ? AND cursor <= ? ORDER BY cursor, version",
+            (row["id"], INT64_MAX if upto is None else upto))]
+    return history
+
+
+def same_value(left: Json, right: Json) -> bool:
+    return type(left) is type(right) and left == right
+
+
+def state_blame(conn: Conn, channel_id: str, at_step: Optional[int] = None, upto: Optional[int] = None,
+                wanted: Optional[Callable[[tuple, Json], bool]] = None) -> Blame:
+    """Like `git blame` for a run's state: each path of its state (after step `at_step`, or as of its
+    own cursor `upto`; default the latest) with the step whose snapshot set its current value, from the
+    stored snapshots alone (nothing re-runs). Walked back from the end, each path until an earlier
+    snapshot held another value (or none): a value set, changed and set back is blamed on the step
+    that set it back; a step that wrote a value without changing it is not blamed. `wanted`: only the
+    paths it keeps (the failure banner's)."""
+    require_channel(conn, channel_id)
+    history, steps = state_history(conn, channel_id), {}
+
+    def step_of(i: int) -> Optional[int]:
+        if i not in steps:
+            row, _, cursor = history[i]
+            steps[i] = step_at(conn, row, cursor)
+        return steps[i]
+
+    def leaves_of(i: int) -> dict:
+        row, version, _ = history[i]
+        return state_leaves(state_value(conn, require_state_version(conn, row["id"], version)))
+
+    end = len(history)
+    while end and ((upto is not None and history[end - 1][0]["id"] == channel_id and history[end - 1][2] > upto)
+                   or (at_step is not None and (step_of(end - 1) or 0) > at_step)):
+        end -= 1
+    if not end:
+        return Blame(channel_id=channel_id, at_step=None, version=None, cursor=None, paths=[], total=0)
+    current = {path: value for path, value in leaves_of(end - 1).items() if wanted is None or wanted(path, value)}
+    setter, open_paths, i = dict.fromkeys(current, end - 1), set(current), end - 2
+    while open_paths and i >= 0:
+        earlier = leaves_of(i)
+        for path in list(open_paths):
+            if path in earlier and same_value(earlier[path], current[path]):
+                setter[path] = i
+            else:
+                open_paths.discard(path)
+        i -= 1
+    lines = [BlameLine(path=list(path), value=value, step=step_of(setter[path]), cursor=history[setter[path]][2],
+                       channel_id=history[setter[path]][0]["id"]) for path, value in current.items()]
+    return Blame(channel_id=channel_id, at_step=step_of(end - 1), version=history[end - 1][1],
+                 cursor=history[end - 1][2], paths=lines[:BLAME_PATHS_MAX], total=len(lines))
 
 
 def step_list(conn: Conn, channel_id: str) -> list:
@@ -8310,7 +8532,8 @@ RUN_COLUMNS = (f"c.*, {LAST_CURSOR}, {activity_sql('c.')} AS active_time,"   # r
                " (SELECT MAX(e.step_number) FROM events e WHERE e.channel_id = c.id AND e.step_number IS NOT NULL)"
                " AS last_step,"
                " (SELECT COUNT(*) FROM channels k WHERE k.parent_id = c.id) AS forks,"
-               " (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = 1) AS first_event_at,"
+               f" (SELECT e.created_at FROM events e WHERE e.channel_id = c.id AND e.cursor = {FIRST_OWN_EVENT.format(c='c.')})"
+               " AS first_event_at,"
                f" {last_event_value('created_at', 'c.')} AS last_event_at")
 
 
@@ -8428,6 +8651,90 @@ def run_failure(conn: Conn, row: Row, run_state: str) -> Optional[Failure]:
                    last_step_number(conn, row["id"]) or None)
 
 
+# --- a failure already handled: a fork of it that completed -------------------------------
+
+
+def handling_fork(conn: Conn, channel_id: str, reach: "Reach") -> Optional[Row]:
+    """The first fork below a run (forks of forks too) that completed, among those `reach` sees: a
+    failed run with one is handled (its page and the runs list say so; bulk fork leaves it)."""
+    where = Where().add("c.run_state = 'completed'").within(reach, "c.id")
+    return conn.execute(
+        "WITH RECURSIVE below(id, depth) AS (SELECT id, 1 FROM channels WHERE parent_id = ?"
+        " UNION ALL SELECT k.id, b.depth + 1 FROM channels k JOIN below b ON k.parent_id = b.id WHERE b.depth < ?)"
+        f" SELECT c.id, c.display_name FROM channels c JOIN below b ON c.id = b.id{where}"
+        " ORDER BY c.created_at, c.id LIMIT 1", (channel_id, LINEAGE_MAX_DEPTH, *where.args)).fetchone()
+
+
+def handled_by(conn: Conn, row: Row, reach: "Reach") -> Optional[dict]:
+    """{channel_id, display_name} of the completed fork that handled a failed run (None: not failed, or not handled)."""
+    if row["run_state"] not in FAILURE_STATES or not row["forks"]:
+        return None
+    found = handling_fork(conn, row["id"], reach)
+    return {"channel_id": found["id"], "display_name": found["display_name"] or found["id"]} if found else None
+
+
+# --- where a failure came from: the values it names, and the steps that set them -----------
+
+
+CAUSES_SHOWN = 3                      # values a failure banner names (the earliest set first)
+
+
+@dataclass(frozen=True)
+class FailureCause:
+    """The state values a failure's message names (by key or by value) and the steps that set them,
+    earliest first; the fork a banner offers first keeps none of them: after `fork_after`."""
+
+    paths: list                       # BlameLine, set at or before the last good step
+    fork_after: int                   # 0: the earliest was set at step 1 (only a run from the start drops it)
+    last_good_step: int
+
+    def as_json(self) -> dict:
+        return {"paths": [{"path": ".".join(line.path), "step": line.step, "value": line.value}
+                          for line in self.paths], "fork_after": self.fork_after,
+                "other_forks": self.other_forks()}
+
+    def other_forks(self) -> list:
+        """The other fork points, one click away: before each other value's step, and the last good step."""
+        points = {line.step - 1 for line in self.paths} | {self.last_good_step}
+        return sorted(point for point in points if point >= 1 and point != self.fork_after)
+
+
+def named_in(message: str) -> Callable[[tuple, Json], bool]:
+    """Whether a state path is one a failure message names: its key as a word of the message (three
+    letters or more), or its value as text in it (a string of eight characters or more, or of several
+    words; a number of three digits or more). Booleans, nulls, list indexes and single short words
+    ("plan", "done") never match: too common in a message to mean the value."""
+    text = message.lower()
+    words = set(re.findall(r"[a-z0-9_]+", text))
+
+    def named(path: tuple, value: Json) -> bool:
+        key = path[-1].lower() if path else ""
+        if len(key) >= 3 and not key.isdigit() and key in words:
+            return True
+        if isinstance(value, str):
+            said = value.strip().lower()
+            return (len(said) >= 8 or (" " in said and len(said) >= 4)) and said in text
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) >= 100:
+            return re.search(rf"(?<![0-9.]){re.escape(str(value))}(?![0-9])", text) is not None
+        return False
+    return named
+
+
+def failure_cause(conn: Conn, row: Row, failure: Optional[Failure]) -> Optional[FailureCause]:
+    """Where a failure came from, as far as the stored state tells (state_blame over the snapshots up
+    to where it showed): the values its message names that steps before it set. None when it names
+    none: the banner then offers the last good step, as it always did."""
+    if failure is None or not failure.last_good_step:
+        return None
+    blame = state_blame(conn, row["id"], upto=failure.cursor, wanted=named_in(failure.message))
+    causes = sorted((line for line in blame.paths if line.step is not None and line.step <= failure.last_good_step),
+                    key=lambda line: (line.step, line.path))
+    if not causes:
+        return None
+    return FailureCause(paths=causes[:CAUSES_SHOWN], fork_after=causes[0].step - 1,
+                        last_good_step=failure.last_good_step)
+
+
 # --- the runs list ----------------------------------------------------------------------
 
 
@@ -8481,11 +8788,13 @@ def run_summary(row: Row, last_own_step: Optional[int], fork_count: int) -> dict
 
 
 def listed_run(conn: Conn, row: Row, depth: int = 0) -> dict:
-    """A RUN_COLUMNS row as the list shows it: status as the run page says it, failure, duration."""
+    """A RUN_COLUMNS row as the list shows it: status as the run page says it, failure (and the fork
+    that handled it), duration. The runs pages read every run (the dashboard's credential may)."""
     failure = run_failure(conn, row, row["run_state"])
     return {**run_summary(row, row["last_step"], row["forks"]), "status": shown_status(row["run_state"]),
             "sdk_status": experiment_of(row).get("status"),
             "failure": failure.as_json() if failure else None, "depth": depth,
+            "handled_by": handled_by(conn, row, EVERYWHERE),
             "duration_ms": millis_between(row["first_event_at"], row["last_event_at"]),
             "damaged": damaged_stamps(row, ("first_event_at", "last_event_at", "active_time"))}
 
@@ -8620,17 +8929,26 @@ def step_durations(conn: Conn, channel_id: str, first: int, last: int) -> dict:
     return durations
 
 
+CHANGES_PER_KEY = 5                   # a changed key's inner changes a step row shows
+
+
 def state_changes(before: Json, after: Json) -> dict:
     """The top-level keys a snapshot changed against the one before it, each with the paths inside it
-    that changed: {keys: [{key, kind, paths}], total}."""
+    that changed and their old and new values: {keys: [{key, kind, paths, changes: [{path, kind, old,
+    new}]}], total}."""
     changed: dict = {}
     for entry in diff_values(before if before is not None else {}, after):
         path = entry.path
         key = path[0] if path else "(whole state)"
         hit = changed.setdefault(key, {"key": key, "kind": entry.kind if len(path) <= 1 else "changed",
-                                       "paths": []})
-        if len(path) > 1 and len(hit["paths"]) < 5:
+                                       "paths": [], "changes": [], "more": 0})
+        if len(path) > 1 and len(hit["paths"]) < CHANGES_PER_KEY:
             hit["paths"].append(".".join(path[1:]))
+        if len(hit["changes"]) < CHANGES_PER_KEY:
+            hit["changes"].append({"path": ".".join(path) or key, "kind": entry.kind, "old": entry.left,
+                                   "new": entry.right})
+        else:
+            hit["more"] += 1
     return {"keys": list(changed.values())[:STEP_CHANGES_SHOWN], "total": len(changed)}
 
 
@@ -8761,6 +9079,7 @@ def run_page(conn: Conn, channel_id: str, start: int, event_type: str, reach: "R
     meta = experiment_of(row)
     run_state = row["run_state"]
     failure = run_failure(conn, row, run_state)
+    cause = failure_cause(conn, row, failure)
     items, more = timeline(conn, row, start, event_type, failure)
     forks = [msgspec.structs.asdict(f) for f in list_forks(conn, channel_id, reach)]
     for f in forks:
@@ -8771,8 +9090,10 @@ def run_page(conn: Conn, channel_id: str, start: int, event_type: str, reach: "R
                 "status": shown_status(run_state), "sdk_status": meta.get("status"),
                 "metadata": metadata_of(row), "params": meta.get("params"),
                 "intervention": meta.get("intervention"),
-                "duration_ms": millis_between(row["first_event_at"], row["active_time"])},
+                "duration_ms": millis_between(row["first_event_at"], row["last_event_at"])},
         "failure": failure.as_json() if failure else None,
+        "cause": cause.as_json() if cause else None,
+        "handled_by": handled_by(conn, row, reach),
         "receipt": receipt_of(row) if row["parent_id"] else None,
         "saving": fork_saving(conn, channel_id, measures) if row["parent_id"] else None,
         "timeline": items, "more": more, "event_types": event_types(conn, channel_id),
@@ -8872,6 +9193,21 @@ async def api_channels_steps(request: Request, path) -> LastStep:
     """The last step number recorded on a run."""
     return LastStep(channel_id=path.channel_id,
                     last_step_number=await db_of(request).read(last_step_number, path.channel_id))
+
+
+async def api_channels_blame(request: Request, path, query: BlameQuery) -> Blame:
+    """Every path of a run's state (after step `at_step`; default the latest) with the step that set
+    its current value, from the stored snapshots (a fork's inherited ones included); nothing re-runs."""
+    return await db_of(request).read(state_blame, path.channel_id, query.at_step)
+
+
+async def page_blame(request: Request) -> Response:
+    channel_id = path_channel(request)
+    at_step = page_query(request, BlameQuery).at_step
+    blame = await db_of(request).read(state_blame, channel_id, at_step)
+    steps = await db_of(request).read(step_list, channel_id)
+    return render(request, "blame.html", {"title": f"State blame of {channel_id}", "channel_id": channel_id,
+                                          "blame": msgspec.to_builtins(blame), "steps": steps, "asked_step": at_step})
 
 
 async def api_channels_delete(request: Request, path, query: DeleteQuery) -> DeletedChannels:
@@ -9157,6 +9493,7 @@ RUNS_API_ROUTES = (
         scopes=writes(P)),
     Api("GET", "/api/v1/channels/{channel_id}/steps", api_channels_steps, scopes=reads(P)),
     Api("GET", "/api/v1/channels/{channel_id}/steps/{step_number}", api_channels_step, scopes=reads(P)),
+    Api("GET", "/api/v1/channels/{channel_id}/blame", api_channels_blame, query=BlameQuery, scopes=reads(P)),
     Api("POST", "/api/v1/channels/{channel_id}/close", api_channels_close, body=Empty, body_optional=True,
         scopes=writes(P)),
     Api("DELETE", "/api/v1/channels/{channel_id}", api_channels_delete, query=DeleteQuery, scopes=deletes(P)),
@@ -9167,6 +9504,7 @@ RUNS_PAGE_ROUTES = (
     ("GET", "/", page_runs),
     ("GET", "/runs/{channel_id}", page_run),
     ("GET", "/runs/{channel_id}/delete", page_delete_confirm),
+    ("GET", "/runs/{channel_id}/blame", page_blame),
     ("POST", "/runs/{channel_id}/delete", page_delete),
 )
 
@@ -9371,7 +9709,9 @@ def stretch_row(conn: Conn, channel_id: str, upto: Optional[int]) -> Row:
         # Summed as floating point (SQLite) or numeric (PostgreSQL): 64-bit counts never overflow a sum.
         " COALESCE(SUM(u.input_tokens * 1.0), 0) AS tin, COALESCE(SUM(u.output_tokens * 1.0), 0) AS tout,"
         " SUM(u.cost) AS cost,"
-        " MIN(e.created_at) AS first, MAX(e.created_at) AS last FROM events e LEFT JOIN step_usage u"
+        # the first event a duration counts from: a fork's fork.started marker is not its work (FIRST_OWN_EVENT)
+        " MIN(CASE WHEN e.type <> 'fork.started' THEN e.created_at END) AS first, MAX(e.created_at) AS last"
+        " FROM events e LEFT JOIN step_usage u"
         f" ON u.channel_id = e.channel_id AND u.cursor = e.cursor WHERE e.channel_id = ?{limit}", args).fetchone()
 
 
@@ -13199,6 +13539,7 @@ class BulkForkFilter(Record):
     channel_prefix: Optional[Annotated[str, Meta(max_length=256, pattern=r"^[A-Za-z0-9._:-]*\Z")]] = None
     failure_contains: Optional[Label] = None  # a substring of the failure's message (any case)
     channel_ids: Optional[Annotated[list[ChannelId], Meta(max_length=BULK_FORK_MAX)]] = None   # only these runs
+    include_handled: bool = False             # also a failed run that a completed fork of it already handled
 
     def __post_init__(self):
         check_utc(self.since)
@@ -13628,6 +13969,11 @@ def plan_bulk_fork(conn: Conn, req: BulkFork, reach: Reach) -> tuple:
     planned, skipped = [], []
     for row, failure in picked:
         run_id = row["id"]
+        handled = None if req.filter.include_handled else handled_by(conn, row, reach)
+        if handled is not None:
+            skipped.append(BulkSkipped(channel_id=run_id, reason=f"handled: its fork {handled['channel_id']} completed"
+                                                                  " (include_handled takes it again)"))
+            continue
         last = max(row["last_step"] or 0, (row["forked_at_step"] or 0) if row["parent_id"] else 0)
         if req.at == "last_good_step":
             step = failure.last_good_step if failure is not None else last
@@ -14180,6 +14526,8 @@ def add_many_runs_commands(commands: Subcommands, common: argparse.ArgumentParse
     fork.add_argument("--until", metavar="ISO", help="last active at or before this RFC 3339 time")
     fork.add_argument("--prefix", metavar="P", help="runs whose id starts with P")
     fork.add_argument("--contains", metavar="TEXT", help="runs whose failure message contains TEXT (any case)")
+    fork.add_argument("--include-handled", action="store_true",
+                      help="also a run a completed fork of it already handled (left out by default)")
     fork.add_argument("--at", type=whole(1, INT64_MAX), metavar="K", help="fork after step K instead of each run's last good step")
     fork.add_argument("--intervention", metavar="JSON", help="the forks' intervention, a JSON object")
     fork.add_argument("--policy", action="append", default=[], metavar="TOOL=POLICY",
@@ -14211,7 +14559,8 @@ def bulk_fork_of_args(args: argparse.Namespace) -> BulkFork:
         policies[tool] = policy
     intervention = decode_json(args.intervention.encode(), Json, "--intervention") if args.intervention else None
     selection = {"status": args.status or list(FAILURE_STATES), "since": args.since, "until": args.until,
-                 "channel_prefix": args.prefix, "failure_contains": args.contains}
+                 "channel_prefix": args.prefix, "failure_contains": args.contains,
+                 "include_handled": args.include_handled or None}
     return record_from(BulkFork, {"filter": {k: v for k, v in selection.items() if v is not None},
                                   "at": args.at if args.at is not None else "last_good_step",
                                   "intervention": intervention, "tool_policies": policies or None,
@@ -15376,7 +15725,8 @@ class RunClock:
 
 def clock_before(conn: Conn, channel_id: str, cursor: int) -> RunClock:
     """The RunClock as it stands just before the event at `cursor` (for live export)."""
-    first = first_event_at(conn, channel_id)
+    first = conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND cursor = 1", (channel_id,)).fetchone()
+    first = first[0] if first else None            # the trace begins with the run's first event, a fork's marker too
     step = conn.execute("SELECT created_at FROM events WHERE channel_id = ? AND cursor < ?"
                         " AND step_number IS NOT NULL ORDER BY cursor DESC LIMIT 1", (channel_id, cursor)).fetchone()
     return RunClock(channel_id, cursor - 1, iso_ns(first) if first else None, iso_ns(step[0]) if step else None)

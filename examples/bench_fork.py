@@ -26,6 +26,10 @@ from pathlib import Path
 
 from actae_client import ActaeClient
 
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _connect  # noqa: E402  (examples/_connect.py: one line, not a traceback, for a refused key or a wrong address)
+
 TARGET_RATIO = 1.3
 
 
@@ -133,7 +137,9 @@ async def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    return asyncio.run(run(parse_args(argv)))
+    args = parse_args(argv)
+    with _connect.plainly("bench_fork.py", args.url):
+        return asyncio.run(run(args))
 
 
 if __name__ == "__main__":

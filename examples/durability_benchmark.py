@@ -56,6 +56,10 @@ from pathlib import Path
 
 from actae_client import ActaeClient
 
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _connect  # noqa: E402  (examples/_connect.py: one line, not a traceback, for a refused key or a wrong address)
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "examples" / "out" / "durability.json"
 STRATEGIES = ["naive", "ledger", "ledger_query"]
@@ -376,6 +380,16 @@ def stop_server(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+async def check_server(url: str, key: str, channel: str) -> None:
+    """One authenticated read through the SDK (the cursor of `channel`, which no cell writes), so that a key
+    the server refuses or an address where nothing answers is said before any cell runs."""
+    client = ActaeClient(endpoint=url, api_key=key)
+    try:
+        await client.get_cursor(channel)
+    finally:
+        await client.disconnect()
+
+
 # Command line ---------------------------------------------------------------------------
 
 def parse_cell(text: str) -> tuple:
@@ -427,6 +441,9 @@ def main(argv=None) -> int:
         asyncio.run(run_agent(json.loads(args.worker)))
         return 0
     mode, cells = plan_cells(args)
+    if args.url:   # a server of the user's: its address and key are checked before any cell runs
+        with _connect.plainly("durability_benchmark.py", args.url):
+            asyncio.run(check_server(args.url, args.key, "dur-check"))
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="actae-durability-") as tmp:
         proc = None

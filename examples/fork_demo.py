@@ -34,15 +34,20 @@ import os
 import sys
 import urllib.request
 import uuid
+from pathlib import Path
 from typing import Callable, Optional
 
 from actae_client import ActaeClient, AgentSession, ForkToolBlockedError
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _connect  # noqa: E402  (examples/_connect.py: one line, not a traceback, for a refused key or a wrong address)
 
 STEPS = ["research", "insights", "risks", "recommendations", "summary", "finalize"]
 FORK_AFTER = 3
 CHARGE = {"key": "inv-1", "tool": "charge_customer", "params": {"amount_cents": 4900}}
 # Paths the tail (steps 4..6) writes; a diff of parent vs fork may touch nothing else.
-TAIL_KEYS = {"status", "model", "charge", "decision", "report"}
+TAIL_KEYS = {"status", "model", "charge", "decision", "report", "error"}
 
 
 def canonical_sha256(state) -> str:
@@ -118,6 +123,8 @@ class Pipeline:
         elif name == "finalize":
             bad = self.state["decision"] == "refund and charge again"
             self.state["status"] = "failed" if bad else "completed"
+            if bad:  # what a real check would report: the value it refused, by name
+                self.state["error"] = f"finalize failed: decision {self.state['decision']!r} would charge twice"
         else:
             self.state["notes"][name] = think(model, name, self.state)
         usage = self.spent[number] = usage_of_call(model, number, self.state)
@@ -264,7 +271,8 @@ def parse_args(argv):
 
 async def run(args) -> int:
     client = ActaeClient(endpoint=args.url, api_key=args.key)
-    await client.connect()
+    with _connect.holding_websocket_errors():
+        await client.connect()
     try:
         checks = await walkthrough(client, f"{args.name}-base", f"{args.name}-fork", args.resume,
                                    savings_reader(args.url, args.key))
@@ -282,7 +290,9 @@ async def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    return asyncio.run(run(parse_args(argv)))
+    args = parse_args(argv)
+    with _connect.plainly("fork_demo.py", args.url):
+        return asyncio.run(run(args))
 
 
 if __name__ == "__main__":

@@ -29,9 +29,14 @@ import json
 import os
 import sys
 import uuid
+from pathlib import Path
 
 import aiohttp
 from actae_client import ActaeClient, AgentSession, ForkToolBlockedError
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _connect  # noqa: E402  (examples/_connect.py: one line, not a traceback, for a refused key or a wrong address)
 
 STEPS = 8
 # (how the run goes wrong, the step after which it does), for the six that fail; four complete.
@@ -142,6 +147,7 @@ async def walkthrough(client: ActaeClient, url: str, key: str, prefix: str) -> l
         dry = await bulk_fork(http, url, key, {**body, "dry_run": True})
         after_dry = set(await client.list_channels())
         first = await bulk_fork(http, url, key, body)
+        after_first = set(await client.list_channels())
         again = await bulk_fork(http, url, key, body)
     after = set(await client.list_channels())
     forked = {f["source_channel_id"]: f for f in first["forks"]}
@@ -168,7 +174,9 @@ async def walkthrough(client: ActaeClient, url: str, key: str, prefix: str) -> l
         ("each receipt is restorable with the parent's state sha256 at that step", all(sha_ok) and len(sha_ok) == 6,
          f"{sum(sha_ok)}/6"),
         ("the same request again answers the same forks and makes nothing new",
-         again == first and after == before | {f["channel_id"] for f in first["forks"]}, f"{len(after - before)} new"),
+         again == first and after_first == before | {f["channel_id"] for f in first["forks"]} and after == after_first,
+         f"{'the same' if again == first else 'other'} {len(again['forks'])} forks; {len(after - after_first)} new"
+         f" (the first request made {len(after_first - before)})"),
         ("every fork continued to completion from the step after its boundary",
          statuses == ["completed"] * 6 and all(f["lines"] == STEPS for f in finished),
          ", ".join(f"{f['fork'].rsplit('-', 2)[1]} from step {f['first_step']}" for f in finished)),
@@ -208,7 +216,9 @@ async def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    return asyncio.run(run(parse_args(argv)))
+    args = parse_args(argv)
+    with _connect.plainly("fork_failed.py", args.url):
+        return asyncio.run(run(args))
 
 
 if __name__ == "__main__":

@@ -39,6 +39,10 @@ from pathlib import Path
 
 from actae_client import ActaeClient, AgentSession
 
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import _connect  # noqa: E402  (examples/_connect.py: one line, not a traceback, for a refused key or a wrong address)
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = ROOT / "examples" / "out" / "fork_fidelity.json"
 CANONICAL_SEED = 0
@@ -305,7 +309,9 @@ async def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    return asyncio.run(run(parse_args(argv)))
+    args = parse_args(argv)
+    with _connect.plainly("fork_fidelity.py", args.url):
+        return asyncio.run(run(args))
 
 
 if __name__ == "__main__":

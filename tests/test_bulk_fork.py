@@ -62,7 +62,8 @@ def outage(server):
 
 
 def body_for(prefix: str, **extra) -> dict:
-    return {"filter": {"channel_prefix": f"{prefix}-run"}, "intervention": {"model": "fallback"},
+    # include_handled: the tests below go on with the outage's runs after their forks completed
+    return {"filter": {"channel_prefix": f"{prefix}-run", "include_handled": True}, "intervention": {"model": "fallback"},
             "tool_policies": {"charge_customer": "block"}, "name": "{channel_id}-retry", **extra}
 
 
@@ -147,10 +148,18 @@ def test_the_failure_text_and_time_window_narrow_the_selection(server, outage):
     status, _, later = bulk(server, body_for(prefix, dry_run=True, filter={"channel_prefix": f"{prefix}-run",
                                                                             "since": "2999-01-01T00:00:00Z"}))
     assert status == 200 and later["forks"] == []
-    status, _, crashed = bulk(server, body_for(prefix, dry_run=True, filter={"channel_prefix": f"{prefix}-run",
+    # The forks of the test before completed: each failed run is handled now, and left out unless asked.
+    status, _, handled = bulk(server, body_for(prefix, dry_run=True, filter={"channel_prefix": f"{prefix}-run",
                                                                               "status": ["crashed"]}))
+    assert status == 200 and handled["forks"] == [], handled
+    assert {s["channel_id"] for s in handled["skipped"]} == {f"{prefix}-run{i}" for i in (0, 3, 5)}, handled
+    assert all(s["reason"].startswith("handled: its fork ") for s in handled["skipped"]), handled
+    status, _, crashed = bulk(server, body_for(prefix, dry_run=True, filter={"channel_prefix": f"{prefix}-run",
+                                                                              "status": ["crashed"],
+                                                                              "include_handled": True}))
     assert {f["source_channel_id"] for f in crashed["forks"]} == {f"{prefix}-run{i}" for i in (0, 3, 5)}
-    status, _, at = bulk(server, body_for(prefix, dry_run=True, at=5, name="{channel_id}-at{step}"))
+    status, _, at = bulk(server, body_for(prefix, dry_run=True, at=5, name="{channel_id}-at{step}",
+                                          filter={"channel_prefix": f"{prefix}-run", "include_handled": True}))
     assert status == 200
     assert {f["source_channel_id"] for f in at["forks"]} == {s for s, k in expected.items() if k >= 5}
     assert {s["channel_id"] for s in at["skipped"]} == {s for s, k in expected.items() if k < 5}
@@ -191,20 +200,20 @@ def fork_failed(server, *args):
 def test_the_command_line_forks_beside_the_running_server(server, outage):
     prefix, expected = outage
     before = channels(server)
-    dry = fork_failed(server, "--prefix", f"{prefix}-run", "--contains", "OUTAGE", "--name", "{channel_id}-cli",
+    dry = fork_failed(server, "--prefix", f"{prefix}-run", "--include-handled", "--contains", "OUTAGE", "--name", "{channel_id}-cli",
                       "--policy", "charge_customer=block", "--intervention", '{"model": "cli"}', "--dry-run", "--json")
     assert dry.returncode == 0, dry.stderr
     listed = json.loads(dry.stdout)
     assert listed["dry_run"] is True and {f["source_channel_id"]: f["step"] for f in listed["forks"]} == expected
     assert channels(server) == before
-    made = fork_failed(server, "--prefix", f"{prefix}-run", "--name", "{channel_id}-cli", "--policy",
+    made = fork_failed(server, "--prefix", f"{prefix}-run", "--include-handled", "--name", "{channel_id}-cli", "--policy",
                        "charge_customer=block", "--intervention", '{"model": "cli"}', "--operation-id", f"{prefix}-cli")
     assert made.returncode == 0, made.stderr
     assert "Forked 6 run(s)" in made.stdout
     assert channels(server) - before == {f"{s}-cli" for s in expected}
     _, _, meta = http("GET", f"{server.url}/api/v1/channels/{prefix}-run2-cli/metadata", key=server.key)
     assert meta["experiment_metadata"]["intervention"] == {"model": "cli"} and meta["forked_at_cursor"] > 0
-    again = fork_failed(server, "--prefix", f"{prefix}-run", "--name", "{channel_id}-cli", "--policy",
+    again = fork_failed(server, "--prefix", f"{prefix}-run", "--include-handled", "--name", "{channel_id}-cli", "--policy",
                         "charge_customer=block", "--intervention", '{"model": "cli"}', "--operation-id",
                         f"{prefix}-cli", "--json")
     assert again.returncode == 0 and len(json.loads(again.stdout)["forks"]) == 6

@@ -271,7 +271,7 @@ def test_forks_group_under_their_root_and_shared_names_show_the_id(tab, server, 
     group = tab.locator(f"tbody.group[data-root='{runs['base']}']")
     resumed = group.locator(f"tr[data-channel='{runs['resumed']}']")
     assert resumed.count() == 1 and not resumed.is_visible()     # folded until asked for
-    group.locator("label.group-toggle").click()
+    group.locator(".group-toggle").click()
     assert resumed.is_visible() and group.locator(f"tr[data-channel='{runs['replay']}']").is_visible()
     assert resumed.locator("a.run-link").inner_text() == runs["resumed"]
     shot(tab, "flow-runs-grouped")

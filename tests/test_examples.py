@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+from types import SimpleNamespace
 
-from conftest import run_example
+import pytest
+
+from conftest import http, poll, run_example
 
 POINTS = ["after_effect", "after_complete", "transport_drop", "transport_fail"]
 
@@ -131,3 +135,62 @@ def test_the_gateway_bench_prints_its_figures_against_a_baseline(tmp_path):
     assert ("added, ours / baseline" in proc.stdout) == (len(labels) == 2), proc.stdout
     worktrees = subprocess.run(["git", "worktree", "list"], capture_output=True, text=True, cwd=str(ROOT)).stdout
     assert "baseline-" not in worktrees, worktrees
+
+
+# --- a stale key, a wrong port: one line naming the fix, exit status 2 ---------------------------------
+
+ADDRESSED = ["fork_demo.py", "fork_failed.py", "durability_benchmark.py"]    # the WebSocket, HTTP, a check first
+
+
+def revoked_key(server) -> str:
+    """A key the server issued (read and write on every channel) and then revoked: what a stale
+    ACTAE_API_KEY is."""
+    status, _, made = http("POST", server.url + "/api/v1/keys", key=server.key,
+                           body={"name": "stale", "scopes": {"read": ["*"], "write": ["*"]}})
+    assert status == 200, made
+    status, _, answer = http("DELETE", server.url + f"/api/v1/keys/{made['id']}", key=server.key)
+    assert status == 200, answer
+    poll(lambda: http("GET", server.url + "/api/v1/channels", key=made["key"])[0] == 401, 5,
+         what="the revoked key to get 401")
+    return made["key"]
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on: bound, read, closed."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def the_one_line(proc, script) -> str:
+    """The program's whole output, which must be one line from `script`, exit status 2, no traceback."""
+    lines = (proc.stdout + proc.stderr).splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stdout + proc.stderr, output(proc)
+    assert len(lines) == 1 and lines[0].startswith(f"{script}: "), output(proc)
+    return lines[0]
+
+
+@pytest.mark.parametrize("script", ADDRESSED)
+def test_a_stale_key_is_one_line_naming_the_fix(server, script):
+    proc = run_example(SimpleNamespace(url=server.url, key=revoked_key(server)), script, timeout=120)
+    line = the_one_line(proc, script)
+    assert f"the server at {server.url} refused the API key (401)" in line, line
+    assert "set ACTAE_API_KEY" in line and "python actae.py key create" in line, line
+
+
+@pytest.mark.parametrize("script", ADDRESSED)
+def test_a_wrong_port_is_one_line_naming_the_fix(server, script):
+    url = f"http://127.0.0.1:{closed_port()}"
+    proc = run_example(SimpleNamespace(url=url, key=server.key), script, timeout=120)
+    line = the_one_line(proc, script)
+    assert f"nothing answers at {url}: start the server (python actae.py) or set ACTAE_URL" in line, line
+
+
+def test_fork_failed_says_the_second_bulk_fork_made_nothing(server, unique):
+    """The check that the repeated bulk fork makes nothing new counts what the second request made
+    (it said "[6 new]", the first request's forks, under "makes nothing new")."""
+    proc = run_example(server, "fork_failed.py", "--name", unique("again"))
+    assert proc.returncode == 0, output(proc)
+    (line,) = [text for text in proc.stdout.splitlines() if "makes nothing new" in text]
+    assert line == ("PASS  the same request again answers the same forks and makes nothing new"
+                    "  [the same 6 forks; 0 new (the first request made 6)]"), line

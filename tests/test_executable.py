@@ -1,9 +1,10 @@
 """The one-file executable: build `dist/actae` with PyInstaller from build.spec, then
 run it exactly as users would and check it behaves like `python actae.py`.
 
-Slow (a full PyInstaller build, ~30 s) but it runs in CI by default; it is skipped only when
-PyInstaller is not importable. Build time, file size and startup time are printed (even without
-`-s`) and recorded as test-suite properties for junit-xml; they are figures, never timed assertions.
+Slow (a full PyInstaller build; docs/install.md gives a measured time) but it runs in CI by
+default; it is skipped only when PyInstaller is not importable. Build time, file size and startup
+time are printed (even without `-s`) and recorded as test-suite properties for junit-xml; they are
+figures, never timed assertions.
 """
 from __future__ import annotations
 

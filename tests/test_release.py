@@ -9,9 +9,10 @@ archive is stamped with SOURCE_DATE_EPOCH (the commit's time by default) and not
 build's moment, machine or user, and two builds from copies of the checkout at two different paths
 have the same SHA-256.
 
-The packaging tests are slow (one PyInstaller build, ~30 s to a minute, for the archive the others
-check; two more for the reproducibility check) and run in CI by default; they skip only where they
-cannot work: no PyInstaller, no bash, or a platform the release does not build.
+The packaging tests are slow (one PyInstaller build for the archive the others check, its time
+recorded as `package_seconds`; two more for the reproducibility check) and run in CI by default;
+they skip only where they cannot work: no PyInstaller, no bash, or a platform the release does not
+build.
 """
 from __future__ import annotations
 
