@@ -65,6 +65,9 @@ Model calls: records and schema — region: the gateway in front of the model AP
 Model calls: recording and replay — a call claimed, answered from the record or sent, its llm.call event, its price
 Model calls: a run's calls on its page — each under its step, and a call's page: what the model was given and answered
 Model calls: the gateway, its routes and commands — provider-shaped answers and errors, streams relayed and kept
+Fork plans: records — region: the effect plan, what a fork would do before it is made
+Fork plans: what a fork would do — the boundary, each effect's fate under the tool policies, the calls it would replay, the forecast
+Fork plans: handlers, routes and the fork form's plan — POST /api/v1/forks/plan, the plan page, a fork's plan
 Many runs: records and schema — region: the approvals inbox, bulk fork, retention; their records and tables
 Many runs: the approvals inbox — the index of approval events (an event hook), listing, deciding
 Many runs: bulk fork from failure — select by status, fork each run after its own last good step
@@ -9634,6 +9637,22 @@ def fork_step_boundary(conn: Conn, source: Row, boundary_cursor: int,
     return own if own is not None else source["forked_at_step"]
 
 
+def fork_snapshot(conn: Conn, source: Row, at_cursor: int) -> Optional[Row]:
+    """The snapshot a fork of `source` at `at_cursor` starts from (0: its latest), which fixes its
+    boundary (None: a fork at 0 of a run without state starts afresh)."""
+    # The boundary lies within the source's history as it is now: a snapshot saved at a cursor past
+    # its last event would make the fork inherit whatever the source records next.
+    last = source["last_cursor"]
+    snapshot = state_row_at(conn, source["id"], min(at_cursor, last) if at_cursor else None)
+    if snapshot is not None and snapshot["cursor"] > last:
+        snapshot = state_row_at(conn, source["id"], last)
+    if snapshot is None and at_cursor > 0:
+        raise Conflict("snapshot_boundary_required",
+                       f"no state snapshot of {source['id']} at or before cursor {at_cursor}; fork at a "
+                       "snapshotted step or use boundary_mode='approximate'")
+    return snapshot
+
+
 def fork_channel(tx: Tx, req: Fork) -> Receipt:
     """POST /channels/fork. Never writes to the source; cost is independent of the source's history."""
     conn = tx.conn
@@ -9660,16 +9679,7 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
         raise Conflict("channel_conflict", f"{source_id} is already {LINEAGE_MAX_DEPTH} forks deep; fork an ancestor")
     check_guards(conn, source_id, req.expected_version, req.expected_cursor)
 
-    # The boundary lies within the source's history as it is now: a snapshot saved at a cursor past
-    # its last event would make the fork inherit whatever the source records next.
-    last = source["last_cursor"]
-    snapshot = state_row_at(conn, source_id, min(at_cursor, last) if at_cursor else None)
-    if snapshot is not None and snapshot["cursor"] > last:
-        snapshot = state_row_at(conn, source_id, last)
-    if snapshot is None and at_cursor > 0:
-        raise Conflict("snapshot_boundary_required",
-                       f"no state snapshot of {source_id} at or before cursor {at_cursor}; fork at a "
-                       "snapshotted step or use boundary_mode='approximate'")
+    snapshot = fork_snapshot(conn, source, at_cursor)
     resolved = snapshot["cursor"] if snapshot else 0
     boundary_event = conn.execute("SELECT id, chain_hash FROM events WHERE channel_id = ? AND cursor = ?",
                                   (source_id, resolved)).fetchone()
@@ -9698,11 +9708,13 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
     return receipt_of(channel_by_id(conn, child_id))
 
 
-def stretch_row(conn: Conn, channel_id: str, upto: Optional[int]) -> Row:
-    """A channel's own events up to cursor `upto` (all, with None) in one read: how many (n), how many
-    steps (numbered, or reporting usage: usage_of), how many numbered steps kept none (unknown), their
-    tokens (tin, tout) and cost, the first and last event's times."""
-    limit, args = ("", (channel_id,)) if upto is None else (" AND e.cursor <= ?", (channel_id, upto))
+def stretch_row(conn: Conn, channel_id: str, upto: Optional[int], after: int = 0) -> Row:
+    """A channel's own events after cursor `after` up to cursor `upto` (all, with None) in one read: how
+    many (n), how many steps (numbered, or reporting usage: usage_of), how many numbered steps kept
+    none (unknown), their tokens (tin, tout) and cost, the first and last event's times."""
+    limit, args = " AND e.cursor > ?", (channel_id, after)
+    if upto is not None:
+        limit, args = limit + " AND e.cursor <= ?", (*args, upto)
     return conn.execute(
         "SELECT COUNT(*) AS n, COUNT(CASE WHEN e.step_number IS NOT NULL OR u.cursor IS NOT NULL THEN 1 END) AS steps,"
         " COUNT(CASE WHEN e.step_number IS NOT NULL AND u.cursor IS NULL THEN 1 END) AS unknown,"
@@ -9716,12 +9728,12 @@ def stretch_row(conn: Conn, channel_id: str, upto: Optional[int]) -> Row:
 
 
 def spend_of(conn: Conn, stretches: list) -> Spend:
-    """What these stretches of steps spent: [(channel, highest cursor or None)], each a channel's own
-    events up to that cursor."""
+    """What these stretches of steps spent: [(channel, highest cursor or None)] (or (channel, highest,
+    after)), each a channel's own events up to that cursor (after the other)."""
     steps = without = input_tokens = output_tokens = 0
     cost, wall = None, 0.0
-    for channel_id, upto in stretches:
-        row = stretch_row(conn, channel_id, upto)
+    for channel_id, upto, *after in stretches:
+        row = stretch_row(conn, channel_id, upto, *after)
         steps, without = steps + row["steps"], without + row["unknown"]
         input_tokens, output_tokens = input_tokens + int(row["tin"]), output_tokens + int(row["tout"])
         if row["cost"] is not None:
@@ -12474,12 +12486,17 @@ def script_source(conn: Conn, channel: Row, pass_start: int) -> Optional[tuple]:
         return channel["id"], previous, INT64_MAX
     upto = channel["resolved_cursor"] or 0
     for row, _ in lineage(conn, channel["id"])[1:] if channel["parent_id"] is not None else ():
-        found = conn.execute("SELECT MAX(pass_start) FROM llm_tallies WHERE channel_id = ? AND first_cursor <= ?",
-                             (row["id"], upto)).fetchone()[0]
+        found = last_pass_by(conn, row["id"], upto)
         if found is not None:
             return row["id"], found, upto
         upto = min(upto, row["resolved_cursor"] or 0)
     return None
+
+
+def last_pass_by(conn: Conn, channel_id: str, upto: int) -> Optional[int]:
+    """The last pass of a run whose first completed call is at or before cursor `upto` (what a fork there kept)."""
+    return conn.execute("SELECT MAX(pass_start) FROM llm_tallies WHERE channel_id = ? AND first_cursor <= ?",
+                        (channel_id, upto)).fetchone()[0]
 
 
 def recorded_answer(conn: Conn, row: Row) -> Recorded:
@@ -12718,14 +12735,37 @@ def measured_saving(conn: Conn, channel_id: str) -> Optional[MeasuredSpend]:
     for row in conn.execute("SELECT * FROM llm_calls WHERE channel_id = ? AND status = 'completed'"
                             " AND replayed_from IS NOT NULL", (channel_id,)).fetchall():
         originals.setdefault(row["replayed_from"], row)
-    if not originals:
+    return measured_of(list(originals.values()))
+
+
+def measured_of(rows: list) -> Optional[MeasuredSpend]:
+    """What these recorded calls used, summed (None: no call)."""
+    if not rows:
         return None
-    rows = list(originals.values())
     costs = [row["cost"] for row in rows if row["cost"] is not None]
     return MeasuredSpend(calls=len(rows), input_tokens=sum(row["input_tokens"] or 0 for row in rows),
                          output_tokens=sum(row["output_tokens"] or 0 for row in rows),
                          cached_input_tokens=sum(row["cached_input_tokens"] or 0 for row in rows),
                          cost=round(sum(costs), 9) if costs else None, calls_without_cost=len(rows) - len(costs))
+
+
+def followed_calls(conn: Conn, source_id: str, resolved: int) -> list:
+    """The completed calls a fork of `source_id` at cursor `resolved` follows when it re-runs from the
+    start (script_source's pass, found from the fork's side before the fork exists), in order: what
+    its calls would be answered with from the record."""
+    for row, leave in lineage(conn, source_id):
+        upto = resolved if leave is None else leave
+        found = last_pass_by(conn, row["id"], upto)
+        if found is not None:
+            return conn.execute("SELECT * FROM llm_calls WHERE channel_id = ? AND pass_start = ? AND status = 'completed'"
+                                " AND cursor <= ? ORDER BY position", (row["id"], found, upto)).fetchall()
+    return []
+
+
+def paid_calls_after(conn: Conn, channel_id: str, after: int) -> list:
+    """The calls a run paid for (completed, not answered from a record) after cursor `after`."""
+    return conn.execute("SELECT * FROM llm_calls WHERE channel_id = ? AND status = 'completed' AND cursor > ?"
+                        " AND replayed_from IS NULL ORDER BY cursor", (channel_id, after)).fetchall()
 
 
 def call_state(conn: Conn, call_id: str) -> Optional[Row]:
@@ -13506,6 +13546,267 @@ MODEL_CALLS = declare(Region(
 
 
 # =============================================================================
+# Fork plans: records
+# =============================================================================
+# Region: the effect plan. What a fork would do, before it is made, writing nothing: the boundary it
+# resolves to, the fate of every effect in the source's ledger under its tool policies (replayed,
+# refused, run again; an effect claimed and never completed is "outcome unknown": it may have
+# happened downstream, and a fork that runs it again is flagged), the model calls it would answer
+# from the record, and what the source's steps after the boundary spent last time (a forecast).
+# POST /api/v1/forks/plan; bulk fork's dry run carries one per run, summed; the run page's fork form
+# shows one for the step and policies chosen, and a fork's page the plan it was made under.
+
+PLAN_FATES = ("replayed", "refused", "runs_again")
+
+
+class ForkPlanRequest(Record):
+    """What a fork takes, less what it would be called: the source, the step or the cursor to fork
+    after (neither: its latest snapshot), the tool policies, the intervention (carried into the digest)."""
+
+    source_channel_id: ChannelId
+    at_step: Optional[Positive] = None
+    at_cursor: Optional[Count] = None
+    tool_policies: Optional[ToolPolicies] = None
+    intervention: Optional[JsonObject] = None
+
+    def __post_init__(self):
+        if self.at_step is not None and self.at_cursor is not None:
+            raise ValueError("give at_step or at_cursor, not both")
+        self.tool_policies = self.tool_policies or None
+
+
+class PlanBoundary(Answer):
+    """Where the fork would begin: the run it would fork (an ancestor, for a step the source inherited),
+    the cursor asked and the one it resolves to (its snapshot's), the step, whether its state is kept."""
+
+    channel_id: str
+    requested_cursor: int
+    resolved_cursor: int
+    step: Optional[int]
+    restorable: bool
+    state_version: Optional[int]
+
+
+class PlannedEffect(Answer):
+    """One effect of the source's ledger and its fate on the fork."""
+
+    execution_id: str
+    channel_id: str                        # whose ledger holds it (an ancestor's, for one the source inherited)
+    key_name: str
+    tool_name: str
+    params: Json
+    status: str                            # as the ledger has it
+    place: Literal["inherited", "after_boundary"]
+    policy: Literal[TOOL_POLICIES]         # the fork's tool policy for it
+    fate: Literal[PLAN_FATES]
+    outcome_unknown: bool                  # claimed, never completed: it may have happened downstream
+    flagged: bool                          # it would run again although it may have happened already
+    why: str
+
+
+class PlannedCalls(Answer):
+    """The model calls the fork follows when it re-runs from the start, with their recorded usage."""
+
+    policy: Literal[TOOL_POLICIES]         # the fork's policy for the tool `llm`
+    fate: Literal["replayed", "paid_again", "refused"]
+    spend: MeasuredSpend
+
+
+class PlanCounts(Answer):
+    effects: int = 0
+    replayed: int = 0
+    refused: int = 0
+    runs_again: int = 0
+    outcome_unknown: int = 0
+    flagged: int = 0
+
+
+class ForkPlan(Answer):
+    """What a fork would do (POST /api/v1/forks/plan); `digest` names this plan (the same arguments on an
+    unchanged source give the same one)."""
+
+    source_channel_id: str
+    boundary: PlanBoundary
+    effects: list[PlannedEffect]
+    counts: PlanCounts
+    model_calls: Optional[PlannedCalls]    # None: the gateway recorded no call the fork would follow
+    forecast: Spend                        # what the source's steps after the boundary spent last time
+    forecast_calls: Optional[MeasuredSpend]   # the model calls among them, as the gateway recorded them
+    digest: str
+
+
+class PlanTotals(Answer):
+    """A bulk fork's plans summed."""
+
+    runs: int
+    counts: PlanCounts
+    model_calls: Optional[MeasuredSpend]   # the calls the forks would replay
+    forecast: Spend
+
+
+# =============================================================================
+# Fork plans: what a fork would do
+# =============================================================================
+
+def plan_fork(conn: Conn, req: ForkPlanRequest, reach: Reach) -> ForkPlan:
+    """The plan of a fork of `req.source_channel_id`, read from the ledger and the records as they are;
+    writes nothing. A source `reach` may not read is one that does not exist."""
+    if not reach.sees(req.source_channel_id):
+        raise NotFound(f"channel {req.source_channel_id} not found")
+    source = require_channel(conn, req.source_channel_id)
+    if req.at_step is not None:
+        located = resolve_step(conn, source["id"], req.at_step)      # NotFound: no such step
+        source, requested = require_channel(conn, located.channel_id), located.cursor
+    else:
+        requested = req.at_cursor or 0
+    snapshot = fork_snapshot(conn, source, requested)
+    resolved = snapshot["cursor"] if snapshot else 0
+    policies = req.tool_policies or {}
+    effects = [planned_effect(row, place, effective_policy(policies, row["tool_name"]))
+               for row, place in ledger_as_forked(conn, source["id"], resolved)]
+    calls = followed_calls(conn, source["id"], resolved)
+    llm_policy = effective_policy(policies, LLM_TOOL)
+    model_calls = PlannedCalls(policy=llm_policy, fate={"block": "refused", "live": "paid_again"}.get(
+        llm_policy, "replayed"), spend=measured_of(list(calls))) if calls else None
+    boundary = PlanBoundary(channel_id=source["id"], requested_cursor=requested, resolved_cursor=resolved,
+                            step=step_at(conn, source, resolved) if resolved else None,
+                            restorable=snapshot is not None, state_version=snapshot["version"] if snapshot else None)
+    plan = ForkPlan(source_channel_id=source["id"], boundary=boundary, effects=effects, counts=counted(effects),
+                    model_calls=model_calls, forecast=spend_of(conn, [(source["id"], None, resolved)]),
+                    forecast_calls=measured_of(paid_calls_after(conn, source["id"], resolved)), digest="")
+    plan.digest = sha256_hex(canonical_json({"plan": msgspec.to_builtins(plan), "intervention": req.intervention,
+                                             "tool_policies": req.tool_policies}))
+    return plan
+
+
+def ledger_as_forked(conn: Conn, source_id: str, resolved: int) -> list:
+    """(execution row, place) of every effect in the ledger a fork at `resolved` would see: the source's
+    own (inherited when it completed, or was claimed, at or before the boundary; else after it), then
+    each ancestor's the source inherited (a key the source holds itself shadows its ancestors')."""
+    seen, found = set(), []
+    for row, leave in lineage(conn, source_id):
+        upto = resolved if leave is None else leave
+        for execution in conn.execute("SELECT * FROM executions WHERE channel_id = ? ORDER BY created_at, id",
+                                      (row["id"],)).fetchall():
+            if execution["key_name"] in seen or (execution["key_name"], execution["tool_name"]) == SESSION_FENCE:
+                continue
+            seen.add(execution["key_name"])
+            mark = execution["completed_cursor"] if execution["status"] == "completed" else execution["started_cursor"]
+            before = mark is not None and mark <= upto
+            if before or leave is None:          # an ancestor's effect after where the line left is not the fork's
+                found.append((execution, "inherited" if before else "after_boundary"))
+    return found
+
+
+def planned_effect(row: Row, place: str, policy: str) -> PlannedEffect:
+    """An effect's fate on the fork, as claim_on_fork will decide it when the fork claims the same key."""
+    completed = row["status"] == "completed"
+    unknown = place == "inherited" and row["status"] not in ("completed", "failed", "cancelled")
+    if policy == "block":
+        fate, why = "refused", "block refuses every claim of it on the fork"
+    elif policy == "live":
+        fate, why = "runs_again", "live runs it again" + (" although it completed" if completed and place == "inherited"
+                                                          else "")
+    elif place == "inherited" and completed:
+        fate, why = "replayed", "its recorded result answers the fork's claim"
+    elif policy == "replay":
+        fate, why = "refused", "replay refuses a claim the record does not answer"
+    else:
+        fate, why = "runs_again", ("recorded after the boundary: auto runs it again" if place == "after_boundary"
+                                   else f"it {'failed' if row['status'] == 'failed' else 'was not completed'}"
+                                        " before the boundary: auto runs it again")
+    if unknown:
+        why = f"outcome unknown (claimed, no result, {'lease gone' if row['lease_until'] is None else 'lease until ' + row['lease_until']}): {why}"
+    return PlannedEffect(execution_id=row["id"], channel_id=row["channel_id"], key_name=row["key_name"],
+                         tool_name=row["tool_name"], params=load(row["params"]), status=row["status"], place=place,
+                         policy=policy, fate=fate, outcome_unknown=unknown,
+                         flagged=unknown and fate == "runs_again", why=why)
+
+
+def counted(effects: list) -> PlanCounts:
+    return PlanCounts(effects=len(effects), replayed=sum(e.fate == "replayed" for e in effects),
+                      refused=sum(e.fate == "refused" for e in effects),
+                      runs_again=sum(e.fate == "runs_again" for e in effects),
+                      outcome_unknown=sum(e.outcome_unknown for e in effects), flagged=sum(e.flagged for e in effects))
+
+
+def plan_totals(plans: list) -> PlanTotals:
+    """Plans summed, as a bulk fork's dry run carries them."""
+    counts = PlanCounts(**{f.name: sum(getattr(plan.counts, f.name) for plan in plans)
+                           for f in msgspec.structs.fields(PlanCounts)})
+    spends = [plan.model_calls.spend for plan in plans if plan.model_calls is not None]
+    calls = None if not spends else MeasuredSpend(
+        calls=sum(s.calls for s in spends), input_tokens=sum(s.input_tokens for s in spends),
+        output_tokens=sum(s.output_tokens for s in spends), cached_input_tokens=sum(s.cached_input_tokens for s in spends),
+        cost=round(sum(s.cost for s in spends if s.cost is not None), 9) if any(s.cost is not None for s in spends) else None,
+        calls_without_cost=sum(s.calls_without_cost for s in spends))
+    forecasts = [plan.forecast for plan in plans]
+    costs = [f.cost for f in forecasts if f.cost is not None]
+    forecast = Spend(steps=sum(f.steps for f in forecasts), steps_without_usage=sum(f.steps_without_usage for f in forecasts),
+                     input_tokens=sum(f.input_tokens for f in forecasts), output_tokens=sum(f.output_tokens for f in forecasts),
+                     cost=round(sum(costs), 9) if costs else None, wall_seconds=round(sum(f.wall_seconds for f in forecasts), 6))
+    return PlanTotals(runs=len(plans), counts=counts, model_calls=calls, forecast=forecast)
+
+
+# =============================================================================
+# Fork plans: handlers, routes and the fork form's plan
+# =============================================================================
+
+async def api_forks_plan(request: Request, body: ForkPlanRequest) -> ForkPlan:
+    """What a fork with these arguments would do, without making it: its boundary, the fate of every
+    effect in the source's ledger under the tool policies (replayed, refused, run again; claimed and
+    never completed: outcome unknown, flagged if it would run again), the model calls it would replay
+    and what the source's steps after the boundary spent last time. Writes nothing."""
+    return await db_of(request).read(plan_fork, body, reach_of(request))
+
+
+class PlanPageQuery(Record):
+    """The fork form's fields, as its "Plan it" button sends them (GET)."""
+
+    step: Optional[Positive] = None
+    name: PageText = ""
+    intervention: PageText = ""
+    tool_policies: PageText = ""
+    fragment: bool = False               # only the plan's table (the form fetches it as its fields change)
+
+
+async def page_fork_plan(request: Request) -> Response:
+    """The fork form's plan: the plan for the step and policies typed, then the form again with the
+    button that makes the fork."""
+    channel_id = path_channel(request)
+    query = page_query(request, PlanPageQuery)
+    context = {"title": f"Plan a fork of {channel_id}", "channel_id": channel_id, "plan": None, "error": None,
+               "form": {"step": str(query.step or ""), "name": query.name, "intervention": query.intervention,
+                        "tool_policies": query.tool_policies}, "fragment": query.fragment}
+    try:
+        policies = form_tool_policies(msgspec.structs.asdict(query))
+        plan = await db_of(request).read(plan_fork, ForkPlanRequest(
+            source_channel_id=channel_id, at_step=query.step, tool_policies=policies), reach_of(request))
+        context["plan"] = msgspec.to_builtins(plan)
+    except (BadRequest, Conflict) as exc:
+        context["error"] = exc.message
+    return render(request, "fork_plan_fragment.html" if query.fragment else "fork_plan.html", context)
+
+
+def fork_plan_part(conn: Conn, channel_id: str) -> dict:
+    """A fork's page: the plan it was made under (its parent's ledger as it stands, its boundary, its
+    policies); nothing for a run that is no fork."""
+    row = require_channel(conn, channel_id)
+    if row["parent_id"] is None:
+        return {}
+    plan = plan_fork(conn, ForkPlanRequest(source_channel_id=row["parent_id"], at_cursor=row["resolved_cursor"] or 0,
+                                           tool_policies=load(row["tool_policies"]) or None), EVERYWHERE)
+    return {"fork_plan": msgspec.to_builtins(plan)}
+
+
+FORK_PLANS = declare(Region(
+    "fork plans",
+    routes=(Api("POST", "/api/v1/forks/plan", api_forks_plan, body=ForkPlanRequest,
+                scopes=reads("body.source_channel_id")),),
+    pages=(("GET", "/runs/{channel_id}/fork/plan", page_fork_plan),), run_page_parts=(fork_plan_part,)))
+
+
+# =============================================================================
 # Many runs: records and schema
 # =============================================================================
 # Region: the approvals inbox, bulk fork from failure, retention. Each plugs into the core through
@@ -13615,6 +13916,7 @@ class BulkForked(Answer):
     channel_id: str
     step: int
     receipt: Optional[Receipt]
+    plan: Optional[ForkPlan] = None        # a dry run's: what the fork would do (Fork plans)
 
 
 class BulkSkipped(Answer):
@@ -13628,6 +13930,7 @@ class BulkForkAnswer(Answer):
     forks: list[BulkForked]
     skipped: list[BulkSkipped]
     dry_run: bool
+    plan_totals: Optional[PlanTotals] = None     # a dry run's plans, summed
 
 
 class Approval(Answer):
@@ -14039,7 +14342,14 @@ def preview_bulk_fork(conn: Conn, req: BulkFork, reach: Reach = EVERYWHERE) -> B
         else:
             forks.append(BulkForked(source_channel_id=item.source_channel_id, channel_id=fork.new_channel_id,
                                     step=item.step, receipt=None))
-    return BulkForkAnswer(forks=forks, skipped=skipped, dry_run=True)
+    by_source = {item.source_channel_id: item.fork for item in planned}
+    for made in forks:
+        fork = by_source[made.source_channel_id]
+        made.plan = plan_fork(conn, ForkPlanRequest(source_channel_id=fork.source_channel_id, at_cursor=fork.at_cursor,
+                                                    tool_policies=fork.tool_policies, intervention=req.intervention),
+                              reach)
+    return BulkForkAnswer(forks=forks, skipped=skipped, dry_run=True,
+                          plan_totals=plan_totals([made.plan for made in forks]))
 
 
 def bulk_fork(tx: Tx, req: BulkFork, reach: Reach = EVERYWHERE) -> BulkForkAnswer:

@@ -8,6 +8,7 @@ document.addEventListener("click", function (e) {
   if (!field) return;
   e.preventDefault();
   field.value = link.getAttribute("data-fork-step");
+  field.dispatchEvent(new Event("change", {bubbles: true}));   // the form's plan follows the step
   var form = document.getElementById("fork");
   if (form) form.scrollIntoView({block: "start"});
   if (history.replaceState) history.replaceState(null, "", "#fork");
@@ -92,4 +93,33 @@ document.addEventListener("click", function (e) {
       .catch(function () { /* offline for a moment: try again on the next tick */ });
   }
   setInterval(refresh, 3000);
+})();
+
+/* The fork form's plan: what the fork would do with the source's effects, for the step and tool
+   policies chosen, fetched as they change (without this file, "Plan it first" shows the same page). */
+(function () {
+  var form = document.querySelector("form.fork-form[data-plan-url]");
+  var panel = document.getElementById("fork-plan");
+  if (!form || !panel || !window.fetch) return;
+  var timer = null, asked = 0;
+  function load() {
+    var query = new URLSearchParams({fragment: "1"});
+    ["step", "tool_policies", "intervention"].forEach(function (name) {
+      var field = form.elements[name];
+      if (field && field.value) query.set(name, field.value);
+    });
+    var mine = ++asked;
+    fetch(form.getAttribute("data-plan-url") + "?" + query.toString(), {credentials: "same-origin"})
+      .then(function (answer) { return answer.ok ? answer.text() : ""; })
+      .then(function (html) {
+        if (mine !== asked) return;                     // a newer choice is on its way
+        panel.innerHTML = html;
+        panel.setAttribute("data-step", query.get("step") || "");
+      })
+      .catch(function () {});
+  }
+  function soon(ms) { clearTimeout(timer); timer = setTimeout(load, ms); }
+  form.addEventListener("change", function () { soon(100); });
+  form.addEventListener("input", function (e) { if (e.target.tagName === "TEXTAREA") soon(500); });
+  load();
 })();
