@@ -73,6 +73,7 @@ Many runs: the approvals inbox — the index of approval events (an event hook),
 Many runs: bulk fork from failure — select by status, fork each run after its own last good step
 Many runs: retention — prune whole runs that nothing needs, return the space, the daily prune
 Many runs: handlers, routes, pages and commands — and its Region
+MCP: the runs an agent can find, read and act on — region: /mcp (the official SDK, mounted), tools through the API's routes
 Moving runs: export and import — region: JSON Lines files of a run and its lineage
 Moving runs: routes and commands — over HTTP and from the command line
 Observability: metrics — region: Prometheus /metrics, one registry per app, the stored-data gauges
@@ -100,6 +101,7 @@ import gzip
 import hashlib
 import hmac
 import http.client
+import importlib
 import itertools
 import json
 import logging
@@ -5161,6 +5163,37 @@ async def route_parts(request: Request, route: Api) -> dict:
         parts["body"] = await asyncio.to_thread(route.text_body.parse,
                                                 await read_capped(request, route.text_body.max_bytes))
     return parts
+
+
+def fill_path(template: str, params: dict) -> str:
+    """A route path with its parameters in place, each percent-encoded as one segment."""
+    return re.sub(r"\{(\w+)\}", lambda m: quote_segment(str(params[m.group(1)])), template)
+
+
+def query_text(query: dict) -> str:
+    """A query object as a query string: null left out, booleans as true/false, lists repeated."""
+    pairs = []
+    for name, value in query.items():
+        for item in value if isinstance(value, list) else [value]:
+            if item is not None:
+                pairs.append((name, ("true" if item else "false") if isinstance(item, bool)
+                              else item if isinstance(item, str) else json.dumps(item) if isinstance(item, dict)
+                              else str(item)))
+    return urlencode(pairs)
+
+
+def internal_request(app: "ActaeApp", route: Api, params: dict, query: str, raw: Optional[bytes]) -> Request:
+    """A Request for `route` made in process: what serve_route reads of an HTTP one."""
+    path = fill_path(route.path, params)
+    scope = {"type": "http", "http_version": "1.1", "method": route.method, "scheme": "http", "path": path,
+             "raw_path": path.encode("ascii"), "root_path": "", "query_string": query.encode("ascii"),
+             "headers": [(b"content-type", b"application/json")], "app": app, "path_params": dict(params),
+             "client": None, "server": None}
+    chunks = [raw or b""]
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": chunks.pop() if chunks else b"", "more_body": False}
+    return Request(scope, receive)
 
 
 async def serve_route(request: Request, route: Api, principal: Optional[Principal]) -> object:
@@ -15003,6 +15036,411 @@ MANY_RUNS = declare(Region(
 
 
 # =============================================================================
+# MCP: the runs an agent can find, read and act on
+# =============================================================================
+# Region: the Model Context Protocol endpoint, /mcp over Streamable HTTP: the official `mcp` SDK's
+# server mounted in the app (stateless, JSON answers), so a coding agent beside a developer can find a
+# failed run, read where it went wrong, plan and make a fork, and decide approvals. The credential is
+# an Actae key, sent as x-api-key or `Authorization: Bearer`. A tool answers what an API route answers,
+# through that route in process (serve_route with the caller's principal): its scopes are the API's
+# by construction, and a run the key may not read does not exist for it. The tools that change runs
+# are listed only to a key that may write somewhere; called by one that may not, they are refused by
+# the protocol's own error, before anything runs.
+
+MCP_PATH = "/mcp"
+MCP_WRITING_TOOLS = frozenset({"fork_run", "bulk_fork", "decide_approval"})
+MCP_FIND_LIMIT = 100
+MCP_APP_KEY, MCP_PRINCIPAL_KEY = "actae.app", "actae.principal"   # what the endpoint leaves in the request's scope
+
+
+class FoundRuns(typing.TypedDict):
+    """find_runs' answer: each run as the runs list shows it."""
+
+    runs: list[dict]
+
+
+class RunRead(typing.TypedDict):
+    """read_run's answer (run_digest)."""
+
+    run: dict
+    failure: Optional[dict]
+    cause: Optional[dict]
+    handled_by: Optional[dict]
+    forks: list[dict]
+    steps: list[dict]
+    more_steps: bool
+
+
+class StepRead(typing.TypedDict):
+    """read_step's answer (step_digest)."""
+
+    channel_id: str
+    step: int
+    recorded_by: str
+    events: list[dict]
+    state: Optional[dict]
+
+
+class ForkMade(typing.TypedDict):
+    """fork_run's answer: the fork's receipt and the plan it was made under."""
+
+    receipt: dict
+    plan: dict
+
+
+def find_runs(conn: Conn, text: str, status: str, since: Optional[str], until: Optional[str], metadata: dict,
+              limit: int, reach: Reach) -> list:
+    """Runs `reach` sees, most recently active first, as the runs list shows them, narrowed by a
+    substring of their id or name, a status ("failed": crashes too), last activity and metadata values."""
+    pages = []
+    for state in listed_states(status):
+        where = Where().within(reach, "c.id").add_if(state, "c.run_state = ?")
+        if text:
+            like = conn.dialect.like
+            where.add(f"(c.id {like} ? OR c.display_name {like} ?)", f"%{text}%", f"%{text}%")
+        if since:
+            where.add(f"{activity_sql('c.')} >= ?", since)
+        if until:
+            where.add(f"{activity_sql('c.')} <= ?", until)
+        for name, value in metadata.items():
+            where.add(f"{conn.dialect.json_text('c.experiment_metadata', name)} = ?", str(value))
+        pages.append((runs_by_activity_sql(where, descending=True), [*where.args, limit]))
+    rows = union_of_pages(conn, pages, by_activity("", True), limit)
+    return [listed_run(conn, row) for row in rows]
+
+
+def run_digest(conn: Conn, channel_id: str, reach: Reach) -> dict:
+    """A run as an agent reads it first: its summary, its failure and the values it names, and its
+    steps, each with what it changed (old and new values)."""
+    if not reach.sees(channel_id):
+        raise NotFound(f"channel {channel_id} not found")
+    page = run_page(conn, channel_id, 1, "steps", reach)
+    steps = [{"step": item["step_number"], "cursor": item["event"]["cursor"], "type": item["event"]["type"],
+              "duration_ms": item["duration_ms"], "changes": (item["state"] or {}).get("changes")}
+             for item in page["timeline"] if item["kind"] == "event"]
+    return {"run": page["run"], "failure": page["failure"], "cause": page["cause"], "handled_by": page["handled_by"],
+            "forks": [{"channel_id": f["channel_id"], "forked_at_step": f["forked_at_step"]} for f in page["forks"]],
+            "steps": steps, "more_steps": page["more"] is not None}
+
+
+def step_digest(conn: Conn, channel_id: str, step: int, reach: Reach) -> dict:
+    """One step of a run: its events (the step's own and what followed it up to the next step), the
+    state it saved and what that changed, and the model calls made under it."""
+    if not reach.sees(channel_id):
+        raise NotFound(f"channel {channel_id} not found")
+    located = resolve_step(conn, channel_id, step)
+    owner = located.channel_id
+    following = conn.execute("SELECT MIN(cursor) FROM events WHERE channel_id = ? AND cursor > ? AND step_number"
+                             " IS NOT NULL", (owner, located.cursor)).fetchone()[0]
+    last = (following - 1) if following else INT64_MAX
+    events = [msgspec.structs.asdict(event_of(row)) for row in conn.execute(
+        "SELECT * FROM events WHERE channel_id = ? AND cursor BETWEEN ? AND ? ORDER BY cursor LIMIT 200",
+        (owner, located.cursor, last)).fetchall()]
+    saved = snapshots(conn, owner, located.cursor, located.cursor)
+    return {"channel_id": channel_id, "step": step, "recorded_by": owner, "events": events,
+            "state": saved.get(located.cursor)}
+
+
+def tool_error(message: str) -> Exception:
+    """A tool's anticipated failure: the call answers is_error with `message` for the model to read."""
+    from mcp.server.mcpserver.exceptions import ToolError      # imported here: only /mcp needs the SDK
+    return ToolError(message)
+
+
+def protocol_error(message: str) -> Exception:
+    """A refusal in the protocol's own terms (a JSON-RPC error), before any tool runs."""
+    from mcp.shared.exceptions import MCPError
+    from mcp.types import INVALID_REQUEST
+    return MCPError(INVALID_REQUEST, message)
+
+
+def mcp_caller(request: Optional[Request]) -> tuple:
+    """(the app, the caller's principal) the MCP endpoint left in the request it handed the SDK."""
+    if request is None or MCP_PRINCIPAL_KEY not in request.scope:
+        raise protocol_error("no credential: call /mcp with an Actae key")
+    return request.scope[MCP_APP_KEY], request.scope[MCP_PRINCIPAL_KEY]
+
+
+def may_write(principal: Principal) -> bool:
+    return principal.can_somewhere("write")
+
+
+async def route_answer(ctx: "McpContext", method: str, path: str, params: Optional[dict] = None,
+                       query: Optional[dict] = None, body: Optional[dict] = None) -> dict:
+    """What the API route (method, path) answers the caller, called in process with its principal."""
+    app, principal = mcp_caller(ctx.request_context.request)
+    route = next(r for r in api_routes(app.services.hooks) if (r.method, r.path) == (method, path))
+    raw = msgspec.json.encode(body) if body is not None else None
+    try:
+        answer = await serve_route(internal_request(app, route, params or {}, query_text(query or {}), raw),
+                                   route, principal)
+    except ActaeError as exc:
+        raise tool_error(f"{exc.status} {exc.code}: {exc.message}") from None
+    return msgspec.to_builtins(answer)
+
+
+async def read_with_reach(ctx: "McpContext", fn: Callable, *args) -> dict:
+    """A store function of the caller's reach, its refusal as the tool's error."""
+    app, principal = mcp_caller(ctx.request_context.request)
+    try:
+        return msgspec.to_builtins(await app.services.db.read(fn, *args, principal.reach))
+    except ActaeError as exc:
+        raise tool_error(f"{exc.status} {exc.code}: {exc.message}") from None
+
+
+def dry_run_digest(answer: dict) -> str:
+    """A bulk fork's dry run named: the forks it would make, each fork's plan, and their sum."""
+    return sha256_hex(canonical_json({"forks": [(f["source_channel_id"], f["channel_id"], f["step"],
+                                                  (f.get("plan") or {}).get("digest")) for f in answer["forks"]],
+                                      "totals": answer.get("plan_totals")}))
+
+
+def mcp_server() -> "MCPServer":
+    """The MCP server of one app: its tools, resources and prompt (they find the app and the caller in
+    the request, so one definition serves any app)."""
+    # The tools' annotations are read by the SDK from this module's globals: the Context class goes there.
+    global McpContext
+    from mcp.server.mcpserver import Context as McpContext, MCPServer
+
+    server = MCPServer("actae", title="Actae", version=__version__, instructions=(
+        "Actae records agent runs step by step and forks a run at an exact step without re-running or re-paying"
+        " for its prefix and without re-firing its side effects. Find failed runs, read where one went wrong"
+        " (read_run names the values its failure shows and the steps that set them), plan a fork (plan_fork:"
+        " what each side effect would do on it), then make it with the plan's digest (fork_run)."))
+
+    @server.tool(name="find_runs", description="Find runs this key may read, most recently active first. Filter by status"
+                             " (failed includes crashed runs; also completed, blocked, recorded, running states),"
+                             " by text in the run's id or display name, by last activity (since/until, RFC 3339)"
+                             " and by exact values of its metadata (e.g. {\"model\": \"fast\"}).")
+    async def find_runs_tool(ctx: McpContext, status: str = "", text: str = "", since: Optional[str] = None,
+                             until: Optional[str] = None, metadata: Optional[dict] = None,
+                             limit: int = 20) -> FoundRuns:
+        if status and status not in (*RUN_STATES, "failed"):
+            raise tool_error(f"status must be one of {', '.join(RUN_STATES)}")
+        runs = await read_with_reach(ctx, find_runs, text, status, since, until, metadata or {},
+                                     max(1, min(limit, MCP_FIND_LIMIT)))
+        return {"runs": runs}
+
+    @server.tool(name="read_run", description="Read a run: its status and summary, its failure (the message,"
+                 " the last good step, the state values the failure names and the steps that set them, the fork"
+                 " to make first), the fork that handled it, its forks, and each step with what it changed in the"
+                 " state (old and new values).")
+    async def read_run(ctx: McpContext, channel_id: str) -> RunRead:
+        return await read_with_reach(ctx, run_digest, channel_id)
+
+    @server.tool(name="read_step", description="Read one step of a run: its events (the step's own and what"
+                 " followed it up to the next step: tool calls, model calls, errors), the state it saved and what"
+                 " that changed.")
+    async def read_step(ctx: McpContext, channel_id: str, step: int) -> StepRead:
+        return await read_with_reach(ctx, step_digest, channel_id, step)
+
+    @server.tool(name="diff_runs", description="Compare the latest states of two runs (a run and its fork, say),"
+                 " path by path, with the state they share.")
+    async def diff_runs(ctx: McpContext, left: str, right: str) -> dict:
+        return await route_answer(ctx, "GET", "/api/v1/channels/diff", query={"left": left, "right": right})
+
+    @server.tool(name="fork_tree", description="A run's fork tree (its ancestors and forks this key may read)"
+                 " and what the run, if a fork, saved: the inherited steps' tokens and cost, measured model calls.")
+    async def fork_tree_tool(ctx: McpContext, channel_id: str) -> dict:
+        tree = await route_answer(ctx, "GET", "/api/v1/channels/{channel_id}/fork-tree", {"channel_id": channel_id})
+        saved = await route_answer(ctx, "GET", "/api/v1/channels/{channel_id}/savings", {"channel_id": channel_id})
+        return {"tree": tree, "savings": saved}
+
+    @server.tool(name="verify_run", description="Recompute a run's tamper-evident hash chain (with the history"
+                 " it inherited) and name the first broken cursor, if any.")
+    async def verify_run(ctx: McpContext, channel_id: str) -> dict:
+        return await route_answer(ctx, "GET", "/api/v1/events/verify/{channel_id}", {"channel_id": channel_id})
+
+    @server.tool(name="plan_fork", description="What a fork of a run after `at_step` would do, before it is"
+                 " made (nothing is written): each side effect of its ledger replayed, refused or run again"
+                 " under the tool policies ({tool: auto|replay|block|live, \"*\": default}); effects claimed and"
+                 " never completed are 'outcome unknown' (they may have happened) and flagged if the fork would"
+                 " run them again; the model calls it would replay; what the steps after it cost last time. Its"
+                 " digest is what fork_run asks for.")
+    async def plan_fork_tool(ctx: McpContext, channel_id: str, at_step: Optional[int] = None,
+                             tool_policies: Optional[dict] = None, intervention: Optional[dict] = None) -> dict:
+        return await route_answer(ctx, "POST", "/api/v1/forks/plan", body={
+            "source_channel_id": channel_id, "at_step": at_step, "tool_policies": tool_policies,
+            "intervention": intervention})
+
+    @server.tool(name="fork_run", description="Fork a run after `at_step` into a new run `new_channel_id`, with"
+                 " the tool policies and intervention of the plan you read: `plan_digest` must be that plan's"
+                 " digest (plan_fork). If the run's ledger or records changed since, the fork is refused and the"
+                 " new plan is returned: read it before trying again.")
+    async def fork_run(ctx: McpContext, channel_id: str, new_channel_id: str, at_step: int, plan_digest: str,
+                       tool_policies: Optional[dict] = None, intervention: Optional[dict] = None,
+                       reason: Optional[str] = None) -> ForkMade:
+        plan = await plan_fork_tool(ctx, channel_id, at_step, tool_policies, intervention)
+        if plan["digest"] != plan_digest:
+            raise tool_error("409 plan_changed: the plan changed since it was read (or the digest is not this"
+                            f" plan's); the plan now: {json.dumps(plan)}")
+        boundary = plan["boundary"]
+        experiment = {"session_name": new_channel_id, "forked_from": boundary["channel_id"],
+                      "forked_from_channel": channel_id, "forked_at_step": at_step,
+                      "forked_at_cursor": boundary["requested_cursor"], "status": "created", "plan_digest": plan_digest,
+                      **({"intervention": intervention} if intervention else {})}
+        receipt = await route_answer(ctx, "POST", "/api/v1/channels/fork", body={
+            "source_channel_id": boundary["channel_id"], "new_channel_id": new_channel_id,
+            "at_cursor": boundary["requested_cursor"], "display_name": new_channel_id, "tool_policies": tool_policies,
+            "reason": reason or f"Forked from {channel_id} after step {at_step} (MCP)", "experiment_metadata": experiment,
+            "manifest": {"source": "mcp"}})
+        return {"receipt": receipt, "plan": plan}
+
+    @server.tool(name="bulk_fork", description="Fork every run a filter selects (default: failed and crashed"
+                 " runs this key may write), each after its own last good step. First call it with dry_run true:"
+                 " it answers the forks it would make with each one's plan and a digest; then call it again with"
+                 " dry_run false and that `plan_digest` to make them (refused, with the new dry run, if anything"
+                 " changed).")
+    async def bulk_fork_tool(ctx: McpContext, filter: Optional[dict] = None, dry_run: bool = True,
+                             plan_digest: Optional[str] = None, tool_policies: Optional[dict] = None,
+                             intervention: Optional[dict] = None, name: str = "{channel_id}-retry") -> dict:
+        body = {"filter": filter or {}, "tool_policies": tool_policies, "intervention": intervention, "name": name}
+        preview = await route_answer(ctx, "POST", "/api/v1/forks/bulk", body={**body, "dry_run": True})
+        digest = dry_run_digest(preview)
+        if dry_run:
+            return {**preview, "digest": digest}
+        if plan_digest != digest:
+            raise tool_error("409 plan_changed: the dry run changed since it was read (or no plan_digest was"
+                            f" given); the dry run now: {json.dumps({**preview, 'digest': digest})}")
+        return await route_answer(ctx, "POST", "/api/v1/forks/bulk", body={**body, "dry_run": False,
+                                                                          "operation_id": digest})
+
+    @server.tool(name="list_approvals", description="The approval requests (a run waiting for a human), oldest"
+                 " first: status pending, decided or expired (default: every one), of one run or all.")
+    async def list_approvals_tool(ctx: McpContext, status: Optional[str] = None,
+                                  channel_id: Optional[str] = None, limit: int = 50) -> dict:
+        return await route_answer(ctx, "GET", "/api/v1/approvals",
+                                  query={"status": status, "channel_id": channel_id, "limit": limit})
+
+    @server.tool(name="decide_approval", description="Approve or reject a pending approval request (decision:"
+                 " approved or rejected), with a reason; the run waiting on it goes on.")
+    async def decide_approval_tool(ctx: McpContext, request_id: str, decision: str, reason: Optional[str] = None,
+                                   channel_id: Optional[str] = None) -> dict:
+        return await route_answer(ctx, "POST", "/api/v1/approvals/{request_id}/decide", {"request_id": request_id},
+                                  body={"decision": decision, "reason": reason, "channel_id": channel_id})
+
+    @server.resource("actae://runs/{channel_id}", name="run", mime_type="application/json",
+                     description="A run as read_run answers it.")
+    async def run_resource(channel_id: str, ctx: McpContext) -> str:
+        return json.dumps(await read_run(ctx, channel_id))
+
+    @server.resource("actae://runs/{channel_id}/steps/{step}", name="step", mime_type="application/json",
+                     description="One step of a run as read_step answers it.")
+    async def step_resource(channel_id: str, step: str, ctx: McpContext) -> str:
+        return json.dumps(await read_step(ctx, channel_id, int(step)))
+
+    @server.prompt(name="investigate_failed_run", description="Find where a failed run went wrong and propose"
+                   " the fork that keeps none of the mistake.")
+    def investigate_failed_run(channel_id: str) -> str:
+        return (f"Investigate the failed Actae run {channel_id}.\n"
+                f"1. Call read_run with channel_id={channel_id!r}. Read its failure: the message, the last good step,"
+                " and `cause`: the state values the failure names and the steps that set them.\n"
+                "2. For the earliest of those steps, call read_step to see what that step did and what it changed"
+                " (old and new values). The mistake is often made steps before the failure shows.\n"
+                "3. Choose the step to fork after: the one before the step that made the mistake (cause.fork_after"
+                " when present). Decide the intervention (what to change, such as the model or a parameter) and the"
+                " tool policies (block any side effect that must not run twice).\n"
+                "4. Call plan_fork with those. Read every effect's fate; any 'outcome unknown' effect that would run"
+                " again is flagged: say so, and prefer blocking it unless its far side was checked.\n"
+                "5. Propose the fork: the step, the intervention, the policies, what the plan says, and the plan's"
+                " digest. Make it with fork_run only once the person agrees.")
+
+    server.middleware.append(mcp_scope_guard)
+    return server
+
+
+async def mcp_scope_guard(ctx, call_next):
+    """The writing tools, listed only to a key that may write somewhere; called by one that may not,
+    refused by the protocol's error before the tool runs."""
+    if ctx.method == "tools/call":
+        _, principal = mcp_caller(ctx.request)
+        tool = (ctx.params or {}).get("name")
+        if tool in MCP_WRITING_TOOLS and not may_write(principal):
+            raise protocol_error(f"this key may not write: {tool} changes runs, and is not offered to it")
+    result = await call_next(ctx)
+    if ctx.method == "tools/list" and not may_write(mcp_caller(ctx.request)[1]):
+        if isinstance(result, dict):
+            result = {**result, "tools": [t for t in result["tools"] if t["name"] not in MCP_WRITING_TOOLS]}
+        else:
+            result = result.model_copy(update={"tools": [t for t in result.tools if t.name not in MCP_WRITING_TOOLS]})
+    return result
+
+
+class McpDoor:
+    """The MCP server of one app and the Starlette app the SDK serves it with, made by the first /mcp
+    request: a server nobody asks over MCP never imports the SDK (half a second). Its session manager
+    runs on a task of its own until the app stops."""
+
+    def __init__(self):
+        self.asgi: Optional[Callable] = None
+        self.opening: Optional[asyncio.Future] = None
+        self.serving: Optional[asyncio.Task] = None
+        self.stopping = asyncio.Event()
+
+    async def opened(self) -> Callable:
+        if self.asgi is None:
+            if self.opening is None:
+                self.opening = asyncio.ensure_future(self.open())
+            await asyncio.shield(self.opening)
+        return self.asgi
+
+    async def open(self) -> None:
+        await asyncio.to_thread(importlib.import_module, "mcp.server.mcpserver")    # off the event loop
+        server = mcp_server()
+        asgi = server.streamable_http_app(streamable_http_path=MCP_PATH, stateless_http=True, json_response=True)
+        started = asyncio.get_running_loop().create_future()
+
+        async def serve() -> None:
+            async with server.session_manager.run():
+                started.set_result(None)
+                await self.stopping.wait()
+        self.serving = asyncio.ensure_future(serve())
+        await asyncio.wait({started, self.serving}, return_when=asyncio.FIRST_COMPLETED)
+        if not started.done():
+            self.serving.result()                   # it failed before it served: say why
+        self.asgi = asgi
+
+    async def stop(self) -> None:
+        if self.serving is not None:
+            self.stopping.set()
+            await self.serving
+
+
+class McpAnswer:
+    """The SDK's own answer to one /mcp request, given the request as it came (its body unread)."""
+
+    def __init__(self, asgi: Callable, app: ActaeApp, principal: Principal):
+        self.asgi, self.app, self.principal = asgi, app, principal
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        await self.asgi({**scope, MCP_APP_KEY: self.app, MCP_PRINCIPAL_KEY: self.principal}, receive, send)
+
+
+async def mcp_endpoint(request: Request) -> Response:
+    """/mcp: the caller's key checked (x-api-key, or `Authorization: Bearer` as MCP clients send a token),
+    then the SDK answers. No key, or a bad one: 401 with the header MCP clients look for."""
+    try:
+        principal = await check_key(request.app, request.headers.get("x-api-key") or bearer_token(request))
+    except Unauthorized as exc:
+        answer = error_response(request, exc)
+        answer.headers["www-authenticate"] = 'Bearer realm="actae", error="invalid_token"'
+        return answer
+    return McpAnswer(await request.app.services.region(McpDoor).opened(), request.app, principal)
+
+
+def install_mcp(services: Services, options: dict) -> Installed:
+    door = McpDoor()
+    return Installed(services=(door,), stops=(door.stop,))
+
+
+MCP = declare(Region(
+    "mcp", features=("mcp",), json_paths=(MCP_PATH,), installers=(install_mcp,),
+    # POST only: stateless, with JSON answers, the server has no session to end (DELETE) and nothing to
+    # say unasked (GET's stream would outlive a revoked key); 405 tells MCP clients so.
+    endpoints=(Endpoint("POST", MCP_PATH, mcp_endpoint),)))
+
+
+# =============================================================================
 # Moving runs: export and import (one JSON Lines file per run and its lineage)
 # =============================================================================
 # Region: export and import, over HTTP and from the command line.
@@ -17306,23 +17744,6 @@ async def fleet_target(app: "ActaeApp", instance_id: str) -> Target:
     return Target(instance_id, remote)
 
 
-def fill_path(template: str, params: dict) -> str:
-    """A route path with its parameters in place, each percent-encoded as one segment."""
-    return re.sub(r"\{(\w+)\}", lambda m: quote_segment(str(params[m.group(1)])), template)
-
-
-def query_text(query: dict) -> str:
-    """A query object as a query string: null left out, booleans as true/false, lists repeated."""
-    pairs = []
-    for name, value in query.items():
-        for item in value if isinstance(value, list) else [value]:
-            if item is not None:
-                pairs.append((name, ("true" if item else "false") if isinstance(item, bool)
-                              else item if isinstance(item, str) else json.dumps(item) if isinstance(item, dict)
-                              else str(item)))
-    return urlencode(pairs)
-
-
 def with_operation_id(route: Api, raw: Optional[bytes], idempotency_key: Optional[str]) -> Optional[bytes]:
     """The Idempotency-Key as the body's operation_id where the route's body has one and none was sent."""
     if not idempotency_key or raw is None or route.body is None or "operation_id" not in route.body.__struct_fields__:
@@ -17334,20 +17755,6 @@ def with_operation_id(route: Api, raw: Optional[bytes], idempotency_key: Optiona
     if isinstance(value, dict) and not value.get("operation_id"):
         return msgspec.json.encode({**value, "operation_id": idempotency_key})
     return raw
-
-
-def internal_request(app: "ActaeApp", route: Api, params: dict, query: str, raw: Optional[bytes]) -> Request:
-    """A Request for `route` made in process: what serve_route reads of an HTTP one."""
-    path = fill_path(route.path, params)
-    scope = {"type": "http", "http_version": "1.1", "method": route.method, "scheme": "http", "path": path,
-             "raw_path": path.encode("ascii"), "root_path": "", "query_string": query.encode("ascii"),
-             "headers": [(b"content-type", b"application/json")], "app": app, "path_params": dict(params),
-             "client": None, "server": None}
-    chunks = [raw or b""]
-
-    async def receive() -> dict:
-        return {"type": "http.request", "body": chunks.pop() if chunks else b"", "more_body": False}
-    return Request(scope, receive)
 
 
 async def fleet_dispatch(app: "ActaeApp", principal: FleetPrincipal, target: Target, route: Api, params: dict, query: str,

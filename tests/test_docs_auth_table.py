@@ -94,6 +94,8 @@ HANDLERS = {
     "ws_endpoint": ("key (first frame)", "per frame: `read` on the topic to subscribe, `write` to publish", ""),
     "llm_call": ("key (x-api-key or Bearer)", "`write` on `channel_id` (path), checked by the gateway", ""),
     "llm_unknown": ("public", "none: answers 404 to everyone", ""),
+    "mcp_endpoint": ("key (x-api-key or Bearer)", "each tool's API route's scopes; the writing tools need `write`"
+                                                  " somewhere", ""),
     "fleet_stream_endpoint": ("stream ticket", "", "`events:read`"),
     "fleet_ndjson_stream": ("fleet token", "", "`events:read`"),
 }

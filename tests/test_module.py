@@ -111,7 +111,7 @@ def test_related_sections_sit_together():
 # --- the core in layers, each capability in a region of its own -----------------------------------
 
 REGIONS = ("Runs", "Forks", "Diff and outcome", "Ledger", "Wake-ups", "Groups", "Experiments", "Model calls",
-           "Fork plans", "Many runs", "Moving runs", "Observability", "Fleet")
+           "Fork plans", "Many runs", "MCP", "Moving runs", "Observability", "Fleet")
 # The names that say which capability a definition belongs to.
 CAPABILITY_NAMES = {
     "Wake-ups": re.compile(r"wakeup|Wakeup|WAKEUP|Scheduler"),

@@ -470,6 +470,45 @@ def run_llm_call(w: World, seen: Seen, method: str, template: str) -> None:
             seen.check(f"llm {method} {template} ({run[:6]})", status, content.replace(run.encode(), b"<the run asked>"))
 
 
+def mcp_messages(w: World) -> list:
+    """JSON-RPC messages an MCP client sends: every tool that names a run, with mine and each run around it,
+    the tools that list across runs, and the run resource (the SDK's stateless mode takes them one by one)."""
+    messages = [{"method": "tools/list", "params": {}}, {"method": "prompts/list", "params": {}},
+                {"method": "tools/call", "params": {"name": "find_runs", "arguments": {}}},
+                {"method": "tools/call", "params": {"name": "find_runs", "arguments": {"text": "zz"}}},
+                {"method": "tools/call", "params": {"name": "list_approvals", "arguments": {}}},
+                {"method": "tools/call", "params": {"name": "bulk_fork", "arguments": {"dry_run": True}}}]
+    for run in (MINE, PARENT, CHILD, SIBLING, DEP):
+        for tool, arguments in (("read_run", {"channel_id": run}), ("read_step", {"channel_id": run, "step": 3}),
+                                ("read_step", {"channel_id": run, "step": 5}), ("fork_tree", {"channel_id": run}),
+                                ("verify_run", {"channel_id": run}), ("plan_fork", {"channel_id": run}),
+                                ("diff_runs", {"left": MINE, "right": run}),
+                                ("list_approvals", {"channel_id": run})):
+            messages.append({"method": "tools/call", "params": {"name": tool, "arguments": arguments}})
+        messages.append({"method": "resources/read", "params": {"uri": f"actae://runs/{run}"}})
+    return [{"jsonrpc": "2.0", "id": n, **message} for n, message in enumerate(messages, 1)]
+
+
+def run_mcp(w: World, seen: Seen, method: str, template: str) -> None:
+    """The MCP endpoint with the scoped key (as an MCP client sends it, and as x-api-key): every answer checked."""
+    for headers in ({"authorization": f"Bearer {w.key}"}, {"x-api-key": w.key}):
+        headers = {**headers, "accept": "application/json, text/event-stream", "content-type": "application/json"}
+        if method != "POST":
+            status, _, content = http(method, w.srv.url + template, headers=headers, decode=False, timeout=30)
+            seen.check(f"mcp {method} {template}", status, content)
+            continue
+        for message in mcp_messages(w):
+            status, _, content = http("POST", w.srv.url + template, raw=json.dumps(message).encode(), headers=headers,
+                                      decode=False, timeout=30)
+            label = f"mcp {message['method']} {json.dumps(message['params'].get('arguments') or message['params'])[:80]}"
+            asked = json.dumps(message["params"]).encode()
+            # The ids the message itself named may come back ("channel ... not found"); nothing else may.
+            for run in (PARENT, CHILD, SIBLING, DEP):
+                if run.encode() in asked:
+                    content = content.replace(run.encode(), b"<the run asked>")
+            seen.check(label, status, content)
+
+
 # --- the streams ---------------------------------------------------------------------------------------------
 
 async def read_until(receive, sentinel: str, seconds: float) -> list[str]:
@@ -610,6 +649,8 @@ def endpoints_in_order(w: World):
             kind = "ndjson"
         elif e.path.startswith("/llm/runs/"):
             kind = "llm"
+        elif e.path == "/mcp":
+            kind = "mcp"
         else:
             unknown.append(f"{e.method} {e.path} ({getattr(e.handle, '__name__', e.handle)})")
             continue
@@ -658,6 +699,8 @@ def test_a_key_scoped_to_one_run_learns_nothing_of_the_runs_around_it_through_an
                 ndjson_session(w, seen, path)
             elif kind == "llm":
                 run_llm_call(w, seen, method, path)
+            elif kind == "mcp":
+                run_mcp(w, seen, method, path)
             covered.append((method, path))
         except Unfillable as exc:
             seen.unfillable.append(f"{method} {path}: cannot fill {exc}")
