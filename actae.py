@@ -15103,6 +15103,8 @@ def find_runs(conn: Conn, text: str, status: str, since: Optional[str], until: O
         if until:
             where.add(f"{activity_sql('c.')} <= ?", until)
         for name, value in metadata.items():
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]{0,63}", str(name)):   # a key is SQL text here: words only
+                raise BadRequest(f"metadata keys are 1-64 letters, digits and _, starting with a letter (got {name!r:.80})")
             where.add(f"{conn.dialect.json_text('c.experiment_metadata', name)} = ?", str(value))
         pages.append((runs_by_activity_sql(where, descending=True), [*where.args, limit]))
     rows = union_of_pages(conn, pages, by_activity("", True), limit)

@@ -62,7 +62,11 @@ def test_an_agent_finds_reads_plans_and_forks_a_failed_run(server, demo):
         assert WRITING <= set(tools) and {"find_runs", "read_run", "read_step", "plan_fork"} <= set(tools)
         assert all(t.description and t.input_schema.get("type") == "object" for t in tools.values())
         assert tools["read_run"].output_schema is not None
+        injected = error_of(await session.call_tool("find_runs", {"metadata": {"x') = 1 OR (1": "1"}}))
+        assert "metadata keys are" in injected, injected
         found = answer_of(await session.call_tool("find_runs", {"status": "failed", "text": demo}))
+        assert answer_of(await session.call_tool("find_runs", {"metadata": {"session_name": demo}}))[
+            "runs"][0]["channel_id"] == demo
         assert [r["channel_id"] for r in found["runs"]] == [demo], found
         run = answer_of(await session.call_tool("read_run", {"channel_id": demo}))
         assert run["failure"]["last_good_step"] == 5 and run["cause"]["fork_after"] == 3, run["cause"]
