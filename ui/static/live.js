@@ -115,6 +115,8 @@ document.addEventListener("click", function (e) {
         if (mine !== asked) return;                     // a newer choice is on its way
         panel.innerHTML = html;
         panel.setAttribute("data-step", query.get("step") || "");
+        var link = document.getElementById("plan-link");     // the plan's own page, for these choices
+        if (link) { query.delete("fragment"); link.href = form.getAttribute("data-plan-url") + "?" + query.toString(); }
       })
       .catch(function () {});
   }
