@@ -1142,15 +1142,24 @@ def decoder_for(kind: type) -> msgspec.json.Decoder:
     return msgspec.json.Decoder(kind)
 
 
+def unwrapped(info: object, fixed_set: bool = False) -> Optional[object]:
+    """A msgspec.inspect type without its Meta and its Optional: the first member of a union that is
+    not null (with `fixed_set`, the first that is a Literal or an Enum)."""
+    mi = msgspec.inspect
+    wanted = ((lambda t: isinstance(t, (mi.LiteralType, mi.EnumType, mi.Metadata))) if fixed_set
+              else (lambda t: not isinstance(t, mi.NoneType)))
+    while isinstance(info, (mi.Metadata, mi.UnionType)):
+        info = info.type if isinstance(info, mi.Metadata) else next(filter(wanted, info.types), None)
+    return info
+
+
 def type_at(kind: object, where: str) -> Optional[object]:
     """The msgspec.inspect type of the value at `where` (msgspec's error path: `.name`, `[0]`) in `kind`."""
     mi = msgspec.inspect
     info = mi.type_info(kind)
     for step in re.findall(r"\.([^.\[]+)|\[([^\]]*)\]", where):
         name, index = step
-        while isinstance(info, (mi.Metadata, mi.UnionType)):
-            info = info.type if isinstance(info, mi.Metadata) else next(
-                (t for t in info.types if not isinstance(t, mi.NoneType)), None)
+        info = unwrapped(info)
         if name and isinstance(info, mi.StructType):
             info = next((f.type for f in info.fields if f.encode_name == name), None)
         elif index and isinstance(info, (mi.ListType, mi.SetType, mi.VarTupleType)):
@@ -1179,9 +1188,7 @@ def explained(text: str, kind: object) -> str:
     names = re.sub(r"\[[^\]]*\]", "", where).split(".")
     field = names[-1] or "the value"
     described = info.extra_json_schema.get("description") if isinstance(info, mi.Metadata) and info.extra_json_schema else None
-    while isinstance(info, (mi.Metadata, mi.UnionType)):
-        info = info.type if isinstance(info, mi.Metadata) else next(
-            (t for t in info.types if isinstance(t, (mi.LiteralType, mi.EnumType, mi.Metadata))), None)
+    info = unwrapped(info, fixed_set=True)
     if message.startswith("Invalid enum value") and isinstance(info, (mi.LiteralType, mi.EnumType)):
         values = info.values if isinstance(info, mi.LiteralType) else [m.value for m in info.cls]
         return f"{text}: {field} must be one of {', '.join(map(str, values))}"
@@ -8437,14 +8444,17 @@ def same_value(left: Json, right: Json) -> bool:
     return type(left) is type(right) and left == right
 
 
-def state_blame(conn: Conn, channel_id: str, at_step: Optional[int] = None, upto: Optional[int] = None,
-                wanted: Optional[Callable[[tuple, Json], bool]] = None) -> Blame:
+def state_blame(conn: Conn, channel_id: str, reach: "Reach", at_step: Optional[int] = None,
+                upto: Optional[int] = None, wanted: Optional[Callable[[tuple, Json], bool]] = None) -> Blame:
     """Like `git blame` for a run's state: each path of its state (after step `at_step`, or as of its
     own cursor `upto`; default the latest) with the step whose snapshot set its current value, from the
     stored snapshots alone (nothing re-runs). Walked back from the end, each path until an earlier
     snapshot held another value (or none): a value set, changed and set back is blamed on the step
     that set it back; a step that wrote a value without changing it is not blamed. `wanted`: only the
-    paths it keeps (the failure banner's)."""
+    paths it keeps (the failure banner's). A run `reach` may not read is one that does not exist; what
+    it inherited is its own history."""
+    if not reach.sees(channel_id):
+        raise NotFound(f"channel {channel_id} not found")
     require_channel(conn, channel_id)
     history, steps = state_history(conn, channel_id), {}
 
@@ -8756,13 +8766,13 @@ def named_in(message: str) -> Callable[[tuple, Json], bool]:
     return named
 
 
-def failure_cause(conn: Conn, row: Row, failure: Optional[Failure]) -> Optional[FailureCause]:
+def failure_cause(conn: Conn, row: Row, failure: Optional[Failure], reach: "Reach") -> Optional[FailureCause]:
     """Where a failure came from, as far as the stored state tells (state_blame over the snapshots up
     to where it showed): the values its message names that steps before it set. None when it names
     none: the banner then offers the last good step, as it always did."""
     if failure is None or not failure.last_good_step:
         return None
-    blame = state_blame(conn, row["id"], upto=failure.cursor, wanted=named_in(failure.message))
+    blame = state_blame(conn, row["id"], reach, upto=failure.cursor, wanted=named_in(failure.message))
     causes = sorted((line for line in blame.paths if line.step is not None and line.step <= failure.last_good_step),
                     key=lambda line: (line.step, line.path))
     if not causes:
@@ -9115,7 +9125,7 @@ def run_page(conn: Conn, channel_id: str, start: int, event_type: str, reach: "R
     meta = experiment_of(row)
     run_state = row["run_state"]
     failure = run_failure(conn, row, run_state)
-    cause = failure_cause(conn, row, failure)
+    cause = failure_cause(conn, row, failure, reach)
     items, more = timeline(conn, row, start, event_type, failure)
     forks = [msgspec.structs.asdict(f) for f in list_forks(conn, channel_id, reach)]
     for f in forks:
@@ -9234,13 +9244,13 @@ async def api_channels_steps(request: Request, path) -> LastStep:
 async def api_channels_blame(request: Request, path, query: BlameQuery) -> Blame:
     """Every path of a run's state (after step `at_step`; default the latest) with the step that set
     its current value, from the stored snapshots (a fork's inherited ones included); nothing re-runs."""
-    return await db_of(request).read(state_blame, path.channel_id, query.at_step)
+    return await db_of(request).read(state_blame, path.channel_id, reach_of(request), query.at_step)
 
 
 async def page_blame(request: Request) -> Response:
     channel_id = path_channel(request)
     at_step = page_query(request, BlameQuery).at_step
-    blame = await db_of(request).read(state_blame, channel_id, at_step)
+    blame = await db_of(request).read(state_blame, channel_id, reach_of(request), at_step)
     steps = await db_of(request).read(step_list, channel_id)
     return render(request, "blame.html", {"title": f"State blame of {channel_id}", "channel_id": channel_id,
                                           "blame": msgspec.to_builtins(blame), "steps": steps, "asked_step": at_step})
@@ -13765,20 +13775,21 @@ def counted(effects: list) -> PlanCounts:
 
 def plan_totals(plans: list) -> PlanTotals:
     """Plans summed, as a bulk fork's dry run carries them."""
-    counts = PlanCounts(**{f.name: sum(getattr(plan.counts, f.name) for plan in plans)
-                           for f in msgspec.structs.fields(PlanCounts)})
     spends = [plan.model_calls.spend for plan in plans if plan.model_calls is not None]
-    calls = None if not spends else MeasuredSpend(
-        calls=sum(s.calls for s in spends), input_tokens=sum(s.input_tokens for s in spends),
-        output_tokens=sum(s.output_tokens for s in spends), cached_input_tokens=sum(s.cached_input_tokens for s in spends),
-        cost=round(sum(s.cost for s in spends if s.cost is not None), 9) if any(s.cost is not None for s in spends) else None,
-        calls_without_cost=sum(s.calls_without_cost for s in spends))
-    forecasts = [plan.forecast for plan in plans]
-    costs = [f.cost for f in forecasts if f.cost is not None]
-    forecast = Spend(steps=sum(f.steps for f in forecasts), steps_without_usage=sum(f.steps_without_usage for f in forecasts),
-                     input_tokens=sum(f.input_tokens for f in forecasts), output_tokens=sum(f.output_tokens for f in forecasts),
-                     cost=round(sum(costs), 9) if costs else None, wall_seconds=round(sum(f.wall_seconds for f in forecasts), 6))
-    return PlanTotals(runs=len(plans), counts=counts, model_calls=calls, forecast=forecast)
+    return PlanTotals(runs=len(plans), counts=summed(PlanCounts, [plan.counts for plan in plans]),
+                      model_calls=summed(MeasuredSpend, spends) if spends else None,
+                      forecast=summed(Spend, [plan.forecast for plan in plans]))
+
+
+def summed(kind: type, records: list) -> Struct:
+    """Records of one kind added field by field; a cost is unknown (None) only when every one's is."""
+    def total(name: str) -> object:
+        values = [getattr(record, name) for record in records]
+        if name == "cost":
+            known = [value for value in values if value is not None]
+            return round(sum(known), 9) if known else None
+        return round(sum(values), 6) if name == "wall_seconds" else sum(values)
+    return kind(**{f.name: total(f.name) for f in msgspec.structs.fields(kind)})
 
 
 # =============================================================================
