@@ -68,6 +68,9 @@ Model calls: the gateway, its routes and commands — provider-shaped answers an
 Fork plans: records — region: the effect plan, what a fork would do before it is made
 Fork plans: what a fork would do — the boundary, each effect's fate under the tool policies, the calls it would replay, the forecast
 Fork plans: handlers, routes and the fork form's plan — POST /api/v1/forks/plan, the plan page, a fork's plan
+Hand-offs: records and schema — region: forks the application's workers run; the jobs channel and group, the hand-off's row
+Hand-offs: the job, and where it stands — announced in the fork's transaction (an event hook); waiting, claimed, running, done, failed from what is stored
+Hand-offs: handlers, routes and the fork page's card — GET/POST /api/v1/channels/{id}/hand-off, the live card
 Many runs: records and schema — region: the approvals inbox, bulk fork, retention; their records and tables
 Many runs: the approvals inbox — the index of approval events (an event hook), listing, deciding
 Many runs: bulk fork from failure — select by status, fork each run after its own last good step
@@ -978,6 +981,9 @@ class Fork(Idempotent, kw_only=True):
     tool_policies: Optional[ToolPolicies] = None
     expected_version: Optional[Count] = None
     expected_cursor: Optional[Count] = None
+    # Hand the fork to the application's workers: its fork.started says so, and a region that runs
+    # handed-off forks announces it as a job (the hand-offs region).
+    hand_off: bool = False
 
     def __post_init__(self):
         super().__post_init__()
@@ -2218,6 +2224,7 @@ MIGRATIONS = [
     Migration(24),                                        # enrollments' failed tries (Fleet)
     Migration(25),                                        # model calls and their bodies (Model calls)
     Migration(26),                                        # the upstreams `actae llm add` keeps (Model calls)
+    Migration(27),                                        # forks handed to workers (Hand-offs)
 ]
 if [step.number for step in MIGRATIONS] != list(range(1, len(MIGRATIONS) + 1)):
     raise RuntimeError("MIGRATIONS must be numbered 1, 2, 3, ... in order")
@@ -9700,7 +9707,9 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
     """POST /channels/fork. Never writes to the source; cost is independent of the source's history."""
     conn = tx.conn
     source_id, child_id, at_cursor = req.source_channel_id, req.new_channel_id, req.at_cursor
-    hashed = request_hash({k: v for k, v in msgspec.structs.asdict(req).items() if k != "operation_id"})
+    # hand_off is hashed only when set: a fork made before it existed replays under its old hash.
+    hashed = request_hash({k: v for k, v in msgspec.structs.asdict(req).items()
+                           if k != "operation_id" and (k != "hand_off" or v)})
     if req.operation_id is not None:
         earlier = conn.execute(f"{CHANNEL_ROW} WHERE c.fork_operation_id = ?", (req.operation_id,)).fetchone()
         if earlier is not None:
@@ -9745,6 +9754,7 @@ def fork_channel(tx: Tx, req: Fork) -> Receipt:
     marker = append_event(tx, child_id, "fork.started", {
         "source_channel_id": source_id, "requested_cursor": at_cursor, "resolved_cursor": resolved,
         "source_state_version": snapshot["version"] if snapshot else 0, "restorable": restorable,
+        **({"hand_off": True} if req.hand_off else {}),
     }, depends_on=resolved_event_id)
     if snapshot is not None:
         insert_state(tx, child_id, marker.cursor, shared_state(snapshot), snapshot["sha256"], snapshot["status"])
@@ -9967,7 +9977,8 @@ def fork_form_values(request: Request, data: dict, flash: Optional[dict]) -> dic
     default = failure["last_good_step"] if failure and failure["last_good_step"] else (steps[-1] if steps else None)
     step = asked if asked is not None else (typed.get("step") or default)
     return {"step": str(step) if step is not None else "", "name": typed.get("name") or data["default_fork_name"],
-            "intervention": typed.get("intervention", ""), "tool_policies": typed.get("tool_policies", "")}
+            "intervention": typed.get("intervention", ""), "tool_policies": typed.get("tool_policies", ""),
+            "hand_off": typed.get("hand_off") == "1"}
 
 
 async def page_tree(request: Request) -> Response:
@@ -10013,7 +10024,7 @@ def dashboard_fork_request(conn: Conn, channel_id: str, form: dict) -> Fork:
         "source_channel_id": boundary.channel_id, "new_channel_id": name, "at_cursor": boundary.cursor,
         "operation_id": str(uuid.uuid4()), "display_name": name,
         "reason": f"Forked from {channel_id} after step {step} (dashboard)", "experiment_metadata": experiment,
-        "manifest": {"source": "dashboard"}, "tool_policies": policies,
+        "manifest": {"source": "dashboard"}, "tool_policies": policies, "hand_off": form.get("hand_off") == "1",
     }, "fork form")
 
 
@@ -10047,10 +10058,12 @@ async def page_fork(request: Request) -> Response:
         field_name = form_field_of(exc)
         message = (exc.message if isinstance(exc, FormError) else
                    f"{field_name.replace('_', ' ').capitalize() + ': ' if field_name else ''}{exc.message}")
-        typed = {k: form.get(k, "")[:FLASH_VALUE_MAX] for k in ("step", "name", "intervention", "tool_policies")}
+        typed = {k: form.get(k, "")[:FLASH_VALUE_MAX] for k in ("step", "name", "intervention", "tool_policies",
+                                                                 "hand_off")}
         flash_id = flash_store(request.app).put({"form": typed, "error": message, "field": field_name})
         return RedirectResponse(f"/runs/{channel_id}?{urlencode({'fork_error': flash_id})}#fork", status_code=303)
-    return RedirectResponse(f"/runs/{req.new_channel_id}?created=1#continue", status_code=303)
+    return RedirectResponse(f"/runs/{req.new_channel_id}?created=1#{'hand-off' if req.hand_off else 'continue'}",
+                            status_code=303)
 
 
 FORKS_API_ROUTES = (
@@ -10068,9 +10081,16 @@ FORKS_PAGE_ROUTES = (
     ("POST", "/runs/{channel_id}/fork", page_fork),
 )
 
+
+def fork_channels(req: Fork) -> Optional[tuple]:
+    """The channels a fork writes: its source's and its own; a handed-off fork's job goes to a channel
+    of its own (an event hook's), so that one takes the instance's lock."""
+    return None if req.hand_off else (req.source_channel_id, req.new_channel_id)
+
+
 FORKS = declare(Region(
     "forks", features=("forks",), routes=FORKS_API_ROUTES, pages=FORKS_PAGE_ROUTES, lone_writes=(fork_channel,),
-    channel_writes=((fork_channel, lambda req: (req.source_channel_id, req.new_channel_id)),)))
+    channel_writes=((fork_channel, fork_channels),)))
 
 
 # =============================================================================
@@ -13812,6 +13832,7 @@ class PlanPageQuery(Record):
     intervention: PageText = ""
     tool_policies: PageText = ""
     fragment: bool = False               # only the plan's table (the form fetches it as its fields change)
+    hand_off: bool = False
 
 
 async def page_fork_plan(request: Request) -> Response:
@@ -13821,7 +13842,7 @@ async def page_fork_plan(request: Request) -> Response:
     query = page_query(request, PlanPageQuery)
     context = {"title": f"Plan a fork of {channel_id}", "channel_id": channel_id, "plan": None, "error": None,
                "form": {"step": str(query.step or ""), "name": query.name, "intervention": query.intervention,
-                        "tool_policies": query.tool_policies}, "fragment": query.fragment}
+                        "tool_policies": query.tool_policies, "hand_off": query.hand_off}, "fragment": query.fragment}
     try:
         policies = form_tool_policies(msgspec.structs.asdict(query))
         plan = await db_of(request).read(plan_fork, ForkPlanRequest(
@@ -13848,6 +13869,222 @@ FORK_PLANS = declare(Region(
     routes=(Api("POST", "/api/v1/forks/plan", api_forks_plan, body=ForkPlanRequest,
                 scopes=reads("body.source_channel_id")),),
     pages=(("GET", "/runs/{channel_id}/fork/plan", page_fork_plan),), run_page_parts=(fork_plan_part,)))
+
+
+# =============================================================================
+# Hand-offs: records and schema
+# =============================================================================
+# Region: forks the application's own workers run. A fork made with `hand_off` (the API, the fork
+# form, bulk fork, MCP), or handed off once made, is announced in the same transaction as a
+# `fork.job` event on one jobs channel that one consumer group reads: the Groups region's competing
+# consumers, so a worker built on the SDK's create_group / join_group / claim_work / ack_work takes
+# each job alone, and a job whose worker's lease ran out goes to the next worker (at-least-once; the
+# ledger keeps the fork's side effects single across the takeover). Where a job stands is read from
+# what is stored already (the group's reservations, the fork's own run): a claim, a heartbeat and an
+# acknowledgement write nothing more.
+
+FORK_JOBS_CHANNEL = "actae.fork-jobs"            # one `fork.job` event per hand-off
+FORK_WORKERS_GROUP = "actae.fork-workers"        # the consumer group the workers join
+FORK_JOB_EVENT = "fork.job"
+HAND_OFF_STATES = ("waiting", "claimed", "running", "done", "failed")
+
+
+def hand_offs_schema(w: SchemaWords) -> str:
+    return f"""
+    -- A fork handed to the application's workers: its job (the cursor of its fork.job event on the
+    -- jobs channel) and the fork's last cursor when it was handed off (what it records after is the
+    -- worker's). One row per fork: handing off again a fork whose job failed replaces it.
+    CREATE TABLE IF NOT EXISTS fork_hand_offs (
+        channel_id     TEXT PRIMARY KEY,
+        group_id       TEXT NOT NULL,
+        jobs_channel   TEXT NOT NULL,
+        job_cursor     {w.integer} NOT NULL,
+        run_cursor     {w.integer} NOT NULL,
+        handed_off_at  TEXT NOT NULL
+    );
+    """
+
+
+class HandOff(Answer):
+    """A fork handed to the application's workers and where its job stands: `waiting` for a worker,
+    `claimed` by one (`worker`), `running` (the worker records on the fork), `done` (the fork
+    completed), `failed` (the fork crashed or failed, or its worker let the job go unfinished)."""
+
+    channel_id: str
+    state: Literal[HAND_OFF_STATES]
+    detail: str                        # the state in words, as the fork's page says it
+    worker: Optional[str]              # the worker (consumer id) that holds the job, or held it last
+    lease_until: Optional[str]         # until when it holds it, unless it renews
+    jobs_channel_id: str
+    group_id: str
+    job_cursor: int
+    handed_off_at: str
+
+
+# =============================================================================
+# Hand-offs: the job, and where it stands
+# =============================================================================
+
+def announce_fork_job(tx: Tx, fork: Row, run_cursor: int) -> None:
+    """The fork's job: a fork.job event on the jobs channel, and its row. The workers' group is made
+    with the first job, so every job is above its watermark."""
+    conn = tx.conn
+    if channel_by_id(conn, FORK_JOBS_CHANNEL) is None and row_where(conn, "consumer_groups", id=FORK_WORKERS_GROUP):
+        # The jobs channel was deleted: its new first jobs would lie below the old group's watermark.
+        delete_consumer_group(tx, FORK_WORKERS_GROUP)
+    create_consumer_group(tx, FORK_WORKERS_GROUP, FORK_JOBS_CHANNEL, {"purpose": "forks handed to workers"})
+    job = append_event(tx, FORK_JOBS_CHANNEL, FORK_JOB_EVENT, {
+        "fork_channel_id": fork["id"], "source_channel_id": fork["parent_id"],
+        "forked_at_step": fork["forked_at_step"]})
+    delete_hand_off(tx, fork["id"])            # a fork handed off again: its new job replaces the failed one
+    conn.execute("INSERT INTO fork_hand_offs (channel_id, group_id, jobs_channel, job_cursor, run_cursor,"
+                 " handed_off_at) VALUES (?, ?, ?, ?, ?, ?)",
+                 (fork["id"], FORK_WORKERS_GROUP, FORK_JOBS_CHANNEL, job.cursor, run_cursor, tx.ts))
+
+
+def announce_handed_off_fork(tx: Tx, event: Event) -> None:
+    """fork.started of a fork made with hand_off: its job, in the fork's transaction."""
+    if not (isinstance(event.payload, dict) and event.payload.get("hand_off") is True):
+        return
+    fork = channel_by_id(tx.conn, event.channel_id)
+    # Only a fork's own first event: a fork.started recorded by hand later, or on a run that is no
+    # fork, announces nothing (POST .../hand-off is the way to hand off a fork made without it).
+    if fork is None or fork["parent_id"] is None or event.cursor != 1:
+        return
+    announce_fork_job(tx, fork, event.cursor)
+
+
+def job_holder(conn: Conn, row: Row) -> tuple[Optional[Row], bool]:
+    """(the worker whose reservation covers the job, or None; whether the job is acknowledged)."""
+    group = row_where(conn, "consumer_groups", id=row["group_id"])
+    if group is None:
+        return None, False
+    job = row["job_cursor"]
+    holder = conn.execute("SELECT * FROM group_consumers WHERE group_id = ? AND reserved_from < ?"
+                          " AND claimed_cursor >= ? ORDER BY updated_at DESC, consumer_id",
+                          (row["group_id"], job, job)).fetchone()
+    return holder, job <= group["committed_cursor"] or (holder is not None and holder["acked_cursor"] >= job)
+
+
+def hand_off_of(conn: Conn, row: Row, run: Row, now: str) -> HandOff:
+    """Where the job stands, from the fork's run first (completed is done, whoever ran it), then from
+    the group's reservation of the job."""
+    holder, acked = job_holder(conn, row)
+    worker = holder["consumer_id"] if holder is not None else None
+    lease = holder["lease_until"] if holder is not None else None
+    live = holder is not None and lease > now and not acked
+    progressed = (run["last_cursor"] or 0) > row["run_cursor"]
+    state, run_state = run["run_state"], run["run_state"]
+    if run_state == "completed":
+        state, detail = "done", "The fork completed" + (f" on worker {worker}." if worker else ".")
+    elif acked:
+        state = "failed"
+        detail = (f"The fork {run_state}" + (f" on worker {worker}" if worker else "") + "."
+                  if run_state in FAILURE_STATES else
+                  f"Worker {worker or '(gone)'} let the job go without completing the fork (it is {run_state}).")
+    elif live and progressed and run_state in FAILURE_STATES:
+        state, detail = "failed", f"The fork {run_state} on worker {worker}."
+    elif live:
+        state = "running" if progressed else "claimed"
+        doing = f"Worker {worker} is running it" if progressed else f"Claimed by worker {worker}"
+        detail = f"{doing} (its lease runs until {lease} unless it renews)."
+    elif holder is not None:
+        state, detail = "waiting", (f"Waiting for a worker: {worker}'s lease ran out at {lease}; the next worker"
+                                    " to claim work takes the job and resumes the fork where it stands.")
+    else:
+        state, detail = "waiting", (f"Waiting for a worker to claim it from the group {row['group_id']} (on the"
+                                    f" channel {row['jobs_channel']}).")
+    return HandOff(channel_id=row["channel_id"], state=state, detail=detail, worker=worker, lease_until=lease,
+                   jobs_channel_id=row["jobs_channel"], group_id=row["group_id"], job_cursor=row["job_cursor"],
+                   handed_off_at=row["handed_off_at"])
+
+
+def hand_off_state(conn: Conn, channel_id: str, reach: Reach, now: Optional[str] = None) -> HandOff:
+    """Where a handed-off fork's job stands; 404 for a run `reach` may not read, or never handed off."""
+    if not reach.sees(channel_id):
+        raise NotFound(f"channel {channel_id} not found")
+    run = require_channel(conn, channel_id)
+    row = present(row_where(conn, "fork_hand_offs", channel_id=channel_id),
+                  lambda: NotFound(f"run {channel_id} was not handed off to a worker"))
+    return hand_off_of(conn, row, run, now or iso(utc_now()))
+
+
+def hand_off_fork(tx: Tx, channel_id: str, reach: Reach) -> HandOff:
+    """Hand a fork made without hand_off to the workers. One job at a time: a fork whose job is still
+    waiting, claimed or running answers that job; one whose job failed gets a new job."""
+    if not reach.sees(channel_id):
+        raise NotFound(f"channel {channel_id} not found")
+    run = require_channel(tx.conn, channel_id)
+    if run["parent_id"] is None:
+        raise Conflict("not_a_fork", f"{channel_id} is not a fork: a worker resumes a fork from its boundary")
+    row = row_where(tx.conn, "fork_hand_offs", channel_id=channel_id)
+    if row is not None:
+        current = hand_off_of(tx.conn, row, run, tx.ts)
+        if current.state != "failed":
+            return current
+    if run["run_state"] == "completed":
+        raise Conflict("run_completed", f"{channel_id} completed already: fork it again to run its tail anew")
+    announce_fork_job(tx, run, run["last_cursor"] or 0)
+    return hand_off_of(tx.conn, row_where(tx.conn, "fork_hand_offs", channel_id=channel_id), run, tx.ts)
+
+
+def delete_hand_off(tx: Tx, channel_id: str) -> None:
+    """A deleted fork's row (its job stays on the jobs channel: the worker finds no fork and lets it go)."""
+    tx.conn.execute("DELETE FROM fork_hand_offs WHERE channel_id = ?", (channel_id,))
+
+
+def hand_off_part(conn: Conn, channel_id: str) -> dict:
+    """A fork's page: where its job stands, or the button that hands it off (a fork not yet completed)."""
+    run = require_channel(conn, channel_id)
+    row = row_where(conn, "fork_hand_offs", channel_id=channel_id)
+    if row is not None:
+        return {"hand_off": msgspec.to_builtins(hand_off_of(conn, row, run, iso(utc_now())))}
+    return {"hand_off": None, "may_hand_off": run["parent_id"] is not None and run["run_state"] != "completed"}
+
+
+# =============================================================================
+# Hand-offs: handlers, routes and the fork page's card
+# =============================================================================
+
+async def api_hand_off(request: Request, path) -> HandOff:
+    """Where a handed-off fork's job stands: waiting for a worker, claimed by which worker, running, done
+    or failed (404 for a run never handed off)."""
+    return await db_of(request).read(hand_off_state, path.channel_id, reach_of(request))
+
+
+async def api_hand_off_fork(request: Request, path, body: Empty) -> HandOff:
+    """Hand a fork to the application's workers: a `fork.job` event on the jobs channel actae.fork-jobs,
+    claimed through the consumer group actae.fork-workers. A fork whose job is not over answers that job;
+    409 for a run that is no fork, or a fork that completed."""
+    return await db_of(request).write(hand_off_fork, path.channel_id, reach_of(request))
+
+
+async def page_hand_off_card(request: Request) -> Response:
+    """The fork page's hand-off card alone: live.js fetches it again until the job is over."""
+    channel_id = path_channel(request)
+    handed = await db_of(request).read(hand_off_state, channel_id, reach_of(request))
+    return render(request, "_hand_off.html", {"hand_off": msgspec.to_builtins(handed), "may_hand_off": False,
+                                               "run": {"channel_id": channel_id}})
+
+
+async def page_hand_off(request: Request) -> Response:
+    """The fork page's "Hand it to a worker" button."""
+    channel_id = path_channel(request)
+    await read_form(request)
+    context_of(request).principal.require("write", channel_id)
+    await db_of(request).write(hand_off_fork, channel_id, reach_of(request))
+    return RedirectResponse(f"/runs/{channel_id}#hand-off", status_code=303)
+
+
+HAND_OFFS = declare(Region(
+    "hand-offs", features=("fork_hand_off",), schema=(SchemaPart(27, hand_offs_schema),),
+    event_hooks=(EventHook(("fork.started",), announce_handed_off_fork),), deleters=(delete_hand_off,),
+    routes=(Api("GET", "/api/v1/channels/{channel_id}/hand-off", api_hand_off, scopes=reads(P)),
+            Api("POST", "/api/v1/channels/{channel_id}/hand-off", api_hand_off_fork, body=Empty, body_optional=True,
+                scopes=writes(P))),
+    pages=(("GET", "/runs/{channel_id}/hand-off", page_hand_off_card),
+           ("POST", "/runs/{channel_id}/hand-off", page_hand_off)),
+    run_page_parts=(hand_off_part,)))
 
 
 # =============================================================================
@@ -13903,6 +14140,7 @@ class BulkFork(Idempotent):
                               description="the fork's id: {channel_id} is the run's id, {step} the step")] = (
         "{channel_id}-retry")
     dry_run: bool = False
+    hand_off: bool = False                    # hand each fork to the application's workers (a job each)
 
     def __post_init__(self):
         super().__post_init__()
@@ -14359,7 +14597,7 @@ def plan_bulk_fork(conn: Conn, req: BulkFork, reach: Reach) -> tuple:
         planned.append(PlannedFork(run_id, step, Fork(
             source_channel_id=boundary.channel_id, new_channel_id=name, at_cursor=boundary.cursor, display_name=name,
             reason=f"Bulk fork of {run_id} after step {step}", experiment_metadata=experiment,
-            manifest={"source": "bulk_fork"}, tool_policies=req.tool_policies)))
+            manifest={"source": "bulk_fork"}, tool_policies=req.tool_policies, hand_off=req.hand_off)))
     return planned, skipped
 
 
@@ -14402,7 +14640,8 @@ def bulk_fork(tx: Tx, req: BulkFork, reach: Reach = EVERYWHERE) -> BulkForkAnswe
     earlier one of the same run and step replays that fork. The reach is part of what the operation
     id names: another credential's answer is never replayed to this one."""
     conn = tx.conn
-    hashed = request_hash({**{k: v for k, v in msgspec.to_builtins(req).items() if k != "operation_id"},
+    hashed = request_hash({**{k: v for k, v in msgspec.to_builtins(req).items()
+                              if k != "operation_id" and (k != "hand_off" or v)},
                            **({} if reach.everywhere else {"reach": [list(reach.read), list(reach.write)]})})
     if req.operation_id is not None:
         stored = bulk_fork_by_operation(conn, req.operation_id)
@@ -15080,6 +15319,7 @@ class RunRead(typing.TypedDict):
     forks: list[dict]
     steps: list[dict]
     more_steps: bool
+    hand_off: Optional[dict]           # a fork handed to a worker: where its job stands
 
 
 class StepRead(typing.TypedDict):
@@ -15133,7 +15373,8 @@ def run_digest(conn: Conn, channel_id: str, reach: Reach) -> dict:
              for item in page["timeline"] if item["kind"] == "event"]
     return {"run": page["run"], "failure": page["failure"], "cause": page["cause"], "handled_by": page["handled_by"],
             "forks": [{"channel_id": f["channel_id"], "forked_at_step": f["forked_at_step"]} for f in page["forks"]],
-            "steps": steps, "more_steps": page["more"] is not None}
+            "steps": steps, "more_steps": page["more"] is not None,
+            "hand_off": hand_off_part(conn, channel_id).get("hand_off")}
 
 
 def step_digest(conn: Conn, channel_id: str, step: int, reach: Reach) -> dict:
@@ -15279,10 +15520,12 @@ def mcp_server() -> "MCPServer":
     @server.tool(name="fork_run", description="Fork a run after `at_step` into a new run `new_channel_id`, with"
                  " the tool policies and intervention of the plan you read: `plan_digest` must be that plan's"
                  " digest (plan_fork). If the run's ledger or records changed since, the fork is refused and the"
-                 " new plan is returned: read it before trying again.")
+                 " new plan is returned: read it before trying again. With hand_off true the application's"
+                 " workers run the fork's tail (a job on the consumer group actae.fork-workers); read_run then"
+                 " shows where that job stands.")
     async def fork_run(ctx: McpContext, channel_id: str, new_channel_id: str, at_step: int, plan_digest: str,
                        tool_policies: Optional[dict] = None, intervention: Optional[dict] = None,
-                       reason: Optional[str] = None) -> ForkMade:
+                       reason: Optional[str] = None, hand_off: bool = False) -> ForkMade:
         plan = await plan_fork_tool(ctx, channel_id, at_step, tool_policies, intervention)
         if plan["digest"] != plan_digest:
             raise tool_error("409 plan_changed: the plan changed since it was read (or the digest is not this"
@@ -15296,7 +15539,7 @@ def mcp_server() -> "MCPServer":
             "source_channel_id": boundary["channel_id"], "new_channel_id": new_channel_id,
             "at_cursor": boundary["requested_cursor"], "display_name": new_channel_id, "tool_policies": tool_policies,
             "reason": reason or f"Forked from {channel_id} after step {at_step} (MCP)", "experiment_metadata": experiment,
-            "manifest": {"source": "mcp"}})
+            "manifest": {"source": "mcp"}, "hand_off": hand_off})
         return {"receipt": receipt, "plan": plan}
 
     @server.tool(name="bulk_fork", description="Fork every run a filter selects (default: failed and crashed"
@@ -15306,8 +15549,10 @@ def mcp_server() -> "MCPServer":
                  " changed).")
     async def bulk_fork_tool(ctx: McpContext, filter: Optional[dict] = None, dry_run: bool = True,
                              plan_digest: Optional[str] = None, tool_policies: Optional[dict] = None,
-                             intervention: Optional[dict] = None, name: str = "{channel_id}-retry") -> dict:
-        body = {"filter": filter or {}, "tool_policies": tool_policies, "intervention": intervention, "name": name}
+                             intervention: Optional[dict] = None, name: str = "{channel_id}-retry",
+                             hand_off: bool = False) -> dict:
+        body = {"filter": filter or {}, "tool_policies": tool_policies, "intervention": intervention, "name": name,
+                "hand_off": hand_off}
         preview = await route_answer(ctx, "POST", "/api/v1/forks/bulk", body={**body, "dry_run": True})
         digest = dry_run_digest(preview)
         if dry_run:

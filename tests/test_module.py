@@ -111,7 +111,7 @@ def test_related_sections_sit_together():
 # --- the core in layers, each capability in a region of its own -----------------------------------
 
 REGIONS = ("Runs", "Forks", "Diff and outcome", "Ledger", "Wake-ups", "Groups", "Experiments", "Model calls",
-           "Fork plans", "Many runs", "MCP", "Moving runs", "Observability", "Fleet")
+           "Fork plans", "Hand-offs", "Many runs", "MCP", "Moving runs", "Observability", "Fleet")
 # The names that say which capability a definition belongs to.
 CAPABILITY_NAMES = {
     "Wake-ups": re.compile(r"wakeup|Wakeup|WAKEUP|Scheduler"),
@@ -123,6 +123,7 @@ CAPABILITY_NAMES = {
     "Many runs": re.compile(r"approval|Approval|APPROVAL|bulk|Bulk|BULK|prune|Prune|PRUNE|retention|Retention"
                             r"|RETENTION"),
     "Observability": re.compile(r"span|Span|SPAN|otel|Otel|OTEL|otlp|Otlp|OTLP|metric|Metric|METRIC"),
+    "Hand-offs": re.compile(r"hand_off|HandOff|HAND_OFF|fork_job|FORK_JOB"),
 }
 # What the kernel declares for the regions: the record, the list, and the hooks built from it.
 REGION_KERNEL = {"Region", "REGIONS", "declare", "SchemaPart", "EventHook", "Installed", "Hooks", "hooks_of",

@@ -116,7 +116,12 @@ document.addEventListener("click", function (e) {
         panel.innerHTML = html;
         panel.setAttribute("data-step", query.get("step") || "");
         var link = document.getElementById("plan-link");     // the plan's own page, for these choices
-        if (link) { query.delete("fragment"); link.href = form.getAttribute("data-plan-url") + "?" + query.toString(); }
+        if (link) {
+          query.delete("fragment");
+          if (form.elements.name && form.elements.name.value) query.set("name", form.elements.name.value);
+          if (form.elements.hand_off && form.elements.hand_off.checked) query.set("hand_off", "1");
+          link.href = form.getAttribute("data-plan-url") + "?" + query.toString();
+        }
       })
       .catch(function () {});
   }
@@ -124,4 +129,27 @@ document.addEventListener("click", function (e) {
   form.addEventListener("change", function () { soon(100); });
   form.addEventListener("input", function (e) { if (e.target.tagName === "TEXTAREA") soon(500); });
   load();
+})();
+
+/* A fork handed to a worker: its card (marked data-poll) is fetched again every second and put in
+   place, until the job is over (done or failed: the card then carries no data-poll). */
+(function () {
+  if (!window.fetch) return;
+  function poll() {
+    var card = document.querySelector("#hand-off[data-poll]");
+    if (!card) return;
+    if (document.hidden) { setTimeout(poll, 1000); return; }
+    fetch(card.getAttribute("data-poll"), {credentials: "same-origin"})
+      .then(function (answer) { return answer.ok ? answer.text() : null; })
+      .then(function (html) {
+        if (html) {
+          var fresh = new DOMParser().parseFromString(html, "text/html").getElementById("hand-off");
+          var now = document.getElementById("hand-off");
+          if (fresh && now && fresh.outerHTML !== now.outerHTML) now.replaceWith(document.importNode(fresh, true));
+        }
+        setTimeout(poll, 1000);
+      })
+      .catch(function () { setTimeout(poll, 2000); });
+  }
+  setTimeout(poll, 1000);
 })();
