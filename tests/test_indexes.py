@@ -180,6 +180,7 @@ INDEX_USES = {
     "llm_bodies_pkey": constraint("a body's SHA-256 names it: each distinct body is stored once"),
     "llm_passes_pkey": constraint("one current pass per run"),
     "llm_upstreams_pkey": constraint("a name names one kept upstream (`llm add` again replaces it)"),
+    "fork_hand_offs_pkey": constraint("one job at a time per fork: handing it off again replaces a failed one's row"),
     "llm_tallies_pkey": constraint("one tally per (run, pass)"),
     "llm_calls_by_pass": query("a pass's completed call at a position (completed_call_at)",
                                lambda c: actae.completed_call_at(c, RUN, 0, 0, 2**62)),
