@@ -82,6 +82,10 @@ Moving runs: routes and commands — over HTTP and from the command line
 Observability: metrics — region: Prometheus /metrics, one registry per app, the stored-data gauges
 Observability: traces — every run as an OpenTelemetry trace, live and backfilled
 Observability: handlers, routes and commands — /metrics, /metrics.json, otel-export, the installer
+Ingest: records — region: OTLP/HTTP trace ingest, each trace a run; the spans, the answers, a run's trace
+Ingest: spans into runs — decode (protobuf, JSON), classify, write each once (a model span: a call of the record)
+Ingest: a run's trace — its spans as steps and their calls, the waterfall
+Ingest: handlers, routes and its Region — POST /v1/traces, GET /api/v1/channels/{id}/trace, the rate limit
 Fleet: records and schema — region: the fleet gateway's records, its tables, its queries
 Fleet: remote instances, organisation tokens — keys encrypted beside the database, fleet tokens, tickets
 Fleet: the gateway's manifest, dispatch — local in process, remote over HTTP; keyset queries; the handlers
@@ -123,7 +127,7 @@ import typing
 import uuid
 import weakref
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace as replaced
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
@@ -3426,6 +3430,11 @@ class WriteQueue:
         self._jobs: collections.deque = collections.deque()   # Jobs; None: a writer stops there
         self._held: dict = {}          # id of a batch in flight -> its channels (a set), or None: every one
 
+    @property
+    def waiting(self) -> int:
+        """How many jobs wait for a writer (a door that sheds load reads it)."""
+        return len(self._jobs)
+
     def put(self, job: Optional[Job]) -> None:
         with self._ready:
             self._jobs.append(job)
@@ -3546,6 +3555,11 @@ class Database:
         self._closed = False
         self.batches = 0
         self.batched_jobs = 0
+
+    @property
+    def writes_waiting(self) -> int:
+        """Write jobs not yet taken by a writer: how far behind the writer is."""
+        return self._jobs.waiting
 
     async def open(self) -> "Database":
         await self.engine.open()
@@ -9995,18 +10009,40 @@ def form_tool_policies(form: dict) -> Optional[dict]:
     return policies
 
 
-def dashboard_fork_request(conn: Conn, channel_id: str, form: dict) -> Fork:
-    """Turn the run page's fork form into the same request the SDK sends; each problem names its field."""
-    step_text = form.get("step", "").strip()
-    if not (step_text.isascii() and step_text.isdigit()) or int(step_text) < 1:
-        raise FormError("step", "Choose the step to fork after.")
-    step = int(step_text)
+def fork_form_name(channel_id: str, form: dict) -> str:
     try:
         name = valid_channel(form.get("name", "").strip(), "name")
     except ActaeError:
         raise FormError("name", "Name: use 1 to 256 letters, digits, '.', '_', ':' or '-'.")
     if name == channel_id:
         raise FormError("name", "Name: the fork needs a name of its own.")
+    return name
+
+
+def lineage_only_fork_request(conn: Conn, channel_id: str, name: str, form: dict) -> Fork:
+    """The fork of a run without steps or state (one assembled from spans, say): its lineage only, as
+    the SDK's boundary_mode="lineage_only" makes it (a fork at no boundary, with no state)."""
+    if state_row_at(conn, channel_id, None) is not None:
+        raise FormError("step", "This run has saved state: fork it after one of its steps.")
+    return record_from(Fork, {
+        "source_channel_id": channel_id, "new_channel_id": name, "at_cursor": 0, "operation_id": str(uuid.uuid4()),
+        "display_name": name, "reason": f"Forked from {channel_id}, its lineage only (dashboard)",
+        "experiment_metadata": {"session_name": name, "forked_from": channel_id, "forked_from_channel": channel_id,
+                                "forked_at_step": 0, "status": "created", "boundary_mode": "lineage_only"},
+        "manifest": {"source": "dashboard", "boundary_mode": "lineage_only"}, "hand_off": form.get("hand_off") == "1",
+    }, "fork form")
+
+
+def dashboard_fork_request(conn: Conn, channel_id: str, form: dict) -> Fork:
+    """Turn the run page's fork form into the same request the SDK sends; each problem names its field."""
+    if form.get("lineage_only") == "1":
+        require_channel(conn, channel_id)
+        return lineage_only_fork_request(conn, channel_id, fork_form_name(channel_id, form), form)
+    step_text = form.get("step", "").strip()
+    if not (step_text.isascii() and step_text.isdigit()) or int(step_text) < 1:
+        raise FormError("step", "Choose the step to fork after.")
+    step = int(step_text)
+    name = fork_form_name(channel_id, form)
     try:
         boundary = resolve_step(conn, channel_id, step)
     except NotFound:
@@ -17242,6 +17278,828 @@ OBSERVABILITY = declare(Region(
     "observability", routes=tuple(OBSERVABILITY_ROUTES), json_paths=("/metrics", "/metrics.json"),
     installers=(install_observability,), request_observers=(observe_request,), commands=(add_observability_commands,),
     serve_flags=(add_otlp_flag,), options=(otlp_option_of,), banner_lines=(traces_banner,)))
+
+
+# =============================================================================
+# Ingest: records — region: OTLP/HTTP trace ingest, each trace a run; what crosses its sections
+# =============================================================================
+# Any framework's OpenTelemetry spans become runs: POST /v1/traces (the path every OTLP/HTTP
+# exporter appends to its endpoint) in protobuf or JSON, gzip or not. A span is named to a run by
+# `actae.channel_id` (its own attribute, else its resource's), else by its trace: `trace-<trace id in
+# hex>`. Each span is one event of its run (`span.agent`, `span.chain`, `span.llm`, `span.tool`,
+# `span.other`; `span.error` when it failed), appended once: its operation id is the span's, so an
+# exporter's retry changes nothing. What the run reads as (its steps, each step's calls, the
+# waterfall) is assembled from those events ordered by the spans' own start times, never by arrival:
+# spans arriving shuffled, in many batches, twice, give the same run. A model span is also a row of
+# the model gateway's call record (`llm_calls`, upstream "otlp"), priced as the gateway prices, so a
+# call reads the same whoever recorded it; one the gateway recorded itself (the same response id) is
+# that call, counted once. Nothing here runs for a run that never used ingest.
+
+OTLP_TRACES_PATH = "/v1/traces"
+OTLP_PROTOBUF, OTLP_JSON = "application/x-protobuf", "application/json"
+OTLP_DECODED_MAX = 32 * 1024 * 1024          # a request's body after gzip; past it, 413
+OTLP_TEXT_MAX = 4096                         # characters of a string attribute kept in a span's event
+OTLP_ATTRIBUTES_MAX = 128                    # attributes kept per span (the rest are counted)
+OTLP_QUEUE_MAX = 2000                        # write jobs waiting: past it, 503 with Retry-After
+OTLP_RETRY_SECONDS = 1
+TRACE_PAGE_SPANS_MAX = 5000                  # spans a run's trace reads
+INGEST_CHANNEL_ATTRIBUTE = "actae.channel_id"
+TRACE_RUN_PREFIX = "trace-"
+SPAN_KINDS = ("agent", "chain", "llm", "tool", "other")
+STEP_KINDS = ("agent", "chain")
+SPAN_EVENT_ERROR = "span.error"
+SPAN_EVENT_TYPES = tuple(f"span.{kind}" for kind in SPAN_KINDS) + (SPAN_EVENT_ERROR,)
+SPAN_OPERATION_PREFIX, SPAN_OPERATION_END = "otlp:", "otlp;"   # a span event's operation id: otlp:<trace>:<span>
+SPAN_CALL_UPSTREAM = "otlp"                  # llm_calls.upstream of a call a span reported
+SPAN_CALL_PASS = -1                          # ... and its pass_start: in no gateway pass, never replayed
+# The GenAI conventions' and OpenInference's names for what a span is and what it used.
+GENAI_OPERATION_KINDS = {"chat": "llm", "text_completion": "llm", "generate_content": "llm", "embeddings": "llm",
+                         "execute_tool": "tool", "invoke_agent": "agent", "create_agent": "agent"}
+OPENINFERENCE_KINDS = {"LLM": "llm", "EMBEDDING": "llm", "TOOL": "tool", "AGENT": "agent", "CHAIN": "chain",
+                       "RETRIEVER": "chain", "RERANKER": "chain", "GUARDRAIL": "chain", "EVALUATOR": "chain"}
+SPAN_NAMES = {
+    "input_tokens": ("gen_ai.usage.input_tokens", "gen_ai.usage.prompt_tokens", "llm.token_count.prompt"),
+    "output_tokens": ("gen_ai.usage.output_tokens", "gen_ai.usage.completion_tokens", "llm.token_count.completion"),
+    "cached_input_tokens": ("gen_ai.usage.cache_read.input_tokens", "gen_ai.usage.cache_read_input_tokens",
+                            "llm.token_count.prompt_details.cache_read"),
+    "model": ("gen_ai.response.model", "gen_ai.request.model", "llm.model_name"),
+    "provider": ("gen_ai.provider.name", "gen_ai.system", "llm.provider", "llm.system"),
+    "response_id": ("gen_ai.response.id",),
+    "tool": ("gen_ai.tool.name", "tool.name"),
+    "arguments": ("gen_ai.tool.call.arguments", "input.value"),
+    "result": ("gen_ai.tool.call.result", "output.value"),
+}
+
+
+@dataclass(frozen=True)
+class SpanError:
+    """Why a span failed: its exception (type, message, stack trace) or its status message."""
+
+    type: Optional[str]
+    message: str
+    stacktrace: Optional[str]
+
+
+@dataclass(frozen=True)
+class IngestedSpan:
+    """One span as it becomes an event: named to its run, classified, its figures read out."""
+
+    channel_id: str
+    trace_id: str                      # 32 hex digits
+    span_id: str                       # 16 hex digits
+    parent_span_id: Optional[str]
+    name: str
+    kind: str                          # one of SPAN_KINDS
+    start_ns: int
+    end_ns: int
+    error: Optional[SpanError]
+    service: Optional[str]
+    attributes: dict                   # bounded (OTLP_ATTRIBUTES_MAX, OTLP_TEXT_MAX)
+    usage: CallUsage
+    provider: Optional[str]
+    response_id: Optional[str]
+    tool: Optional[str]
+    arguments: Json
+    result: Json
+    input_messages: list               # a model span's conversation, whole (kept as its call's bodies)
+    output_messages: list
+
+
+@dataclass(frozen=True)
+class PreparedSpan:
+    """A span with what its write needs worked out before the write (off the writer's thread): its
+    model call's price, id and bodies, its event's payload and that payload's canonical text."""
+
+    span: IngestedSpan
+    call_id: Optional[str]             # a model span's own call (a call the gateway recorded replaces it)
+    cost: Optional[float]
+    bodies: Optional[tuple]            # (request, response) PackedBody of a model span
+    payload: dict
+    payload_text: str
+
+
+@dataclass(frozen=True)
+class SpanBatch:
+    """A request's spans, prepared, and those refused while decoding it (each with why)."""
+
+    spans: list                        # PreparedSpan
+    refused: list                      # reasons, one per refused span
+
+
+class IngestAnswer(Answer):
+    """What the request's spans became (the OTLP answer's partial success carries the refusals)."""
+
+    accepted: int
+    duplicates: int                    # already here (an exporter's retry): nothing changed
+    rejected: int
+    runs: list[str]
+    message: Optional[str]
+
+
+class TraceCall(Answer):
+    """A span inside a step, on the step's time axis: a model or tool call, a nested agent or chain."""
+
+    span_id: str
+    parent_span_id: Optional[str]
+    depth: int                         # 1: a child of its step
+    name: str
+    kind: str
+    offset_ms: float                   # from the run's first span
+    duration_ms: float
+    status: str                        # ok or error
+    error: Optional[dict]
+    model: Optional[str]
+    provider: Optional[str]
+    tool: Optional[str]
+    input_tokens: Optional[int]
+    output_tokens: Optional[int]
+    cached_input_tokens: Optional[int]
+    cost: Optional[float]
+    call_id: Optional[str]             # its model call (the call record, as the gateway's are)
+    input: Json                        # a model call's messages, a tool call's arguments
+    output: Json                       # ... the model's answer, the tool's result
+
+
+class TraceStep(Answer):
+    """A step of a run assembled from spans: an agent or chain span, with every span inside it."""
+
+    number: int
+    span_id: str
+    name: str
+    kind: str
+    offset_ms: float
+    duration_ms: float
+    status: str
+    error: Optional[dict]
+    input_tokens: int
+    output_tokens: int
+    cost: Optional[float]
+    calls: list[TraceCall]
+
+
+class RunTrace(Answer):
+    """A run's spans as steps and their calls, by the spans' own times (GET /channels/{id}/trace)."""
+
+    channel_id: str
+    trace_ids: list[str]
+    spans: int
+    start: Optional[str]
+    duration_ms: float
+    status: str                        # error when any span failed
+    steps: list[TraceStep]
+    truncated: bool                    # more spans than TRACE_PAGE_SPANS_MAX: the first ones only
+
+
+# =============================================================================
+# Ingest: spans into runs — decode (protobuf, JSON), classify, write each once
+# =============================================================================
+
+def otlp_value(value) -> Json:
+    """An OTLP AnyValue as JSON."""
+    which = value.WhichOneof("value")
+    if which is None:
+        return None
+    if which == "array_value":
+        return [otlp_value(v) for v in value.array_value.values]
+    if which == "kvlist_value":
+        return {kv.key: otlp_value(kv.value) for kv in value.kvlist_value.values}
+    if which == "bytes_value":
+        return value.bytes_value.hex()
+    return getattr(value, which)
+
+
+def otlp_attributes(pairs) -> dict:
+    return {kv.key: otlp_value(kv.value) for kv in pairs}
+
+
+def bounded(value: Json) -> Json:
+    """A value as a span's event keeps it: long strings cut to OTLP_TEXT_MAX characters."""
+    if isinstance(value, str):
+        return value if len(value) <= OTLP_TEXT_MAX else value[:OTLP_TEXT_MAX] + f"... [{len(value)} characters]"
+    if isinstance(value, list):
+        return [bounded(item) for item in value[:OTLP_ATTRIBUTES_MAX]]
+    if isinstance(value, dict):
+        return {str(k)[:200]: bounded(v) for k, v in list(value.items())[:OTLP_ATTRIBUTES_MAX]}
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def first_named(attributes: dict, figure: str) -> Json:
+    return next((attributes[name] for name in SPAN_NAMES[figure] if attributes.get(name) not in (None, "")), None)
+
+
+def count_of(value: Json) -> Optional[int]:
+    """A token count as OTLP carries it (an int, or JSON's decimal string), or None."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 19:
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= USAGE_COUNT_MAX else None
+
+
+def json_or_text(value: Json) -> Json:
+    """An attribute that carries JSON as text (arguments, results, messages): the document, else the text."""
+    if isinstance(value, str) and value[:1] in "[{":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def span_kind(attributes: dict, name: str) -> str:
+    """agent, chain, llm, tool or other: by the GenAI conventions' operation, OpenInference's kind,
+    OpenLLMetry's, then the span's name."""
+    operation = attributes.get("gen_ai.operation.name")
+    if operation in GENAI_OPERATION_KINDS:
+        return GENAI_OPERATION_KINDS[operation]
+    kind = attributes.get("openinference.span.kind")
+    if isinstance(kind, str) and kind.upper() in OPENINFERENCE_KINDS:
+        return OPENINFERENCE_KINDS[kind.upper()]
+    kind = attributes.get("traceloop.span.kind")
+    if kind in ("workflow", "task"):
+        return "chain"
+    if kind in ("agent", "tool"):
+        return kind
+    if any(attributes.get(n) is not None for n in SPAN_NAMES["input_tokens"] + SPAN_NAMES["model"]):
+        return "llm"
+    head = name.split(" ", 1)[0].lower()
+    return GENAI_OPERATION_KINDS.get(head, "other")
+
+
+def indexed_messages(attributes: dict, prefix: str) -> list:
+    """OpenInference's flattened messages (`llm.input_messages.0.message.role`, ...) as a list."""
+    found: dict = {}
+    for key, value in attributes.items():
+        if key.startswith(prefix):
+            index, _, rest = key[len(prefix):].partition(".")
+            if index.isdigit():
+                found.setdefault(int(index), {})[rest.removeprefix("message.")] = value
+    return [found[i] for i in sorted(found)]
+
+
+def part_text(part: dict) -> str:
+    """A GenAI message part as text: its content, or the tool call it makes."""
+    if part.get("type") == "tool_call":
+        arguments = part.get("arguments")
+        return f"{part.get('name')}({arguments if isinstance(arguments, str) else json.dumps(arguments)})"
+    if part.get("type") == "tool_call_response":
+        response = part.get("response", part.get("result"))
+        return response if isinstance(response, str) else json.dumps(response)
+    return str(part.get("content", ""))
+
+
+def tool_calls_text(message: dict) -> str:
+    """OpenInference's flattened tool calls of a message (tool_calls.N.tool_call.function.name, ...)."""
+    calls: dict = {}
+    for key, value in message.items():
+        if key.startswith("tool_calls."):
+            index, _, rest = key[len("tool_calls."):].partition(".")
+            calls.setdefault(index, {})[rest.rsplit(".", 1)[-1]] = value
+    return "\n".join(f"{c.get('name')}({c.get('arguments', '')})" for _, c in sorted(calls.items()))
+
+
+def span_messages(attributes: dict, side: str) -> list:
+    """A model span's input or output conversation, as chat messages: the GenAI conventions'
+    `gen_ai.input.messages` / `gen_ai.output.messages`, else OpenInference's flattened ones."""
+    document = json_or_text(attributes.get(f"gen_ai.{side}.messages"))
+    messages = []
+    if isinstance(document, list):
+        for message in document:
+            if not isinstance(message, dict):
+                continue
+            parts = message.get("parts")
+            text = ("\n".join(part_text(p) for p in parts if isinstance(p, dict))
+                    if isinstance(parts, list) else message.get("content"))
+            messages.append({"role": message.get("role", "assistant"), "content": text if text is not None else ""})
+        return messages
+    for message in indexed_messages(attributes, f"llm.{side}_messages."):
+        text = message.get("content")
+        if text is None:              # OpenInference's parts: contents.N.message_content.text
+            text = "\n".join(str(v) for k, v in sorted(message.items()) if k.endswith("message_content.text"))
+        text = "\n".join(filter(None, (text, tool_calls_text(message))))
+        messages.append({"role": message.get("role", "assistant"), "content": text})
+    if not messages and attributes.get(f"{side}.value") is not None:     # a framework's raw input or output
+        messages.append({"role": "user" if side == "input" else "assistant",
+                         "content": str(attributes[f"{side}.value"])[:OTLP_TEXT_MAX]})
+    return messages
+
+
+def span_error(span) -> Optional[SpanError]:
+    """A failed span's error: its exception event's, else its ERROR status's message."""
+    for event in span.events:
+        if event.name == "exception":
+            found = otlp_attributes(event.attributes)
+            return SpanError(type=found.get("exception.type"), message=str(found.get("exception.message") or
+                                                                           found.get("exception.type") or "exception"),
+                             stacktrace=found.get("exception.stacktrace"))
+    if span.status.code == 2:                        # STATUS_CODE_ERROR
+        return SpanError(type=None, message=span.status.message or "the span's status is ERROR", stacktrace=None)
+    return None
+
+
+def run_of_span(span_attributes: dict, resource_attributes: dict, trace_id: str) -> str:
+    named = span_attributes.get(INGEST_CHANNEL_ATTRIBUTE) or resource_attributes.get(INGEST_CHANNEL_ATTRIBUTE)
+    return valid_channel(named, INGEST_CHANNEL_ATTRIBUTE) if named is not None else TRACE_RUN_PREFIX + trace_id
+
+
+def ingested_span(span, resource: dict) -> IngestedSpan:
+    """One decoded span as an IngestedSpan; BadRequest (the span is refused) when it cannot be one."""
+    if len(span.trace_id) != 16 or not any(span.trace_id) or len(span.span_id) != 8 or not any(span.span_id):
+        raise BadRequest("a span needs a 16-byte trace id and an 8-byte span id, not all zeros")
+    attributes = otlp_attributes(span.attributes)
+    trace_id = span.trace_id.hex()
+    kind = span_kind(attributes, span.name)
+    usage = CallUsage(input_tokens=count_of(first_named(attributes, "input_tokens")),
+                      output_tokens=count_of(first_named(attributes, "output_tokens")),
+                      cached_input_tokens=count_of(first_named(attributes, "cached_input_tokens")),
+                      model=first_named(attributes, "model"))
+    provider = first_named(attributes, "provider")
+    kept = dict(sorted(attributes.items())[:OTLP_ATTRIBUTES_MAX])
+    return IngestedSpan(
+        channel_id=run_of_span(attributes, resource, trace_id), trace_id=trace_id, span_id=span.span_id.hex(),
+        parent_span_id=span.parent_span_id.hex() if any(span.parent_span_id) else None,
+        name=span.name[:200] or "(unnamed)", kind=kind, start_ns=span.start_time_unix_nano,
+        end_ns=max(span.end_time_unix_nano, span.start_time_unix_nano), error=span_error(span),
+        service=resource.get("service.name"), attributes=bounded(kept), usage=usage,
+        provider=str(provider).lower() if provider is not None else None,
+        response_id=first_named(attributes, "response_id"), tool=first_named(attributes, "tool"),
+        arguments=bounded(json_or_text(first_named(attributes, "arguments"))) if kind == "tool" else None,
+        result=bounded(json_or_text(first_named(attributes, "result"))) if kind == "tool" else None,
+        input_messages=span_messages(attributes, "input") if kind == "llm" else [],
+        output_messages=span_messages(attributes, "output") if kind == "llm" else [])
+
+
+def span_batch(request_message) -> SpanBatch:
+    """An ExportTraceServiceRequest's spans; a span that cannot be one is refused, saying why."""
+    spans, refused = [], []
+    for resource_spans in request_message.resource_spans:
+        resource = otlp_attributes(resource_spans.resource.attributes)
+        for scope_spans in resource_spans.scope_spans:
+            for span in scope_spans.spans:
+                try:
+                    spans.append(prepared_span(ingested_span(span, resource)))
+                except BadRequest as exc:
+                    refused.append(exc.message)
+    return SpanBatch(spans=spans, refused=refused)
+
+
+def prepared_span(span: IngestedSpan) -> PreparedSpan:
+    """What writing the span needs, worked out here (a request's decoding thread): pricing a model call
+    and packing its bodies cost more than writing them (a profile of 200-span traces: genai-prices 29%
+    of the write, the payload's canonical JSON 13%)."""
+    call_id = cost = bodies = None
+    if span.kind == "llm":
+        call_id = str(uuid.uuid5(uuid.NAMESPACE_URL, f"otlp:{span.channel_id}:{span.trace_id}:{span.span_id}"))
+        cost = call_cost(span.provider or "", span.usage.model, span.usage)
+        bodies = (pack_body(canonical_dump({"model": span.usage.model, "messages": span.input_messages}).encode()),
+                  pack_body(canonical_dump({"choices": [{"message": message} for message in span.output_messages[:1]]
+                                            or [{"message": {}}]}).encode()))
+    payload = span_payload(span, call_id, cost)
+    return PreparedSpan(span=span, call_id=call_id, cost=cost, bodies=bodies, payload=payload,
+                        payload_text=canonical_dump(payload))
+
+
+def hex_ids_as_base64(document: Json) -> Json:
+    """OTLP's JSON writes trace and span ids in hex; protobuf's JSON mapping reads bytes as base64."""
+    if isinstance(document, dict):
+        return {key: (base64.b64encode(bytes.fromhex(value)).decode("ascii")
+                      if key in ("traceId", "spanId", "parentSpanId", "trace_id", "span_id", "parent_span_id")
+                      and isinstance(value, str) else hex_ids_as_base64(value))
+                for key, value in document.items()}
+    if isinstance(document, list):
+        return [hex_ids_as_base64(item) for item in document]
+    return document
+
+
+def decoded_traces(body: bytes, encoding: str, json_body: bool):
+    """The request's ExportTraceServiceRequest: gunzipped (bounded), then protobuf or OTLP JSON."""
+    from google.protobuf import json_format
+    from google.protobuf.message import DecodeError
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    if encoding == "gzip":
+        unpack = zlib.decompressobj(wbits=31)
+        try:
+            body = unpack.decompress(body, OTLP_DECODED_MAX)
+        except zlib.error as exc:
+            raise BadRequest(f"the body is not gzip: {exc}") from None
+        if unpack.unconsumed_tail:
+            raise TooLarge(f"the body is over {OTLP_DECODED_MAX} bytes once unzipped")
+    elif encoding not in ("", "identity"):
+        raise BadRequest(f"content-encoding {encoding!r}: send gzip or none")
+    try:
+        if json_body:
+            return json_format.ParseDict(hex_ids_as_base64(json.loads(body)), ExportTraceServiceRequest(),
+                                         ignore_unknown_fields=True)
+        return ExportTraceServiceRequest.FromString(body)
+    except (DecodeError, json_format.ParseError, ValueError, TypeError, AttributeError) as exc:
+        kind = "OTLP JSON" if json_body else "an OTLP protobuf ExportTraceServiceRequest"
+        raise BadRequest(f"the body is not {kind}: {str(exc)[:300]}") from None
+
+
+def request_spans(body: bytes, encoding: str, json_body: bool) -> SpanBatch:
+    """A request's spans, decoded and prepared (off the event loop: a batch may be large)."""
+    return span_batch(decoded_traces(body, encoding, json_body))
+
+
+def span_payload(span: IngestedSpan, call_id: Optional[str], cost: Optional[float]) -> dict:
+    """The span's event: everything its run's trace is assembled from. `measured`: its usage is a
+    call of the record (llm_calls), never a step's report counted again."""
+    usage = {name: value for name, value in (("input_tokens", span.usage.input_tokens),
+                                             ("output_tokens", span.usage.output_tokens),
+                                             ("cached_input_tokens", span.usage.cached_input_tokens))
+             if value is not None}
+    return {"trace_id": span.trace_id, "span_id": span.span_id, "parent_span_id": span.parent_span_id,
+            "name": span.name, "kind": span.kind, "start_ns": span.start_ns, "end_ns": span.end_ns,
+            "status": "error" if span.error else "ok",
+            "error": error_document(span.error) if span.error else None, "service": span.service,
+            "model": span.usage.model, "provider": span.provider, "tool": span.tool,
+            "input": bounded(span.input_messages) if span.kind == "llm" else span.arguments,
+            "output": bounded(span.output_messages) if span.kind == "llm" else span.result,
+            "usage": usage or None, "cost": cost, "call_id": call_id,
+            "attributes": span.attributes, "measured": True}
+
+
+def error_document(error: SpanError) -> dict:
+    return {"type": error.type, "message": error.message[:OTLP_TEXT_MAX],
+            "stacktrace": (error.stacktrace or "")[:8 * OTLP_TEXT_MAX] or None}
+
+
+def ns_iso(ns: int) -> str:
+    return iso(datetime.fromtimestamp(ns / 1e9, timezone.utc))
+
+
+def gateway_call_of(conn: Conn, span: IngestedSpan) -> Optional[str]:
+    """The gateway's own record of the call this span reports (its response carries the span's
+    response id), made during the span: that call, counted once."""
+    if not span.response_id:
+        return None
+    margin = 60 * 10**9
+    rows = conn.execute("SELECT id, response_body FROM llm_calls WHERE channel_id = ? AND upstream <> ?"
+                        " AND status = 'completed' AND created_at BETWEEN ? AND ?",
+                        (span.channel_id, SPAN_CALL_UPSTREAM, ns_iso(span.start_ns - margin),
+                         ns_iso(span.end_ns + margin))).fetchall()
+    needle = str(span.response_id).encode("utf-8")
+    return next((row["id"] for row in rows if needle in body_of(conn, row["response_body"])), None)
+
+
+def span_call_row(span: IngestedSpan, call_id: str, cost: Optional[float], request: str, response: str,
+                  event_id: str, cursor: int) -> dict:
+    """The call record's row for a model span (as the gateway keeps its own calls)."""
+    return {"id": call_id, "channel_id": span.channel_id, "pass_start": SPAN_CALL_PASS, "position": 0,
+            "claim_key": f"span:{span.trace_id}:{span.span_id}", "request_sha256": request, "matched": 0,
+            "upstream": SPAN_CALL_UPSTREAM, "provider": span.provider or "unknown", "api": "chat.completions",
+            "model": span.usage.model, "streamed": 0, "status": "failed" if span.error else "completed",
+            "request_body": request, "response_body": response, "content_type": "application/json",
+            "http_status": None, "replayed_from": None, "input_tokens": span.usage.input_tokens,
+            "output_tokens": span.usage.output_tokens, "cached_input_tokens": span.usage.cached_input_tokens,
+            "cost": cost, "latency_ms": (span.end_ns - span.start_ns) // 1_000_000, "first_byte_ms": None,
+            "error": span.error.message if span.error else None, "event_id": event_id, "cursor": cursor,
+            "created_at": ns_iso(span.start_ns), "ended_at": ns_iso(span.end_ns)}
+
+
+def record_span_call(tx: Tx, prepared: PreparedSpan, event: Event) -> None:
+    """A model span's call: its conversation kept as the gateway keeps bodies (chat-shaped, so the
+    call's page reads it), its row in the call record."""
+    keep_span_call(tx.conn, prepared, event.id, event.cursor)
+
+
+def keep_span_call(conn: Conn, prepared: PreparedSpan, event_id: str, cursor: int) -> None:
+    request, response = (keep_body(conn, body) for body in prepared.bodies)
+    row = span_call_row(prepared.span, prepared.call_id, prepared.cost, request, response, event_id, cursor)
+    conn.execute(INSERT_LLM_CALL, tuple(row[name] for name in LLM_CALL_COLUMNS))
+
+
+def span_of_payload(channel_id: str, payload: dict) -> IngestedSpan:
+    """A model span back from its event (what an imported run carries); ValueError when it is not one."""
+    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+    error = payload.get("error") if isinstance(payload.get("error"), dict) else None
+    start, end = payload.get("start_ns"), payload.get("end_ns")
+    if not (isinstance(start, int) and isinstance(end, int) and isinstance(payload.get("span_id"), str)):
+        raise ValueError("not a span's event")
+    text = lambda name: payload[name] if isinstance(payload.get(name), str) else None  # noqa: E731
+    messages = lambda name: [m for m in payload.get(name) or [] if isinstance(m, dict)]  # noqa: E731
+    return IngestedSpan(
+        channel_id=channel_id, trace_id=str(payload.get("trace_id")), span_id=payload["span_id"],
+        parent_span_id=text("parent_span_id"), name=str(payload.get("name")), kind="llm", start_ns=start,
+        end_ns=max(start, end), error=SpanError(type=None, message=str(error.get("message")), stacktrace=None)
+        if error else None, service=text("service"), attributes={},
+        usage=CallUsage(input_tokens=count_of(usage.get("input_tokens")), output_tokens=count_of(usage.get("output_tokens")),
+                        cached_input_tokens=count_of(usage.get("cached_input_tokens")), model=text("model")),
+        provider=text("provider"), response_id=None, tool=None, arguments=None, result=None,
+        input_messages=messages("input") if isinstance(payload.get("input"), list) else [],
+        output_messages=messages("output") if isinstance(payload.get("output"), list) else [])
+
+
+def reindex_span_calls(conn: Conn, channel_id: str) -> None:
+    """An imported run's model spans: their calls in the call record again (an export carries a run's
+    events, not its calls), priced again, each under the id its event names."""
+    for row in conn.execute(f"SELECT id, cursor, payload {SPAN_EVENTS}", (channel_id,)).fetchall():
+        payload = load(row["payload"])
+        if not (isinstance(payload, dict) and payload.get("kind") == "llm" and isinstance(payload.get("call_id"), str)):
+            continue
+        if row_where(conn, "llm_calls", id=payload["call_id"]) is not None:
+            continue
+        try:
+            prepared = prepared_span(span_of_payload(channel_id, payload))
+        except (ValueError, TypeError):
+            continue                      # an event that only looks like a span's: nothing to index
+        keep_span_call(conn, replaced(prepared, call_id=payload["call_id"]), row["id"], row["cursor"])
+
+
+def write_span(tx: Tx, prepared: PreparedSpan) -> bool:
+    """The span's event (and, for a model span, its call), once: False when it is here already."""
+    span, payload, text = prepared.span, prepared.payload, prepared.payload_text
+    seen_by_gateway = gateway_call_of(tx.conn, span) if span.kind == "llm" else None
+    if seen_by_gateway is not None:
+        payload, text = span_payload(span, seen_by_gateway, None), None
+    event = append_event(tx, span.channel_id, SPAN_EVENT_ERROR if span.error else f"span.{span.kind}", payload,
+                         actor="otlp", operation_id=f"{SPAN_OPERATION_PREFIX}{span.trace_id}:{span.span_id}",
+                         new_operation=True, payload_text=text)
+    if event is None:
+        return False
+    if span.kind == "llm" and seen_by_gateway is None:
+        record_span_call(tx, prepared, event)
+    return True
+
+
+def settle_ingested_run(tx: Tx, channel_id: str, spans: list, created: bool) -> None:
+    """A run ingest made: named after its earliest root span, completed once a root span is here
+    (a failed span makes it failed by its event). A run the SDK also records keeps its own."""
+    row = channel_by_id(tx.conn, channel_id)
+    meta = experiment_of(row)
+    if not created and meta.get("source") != "otlp":
+        return
+    roots = sorted((s for s in spans if s.parent_span_id is None), key=lambda s: (s.start_ns, s.span_id))
+    earliest = meta.get("root_start_ns")
+    changes = PutMetadata()
+    if created or roots:
+        meta = {**meta, "source": "otlp", "status": "completed" if roots or meta.get("status") == "completed"
+                else "started", "session_name": channel_id}
+        if roots and (not isinstance(earliest, int) or roots[0].start_ns < earliest):
+            meta["root_start_ns"] = roots[0].start_ns
+            changes.display_name = " · ".join(filter(None, (roots[0].service, roots[0].name)))[:200]
+        changes.experiment_metadata = meta
+        put_metadata(tx, channel_id, changes)
+
+
+def ingest_spans(tx: Tx, batch: SpanBatch, reach: Reach) -> IngestAnswer:
+    """POST /v1/traces: each span the key may write, once, in one transaction; the others refused,
+    each saying why (the OTLP answer's partial success). 403 when it may write none of them."""
+    refused = list(batch.refused)
+    by_run: dict = {}
+    for prepared in batch.spans:
+        if reach.changes(prepared.span.channel_id):
+            by_run.setdefault(prepared.span.channel_id, []).append(prepared)
+        else:
+            refused.append(f"this credential may not write {prepared.span.channel_id}")
+    if batch.spans and not by_run:
+        raise Forbidden(f"this credential may not write {batch.spans[0].span.channel_id}")
+    accepted = duplicates = 0
+    for channel_id, spans in sorted(by_run.items()):
+        created = channel_by_id(tx.conn, channel_id) is None
+        try:
+            for prepared in sorted(spans, key=lambda p: (p.span.start_ns, p.span.span_id)):
+                if write_span(tx, prepared):
+                    accepted += 1
+                else:
+                    duplicates += 1
+        except Conflict as exc:           # a closed run takes nothing more: its spans are refused
+            refused += [exc.message] * len(spans)
+            continue
+        settle_ingested_run(tx, channel_id, [p.span for p in spans], created)
+    return IngestAnswer(accepted=accepted, duplicates=duplicates, rejected=len(refused), runs=sorted(by_run),
+                        message="; ".join(dict.fromkeys(refused))[:1000] or None)
+
+
+# =============================================================================
+# Ingest: a run's trace — its spans as steps and their calls, the waterfall
+# =============================================================================
+
+# A run's span events, found by their operation ids ("otlp:<trace>:<span>") through the index every
+# run has on (channel_id, operation_id): a run without spans answers at once, however long it is.
+SPAN_EVENTS = (f"FROM events WHERE channel_id = ? AND operation_id >= '{SPAN_OPERATION_PREFIX}'"
+               f" AND operation_id < '{SPAN_OPERATION_END}' AND type IN ({sql_list(SPAN_EVENT_TYPES)})")
+
+
+def span_rows(conn: Conn, channel_id: str) -> tuple[list, bool]:
+    """The run's span events' payloads (at most TRACE_PAGE_SPANS_MAX), and whether there were more."""
+    rows = conn.execute(f"SELECT payload {SPAN_EVENTS} ORDER BY cursor LIMIT ?",
+                        (channel_id, TRACE_PAGE_SPANS_MAX + 1)).fetchall()
+    payloads = [load(row["payload"]) for row in rows]
+    return [p for p in payloads[:TRACE_PAGE_SPANS_MAX] if isinstance(p, dict)], len(rows) > TRACE_PAGE_SPANS_MAX
+
+
+def trace_call(span: dict, depth: int, origin: int) -> TraceCall:
+    usage = span.get("usage") or {}
+    return TraceCall(span_id=span["span_id"], parent_span_id=span.get("parent_span_id"), depth=depth,
+                     name=span["name"], kind=span["kind"], offset_ms=(span["start_ns"] - origin) / 1e6,
+                     duration_ms=(span["end_ns"] - span["start_ns"]) / 1e6, status=span["status"],
+                     error=span.get("error"), model=span.get("model"), provider=span.get("provider"),
+                     tool=span.get("tool"), input_tokens=usage.get("input_tokens"),
+                     output_tokens=usage.get("output_tokens"), cached_input_tokens=usage.get("cached_input_tokens"),
+                     cost=span.get("cost"), call_id=span.get("call_id"), input=span.get("input"),
+                     output=span.get("output"))
+
+
+def run_trace(conn: Conn, channel_id: str, reach: Reach) -> RunTrace:
+    """A run's spans assembled by their own times: its steps are the outermost agent and chain spans
+    below each root, past its wrappers (a root with none is its own step), each with every span inside
+    it, depth first in start order; a span whose parent is not here is a root. The same spans give the
+    same trace, whatever order they came in."""
+    if not reach.sees(channel_id):
+        raise NotFound(f"channel {channel_id} not found")
+    require_channel(conn, channel_id)
+    payloads, truncated = span_rows(conn, channel_id)
+    order = lambda s: (s["start_ns"], s["span_id"])  # noqa: E731
+    spans = sorted(({**p, "key": (p["trace_id"], p["span_id"])} for p in payloads
+                    if isinstance(p.get("span_id"), str) and isinstance(p.get("start_ns"), int)), key=order)
+    known = {s["key"] for s in spans}
+    children: dict = {}
+    roots = []
+    for span in spans:
+        parent = (span["trace_id"], span.get("parent_span_id"))
+        if span.get("parent_span_id") and parent in known:
+            children.setdefault(parent, []).append(span)
+        else:
+            roots.append(span)
+    origin = spans[0]["start_ns"] if spans else 0
+
+    stepped: dict = {}
+
+    def has_steps(span: dict) -> bool:
+        if span["key"] not in stepped:
+            stepped[span["key"]] = any(c["kind"] in STEP_KINDS or has_steps(c) for c in children.get(span["key"], []))
+        return stepped[span["key"]]
+
+    def outermost(span: dict) -> list:
+        """The outermost step spans below `span`; a child with none below it is a step of its own."""
+        found = []
+        for child in children.get(span["key"], []):
+            found += outermost(child) if child["kind"] not in STEP_KINDS and has_steps(child) else [child]
+        return found
+
+    def inside(span: dict, depth: int) -> list:
+        calls = []
+        for child in children.get(span["key"], []):
+            calls.append(trace_call(child, depth, origin))
+            calls += inside(child, depth + 1)
+        return calls
+
+    def steps_under(root: dict) -> list:
+        """A root's steps: through its wrappers (a span whose one child is an agent or chain), the
+        outermost agent and chain spans; none: the span reached is the one step."""
+        span = root
+        while len(children.get(span["key"], [])) == 1 and children[span["key"]][0]["kind"] in STEP_KINDS:
+            span = children[span["key"]][0]
+        return outermost(span) if has_steps(span) else [span]
+
+    step_spans = [step for root in roots for step in steps_under(root)]
+    steps = []
+    for number, span in enumerate(sorted(step_spans, key=order), 1):
+        calls = inside(span, 1) if span["kind"] in STEP_KINDS else [trace_call(span, 1, origin), *inside(span, 2)]
+        costs = [c.cost for c in calls if c.cost is not None]
+        steps.append(TraceStep(number=number, span_id=span["span_id"], name=span["name"], kind=span["kind"],
+                               offset_ms=(span["start_ns"] - origin) / 1e6,
+                               duration_ms=(span["end_ns"] - span["start_ns"]) / 1e6,
+                               status="error" if span["status"] == "error" or any(c.status == "error" for c in calls)
+                               else "ok", error=span.get("error") or next((c.error for c in calls if c.error), None),
+                               input_tokens=sum(c.input_tokens or 0 for c in calls if c.kind == "llm"),
+                               output_tokens=sum(c.output_tokens or 0 for c in calls if c.kind == "llm"),
+                               cost=round(sum(costs), 9) if costs else None, calls=calls))
+    end = max((s["end_ns"] for s in spans), default=origin)
+    return RunTrace(channel_id=channel_id, trace_ids=sorted({s["trace_id"] for s in spans}), spans=len(spans),
+                    start=ns_iso(origin) if spans else None, duration_ms=(end - origin) / 1e6,
+                    status="error" if any(s["status"] == "error" for s in spans) else "ok", steps=steps,
+                    truncated=truncated)
+
+
+def trace_part(conn: Conn, channel_id: str) -> dict:
+    """A run page's waterfall, for a run with spans; and for a run ingest made, what a fork of it keeps."""
+    if conn.execute(f"SELECT 1 {SPAN_EVENTS} LIMIT 1", (channel_id,)).fetchone() is None:
+        return {}
+    trace = run_trace(conn, channel_id, EVERYWHERE)
+    return {"trace": msgspec.to_builtins(trace),
+            "ingested": experiment_of(require_channel(conn, channel_id)).get("source") == "otlp"}
+
+
+# =============================================================================
+# Ingest: handlers, routes and its Region
+# =============================================================================
+
+class IngestLimits:
+    """One app's ingest: a token bucket of spans per second for each credential (--otlp-ingest-rate;
+    None: no limit), past which a request is answered 429 with the seconds to wait."""
+
+    def __init__(self, rate: Optional[float], clock: Callable[[], float] = time.monotonic):
+        self.rate, self.clock = rate, clock
+        self.buckets: dict = {}
+
+    def wait_for(self, who: str, spans: int) -> Optional[float]:
+        """None when `spans` may go now (they are taken), else the seconds until they may."""
+        if self.rate is None or spans == 0:
+            return None
+        now = self.clock()
+        level, then = self.buckets.get(who, (self.rate, now))
+        level = min(self.rate, level + (now - then) * self.rate)
+        if spans <= level or level >= self.rate:      # a batch over the burst goes when the bucket is full
+            self.buckets[who] = (level - spans, now)
+            return None
+        self.buckets[who] = (level, now)
+        return (min(spans, self.rate) - level) / self.rate
+
+
+def otlp_answer(answer: IngestAnswer, json_body: bool) -> Response:
+    """The OTLP answer in the request's encoding, with its partial success when spans were refused."""
+    from google.protobuf import json_format
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+    message = ExportTraceServiceResponse()
+    if answer.rejected:
+        message.partial_success.rejected_spans = answer.rejected
+        message.partial_success.error_message = answer.message or ""
+    if json_body:
+        return Response(json_format.MessageToJson(message, indent=None).encode("utf-8"), media_type=OTLP_JSON)
+    return Response(message.SerializeToString(), media_type=OTLP_PROTOBUF)
+
+
+def otlp_error(exc: ActaeError, json_body: bool, retry_after: Optional[float] = None) -> Response:
+    """An error in the OTLP answer's terms: a google.rpc.Status (protobuf for protobuf, its JSON with
+    this server's `status` and `error` beside it for JSON), Retry-After when it is worth trying again."""
+    from google.rpc.status_pb2 import Status
+
+    code = {400: 3, 401: 16, 403: 7, 404: 5, 413: 3, 429: 8, 503: 14}.get(exc.status, 13)
+    headers = {"retry-after": str(math.ceil(retry_after))} if retry_after is not None else {}
+    if json_body:
+        body = json.dumps({"code": code, "message": exc.message, "status": exc.code, "error": exc.message})
+        return Response(body, status_code=exc.status, media_type=OTLP_JSON, headers=headers)
+    return Response(Status(code=code, message=exc.message).SerializeToString(), status_code=exc.status,
+                    media_type=OTLP_PROTOBUF, headers=headers)
+
+
+class TooManySpans(ActaeError, status=429, code="too_many_requests"):
+    """Over this credential's --otlp-ingest-rate: try again after Retry-After."""
+
+
+class Busy(ActaeError, status=503, code="busy"):
+    """More than OTLP_QUEUE_MAX writes wait: spans are shed, with Retry-After, before they add to them."""
+
+
+async def otlp_traces(request: Request) -> Response:
+    """POST /v1/traces: an OTLP/HTTP export (protobuf or JSON, gzip or not) of spans, each into its
+    run. Answered as the OTLP specification says: 200 with a partial success naming refused spans,
+    400 for a body that is no export, 413 past the size bound, 429/503 with Retry-After."""
+    json_body = request.headers.get("content-type", "").split(";")[0].strip().lower() == OTLP_JSON
+    try:
+        principal = await check_key(request.app, request.headers.get("x-api-key") or bearer_token(request))
+        db = request.app.services.db
+        if db.writes_waiting > OTLP_QUEUE_MAX:
+            return otlp_error(Busy("the server has many writes waiting: try again shortly"), json_body,
+                              OTLP_RETRY_SECONDS)
+        raw = await read_capped(request)
+        batch = await asyncio.to_thread(request_spans, raw, request.headers.get("content-encoding", "").lower(),
+                                        json_body)
+        wait = request.app.services.region(IngestLimits).wait_for(principal.actor, len(batch.spans))
+        if wait is not None:
+            return otlp_error(TooManySpans(f"over this credential's ingest rate: try again in {wait:.1f} s"),
+                              json_body, wait)
+        answer = await db.write(ingest_spans, batch, principal.reach)
+    except ActaeError as exc:
+        return otlp_error(exc, json_body)
+    return otlp_answer(answer, json_body)
+
+
+async def api_channel_trace(request: Request, path) -> RunTrace:
+    """A run's spans as steps and their calls (model calls with their usage and cost, tool calls with
+    their arguments and results, nested agents), by the spans' own times."""
+    return await db_of(request).read(run_trace, path.channel_id, reach_of(request))
+
+
+def add_ingest_flags(parser: argparse.ArgumentParser) -> None:
+    ingest = parser.add_argument_group("OTLP trace ingest (POST /v1/traces)")
+    ingest.add_argument("--otlp-ingest-rate", type=float, default=None, metavar="SPANS",
+                        help="spans per second each credential may send (a burst of as many); past it 429 with"
+                             " Retry-After, which the OTLP exporters honour (default: no limit)")
+
+
+def ingest_options(args: argparse.Namespace) -> dict:
+    rate = getattr(args, "otlp_ingest_rate", None)
+    if rate is not None and not (math.isfinite(rate) and rate > 0):
+        raise SystemExit("actae: --otlp-ingest-rate must be a positive number of spans per second")
+    return {"otlp_ingest_rate": rate}
+
+
+def install_ingest(services: Services, options: dict) -> Installed:
+    return Installed(services=(IngestLimits(options.get("otlp_ingest_rate")),))
+
+
+INGEST = declare(Region(
+    "ingest", features=("otlp_ingest",),
+    routes=(Api("GET", "/api/v1/channels/{channel_id}/trace", api_channel_trace, scopes=reads(P)),),
+    reindexers=(reindex_span_calls,),
+    endpoints=(Endpoint("POST", OTLP_TRACES_PATH, otlp_traces),), json_paths=(OTLP_TRACES_PATH,),
+    run_page_parts=(trace_part,), installers=(install_ingest,), serve_flags=(add_ingest_flags,),
+    options=(ingest_options,)))
 
 
 # =============================================================================

@@ -96,6 +96,8 @@ HANDLERS = {
     "llm_unknown": ("public", "none: answers 404 to everyone", ""),
     "mcp_endpoint": ("key (x-api-key or Bearer)", "each tool's API route's scopes; the writing tools need `write`"
                                                   " somewhere", ""),
+    "otlp_traces": ("key (x-api-key or Bearer)", "`write` on each span's run (`actae.channel_id`, else"
+                                                 " `trace-<trace id>`): the others' spans are refused", ""),
     "fleet_stream_endpoint": ("stream ticket", "", "`events:read`"),
     "fleet_ndjson_stream": ("fleet token", "", "`events:read`"),
 }
