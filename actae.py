@@ -127,7 +127,7 @@ import typing
 import uuid
 import weakref
 import zlib
-from dataclasses import dataclass, field, replace as replaced
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Annotated, Any, Callable, ClassVar, Literal, Optional, Union
@@ -13923,6 +13923,15 @@ FORK_JOBS_CHANNEL = "actae.fork-jobs"            # one `fork.job` event per hand
 FORK_WORKERS_GROUP = "actae.fork-workers"        # the consumer group the workers join
 FORK_JOB_EVENT = "fork.job"
 HAND_OFF_STATES = ("waiting", "claimed", "running", "done", "failed")
+WORKERS_GROUP_METADATA = {"purpose": "forks handed to workers"}
+
+
+def workers_group_schema(conn: Conn) -> None:
+    """The workers' group, made with the table: its name is taken before any key could take it for a
+    channel of its own (every hand-off would then be refused)."""
+    conn.execute("INSERT INTO consumer_groups (id, channel_id, metadata, created_at) VALUES (?, ?, ?, ?)"
+                 " ON CONFLICT (id) DO NOTHING",
+                 (FORK_WORKERS_GROUP, FORK_JOBS_CHANNEL, dump(WORKERS_GROUP_METADATA), iso(utc_now())))
 
 
 def hand_offs_schema(w: SchemaWords) -> str:
@@ -13962,13 +13971,9 @@ class HandOff(Answer):
 # =============================================================================
 
 def announce_fork_job(tx: Tx, fork: Row, run_cursor: int) -> None:
-    """The fork's job: a fork.job event on the jobs channel, and its row. The workers' group is made
-    with the first job, so every job is above its watermark."""
+    """The fork's job: a fork.job event on the jobs channel, and its row."""
     conn = tx.conn
-    if channel_by_id(conn, FORK_JOBS_CHANNEL) is None and row_where(conn, "consumer_groups", id=FORK_WORKERS_GROUP):
-        # The jobs channel was deleted: its new first jobs would lie below the old group's watermark.
-        delete_consumer_group(tx, FORK_WORKERS_GROUP)
-    create_consumer_group(tx, FORK_WORKERS_GROUP, FORK_JOBS_CHANNEL, {"purpose": "forks handed to workers"})
+    create_consumer_group(tx, FORK_WORKERS_GROUP, FORK_JOBS_CHANNEL, WORKERS_GROUP_METADATA)   # deleted: again
     job = append_event(tx, FORK_JOBS_CHANNEL, FORK_JOB_EVENT, {
         "fork_channel_id": fork["id"], "source_channel_id": fork["parent_id"],
         "forked_at_step": fork["forked_at_step"]})
@@ -14000,6 +14005,12 @@ def job_holder(conn: Conn, row: Row) -> tuple[Optional[Row], bool]:
                           " AND claimed_cursor >= ? ORDER BY updated_at DESC, consumer_id",
                           (row["group_id"], job, job)).fetchone()
     return holder, job <= group["committed_cursor"] or (holder is not None and holder["acked_cursor"] >= job)
+
+
+def job_held(conn: Conn, row: Row, now: str) -> bool:
+    """Whether a worker holds the job now: claimed, not acknowledged, its lease not run out."""
+    holder, acked = job_holder(conn, row)
+    return holder is not None and holder["lease_until"] > now and not acked
 
 
 def hand_off_of(conn: Conn, row: Row, run: Row, now: str) -> HandOff:
@@ -14050,14 +14061,16 @@ def hand_off_fork(tx: Tx, channel_id: str, reach: Reach) -> HandOff:
     waiting, claimed or running answers that job; one whose job failed gets a new job."""
     if not reach.sees(channel_id):
         raise NotFound(f"channel {channel_id} not found")
+    if not reach.changes(channel_id):
+        raise Forbidden(f"this credential may not write {channel_id}")
     run = require_channel(tx.conn, channel_id)
     if run["parent_id"] is None:
         raise Conflict("not_a_fork", f"{channel_id} is not a fork: a worker resumes a fork from its boundary")
     row = row_where(tx.conn, "fork_hand_offs", channel_id=channel_id)
     if row is not None:
         current = hand_off_of(tx.conn, row, run, tx.ts)
-        if current.state != "failed":
-            return current
+        if current.state != "failed" or job_held(tx.conn, row, tx.ts):
+            return current              # a worker still holds it: a second job could run it beside that one
     if run["run_state"] == "completed":
         raise Conflict("run_completed", f"{channel_id} completed already: fork it again to run its tail anew")
     announce_fork_job(tx, run, run["last_cursor"] or 0)
@@ -14065,8 +14078,18 @@ def hand_off_fork(tx: Tx, channel_id: str, reach: Reach) -> HandOff:
 
 
 def delete_hand_off(tx: Tx, channel_id: str) -> None:
-    """A deleted fork's row (its job stays on the jobs channel: the worker finds no fork and lets it go)."""
-    tx.conn.execute("DELETE FROM fork_hand_offs WHERE channel_id = ?", (channel_id,))
+    """A deleted fork's row (its job stays on the jobs channel: the worker finds no fork and lets it go).
+    The jobs channel deleted: its jobs are gone, so are the hand-offs naming them, and the group starts
+    again from its first cursor (a new channel's jobs would lie below its old watermark); its workers
+    stay members."""
+    if channel_id != FORK_JOBS_CHANNEL:
+        tx.conn.execute("DELETE FROM fork_hand_offs WHERE channel_id = ?", (channel_id,))
+        return
+    tx.conn.execute("DELETE FROM fork_hand_offs WHERE jobs_channel = ?", (channel_id,))
+    tx.conn.execute("UPDATE consumer_groups SET committed_cursor = 0 WHERE id = ? AND channel_id = ?",
+                    (FORK_WORKERS_GROUP, channel_id))
+    tx.conn.execute("UPDATE group_consumers SET reserved_from = 0, claimed_cursor = 0, acked_cursor = 0,"
+                    " last_acked_cursor = 0 WHERE group_id = ?", (FORK_WORKERS_GROUP,))
 
 
 def hand_off_part(conn: Conn, channel_id: str) -> dict:
@@ -14113,7 +14136,7 @@ async def page_hand_off(request: Request) -> Response:
 
 
 HAND_OFFS = declare(Region(
-    "hand-offs", features=("fork_hand_off",), schema=(SchemaPart(27, hand_offs_schema),),
+    "hand-offs", features=("fork_hand_off",), schema=(SchemaPart(27, hand_offs_schema, workers_group_schema),),
     event_hooks=(EventHook(("fork.started",), announce_handed_off_fork),), deleters=(delete_hand_off,),
     routes=(Api("GET", "/api/v1/channels/{channel_id}/hand-off", api_hand_off, scopes=reads(P)),
             Api("POST", "/api/v1/channels/{channel_id}/hand-off", api_hand_off_fork, body=Empty, body_optional=True,
@@ -17295,14 +17318,15 @@ OBSERVABILITY = declare(Region(
 # call reads the same whoever recorded it; one the gateway recorded itself (the same response id) is
 # that call, counted once. Nothing here runs for a run that never used ingest.
 
-OTLP_TRACES_PATH = "/v1/traces"
 OTLP_PROTOBUF, OTLP_JSON = "application/x-protobuf", "application/json"
 OTLP_DECODED_MAX = 32 * 1024 * 1024          # a request's body after gzip; past it, 413
 OTLP_TEXT_MAX = 4096                         # characters of a string attribute kept in a span's event
 OTLP_ATTRIBUTES_MAX = 128                    # attributes kept per span (the rest are counted)
+OTLP_SPANS_MAX = 20000                       # spans in one request (one transaction); past it, 413
 OTLP_QUEUE_MAX = 2000                        # write jobs waiting: past it, 503 with Retry-After
 OTLP_RETRY_SECONDS = 1
-TRACE_PAGE_SPANS_MAX = 5000                  # spans a run's trace reads
+TRACE_PAGE_SPANS_MAX = 5000                  # spans a run's trace reads (GET .../trace)
+TRACE_PAGE_SHOWN = 1000                      # ... and its page draws
 INGEST_CHANNEL_ATTRIBUTE = "actae.channel_id"
 TRACE_RUN_PREFIX = "trace-"
 SPAN_KINDS = ("agent", "chain", "llm", "tool", "other")
@@ -17485,6 +17509,16 @@ def bounded(value: Json) -> Json:
     return value
 
 
+def short_text(value: Json, limit: int = 200) -> Optional[str]:
+    """An attribute lifted into a span's own fields: as text, at most `limit` characters; a value that is
+    no text (a list, a map, NaN, a boolean) is none."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)[:limit] or None
+
+
 def first_named(attributes: dict, figure: str) -> Json:
     return next((attributes[name] for name in SPAN_NAMES[figure] if attributes.get(name) not in (None, "")), None)
 
@@ -17570,14 +17604,15 @@ def span_messages(attributes: dict, side: str) -> list:
             parts = message.get("parts")
             text = ("\n".join(part_text(p) for p in parts if isinstance(p, dict))
                     if isinstance(parts, list) else message.get("content"))
-            messages.append({"role": message.get("role", "assistant"), "content": text if text is not None else ""})
+            messages.append({"role": short_text(message.get("role"), 40) or "assistant",
+                             "content": short_text(text, OTLP_TEXT_MAX) or ""})
         return messages
     for message in indexed_messages(attributes, f"llm.{side}_messages."):
         text = message.get("content")
         if text is None:              # OpenInference's parts: contents.N.message_content.text
             text = "\n".join(str(v) for k, v in sorted(message.items()) if k.endswith("message_content.text"))
-        text = "\n".join(filter(None, (text, tool_calls_text(message))))
-        messages.append({"role": message.get("role", "assistant"), "content": text})
+        text = "\n".join(filter(None, (short_text(text, OTLP_TEXT_MAX), tool_calls_text(message))))
+        messages.append({"role": short_text(message.get("role"), 40) or "assistant", "content": text})
     if not messages and attributes.get(f"{side}.value") is not None:     # a framework's raw input or output
         messages.append({"role": "user" if side == "input" else "assistant",
                          "content": str(attributes[f"{side}.value"])[:OTLP_TEXT_MAX]})
@@ -17589,11 +17624,12 @@ def span_error(span) -> Optional[SpanError]:
     for event in span.events:
         if event.name == "exception":
             found = otlp_attributes(event.attributes)
-            return SpanError(type=found.get("exception.type"), message=str(found.get("exception.message") or
-                                                                           found.get("exception.type") or "exception"),
-                             stacktrace=found.get("exception.stacktrace"))
+            kind = short_text(found.get("exception.type"))
+            return SpanError(type=kind, message=short_text(found.get("exception.message"), OTLP_TEXT_MAX) or kind
+                             or "exception", stacktrace=short_text(found.get("exception.stacktrace"), 8 * OTLP_TEXT_MAX))
     if span.status.code == 2:                        # STATUS_CODE_ERROR
-        return SpanError(type=None, message=span.status.message or "the span's status is ERROR", stacktrace=None)
+        return SpanError(type=None, message=span.status.message[:OTLP_TEXT_MAX] or "the span's status is ERROR",
+                         stacktrace=None)
     return None
 
 
@@ -17612,17 +17648,17 @@ def ingested_span(span, resource: dict) -> IngestedSpan:
     usage = CallUsage(input_tokens=count_of(first_named(attributes, "input_tokens")),
                       output_tokens=count_of(first_named(attributes, "output_tokens")),
                       cached_input_tokens=count_of(first_named(attributes, "cached_input_tokens")),
-                      model=first_named(attributes, "model"))
-    provider = first_named(attributes, "provider")
+                      model=short_text(first_named(attributes, "model")))
+    provider = short_text(first_named(attributes, "provider"), 60)
     kept = dict(sorted(attributes.items())[:OTLP_ATTRIBUTES_MAX])
     return IngestedSpan(
         channel_id=run_of_span(attributes, resource, trace_id), trace_id=trace_id, span_id=span.span_id.hex(),
         parent_span_id=span.parent_span_id.hex() if any(span.parent_span_id) else None,
         name=span.name[:200] or "(unnamed)", kind=kind, start_ns=span.start_time_unix_nano,
         end_ns=max(span.end_time_unix_nano, span.start_time_unix_nano), error=span_error(span),
-        service=resource.get("service.name"), attributes=bounded(kept), usage=usage,
-        provider=str(provider).lower() if provider is not None else None,
-        response_id=first_named(attributes, "response_id"), tool=first_named(attributes, "tool"),
+        service=short_text(resource.get("service.name")), attributes=bounded(kept), usage=usage,
+        provider=provider.lower() if provider is not None else None,
+        response_id=short_text(first_named(attributes, "response_id")), tool=short_text(first_named(attributes, "tool")),
         arguments=bounded(json_or_text(first_named(attributes, "arguments"))) if kind == "tool" else None,
         result=bounded(json_or_text(first_named(attributes, "result"))) if kind == "tool" else None,
         input_messages=span_messages(attributes, "input") if kind == "llm" else [],
@@ -17640,6 +17676,11 @@ def span_batch(request_message) -> SpanBatch:
                     spans.append(prepared_span(ingested_span(span, resource)))
                 except BadRequest as exc:
                     refused.append(exc.message)
+                except (ValueError, TypeError, RecursionError) as exc:   # refused alone, never the batch
+                    refused.append(f"span {span.span_id.hex()} could not be read: {type(exc).__name__}")
+    if len(spans) > OTLP_SPANS_MAX:
+        raise TooLarge(f"{len(spans)} spans in one request: send at most {OTLP_SPANS_MAX} (the exporters' batches"
+                       " are 512 by default)")
     return SpanBatch(spans=spans, refused=refused)
 
 
@@ -17685,6 +17726,8 @@ def decoded_traces(body: bytes, encoding: str, json_body: bool):
             raise BadRequest(f"the body is not gzip: {exc}") from None
         if unpack.unconsumed_tail:
             raise TooLarge(f"the body is over {OTLP_DECODED_MAX} bytes once unzipped")
+        if not unpack.eof:
+            raise BadRequest("the gzip body ends before its end: it was cut short")
     elif encoding not in ("", "identity"):
         raise BadRequest(f"content-encoding {encoding!r}: send gzip or none")
     try:
@@ -17692,7 +17735,7 @@ def decoded_traces(body: bytes, encoding: str, json_body: bool):
             return json_format.ParseDict(hex_ids_as_base64(json.loads(body)), ExportTraceServiceRequest(),
                                          ignore_unknown_fields=True)
         return ExportTraceServiceRequest.FromString(body)
-    except (DecodeError, json_format.ParseError, ValueError, TypeError, AttributeError) as exc:
+    except (DecodeError, json_format.ParseError, ValueError, TypeError, AttributeError, RecursionError) as exc:
         kind = "OTLP JSON" if json_body else "an OTLP protobuf ExportTraceServiceRequest"
         raise BadRequest(f"the body is not {kind}: {str(exc)[:300]}") from None
 
@@ -17739,8 +17782,23 @@ def gateway_call_of(conn: Conn, span: IngestedSpan) -> Optional[str]:
                         " AND status = 'completed' AND created_at BETWEEN ? AND ?",
                         (span.channel_id, SPAN_CALL_UPSTREAM, ns_iso(span.start_ns - margin),
                          ns_iso(span.end_ns + margin))).fetchall()
-    needle = str(span.response_id).encode("utf-8")
-    return next((row["id"] for row in rows if needle in body_of(conn, row["response_body"])), None)
+    return next((row["id"] for row in rows if response_id_of(body_of(conn, row["response_body"])) == span.response_id),
+                None)
+
+
+def response_id_of(body: bytes) -> Optional[str]:
+    """The id a provider gave its answer: the document's `id`, or a stream's first event's (a
+    Responses stream's in its `response`)."""
+    try:
+        documents = [json.loads(body)]
+    except ValueError:
+        documents = sse_documents(body)[:2]
+    for document in documents:
+        if isinstance(document, dict):
+            found = document.get("id") or (document.get("response") or {}).get("id")
+            if isinstance(found, str):
+                return found
+    return None
 
 
 def span_call_row(span: IngestedSpan, call_id: str, cost: Optional[float], request: str, response: str,
@@ -17758,13 +17816,9 @@ def span_call_row(span: IngestedSpan, call_id: str, cost: Optional[float], reque
             "created_at": ns_iso(span.start_ns), "ended_at": ns_iso(span.end_ns)}
 
 
-def record_span_call(tx: Tx, prepared: PreparedSpan, event: Event) -> None:
+def keep_span_call(conn: Conn, prepared: PreparedSpan, event_id: str, cursor: int) -> None:
     """A model span's call: its conversation kept as the gateway keeps bodies (chat-shaped, so the
     call's page reads it), its row in the call record."""
-    keep_span_call(tx.conn, prepared, event.id, event.cursor)
-
-
-def keep_span_call(conn: Conn, prepared: PreparedSpan, event_id: str, cursor: int) -> None:
     request, response = (keep_body(conn, body) for body in prepared.bodies)
     row = span_call_row(prepared.span, prepared.call_id, prepared.cost, request, response, event_id, cursor)
     conn.execute(INSERT_LLM_CALL, tuple(row[name] for name in LLM_CALL_COLUMNS))
@@ -17793,18 +17847,20 @@ def span_of_payload(channel_id: str, payload: dict) -> IngestedSpan:
 
 def reindex_span_calls(conn: Conn, channel_id: str) -> None:
     """An imported run's model spans: their calls in the call record again (an export carries a run's
-    events, not its calls), priced again, each under the id its event names."""
+    events, not its calls), priced again."""
     for row in conn.execute(f"SELECT id, cursor, payload {SPAN_EVENTS}", (channel_id,)).fetchall():
         payload = load(row["payload"])
         if not (isinstance(payload, dict) and payload.get("kind") == "llm" and isinstance(payload.get("call_id"), str)):
             continue
-        if row_where(conn, "llm_calls", id=payload["call_id"]) is not None:
-            continue
         try:
             prepared = prepared_span(span_of_payload(channel_id, payload))
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, RecursionError):
             continue                      # an event that only looks like a span's: nothing to index
-        keep_span_call(conn, replaced(prepared, call_id=payload["call_id"]), row["id"], row["cursor"])
+        # Only a call of this run's own (its id is derived from the run and the span): one the gateway
+        # recorded elsewhere, or an id an import made up, is not taken over.
+        if prepared.call_id != payload["call_id"] or row_where(conn, "llm_calls", id=prepared.call_id) is not None:
+            continue
+        keep_span_call(conn, prepared, row["id"], row["cursor"])
 
 
 def write_span(tx: Tx, prepared: PreparedSpan) -> bool:
@@ -17819,7 +17875,7 @@ def write_span(tx: Tx, prepared: PreparedSpan) -> bool:
     if event is None:
         return False
     if span.kind == "llm" and seen_by_gateway is None:
-        record_span_call(tx, prepared, event)
+        keep_span_call(tx.conn, prepared, event.id, event.cursor)
     return True
 
 
@@ -17857,17 +17913,18 @@ def ingest_spans(tx: Tx, batch: SpanBatch, reach: Reach) -> IngestAnswer:
         raise Forbidden(f"this credential may not write {batch.spans[0].span.channel_id}")
     accepted = duplicates = 0
     for channel_id, spans in sorted(by_run.items()):
-        created = channel_by_id(tx.conn, channel_id) is None
-        try:
-            for prepared in sorted(spans, key=lambda p: (p.span.start_ns, p.span.span_id)):
-                if write_span(tx, prepared):
-                    accepted += 1
-                else:
-                    duplicates += 1
-        except Conflict as exc:           # a closed run takes nothing more: its spans are refused
-            refused += [exc.message] * len(spans)
-            continue
-        settle_ingested_run(tx, channel_id, [p.span for p in spans], created)
+        created, written = channel_by_id(tx.conn, channel_id) is None, 0
+        ordered = sorted(spans, key=lambda p: (p.span.start_ns, p.span.span_id))
+        for place, prepared in enumerate(ordered):
+            try:
+                new = write_span(tx, prepared)
+            except Conflict as exc:       # a closed run takes nothing more: its spans from here are refused
+                refused += [exc.message] * (len(ordered) - place)
+                break
+            written, duplicates = written + new, duplicates + (not new)
+        accepted += written
+        if written:                       # spans sent again change nothing, not even the run's last activity
+            settle_ingested_run(tx, channel_id, [p.span for p in ordered], created)
     return IngestAnswer(accepted=accepted, duplicates=duplicates, rejected=len(refused), runs=sorted(by_run),
                         message="; ".join(dict.fromkeys(refused))[:1000] or None)
 
@@ -17882,95 +17939,158 @@ SPAN_EVENTS = (f"FROM events WHERE channel_id = ? AND operation_id >= '{SPAN_OPE
                f" AND operation_id < '{SPAN_OPERATION_END}' AND type IN ({sql_list(SPAN_EVENT_TYPES)})")
 
 
-def span_rows(conn: Conn, channel_id: str) -> tuple[list, bool]:
-    """The run's span events' payloads (at most TRACE_PAGE_SPANS_MAX), and whether there were more."""
-    rows = conn.execute(f"SELECT payload {SPAN_EVENTS} ORDER BY cursor LIMIT ?",
-                        (channel_id, TRACE_PAGE_SPANS_MAX + 1)).fetchall()
-    payloads = [load(row["payload"]) for row in rows]
-    return [p for p in payloads[:TRACE_PAGE_SPANS_MAX] if isinstance(p, dict)], len(rows) > TRACE_PAGE_SPANS_MAX
+class SpanErrorDocument(Struct, kw_only=True, forbid_unknown_fields=False):
+    type: Optional[str] = None
+    message: str = ""
+    stacktrace: Optional[str] = None
 
 
-def trace_call(span: dict, depth: int, origin: int) -> TraceCall:
-    usage = span.get("usage") or {}
-    return TraceCall(span_id=span["span_id"], parent_span_id=span.get("parent_span_id"), depth=depth,
-                     name=span["name"], kind=span["kind"], offset_ms=(span["start_ns"] - origin) / 1e6,
-                     duration_ms=(span["end_ns"] - span["start_ns"]) / 1e6, status=span["status"],
-                     error=span.get("error"), model=span.get("model"), provider=span.get("provider"),
-                     tool=span.get("tool"), input_tokens=usage.get("input_tokens"),
-                     output_tokens=usage.get("output_tokens"), cached_input_tokens=usage.get("cached_input_tokens"),
-                     cost=span.get("cost"), call_id=span.get("call_id"), input=span.get("input"),
-                     output=span.get("output"))
+class SpanUsage(Struct, kw_only=True, forbid_unknown_fields=False):
+    input_tokens: Optional[Annotated[int, Meta(ge=0)]] = None
+    output_tokens: Optional[Annotated[int, Meta(ge=0)]] = None
+    cached_input_tokens: Optional[Annotated[int, Meta(ge=0)]] = None
 
 
-def run_trace(conn: Conn, channel_id: str, reach: Reach) -> RunTrace:
-    """A run's spans assembled by their own times: its steps are the outermost agent and chain spans
-    below each root, past its wrappers (a root with none is its own step), each with every span inside
-    it, depth first in start order; a span whose parent is not here is a root. The same spans give the
-    same trace, whatever order they came in."""
+class SpanDocument(Struct, kw_only=True, forbid_unknown_fields=False):
+    """A span's event as a run's trace reads it (span_payload writes it); an event that is not one (an
+    import's, a hand-made one) is no span of the run."""
+
+    trace_id: str
+    span_id: str
+    parent_span_id: Optional[str] = None
+    name: str = ""
+    kind: Literal[SPAN_KINDS] = "other"
+    start_ns: int
+    end_ns: int
+    status: Literal["ok", "error"] = "ok"
+    error: Optional[SpanErrorDocument] = None
+    model: Optional[str] = None
+    provider: Optional[str] = None
+    tool: Optional[str] = None
+    input: Any = None
+    output: Any = None
+    usage: Optional[SpanUsage] = None
+    cost: Optional[float] = None
+    call_id: Optional[str] = None
+
+    @property
+    def key(self) -> tuple:
+        return self.trace_id, self.span_id
+
+    @property
+    def order(self) -> tuple:
+        return self.start_ns, self.span_id
+
+
+def run_spans(conn: Conn, channel_id: str, limit: int) -> tuple[list, bool]:
+    """The run's spans (each once: the first event of a span wins), in start order, at most `limit`,
+    and whether there were more."""
+    rows = conn.execute(f"SELECT payload {SPAN_EVENTS} ORDER BY cursor LIMIT ?", (channel_id, limit + 1)).fetchall()
+    spans: dict = {}
+    for row in rows[:limit]:
+        try:
+            span = msgspec.convert(load(row["payload"]), SpanDocument)
+        except msgspec.ValidationError:
+            continue
+        spans.setdefault(span.key, span)
+    return sorted(spans.values(), key=lambda s: s.order), len(rows) > limit
+
+
+def trace_call(span: SpanDocument, depth: int, origin: int) -> TraceCall:
+    usage = span.usage or SpanUsage()
+    return TraceCall(span_id=span.span_id, parent_span_id=span.parent_span_id, depth=depth, name=span.name,
+                     kind=span.kind, offset_ms=(span.start_ns - origin) / 1e6,
+                     duration_ms=(span.end_ns - span.start_ns) / 1e6, status=span.status,
+                     error=msgspec.to_builtins(span.error) if span.error else None, model=span.model,
+                     provider=span.provider, tool=span.tool, input_tokens=usage.input_tokens,
+                     output_tokens=usage.output_tokens, cached_input_tokens=usage.cached_input_tokens, cost=span.cost,
+                     call_id=span.call_id, input=span.input, output=span.output)
+
+
+class SpanTree:
+    """A run's spans as trees: each span under its parent when the parent is here (a span whose parent
+    is not here is a root). Each span has one parent, so the trees have no cycles; they are walked
+    without recursion, however deep."""
+
+    def __init__(self, spans: list):
+        known = {span.key for span in spans}
+        self.children: dict = {}
+        self.roots = []
+        for span in spans:                            # in start order: children too
+            parent = (span.trace_id, span.parent_span_id)
+            if span.parent_span_id and parent in known and parent != span.key:
+                self.children.setdefault(parent, []).append(span)
+            else:
+                self.roots.append(span)
+        self.stepped: dict = {}                       # span key -> an agent or chain span lies below it
+        for span, _ in reversed(self.below(*self.roots)):
+            self.stepped[span.key] = any(c.kind in STEP_KINDS or self.stepped[c.key] for c in self.under(span))
+        for root in self.roots:
+            self.stepped[root.key] = any(c.kind in STEP_KINDS or self.stepped[c.key] for c in self.under(root))
+
+    def under(self, span: SpanDocument) -> list:
+        return self.children.get(span.key, [])
+
+    def below(self, *tops: SpanDocument) -> list:
+        """Every span below `tops`, depth first in start order, each with its depth (1: a child)."""
+        found, stack = [], [(child, 1) for top in reversed(tops) for child in reversed(self.under(top))]
+        while stack:
+            span, depth = stack.pop()
+            found.append((span, depth))
+            stack.extend((child, depth + 1) for child in reversed(self.under(span)))
+        return found
+
+    def outermost(self, top: SpanDocument) -> list:
+        """The outermost agent and chain spans below `top`; a span with none below it is a step of its own."""
+        found, stack = [], list(reversed(self.under(top)))
+        while stack:
+            span = stack.pop()
+            if span.kind not in STEP_KINDS and self.stepped[span.key]:
+                stack.extend(reversed(self.under(span)))
+            else:
+                found.append(span)
+        return found
+
+    def steps(self) -> list:
+        """Each root's steps: past its wrappers (a span whose one child is an agent or chain), the
+        outermost agent and chain spans; with none, the span reached is the one step."""
+        found = []
+        for span in self.roots:
+            while len(self.under(span)) == 1 and self.under(span)[0].kind in STEP_KINDS:
+                span = self.under(span)[0]
+            found += self.outermost(span) if self.stepped[span.key] else [span]
+        return sorted(found, key=lambda s: s.order)
+
+
+def trace_step(tree: SpanTree, number: int, span: SpanDocument, origin: int) -> TraceStep:
+    # A step that is no agent or chain (a model call directly under a root) is its own first call.
+    inside = tree.below(span) if span.kind in STEP_KINDS else [(span, 1)] + [(s, d + 1) for s, d in tree.below(span)]
+    calls = [trace_call(s, depth, origin) for s, depth in inside]
+    costs = [c.cost for c in calls if c.cost is not None]
+    failed = span.error or next((s.error for s, _ in inside if s.error), None)
+    return TraceStep(number=number, span_id=span.span_id, name=span.name, kind=span.kind,
+                     offset_ms=(span.start_ns - origin) / 1e6, duration_ms=(span.end_ns - span.start_ns) / 1e6,
+                     status="error" if span.status == "error" or any(c.status == "error" for c in calls) else "ok",
+                     error=msgspec.to_builtins(failed) if failed else None,
+                     input_tokens=sum(c.input_tokens or 0 for c in calls if c.kind == "llm"),
+                     output_tokens=sum(c.output_tokens or 0 for c in calls if c.kind == "llm"),
+                     cost=round(sum(costs), 9) if costs else None, calls=calls)
+
+
+def run_trace(conn: Conn, channel_id: str, reach: Reach, limit: int = TRACE_PAGE_SPANS_MAX) -> RunTrace:
+    """A run's spans assembled by their own times (SpanTree): its steps, each with every span inside it,
+    depth first in start order. The same spans give the same trace, whatever order they came in."""
     if not reach.sees(channel_id):
         raise NotFound(f"channel {channel_id} not found")
     require_channel(conn, channel_id)
-    payloads, truncated = span_rows(conn, channel_id)
-    order = lambda s: (s["start_ns"], s["span_id"])  # noqa: E731
-    spans = sorted(({**p, "key": (p["trace_id"], p["span_id"])} for p in payloads
-                    if isinstance(p.get("span_id"), str) and isinstance(p.get("start_ns"), int)), key=order)
-    known = {s["key"] for s in spans}
-    children: dict = {}
-    roots = []
-    for span in spans:
-        parent = (span["trace_id"], span.get("parent_span_id"))
-        if span.get("parent_span_id") and parent in known:
-            children.setdefault(parent, []).append(span)
-        else:
-            roots.append(span)
-    origin = spans[0]["start_ns"] if spans else 0
-
-    stepped: dict = {}
-
-    def has_steps(span: dict) -> bool:
-        if span["key"] not in stepped:
-            stepped[span["key"]] = any(c["kind"] in STEP_KINDS or has_steps(c) for c in children.get(span["key"], []))
-        return stepped[span["key"]]
-
-    def outermost(span: dict) -> list:
-        """The outermost step spans below `span`; a child with none below it is a step of its own."""
-        found = []
-        for child in children.get(span["key"], []):
-            found += outermost(child) if child["kind"] not in STEP_KINDS and has_steps(child) else [child]
-        return found
-
-    def inside(span: dict, depth: int) -> list:
-        calls = []
-        for child in children.get(span["key"], []):
-            calls.append(trace_call(child, depth, origin))
-            calls += inside(child, depth + 1)
-        return calls
-
-    def steps_under(root: dict) -> list:
-        """A root's steps: through its wrappers (a span whose one child is an agent or chain), the
-        outermost agent and chain spans; none: the span reached is the one step."""
-        span = root
-        while len(children.get(span["key"], [])) == 1 and children[span["key"]][0]["kind"] in STEP_KINDS:
-            span = children[span["key"]][0]
-        return outermost(span) if has_steps(span) else [span]
-
-    step_spans = [step for root in roots for step in steps_under(root)]
-    steps = []
-    for number, span in enumerate(sorted(step_spans, key=order), 1):
-        calls = inside(span, 1) if span["kind"] in STEP_KINDS else [trace_call(span, 1, origin), *inside(span, 2)]
-        costs = [c.cost for c in calls if c.cost is not None]
-        steps.append(TraceStep(number=number, span_id=span["span_id"], name=span["name"], kind=span["kind"],
-                               offset_ms=(span["start_ns"] - origin) / 1e6,
-                               duration_ms=(span["end_ns"] - span["start_ns"]) / 1e6,
-                               status="error" if span["status"] == "error" or any(c.status == "error" for c in calls)
-                               else "ok", error=span.get("error") or next((c.error for c in calls if c.error), None),
-                               input_tokens=sum(c.input_tokens or 0 for c in calls if c.kind == "llm"),
-                               output_tokens=sum(c.output_tokens or 0 for c in calls if c.kind == "llm"),
-                               cost=round(sum(costs), 9) if costs else None, calls=calls))
-    end = max((s["end_ns"] for s in spans), default=origin)
-    return RunTrace(channel_id=channel_id, trace_ids=sorted({s["trace_id"] for s in spans}), spans=len(spans),
+    spans, truncated = run_spans(conn, channel_id, limit)
+    tree = SpanTree(spans)
+    origin = spans[0].start_ns if spans else 0
+    end = max((s.end_ns for s in spans), default=origin)
+    return RunTrace(channel_id=channel_id, trace_ids=sorted({s.trace_id for s in spans}), spans=len(spans),
                     start=ns_iso(origin) if spans else None, duration_ms=(end - origin) / 1e6,
-                    status="error" if any(s["status"] == "error" for s in spans) else "ok", steps=steps,
+                    status="error" if any(s.status == "error" for s in spans) else "ok",
+                    steps=[trace_step(tree, n, span, origin) for n, span in enumerate(tree.steps(), 1)],
                     truncated=truncated)
 
 
@@ -17978,7 +18098,7 @@ def trace_part(conn: Conn, channel_id: str) -> dict:
     """A run page's waterfall, for a run with spans; and for a run ingest made, what a fork of it keeps."""
     if conn.execute(f"SELECT 1 {SPAN_EVENTS} LIMIT 1", (channel_id,)).fetchone() is None:
         return {}
-    trace = run_trace(conn, channel_id, EVERYWHERE)
+    trace = run_trace(conn, channel_id, EVERYWHERE, TRACE_PAGE_SHOWN)
     return {"trace": msgspec.to_builtins(trace),
             "ingested": experiment_of(require_channel(conn, channel_id)).get("source") == "otlp"}
 

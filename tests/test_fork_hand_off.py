@@ -263,3 +263,12 @@ def test_a_fork_handed_off_from_the_dashboard_is_run_by_the_worker_and_its_page_
         assert width <= viewport["width"], f"the page scrolls sideways: {width} px"
     finally:
         context.close()
+
+
+def test_no_key_can_take_the_workers_group_for_a_channel_of_its_own(server, base, tag):
+    squatter = new_key(server, read=[f"{tag}-*"], write=[f"{tag}-*"])
+    status, _, answer = api(server, "POST", "/api/v1/groups", key=squatter,
+                            body={"group_id": GROUP, "channel_id": f"{tag}-mine"})
+    assert status == 409 and answer["status"] == "channel_conflict", answer     # made with the database
+    fork(server, base, f"{tag}-f")
+    assert hand_off(server, f"{tag}-f")["group_id"] == GROUP

@@ -15,6 +15,7 @@ import json
 import logging
 import random
 import time
+import uuid
 
 import pytest
 from google.protobuf import json_format
@@ -348,3 +349,55 @@ def test_an_ingested_run_moves_to_another_server_with_its_calls(server, tmp_path
                 status, _, page = http("GET", f"{other.url}/runs/{run}/calls/{call['call_id']}?format=json",
                                        key=other.key)
                 assert status == 200 and page["call"]["input_tokens"] == call["input_tokens"], page
+
+
+def span_request(run: str, spans: list) -> bytes:
+    """An export of hand-built spans (dicts of the proto's fields) named to `run`."""
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.attributes.append(KeyValue(key="actae.channel_id", value=AnyValue(string_value=run)))
+    scope = resource_spans.scope_spans.add()
+    for fields in spans:
+        attributes = fields.pop("attributes", {})
+        span = scope.spans.add(**fields)
+        for key, value in attributes.items():
+            span.attributes.append(KeyValue(key=key, value=value))
+    return request.SerializeToString()
+
+
+def test_odd_spans_are_refused_alone_and_deep_or_forged_ones_never_break_the_run(server, unique):
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, ArrayValue
+    trace = bytes.fromhex("ab" * 16)
+    odd = [{"trace_id": trace, "span_id": bytes([1] * 8), "name": "chat", "start_time_unix_nano": 1,
+            "end_time_unix_nano": 2, "attributes": {
+                "gen_ai.operation.name": AnyValue(string_value="chat"),
+                "gen_ai.request.model": AnyValue(array_value=ArrayValue(values=[AnyValue(int_value=1)])),
+                "gen_ai.usage.input_tokens": AnyValue(int_value=10), "gen_ai.usage.output_tokens": AnyValue(int_value=2),
+                "gen_ai.tool.name": AnyValue(double_value=float("nan")),
+                "weird": AnyValue(double_value=float("inf"))}},
+           {"trace_id": trace, "span_id": bytes([2] * 8), "name": "no ids", "start_time_unix_nano": 1,
+            "end_time_unix_nano": 2, "trace_id": b""}]
+    status, _, body = post(server, span_request(unique("odd"), odd))
+    answer = ExportTraceServiceResponse.FromString(body)
+    assert status == 200 and answer.partial_success.rejected_spans == 1, (status, answer)
+    assert trace_of(server, unique("odd"))["steps"][0]["calls"][0]["model"] is None
+    # a chain 1,500 spans deep: one request, one run, read without recursion
+    deep = [{"trace_id": trace, "span_id": (n + 1).to_bytes(8, "big"), "name": f"s{n}",
+             "parent_span_id": n.to_bytes(8, "big") if n else b"", "start_time_unix_nano": 10 + n,
+             "end_time_unix_nano": 10_000 - n, "attributes": {"openinference.span.kind": AnyValue(string_value="CHAIN")}}
+            for n in range(1500)]
+    accepted(post(server, span_request(unique("deep"), deep)))
+    assert trace_of(server, unique("deep"))["spans"] == 1500
+    # a hand-made event that claims to be a span, twice, its own parent: the trace still answers
+    for payload in ({"trace_id": "t", "span_id": "s", "parent_span_id": "s", "start_ns": 1, "end_ns": 2},
+                    {"trace_id": "t", "span_id": "s", "start_ns": 1, "end_ns": 2, "kind": "agent"},
+                    {"span_id": 7}):
+        status, _, _ = api(server, "POST", "/api/v1/events/record", body={
+            "channel_id": unique("forged"), "event_type": "span.agent", "payload": payload,
+            "operation_id": f"otlp:{uuid.uuid4().hex}"})
+        assert status == 200
+    forged = trace_of(server, unique("forged"))
+    assert forged["spans"] == 1 and len(forged["steps"]) == 1
+    assert run_page(server, unique("forged"))["trace"]["spans"] == 1

@@ -509,6 +509,36 @@ def run_mcp(w: World, seen: Seen, method: str, template: str) -> None:
             seen.check(label, status, content)
 
 
+def otlp_request(run: str) -> bytes:
+    """An OTLP protobuf export of one span (a model call carrying the marker) named to `run`."""
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+    from opentelemetry.proto.common.v1.common_pb2 import AnyValue, KeyValue
+
+    request = ExportTraceServiceRequest()
+    resource_spans = request.resource_spans.add()
+    resource_spans.resource.attributes.append(KeyValue(key="actae.channel_id", value=AnyValue(string_value=run)))
+    span = resource_spans.scope_spans.add().spans.add(trace_id=uuid.uuid4().bytes, span_id=uuid.uuid4().bytes[:8],
+                                                      name="chat probe", start_time_unix_nano=1, end_time_unix_nano=2)
+    span.attributes.append(KeyValue(key="gen_ai.operation.name", value=AnyValue(string_value="chat")))
+    span.attributes.append(KeyValue(key="gen_ai.input.messages", value=AnyValue(string_value=f"[\"{MARKER}\"]")))
+    return request.SerializeToString()
+
+
+def run_otlp(w: World, seen: Seen, method: str, template: str) -> None:
+    """OTLP ingest with the scoped key: spans named to mine and to each run around it. Each answer is
+    checked, and the runs around it must have taken none of them."""
+    for run in (MINE, PARENT, CHILD, SIBLING):
+        for headers in ({"authorization": f"Bearer {w.key}"}, {"x-api-key": w.key}):
+            status, _, content = http(method, w.srv.url + template, raw=otlp_request(run), decode=False, timeout=30,
+                                      headers={**headers, "content-type": "application/x-protobuf"})
+            seen.check(f"otlp {method} {template} ({run[:6]})", status, content.replace(run.encode(), b"<the run asked>"))
+    for run in (PARENT, CHILD, SIBLING):
+        events = admin(w.srv, "GET", f"/api/v1/events/replay/{run}?limit=1000")["events"]
+        spans = [e["type"] for e in events if e["type"].startswith("span.")]
+        if spans:
+            seen.leaks.append(f"otlp {method} {template}: the scoped key's {len(spans)} span(s) were written into {run}")
+
+
 # --- the streams ---------------------------------------------------------------------------------------------
 
 async def read_until(receive, sentinel: str, seconds: float) -> list[str]:
@@ -651,6 +681,8 @@ def endpoints_in_order(w: World):
             kind = "llm"
         elif e.path == "/mcp":
             kind = "mcp"
+        elif e.path == "/v1/traces":
+            kind = "otlp"
         else:
             unknown.append(f"{e.method} {e.path} ({getattr(e.handle, '__name__', e.handle)})")
             continue
@@ -701,6 +733,8 @@ def test_a_key_scoped_to_one_run_learns_nothing_of_the_runs_around_it_through_an
                 run_llm_call(w, seen, method, path)
             elif kind == "mcp":
                 run_mcp(w, seen, method, path)
+            elif kind == "otlp":
+                run_otlp(w, seen, method, path)
             covered.append((method, path))
         except Unfillable as exc:
             seen.unfillable.append(f"{method} {path}: cannot fill {exc}")
