@@ -17982,7 +17982,7 @@ class SpanDocument(Struct, kw_only=True, forbid_unknown_fields=False):
         return self.start_ns, self.span_id
 
 
-def run_spans(conn: Conn, channel_id: str, limit: int) -> tuple[list, bool]:
+def span_documents(conn: Conn, channel_id: str, limit: int) -> tuple[list, bool]:
     """The run's spans (each once: the first event of a span wins), in start order, at most `limit`,
     and whether there were more."""
     rows = conn.execute(f"SELECT payload {SPAN_EVENTS} ORDER BY cursor LIMIT ?", (channel_id, limit + 1)).fetchall()
@@ -18083,7 +18083,7 @@ def run_trace(conn: Conn, channel_id: str, reach: Reach, limit: int = TRACE_PAGE
     if not reach.sees(channel_id):
         raise NotFound(f"channel {channel_id} not found")
     require_channel(conn, channel_id)
-    spans, truncated = run_spans(conn, channel_id, limit)
+    spans, truncated = span_documents(conn, channel_id, limit)
     tree = SpanTree(spans)
     origin = spans[0].start_ns if spans else 0
     end = max((s.end_ns for s in spans), default=origin)

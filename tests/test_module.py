@@ -363,3 +363,11 @@ def test_the_schema_s_check_lists_are_the_vocabulary_constants(tmp_path):
         spelled = ", ".join(f'"{value}"' for value in vocabulary)
         assert SOURCE.count(spelled) == 1, spelled
     assert actae.LEDGER_OUTCOMES[:4] == actae.CLAIM_OUTCOMES and actae.FAILURE_STATES == ("failed", "crashed")
+
+
+def test_no_name_is_defined_twice_at_the_top_level():
+    """A second definition replaces the first for every caller, the first's region included (an ingest
+    helper once took the name of the trace export's backfill)."""
+    seen = collections.Counter(name for node in TREE.body for name in defined_names(node)
+                               if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))
+    assert not [name for name, count in seen.items() if count > 1]
