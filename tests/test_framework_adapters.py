@@ -207,20 +207,27 @@ def saver_for(server, prefix: str, **kw):
     return ActaeCheckpointSaver(client_for(server), channel=prefix, **kw)
 
 
-def approval_graph(saver):
-    """plan, then ask (which interrupts for an answer), then ship."""
+def linear_graph(saver, *nodes):
+    """A graph of `nodes` ((name, function) pairs) run one after another, checkpointed by `saver`."""
     from langgraph.graph import END, START, StateGraph
-    from langgraph.types import interrupt
 
     graph = StateGraph(Log)
-    graph.add_node("plan", lambda state: {"log": ["plan"]})
-    graph.add_node("ask", lambda state: {"log": [f"ask:{interrupt({'question': 'ship it?'})}"]})
-    graph.add_node("ship", lambda state: {"log": ["ship"]})
-    graph.add_edge(START, "plan")
-    graph.add_edge("plan", "ask")
-    graph.add_edge("ask", "ship")
-    graph.add_edge("ship", END)
+    previous = START
+    for name, function in nodes:
+        graph.add_node(name, function)
+        graph.add_edge(previous, name)
+        previous = name
+    graph.add_edge(previous, END)
     return graph.compile(checkpointer=saver)
+
+
+def approval_graph(saver):
+    """plan, then ask (which interrupts for an answer), then ship."""
+    from langgraph.types import interrupt
+
+    return linear_graph(saver, ("plan", lambda state: {"log": ["plan"]}),
+                        ("ask", lambda state: {"log": [f"ask:{interrupt({'question': 'ship it?'})}"]}),
+                        ("ship", lambda state: {"log": ["ship"]}))
 
 
 def test_a_langgraph_interrupt_is_resumed_by_a_fresh_saver(server, unique):
@@ -289,20 +296,12 @@ def test_fork_thread_resumes_a_fork_from_an_earlier_checkpoint(server, unique):
     """fork_thread forks the thread's channel at a checkpoint's own event (an exact state boundary);
     the fork resumes from there with a changed node. graph.invoke inside a running loop is refused."""
     from actae_client.errors import ActaeLangGraphSyncError
-    from langgraph.graph import END, START, StateGraph
 
     prefix, config = unique("lg"), {"configurable": {"thread_id": "essay"}}
 
     def build(saver, draft):
-        graph = StateGraph(Log)
-        graph.add_node("research", lambda state: {"log": ["research"]})
-        graph.add_node("write", lambda state: {"log": [draft]})
-        graph.add_node("review", lambda state: {"log": ["review"]})
-        graph.add_edge(START, "research")
-        graph.add_edge("research", "write")
-        graph.add_edge("write", "review")
-        graph.add_edge("review", END)
-        return graph.compile(checkpointer=saver)
+        return linear_graph(saver, ("research", lambda state: {"log": ["research"]}),
+                            ("write", lambda state: {"log": [draft]}), ("review", lambda state: {"log": ["review"]}))
 
     async def scenario():
         saver = saver_for(server, prefix)

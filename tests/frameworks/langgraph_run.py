@@ -22,10 +22,9 @@ def get_weather(city: str) -> str:
     return f"21 degrees in {city}"
 
 
-def main() -> None:
-    args = arguments()
-    exporting = Exporting(args, "langgraph-test")
-    LangChainInstrumentor().instrument(tracer_provider=exporting.provider)
+def weather_graph() -> StateGraph:
+    """The graph both LangGraph drivers run: an agent node calling a fake chat model (a tool call, then
+    the answer) and a tool node, not yet compiled."""
     model = GenericFakeChatModel(messages=iter([
         AIMessage(content="", tool_calls=[{"name": "get_weather", "args": {"city": "Paris"}, "id": "call_1"}],
                   usage_metadata={"input_tokens": 40, "output_tokens": 9, "total_tokens": 49}),
@@ -41,7 +40,14 @@ def main() -> None:
     graph.add_edge(START, "agent")
     graph.add_conditional_edges("agent", tools_condition)
     graph.add_edge("tools", "agent")
-    out = graph.compile().invoke({"messages": [("user", "Weather in Paris?")]})
+    return graph
+
+
+def main() -> None:
+    args = arguments()
+    exporting = Exporting(args, "langgraph-test")
+    LangChainInstrumentor().instrument(tracer_provider=exporting.provider)
+    out = weather_graph().compile().invoke({"messages": [("user", "Weather in Paris?")]})
     exporting.finish()
     print(json.dumps({"final": out["messages"][-1].content}))
 
